@@ -1,0 +1,16 @@
+//! sie-core: the byte-level wire formats of the sie-sidecar, in safe Rust with no Python.
+//!
+//! * [`msgpack`]: the msgpack subset the wire uses (shortest-form writer, zero-copy reader);
+//! * [`frame`]: IPC length-prefixed framing and the incremental splitter;
+//! * [`ipc`]: request envelopes, response classification and IpcResponseChunkV1 frames;
+//! * [`chunks`]: IpcResponseChunkV1 reassembly under a process-wide budget;
+//! * [`results`]: WorkResult encoding and ResultChunkV1 planning and reassembly;
+//! * [`outputs`]: result framing (msgpack-numpy sentinels, dense/sparse/multivector/score).
+#![forbid(unsafe_code)]
+
+pub mod chunks;
+pub mod frame;
+pub mod ipc;
+pub mod msgpack;
+pub mod outputs;
+pub mod results;

@@ -1,0 +1,77 @@
+//! Cythonize `cython/*.pyx` into OUT_DIR and compile the C into this cdylib, so that one
+//! `pip install .` (maturin) builds both native parts. The module's PEP 489 init runs at import
+//! time from `src/cython.rs`.
+use std::{
+    env,
+    path::{Path, PathBuf},
+    process::Command,
+};
+
+/// (file stem in cython/, fully qualified module name)
+const MODULES: &[(&str, &str)] = &[("wire", "sie_sidecar._native.wire")];
+
+fn main() {
+    let cfg = pyo3_build_config::get();
+    pyo3_build_config::use_pyo3_cfgs();
+    assert!(
+        !cfg.abi3,
+        "sie-sidecar's Cython part uses the full C API and cannot be built for abi3"
+    );
+
+    let python = env::var("PYO3_PYTHON").unwrap_or_else(|_| "python3".to_owned());
+    let out = PathBuf::from(env::var("OUT_DIR").expect("OUT_DIR"));
+    let cython_dir =
+        PathBuf::from(env::var("CARGO_MANIFEST_DIR").expect("CARGO_MANIFEST_DIR")).join("../../cython");
+    println!("cargo:rerun-if-env-changed=PYO3_PYTHON");
+    for entry in std::fs::read_dir(&cython_dir).expect("cython/ directory") {
+        let path = entry.expect("dir entry").path();
+        println!("cargo:rerun-if-changed={}", path.display());
+    }
+
+    let include = python_stdout(
+        &python,
+        "import sysconfig; print(sysconfig.get_path('include'), end='')",
+    );
+
+    let mut build = cc::Build::new();
+    build
+        .include(&include)
+        .include(&cython_dir)
+        .flag_if_supported("-fno-strict-aliasing")
+        .flag_if_supported("-fvisibility=hidden")
+        .flag_if_supported(format!("-fmacro-prefix-map={}=.", out.display()))
+        .opt_level(2)
+        .warnings(false);
+
+    for (stem, qualname) in MODULES {
+        let c_file = out.join(format!("{stem}.c"));
+        cythonize(&python, &cython_dir, stem, qualname, &c_file);
+        build.file(&c_file);
+    }
+    build.compile("sie_cython");
+}
+
+fn cythonize(python: &str, cython_dir: &Path, stem: &str, qualname: &str, c_file: &Path) {
+    let status = Command::new(python)
+        .args(["-m", "cython", "-3", "--fast-fail", "--module-name", qualname, "-I"])
+        .arg(cython_dir)
+        .arg("-o")
+        .arg(c_file)
+        .arg(cython_dir.join(format!("{stem}.pyx")))
+        .status()
+        .expect("failed to run `python -m cython` (is cython in build-system.requires?)");
+    assert!(status.success(), "cython failed on {stem}.pyx");
+}
+
+fn python_stdout(python: &str, code: &str) -> String {
+    let out = Command::new(python)
+        .args(["-c", code])
+        .output()
+        .expect("run python");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).expect("utf-8 path")
+}
