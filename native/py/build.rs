@@ -1,6 +1,7 @@
 //! Cythonize `cython/*.pyx` into OUT_DIR and compile the C into this cdylib, so that one
 //! `pip install .` (maturin) builds both native parts. The module's PEP 489 init runs at import
 //! time from `src/cython.rs`.
+use pyo3_build_config::PythonAbiKind;
 use std::{
     env,
     path::{Path, PathBuf},
@@ -14,8 +15,12 @@ fn main() {
     let cfg = pyo3_build_config::get();
     pyo3_build_config::use_pyo3_cfgs();
     assert!(
-        !cfg.abi3,
-        "sie-sidecar's Cython part uses the full C API and cannot be built for abi3"
+        matches!(cfg.target_abi().kind(), PythonAbiKind::VersionSpecific(_)),
+        "sie-sidecar's Cython part uses the full C API: build a version-specific wheel, not abi3"
+    );
+    assert!(
+        !cfg.target_abi().kind().is_free_threaded(),
+        "free-threaded CPython is not supported: the Cython part is not audited for it"
     );
 
     let python = env::var("PYO3_PYTHON").unwrap_or_else(|_| "python3".to_owned());

@@ -130,6 +130,11 @@ impl Reservation {
     pub fn amount(&self) -> u64 {
         self.amount
     }
+
+    /// Give the bytes back, counting the transfer as a protocol error (its bytes did not decode).
+    pub fn fail(self) {
+        self.budget.protocol_error.fetch_add(1, Ordering::Relaxed);
+    }
 }
 
 impl Drop for Reservation {

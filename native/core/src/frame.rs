@@ -63,7 +63,7 @@ impl FrameSplitter {
 
     /// Bytes held for a frame that is not complete yet.
     pub fn buffered(&self) -> usize {
-        self.header_len + self.partial.as_ref().map_or(0, Vec::len)
+        self.header_len + self.partial.as_ref().map_or(0, |p| HEADER_LEN + p.len())
     }
 
     pub fn max_body(&self) -> usize {

@@ -2,21 +2,15 @@
 //! key-order independent, zero-copy classification of response frames.
 
 use crate::frame::{check_len, FrameTooLarge, HEADER_LEN};
-use crate::msgpack::{self as mp, DecodeError, DecodeResult, Reader, Token};
+use crate::msgpack::{self as mp, DecodeError, DecodeResult, Out, Reader, Token};
 
 pub const IPC_VERSION: u64 = 1;
 pub const IPC_CHUNK_KIND: &str = "ipc_response_chunk_v1";
 pub const DIGEST_LEN: usize = 32;
 
-/// Encode a whole request frame (length prefix included) with keys in spec order; `body` is an
-/// already-encoded msgpack map spliced in verbatim.
-pub fn encode_request(
-    method: &str,
-    request_id: &str,
-    body: &[u8],
-    accepts_chunks: bool,
-) -> Result<Vec<u8>, FrameTooLarge> {
-    let envelope_len = 1
+/// Size of the request envelope (without the 4-byte prefix); `FrameTooLarge` over 32 MiB.
+pub fn request_len(method: &str, request_id: &str, body_len: usize) -> Result<usize, FrameTooLarge> {
+    let len = 1
         + 8 // "version" key
         + 1
         + 7 // "method"
@@ -28,21 +22,45 @@ pub fn encode_request(
         + 31 // "accepts_ipc_response_chunks_v1"
         + 1
         + 5 // "body"
-        + body.len();
-    check_len(envelope_len)?;
-    let mut out = Vec::with_capacity(HEADER_LEN + envelope_len);
+        + body_len;
+    check_len(len)?;
+    Ok(len)
+}
+
+/// Write a whole request frame (length prefix included) with keys in spec order; `body` is an
+/// already-encoded msgpack map spliced in verbatim. `envelope_len` comes from [`request_len`].
+pub fn write_request(
+    out: &mut impl Out,
+    envelope_len: usize,
+    method: &str,
+    request_id: &str,
+    body: &[u8],
+    accepts_chunks: bool,
+) {
     out.extend_from_slice(&(envelope_len as u32).to_be_bytes());
-    mp::write_map_header(&mut out, 5);
-    mp::write_str(&mut out, "version");
-    mp::write_uint(&mut out, IPC_VERSION);
-    mp::write_str(&mut out, "method");
-    mp::write_str(&mut out, method);
-    mp::write_str(&mut out, "request_id");
-    mp::write_str(&mut out, request_id);
-    mp::write_str(&mut out, "accepts_ipc_response_chunks_v1");
-    mp::write_bool(&mut out, accepts_chunks);
-    mp::write_str(&mut out, "body");
+    mp::write_map_header(out, 5);
+    mp::write_str(out, "version");
+    mp::write_uint(out, IPC_VERSION);
+    mp::write_str(out, "method");
+    mp::write_str(out, method);
+    mp::write_str(out, "request_id");
+    mp::write_str(out, request_id);
+    mp::write_str(out, "accepts_ipc_response_chunks_v1");
+    mp::write_bool(out, accepts_chunks);
+    mp::write_str(out, "body");
     out.extend_from_slice(body);
+}
+
+/// [`write_request`] into a new `Vec`.
+pub fn encode_request(
+    method: &str,
+    request_id: &str,
+    body: &[u8],
+    accepts_chunks: bool,
+) -> Result<Vec<u8>, FrameTooLarge> {
+    let envelope_len = request_len(method, request_id, body.len())?;
+    let mut out = Vec::with_capacity(HEADER_LEN + envelope_len);
+    write_request(&mut out, envelope_len, method, request_id, body, accepts_chunks);
     debug_assert_eq!(out.len(), HEADER_LEN + envelope_len);
     Ok(out)
 }
@@ -200,6 +218,12 @@ fn decode_chunk<'a>(frame: &'a [u8], slots: &Slots) -> Result<ChunkFrame<'a>, Re
     let transfer_digest = at(frame, slots.transfer_digest, "transfer_digest")
         .and_then(|mut r| r.read_bin("transfer_digest"))
         .map_err(chunk_err)?;
+    if transfer_digest.len() != DIGEST_LEN {
+        return Err(ResponseError::Chunk(format!(
+            "malformed response chunk: transfer_digest is {} bytes, not 32",
+            transfer_digest.len()
+        )));
+    }
     let chunk_index = at(frame, slots.chunk_index, "chunk_index")
         .and_then(|mut r| r.read_uint("chunk_index"))
         .map_err(chunk_err)?;

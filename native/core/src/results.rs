@@ -242,6 +242,9 @@ pub fn parse_result_chunk(envelope: &[u8], max_total: u64) -> Result<ResultChunk
             "result chunk work_item_id {work_item_id:?} does not match {request_id:?}.{item_index}"
         ));
     }
+    if item_index > u64::from(u32::MAX) {
+        return reject(format!("item index {item_index} does not fit u32"));
+    }
     if transfer_digest.len() != DIGEST_LEN {
         return reject(format!("transfer digest is {} bytes, not 32", transfer_digest.len()));
     }

@@ -1,1 +1,54 @@
-//! placeholder
+//! `sie_sidecar._native`: the PyO3 face of sie-core, plus the embedded Cython module
+//! `sie_sidecar._native.wire` (subjects and tombstones).
+
+mod assembler;
+mod buffers;
+mod convert;
+mod cython;
+mod envelopes;
+mod errors;
+mod framing;
+mod outputs;
+mod results;
+
+#[pyo3::pymodule(gil_used = true)]
+mod _native {
+    use pyo3::prelude::*;
+
+    #[pymodule_export]
+    use crate::framing::{encode_frame, encode_request, FrameSplitter};
+
+    #[pymodule_export]
+    use crate::envelopes::{
+        decode_batch_outcome, decode_body, decode_response, response_body, BatchOutcome, BatchedF16Multivector,
+        IpcResponseChunk, ItemOutcome, ResponseEnvelope,
+    };
+
+    #[pymodule_export]
+    use crate::assembler::{response_budget, AssembledResponse, ChunkLimits, IpcChunkAssembler, ResponseBudget};
+
+    #[pymodule_export]
+    use crate::results::{encode_result_chunk, encode_work_result, plan_reply, ReplyPlan, ResultChunkAssembler};
+
+    #[pymodule_export]
+    use crate::outputs::{
+        f32_to_f16, frame_dense, frame_dense_batch, frame_multivector, frame_score, frame_sparse, nd_sentinel_raw,
+    };
+
+    #[pymodule_export]
+    use crate::buffers::SharedBytes;
+
+    #[allow(non_upper_case_globals)]
+    #[pymodule_export]
+    const __version__: &str = env!("CARGO_PKG_VERSION");
+
+    #[pymodule_init]
+    fn init(m: &Bound<'_, PyModule>) -> PyResult<()> {
+        m.add("PRODUCTION_LIMITS", crate::assembler::production_limits(m.py())?)?;
+        let origin = m.filename().ok().map(|f| f.to_string());
+        let wire = crate::cython::load(m.py(), "sie_sidecar._native.wire", origin.as_deref(), crate::cython::PyInit_wire)?;
+        // Not add_submodule(): that would use __name__ ("sie_sidecar._native.wire") as the attribute.
+        m.add("wire", wire)?;
+        Ok(())
+    }
+}

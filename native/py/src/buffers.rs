@@ -1,0 +1,211 @@
+//! Zero-copy buffer plumbing: borrow any buffer-protocol object as bytes or typed elements, and
+//! hand out Rust-owned bytes to Python as read-only buffers (memoryview slices) without copying.
+
+use std::ffi::{c_int, CStr};
+use std::sync::Arc;
+
+use pyo3::exceptions::PyBufferError;
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyMemoryView, PySlice};
+use pyo3::{ffi, IntoPyObjectExt};
+
+/// A held `Py_buffer`, released on drop. Holding it keeps the exporter alive and its memory fixed.
+pub struct RawBuffer {
+    view: Box<ffi::Py_buffer>,
+}
+
+// SAFETY: the exporter is kept alive by the view's reference and we only read the memory while
+// holding the GIL or a `&[u8]` derived from it within one call.
+unsafe impl Send for RawBuffer {}
+
+impl RawBuffer {
+    /// Request a C-contiguous buffer; with `typed`, also its format and shape.
+    pub fn get(obj: &Bound<'_, PyAny>, typed: bool) -> PyResult<Self> {
+        let mut view = Box::new(std::mem::MaybeUninit::<ffi::Py_buffer>::zeroed());
+        let flags = if typed {
+            ffi::PyBUF_C_CONTIGUOUS | ffi::PyBUF_FORMAT
+        } else {
+            ffi::PyBUF_SIMPLE
+        };
+        // SAFETY: `obj` is a live object (we hold the GIL) and `view` points to writable memory
+        // large enough for a Py_buffer.
+        let rc = unsafe { ffi::PyObject_GetBuffer(obj.as_ptr(), view.as_mut_ptr(), flags as c_int) };
+        if rc != 0 {
+            return Err(PyErr::fetch(obj.py()));
+        }
+        // SAFETY: PyObject_GetBuffer succeeded, so the view is initialised.
+        let view = unsafe { Box::from_raw(Box::into_raw(view).cast::<ffi::Py_buffer>()) };
+        Ok(Self { view })
+    }
+
+    pub fn as_bytes(&self) -> &[u8] {
+        if self.view.buf.is_null() || self.view.len <= 0 {
+            return &[];
+        }
+        // SAFETY: the exporter guarantees `len` readable bytes at `buf` while the view is held.
+        unsafe { std::slice::from_raw_parts(self.view.buf.cast::<u8>(), self.view.len as usize) }
+    }
+
+    pub fn itemsize(&self) -> usize {
+        self.view.itemsize.max(0) as usize
+    }
+
+    /// The struct-module format with any byte-order prefix removed ("B" when unspecified).
+    pub fn format_char(&self) -> Option<char> {
+        if self.view.format.is_null() {
+            return Some('B');
+        }
+        // SAFETY: a non-null format is a NUL-terminated C string owned by the exporter.
+        let fmt = unsafe { CStr::from_ptr(self.view.format) }.to_str().ok()?;
+        let fmt = fmt.trim_start_matches(['<', '=', '@']);
+        let mut chars = fmt.chars();
+        let c = chars.next()?;
+        if chars.next().is_some() {
+            return None;
+        }
+        Some(c)
+    }
+}
+
+impl Drop for RawBuffer {
+    fn drop(&mut self) {
+        // SAFETY: the view was filled by a successful PyObject_GetBuffer and is released once.
+        Python::attach(|_| unsafe { ffi::PyBuffer_Release(&mut *self.view) });
+    }
+}
+
+/// Element kinds the framing functions accept.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Elem {
+    F32,
+    I32,
+}
+
+impl Elem {
+    fn matches(self, buf: &RawBuffer) -> bool {
+        matches!(
+            (self, buf.format_char(), buf.itemsize()),
+            (Elem::F32, Some('f'), 4) | (Elem::I32, Some('i' | 'l'), 4)
+        )
+    }
+
+    fn numpy_dtype(self) -> &'static str {
+        match self {
+            Elem::F32 => "<f4",
+            Elem::I32 => "<i4",
+        }
+    }
+}
+
+/// Borrow `obj` as little-endian elements of `elem`; anything else (lists, other dtypes,
+/// strided arrays) is converted once through numpy.
+pub fn typed(obj: &Bound<'_, PyAny>, elem: Elem) -> PyResult<RawBuffer> {
+    if let Ok(buf) = RawBuffer::get(obj, true) {
+        if elem.matches(&buf) && cfg!(target_endian = "little") {
+            return Ok(buf);
+        }
+    }
+    let py = obj.py();
+    let converted = py
+        .import("numpy")?
+        .call_method1("ascontiguousarray", (obj, elem.numpy_dtype()))?
+        .call_method0("ravel")?;
+    let buf = RawBuffer::get(&converted, true)?;
+    if !elem.matches(&buf) {
+        return Err(PyBufferError::new_err("could not view the input as the required dtype"));
+    }
+    Ok(buf)
+}
+
+/// Borrow the raw bytes of any buffer (bytes fast path).
+pub fn with_bytes<R>(obj: &Bound<'_, PyAny>, f: impl FnOnce(&[u8]) -> PyResult<R>) -> PyResult<R> {
+    if let Ok(b) = obj.cast::<PyBytes>() {
+        return f(b.as_bytes());
+    }
+    let buf = RawBuffer::get(obj, false)?;
+    f(buf.as_bytes())
+}
+
+/// Fill a read-only `Py_buffer` over `bytes`, owned by `owner`.
+///
+/// # Safety
+/// `view` must be the pointer CPython passed to `__getbuffer__`, and `bytes` must stay valid for
+/// as long as `owner` lives (the view keeps a reference to `owner`).
+pub unsafe fn fill_readonly(
+    owner: &Bound<'_, PyAny>,
+    bytes: &[u8],
+    view: *mut ffi::Py_buffer,
+    flags: c_int,
+) -> PyResult<()> {
+    // SAFETY: guaranteed by the caller (see above).
+    let rc = unsafe {
+        ffi::PyBuffer_FillInfo(
+            view,
+            owner.as_ptr(),
+            bytes.as_ptr() as *mut std::ffi::c_void,
+            bytes.len() as ffi::Py_ssize_t,
+            1,
+            flags,
+        )
+    };
+    if rc != 0 {
+        return Err(PyErr::fetch(owner.py()));
+    }
+    Ok(())
+}
+
+/// Rust-owned bytes exposed read-only through the buffer protocol. Several views can share one
+/// allocation (all bodies of one socket read share one block).
+#[pyclass(frozen, module = "sie_sidecar._native")]
+pub struct SharedBytes {
+    data: Arc<Vec<u8>>,
+    start: usize,
+    end: usize,
+}
+
+impl SharedBytes {
+    pub fn new(data: Arc<Vec<u8>>, start: usize, end: usize) -> Self {
+        Self { data, start, end }
+    }
+
+    pub fn as_slice(&self) -> &[u8] {
+        &self.data[self.start..self.end]
+    }
+}
+
+#[pymethods]
+impl SharedBytes {
+    /// # Safety
+    /// Called by CPython with a valid `view`; we fill it read-only over memory we keep alive
+    /// (the view holds a reference to `slf`).
+    unsafe fn __getbuffer__(slf: Bound<'_, Self>, view: *mut ffi::Py_buffer, flags: c_int) -> PyResult<()> {
+        // SAFETY: forwarded from CPython; `slf` owns the Arc'd bytes for the view's lifetime.
+        unsafe { fill_readonly(slf.as_any(), slf.get().as_slice(), view, flags) }
+    }
+
+    /// # Safety
+    /// Nothing to release: the memory lives as long as the object.
+    unsafe fn __releasebuffer__(&self, _view: *mut ffi::Py_buffer) {}
+
+    fn __len__(&self) -> usize {
+        self.end - self.start
+    }
+
+    fn __bytes__<'py>(&self, py: Python<'py>) -> Bound<'py, PyBytes> {
+        PyBytes::new(py, self.as_slice())
+    }
+}
+
+/// A read-only memoryview of `data[start..end]`.
+pub fn shared_view(py: Python<'_>, data: Arc<Vec<u8>>, start: usize, end: usize) -> PyResult<Py<PyAny>> {
+    let owner = Bound::new(py, SharedBytes::new(data, start, end))?;
+    Ok(PyMemoryView::from(owner.as_any())?.into_any().unbind())
+}
+
+/// `memoryview(obj)[start:end]`: a view into the caller's own buffer, no copy.
+pub fn slice_view(obj: &Bound<'_, PyAny>, start: usize, end: usize) -> PyResult<Py<PyAny>> {
+    let py = obj.py();
+    let mv = PyMemoryView::from(obj)?;
+    let slice = PySlice::new(py, start as isize, end as isize, 1);
+    mv.get_item(slice)?.into_py_any(py)
+}

@@ -1,0 +1,104 @@
+//! `FrameSplitter`, `encode_frame` and `encode_request` for Python.
+
+use std::sync::Arc;
+
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyList};
+
+use sie_core::frame::{self, Body};
+use sie_core::ipc;
+use sie_core::msgpack::SliceWriter;
+
+use crate::buffers::{shared_view, with_bytes};
+use crate::errors;
+
+/// Incremental IPC frame splitter: feed it socket reads, get complete bodies back.
+#[pyclass(module = "sie_sidecar._native")]
+pub struct FrameSplitter {
+    inner: frame::FrameSplitter,
+    scratch: Vec<Body>,
+}
+
+#[pymethods]
+impl FrameSplitter {
+    #[new]
+    #[pyo3(signature = (max_body = frame::MAX_FRAME))]
+    fn new(max_body: usize) -> Self {
+        Self {
+            inner: frame::FrameSplitter::new(max_body),
+            scratch: Vec::new(),
+        }
+    }
+
+    /// Feed one read; returns the complete bodies as read-only memoryviews, in order.
+    fn feed<'py>(&mut self, py: Python<'py>, data: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyList>> {
+        let Self { inner, scratch } = self;
+        scratch.clear();
+        // Bodies wholly inside this read share one copy of the span that holds them.
+        let block = with_bytes(data, |bytes| {
+            inner.feed(bytes, scratch).map_err(errors::frame_too_large)?;
+            let mut span: Option<(usize, usize)> = None;
+            for body in scratch.iter() {
+                if let Body::InInput { start, end } = body {
+                    span = Some(match span {
+                        None => (*start, *end),
+                        Some((a, _)) => (a, *end),
+                    });
+                }
+            }
+            Ok(span.map(|(a, b)| (a, Arc::new(bytes[a..b].to_vec()))))
+        })?;
+        let out = PyList::empty(py);
+        for body in scratch.drain(..) {
+            match body {
+                Body::InInput { start, end } => {
+                    let (base, data) = block.as_ref().expect("a block exists for in-input bodies");
+                    out.append(shared_view(py, Arc::clone(data), start - base, end - base)?)?;
+                }
+                Body::Assembled(v) => {
+                    let len = v.len();
+                    out.append(shared_view(py, Arc::new(v), 0, len)?)?;
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Bytes held for an incomplete frame.
+    #[getter]
+    fn buffered(&self) -> usize {
+        self.inner.buffered()
+    }
+}
+
+/// Prefix `body` with its 4-byte big-endian length; `FrameTooLarge` over 32 MiB.
+#[pyfunction]
+pub fn encode_frame<'py>(py: Python<'py>, body: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyBytes>> {
+    with_bytes(body, |b| {
+        frame::check_len(b.len()).map_err(errors::frame_too_large)?;
+        PyBytes::new_with(py, frame::HEADER_LEN + b.len(), |out| {
+            out[..frame::HEADER_LEN].copy_from_slice(&(b.len() as u32).to_be_bytes());
+            out[frame::HEADER_LEN..].copy_from_slice(b);
+            Ok(())
+        })
+    })
+}
+
+/// A whole request frame with keys in spec order; `body` is pre-encoded msgpack.
+#[pyfunction]
+#[pyo3(signature = (method, request_id, body, accepts_chunks = true))]
+pub fn encode_request<'py>(
+    py: Python<'py>,
+    method: &str,
+    request_id: &str,
+    body: &Bound<'py, PyAny>,
+    accepts_chunks: bool,
+) -> PyResult<Bound<'py, PyBytes>> {
+    with_bytes(body, |b| {
+        let len = ipc::request_len(method, request_id, b.len()).map_err(errors::frame_too_large)?;
+        PyBytes::new_with(py, frame::HEADER_LEN + len, |out| {
+            ipc::write_request(&mut SliceWriter::new(out), len, method, request_id, b, accepts_chunks);
+            Ok(())
+        })
+    })
+}
