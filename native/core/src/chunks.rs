@@ -166,6 +166,36 @@ struct Transfer<H> {
     reservation: Reservation,
 }
 
+/// Payloads at least this large are copied on a scoped thread while the caller's thread hashes
+/// them: hashlib releases the GIL, so the copy (and its page faults) hides behind the hash.
+pub const PARALLEL_COPY_MIN: usize = 1 << 20;
+
+/// Append `payload` to `buf` and feed it to `hasher`, overlapping the two for large payloads.
+fn copy_and_hash<H: Sha256Sink>(buf: &mut Vec<u8>, hasher: &mut H, payload: &[u8]) -> Result<(), String> {
+    if payload.len() < PARALLEL_COPY_MIN {
+        buf.extend_from_slice(payload);
+        return hasher.update(payload);
+    }
+    let copied = std::thread::scope(|scope| -> Result<bool, String> {
+        let copier = std::thread::Builder::new()
+            .name("sie-chunk-copy".into())
+            .spawn_scoped(scope, || buf.extend_from_slice(payload));
+        match copier {
+            Ok(handle) => {
+                let hashed = hasher.update(payload);
+                handle.join().map_err(|_| "chunk copy thread panicked".to_owned())?;
+                hashed.map(|()| true)
+            }
+            // No thread to be had (resource limits): hash here, copy below.
+            Err(_) => hasher.update(payload).map(|()| false),
+        }
+    })?;
+    if !copied {
+        buf.extend_from_slice(payload);
+    }
+    Ok(())
+}
+
 /// Reassembles one chunked response (one RPC) on the pool transport.
 pub struct Assembler<H: Sha256Sink> {
     request_id: String,
@@ -354,8 +384,7 @@ impl<H: Sha256Sink> Assembler<H> {
                 t.total
             )));
         }
-        t.buf.extend_from_slice(payload);
-        t.hasher.update(payload).map_err(protocol)?;
+        copy_and_hash(&mut t.buf, &mut t.hasher, payload).map_err(protocol)?;
         t.next_index += 1;
         if !last {
             return Ok(None);
