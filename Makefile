@@ -45,7 +45,7 @@ lint: $(BUILD_STAMP) ## ruff, mypy --strict, stubtest, rustfmt, clippy
 	$(VENV)/bin/ruff check python tests benches
 	$(VENV)/bin/ruff format --check python tests benches
 	$(VENV)/bin/mypy
-	$(PY) -m mypy.stubtest sie_sidecar._native sie_sidecar._native.wire --allowlist .mypy-stubtest-allowlist
+	$(PY) -m mypy.stubtest sie_sidecar._native --allowlist .mypy-stubtest-allowlist  # covers ._native.wire too
 	cargo fmt --all -- --check
 	cargo clippy -q --all-targets -- -D warnings
 

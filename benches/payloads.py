@@ -37,7 +37,7 @@ def run_batch_response(items: int = 256, dim: int = 384, request_id: str = "w-17
             }
         )
     body = {"outcomes": outcomes, "batched_f16_multivectors": []}
-    envelope = msgpack.packb(
+    envelope: bytes = msgpack.packb(
         {"version": 1, "request_id": request_id, "ok": True, "body": body, "error": None}, use_bin_type=True
     )
     return len(envelope).to_bytes(4, "big") + envelope

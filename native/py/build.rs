@@ -25,8 +25,8 @@ fn main() {
 
     let python = env::var("PYO3_PYTHON").unwrap_or_else(|_| "python3".to_owned());
     let out = PathBuf::from(env::var("OUT_DIR").expect("OUT_DIR"));
-    let cython_dir =
-        PathBuf::from(env::var("CARGO_MANIFEST_DIR").expect("CARGO_MANIFEST_DIR")).join("../../cython");
+    let cython_dir = PathBuf::from(env::var("CARGO_MANIFEST_DIR").expect("CARGO_MANIFEST_DIR"))
+        .join("../../cython");
     println!("cargo:rerun-if-env-changed=PYO3_PYTHON");
     for entry in std::fs::read_dir(&cython_dir).expect("cython/ directory") {
         let path = entry.expect("dir entry").path();
@@ -58,7 +58,15 @@ fn main() {
 
 fn cythonize(python: &str, cython_dir: &Path, stem: &str, qualname: &str, c_file: &Path) {
     let status = Command::new(python)
-        .args(["-m", "cython", "-3", "--fast-fail", "--module-name", qualname, "-I"])
+        .args([
+            "-m",
+            "cython",
+            "-3",
+            "--fast-fail",
+            "--module-name",
+            qualname,
+            "-I",
+        ])
         .arg(cython_dir)
         .arg("-o")
         .arg(c_file)

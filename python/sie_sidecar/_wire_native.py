@@ -31,6 +31,7 @@ from ._native import (
     decode_response,
     encode_frame,
     encode_request,
+    encode_response_frames,
     encode_result_chunk,
     encode_work_result,
     f32_to_f16,
@@ -80,7 +81,7 @@ def nd_sentinel(array: npt.ArrayLike) -> bytes:
     arr = np.ascontiguousarray(array)
     if arr.dtype.byteorder == ">":
         arr = arr.astype(arr.dtype.newbyteorder("<"))
-    return _native.nd_sentinel_raw(arr.dtype.str, [int(d) for d in arr.shape], arr.reshape(-1).view(np.uint8))
+    return _native.nd_sentinel_raw(arr.dtype.str, [int(d) for d in arr.shape], arr.reshape(-1).data.cast("B"))
 
 
 __all__ = [
@@ -107,6 +108,7 @@ __all__ = [
     "denormalize_token",
     "encode_frame",
     "encode_request",
+    "encode_response_frames",
     "encode_result_chunk",
     "encode_work_result",
     "f32_to_f16",

@@ -20,5 +20,4 @@ else:
     _names = list(wire_impl.__all__)
     globals().update({name: getattr(wire_impl, name) for name in _names})
 
-IMPLEMENTATION: str = wire_impl.IMPLEMENTATION
 __all__ = [*_names, "USING_NATIVE"]  # noqa: PLE0604

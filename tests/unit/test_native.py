@@ -24,7 +24,7 @@ def test_splitter_bodies_are_read_only_views(native: ModuleType) -> None:
     assert isinstance(body, memoryview)
     assert body.readonly
     with pytest.raises(TypeError):
-        body[0] = 0  # type: ignore[index]
+        body[0] = 0
 
 
 def test_bodies_of_one_read_share_one_block(native: ModuleType) -> None:
@@ -107,16 +107,22 @@ def test_typed_inputs_accept_lists_and_strided_arrays(native: ModuleType, twin: 
 
 
 @given(
-    hnp.arrays(np.float32, hnp.array_shapes(min_dims=2, max_dims=2, max_side=8), elements=st.floats(-1e3, 1e3, width=32)),
+    hnp.arrays(
+        np.float32, hnp.array_shapes(min_dims=2, max_dims=2, max_side=8), elements=st.floats(-1e3, 1e3, width=32)
+    ),
     st.booleans(),
 )
 def test_dense_batch_parity(matrix: np.ndarray, normalize: bool) -> None:
     from sie_sidecar import _wire_native, _wire_py
 
     ids = [f"doc-{i}" if i % 2 else None for i in range(matrix.shape[0])]
-    got = _wire_native.frame_dense_batch(matrix, item_ids=ids, normalize=normalize)
+    batch = _wire_native.frame_dense_batch(matrix, item_ids=ids, normalize=normalize)
+    got = [bytes(item) for item in batch]
     want = _wire_py.frame_dense_batch(matrix, item_ids=ids, normalize=normalize)
     assert len(got) == len(want) == matrix.shape[0]
+    assert batch.to_list() == got
+    assert bytes(batch.buffer) == b"".join(got)
+    assert batch.offsets == [sum(map(len, got[:i])) for i in range(len(got) + 1)]
     for g, w in zip(got, want, strict=True):
         if normalize:
             gd, wd = msgpack.unpackb(g), msgpack.unpackb(w)
@@ -136,7 +142,18 @@ def test_dense_batch_rejects_bad_shapes(impl: ModuleType) -> None:
 
 def test_dense_batch_zero_width_rows(impl: ModuleType) -> None:
     out = impl.frame_dense_batch(np.zeros((2, 0), dtype=np.float32))
-    assert out == [impl.frame_dense([])] * 2
+    assert [bytes(item) for item in out] == [impl.frame_dense([])] * 2
+
+
+def test_framed_batch_items_are_views_of_one_buffer(native: ModuleType) -> None:
+    batch = native.frame_dense_batch(np.ones((3, 4), dtype=np.float32))
+    assert len(batch) == 3
+    assert bytes(batch[-1]) == bytes(batch[2]) == native.frame_dense(np.ones(4, dtype=np.float32))
+    with pytest.raises(IndexError):
+        batch[3]
+    first_at = np.frombuffer(batch[0], np.uint8).__array_interface__["data"][0]
+    second_at = np.frombuffer(batch[1], np.uint8).__array_interface__["data"][0]
+    assert second_at - first_at == batch.offsets[1]
 
 
 @pytest.mark.parametrize(("env", "expected"), [("1", "python"), ("", "native"), ("0", "native")])

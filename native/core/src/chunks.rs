@@ -37,7 +37,11 @@ impl ChunkLimits {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ChunkError {
     Protocol(String),
-    Budget { requested: u64, reserved: u64, capacity: u64 },
+    Budget {
+        requested: u64,
+        reserved: u64,
+        capacity: u64,
+    },
 }
 
 impl fmt::Display for ChunkError {
@@ -103,10 +107,12 @@ impl Budget {
                     capacity: self.capacity,
                 });
             }
-            match self
-                .reserved
-                .compare_exchange_weak(current, next, Ordering::AcqRel, Ordering::Acquire)
-            {
+            match self.reserved.compare_exchange_weak(
+                current,
+                next,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
                 Ok(_) => {
                     return Ok(Reservation {
                         budget: Arc::clone(self),
@@ -139,7 +145,9 @@ impl Reservation {
 
 impl Drop for Reservation {
     fn drop(&mut self) {
-        self.budget.reserved.fetch_sub(self.amount, Ordering::AcqRel);
+        self.budget
+            .reserved
+            .fetch_sub(self.amount, Ordering::AcqRel);
     }
 }
 
@@ -171,7 +179,11 @@ struct Transfer<H> {
 pub const PARALLEL_COPY_MIN: usize = 1 << 20;
 
 /// Append `payload` to `buf` and feed it to `hasher`, overlapping the two for large payloads.
-fn copy_and_hash<H: Sha256Sink>(buf: &mut Vec<u8>, hasher: &mut H, payload: &[u8]) -> Result<(), String> {
+fn copy_and_hash<H: Sha256Sink>(
+    buf: &mut Vec<u8>,
+    hasher: &mut H,
+    payload: &[u8],
+) -> Result<(), String> {
     if payload.len() < PARALLEL_COPY_MIN {
         buf.extend_from_slice(payload);
         return hasher.update(payload);
@@ -183,7 +195,9 @@ fn copy_and_hash<H: Sha256Sink>(buf: &mut Vec<u8>, hasher: &mut H, payload: &[u8
         match copier {
             Ok(handle) => {
                 let hashed = hasher.update(payload);
-                handle.join().map_err(|_| "chunk copy thread panicked".to_owned())?;
+                handle
+                    .join()
+                    .map_err(|_| "chunk copy thread panicked".to_owned())?;
                 hashed.map(|()| true)
             }
             // No thread to be had (resource limits): hash here, copy below.
@@ -277,7 +291,10 @@ impl<H: Sha256Sink> Assembler<H> {
             )));
         }
         if c.version != IPC_VERSION {
-            return Err(protocol(format!("response chunk version {} is not 1", c.version)));
+            return Err(protocol(format!(
+                "response chunk version {} is not 1",
+                c.version
+            )));
         }
         if c.request_id != self.request_id {
             return Err(protocol(format!(
@@ -360,7 +377,10 @@ impl<H: Sha256Sink> Assembler<H> {
                 reservation,
             });
         }
-        let t = self.transfer.as_mut().ok_or_else(|| protocol("no transfer"))?;
+        let t = self
+            .transfer
+            .as_mut()
+            .ok_or_else(|| protocol("no transfer"))?;
         if c.chunk_index != t.next_index {
             return Err(protocol(format!(
                 "response chunk out of order: expected index {}, got {}",
@@ -376,7 +396,9 @@ impl<H: Sha256Sink> Assembler<H> {
             return Err(protocol("response chunks exceed total bytes"));
         }
         if !last && accumulated == t.total {
-            return Err(protocol("response chunks reached total bytes before the last index"));
+            return Err(protocol(
+                "response chunks reached total bytes before the last index",
+            ));
         }
         if last && accumulated != t.total {
             return Err(protocol(format!(
@@ -389,7 +411,10 @@ impl<H: Sha256Sink> Assembler<H> {
         if !last {
             return Ok(None);
         }
-        let mut t = self.transfer.take().ok_or_else(|| protocol("no transfer"))?;
+        let mut t = self
+            .transfer
+            .take()
+            .ok_or_else(|| protocol("no transfer"))?;
         let digest = t.hasher.finalize().map_err(protocol)?;
         if digest != t.digest {
             return Err(protocol("response transfer digest mismatch"));
@@ -427,7 +452,13 @@ mod tests {
         max_chunks: 64,
     };
 
-    fn chunk<'a>(digest: &'a [u8], index: u64, count: u64, total: u64, payload: &[u8]) -> ChunkFrame<'a> {
+    fn chunk<'a>(
+        digest: &'a [u8],
+        index: u64,
+        count: u64,
+        total: u64,
+        payload: &[u8],
+    ) -> ChunkFrame<'a> {
         ChunkFrame {
             version: 1,
             request_id: "r1",
@@ -450,9 +481,15 @@ mod tests {
         let digest: [u8; 32] = Sha256::digest(data).into();
         let budget = Budget::new(DEFAULT_BUDGET);
         let mut a = Assembler::new("r1".into(), Arc::clone(&budget), RELAXED);
-        assert!(a.feed(&chunk(&digest, 0, 2, 10, &data[..5]), &data[..5], sha).unwrap().is_none());
+        assert!(a
+            .feed(&chunk(&digest, 0, 2, 10, &data[..5]), &data[..5], sha)
+            .unwrap()
+            .is_none());
         assert_eq!(budget.reserved(), 2 * 10 + 4096);
-        let done = a.feed(&chunk(&digest, 1, 2, 10, &data[5..]), &data[5..], sha).unwrap().unwrap();
+        let done = a
+            .feed(&chunk(&digest, 1, 2, 10, &data[5..]), &data[5..], sha)
+            .unwrap()
+            .unwrap();
         assert_eq!(done.bytes, data);
         assert_eq!(budget.reserved(), 2 * 10 + 4096);
         drop(done);
@@ -466,8 +503,11 @@ mod tests {
         let digest: [u8; 32] = Sha256::digest(data).into();
         let budget = Budget::new(DEFAULT_BUDGET);
         let mut a = Assembler::new("r1".into(), Arc::clone(&budget), RELAXED);
-        a.feed(&chunk(&digest, 0, 2, 10, &data[..5]), &data[..5], sha).unwrap();
-        assert!(a.feed(&chunk(&digest, 0, 2, 10, &data[..5]), &data[..5], sha).is_err());
+        a.feed(&chunk(&digest, 0, 2, 10, &data[..5]), &data[..5], sha)
+            .unwrap();
+        assert!(a
+            .feed(&chunk(&digest, 0, 2, 10, &data[..5]), &data[..5], sha)
+            .is_err());
         assert_eq!(budget.reserved(), 0);
         assert_eq!(budget.protocol_error.load(Ordering::Relaxed), 1);
     }
@@ -477,7 +517,9 @@ mod tests {
         let zero = [0u8; 32];
         let budget = Budget::new(DEFAULT_BUDGET);
         let mut a = Assembler::new("r1".into(), Arc::clone(&budget), RELAXED);
-        assert!(a.feed(&chunk(&zero, 0, 1, 10, b"0123456789"), b"0123456789", sha).is_err());
+        assert!(a
+            .feed(&chunk(&zero, 0, 1, 10, b"0123456789"), b"0123456789", sha)
+            .is_err());
         assert_eq!(budget.reserved(), 0);
     }
 
@@ -488,7 +530,8 @@ mod tests {
         let budget = Budget::new(2 * 10 + 4096);
         let mut a = Assembler::new("r1".into(), Arc::clone(&budget), RELAXED);
         let mut b = Assembler::new("r1".into(), Arc::clone(&budget), RELAXED);
-        a.feed(&chunk(&digest, 0, 2, 10, &data[..5]), &data[..5], sha).unwrap();
+        a.feed(&chunk(&digest, 0, 2, 10, &data[..5]), &data[..5], sha)
+            .unwrap();
         assert!(matches!(
             b.feed(&chunk(&digest, 0, 2, 10, &data[..5]), &data[..5], sha),
             Err(ChunkError::Budget { .. })
@@ -496,7 +539,9 @@ mod tests {
         assert_eq!(budget.budget_rejected.load(Ordering::Relaxed), 1);
         a.abort();
         let mut c = Assembler::new("r1".into(), Arc::clone(&budget), RELAXED);
-        assert!(c.feed(&chunk(&digest, 0, 2, 10, &data[..5]), &data[..5], sha).is_ok());
+        assert!(c
+            .feed(&chunk(&digest, 0, 2, 10, &data[..5]), &data[..5], sha)
+            .is_ok());
     }
 
     #[test]
@@ -505,14 +550,16 @@ mod tests {
         let budget = Budget::new(DEFAULT_BUDGET);
         let p = ChunkLimits::PRODUCTION;
         for (count, total, len) in [
-            (1u64, 32 * MIB, 1usize),      // at the legacy ceiling
-            (9, 128 * MIB + 1, 1),         // over the total
-            (65, 64 * MIB, 1),             // over the count
+            (1u64, 32 * MIB, 1usize),               // at the legacy ceiling
+            (9, 128 * MIB + 1, 1),                  // over the total
+            (65, 64 * MIB, 1),                      // over the count
             (9, 32 * MIB + 1, 4 * 1024 * 1024 + 1), // payload too large
         ] {
             let payload = vec![0u8; len];
             let mut a = Assembler::new("r1".into(), Arc::clone(&budget), p);
-            assert!(a.feed(&chunk(&zero, 0, count, total, &payload), &payload, sha).is_err());
+            assert!(a
+                .feed(&chunk(&zero, 0, count, total, &payload), &payload, sha)
+                .is_err());
             assert_eq!(budget.reserved(), 0);
         }
     }

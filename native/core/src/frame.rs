@@ -172,7 +172,10 @@ mod tests {
         let mut s = FrameSplitter::new(MAX_FRAME);
         let mut out = Vec::new();
         s.feed(&input, &mut out).unwrap();
-        assert_eq!(bodies_of(&input, out), vec![b"a".to_vec(), vec![], b"hello".to_vec()]);
+        assert_eq!(
+            bodies_of(&input, out),
+            vec![b"a".to_vec(), vec![], b"hello".to_vec()]
+        );
         assert_eq!(s.buffered(), 0);
     }
 
@@ -187,7 +190,10 @@ mod tests {
                 s.feed(part, &mut out).unwrap();
                 got.extend(bodies_of(part, out));
             }
-            assert_eq!(got, vec![b"first body".to_vec(), b"x".to_vec(), b"third".to_vec()]);
+            assert_eq!(
+                got,
+                vec![b"first body".to_vec(), b"x".to_vec(), b"third".to_vec()]
+            );
         }
     }
 

@@ -9,7 +9,11 @@ pub const IPC_CHUNK_KIND: &str = "ipc_response_chunk_v1";
 pub const DIGEST_LEN: usize = 32;
 
 /// Size of the request envelope (without the 4-byte prefix); `FrameTooLarge` over 32 MiB.
-pub fn request_len(method: &str, request_id: &str, body_len: usize) -> Result<usize, FrameTooLarge> {
+pub fn request_len(
+    method: &str,
+    request_id: &str,
+    body_len: usize,
+) -> Result<usize, FrameTooLarge> {
     let len = 1
         + 8 // "version" key
         + 1
@@ -60,7 +64,14 @@ pub fn encode_request(
 ) -> Result<Vec<u8>, FrameTooLarge> {
     let envelope_len = request_len(method, request_id, body.len())?;
     let mut out = Vec::with_capacity(HEADER_LEN + envelope_len);
-    write_request(&mut out, envelope_len, method, request_id, body, accepts_chunks);
+    write_request(
+        &mut out,
+        envelope_len,
+        method,
+        request_id,
+        body,
+        accepts_chunks,
+    );
     debug_assert_eq!(out.len(), HEADER_LEN + envelope_len);
     Ok(out)
 }
@@ -155,7 +166,9 @@ pub fn decode_response(frame: &[u8]) -> Result<Response<'_>, ResponseError> {
     r.finish()?;
 
     let is_chunk = match slots.kind {
-        Some(at) => matches!(Reader::new(&frame[at..]).next_token()?, Token::Str(s) if s == IPC_CHUNK_KIND.as_bytes()),
+        Some(at) => {
+            matches!(Reader::new(&frame[at..]).next_token()?, Token::Str(s) if s == IPC_CHUNK_KIND.as_bytes())
+        }
         None => false,
     };
     if is_chunk {
@@ -173,7 +186,10 @@ fn at<'a>(frame: &'a [u8], slot: Option<usize>, field: &str) -> DecodeResult<Rea
             r.skip_to(pos);
             Ok(r)
         }
-        None => Err(DecodeError::new(0, format!("IPC response is missing `{field}`"))),
+        None => Err(DecodeError::new(
+            0,
+            format!("IPC response is missing `{field}`"),
+        )),
     }
 }
 
@@ -210,8 +226,11 @@ fn decode_envelope<'a>(frame: &'a [u8], slots: &Slots) -> Result<Envelope<'a>, R
 }
 
 fn decode_chunk<'a>(frame: &'a [u8], slots: &Slots) -> Result<ChunkFrame<'a>, ResponseError> {
-    let chunk_err = |e: DecodeError| ResponseError::Chunk(format!("malformed response chunk: {}", e.message));
-    let version = at(frame, slots.version, "version").and_then(|mut r| r.read_uint("version")).map_err(chunk_err)?;
+    let chunk_err =
+        |e: DecodeError| ResponseError::Chunk(format!("malformed response chunk: {}", e.message));
+    let version = at(frame, slots.version, "version")
+        .and_then(|mut r| r.read_uint("version"))
+        .map_err(chunk_err)?;
     let request_id = at(frame, slots.request_id, "request_id")
         .and_then(|mut r| r.read_str("request_id"))
         .map_err(chunk_err)?;
@@ -248,8 +267,36 @@ fn decode_chunk<'a>(frame: &'a [u8], slots: &Slots) -> Result<ChunkFrame<'a>, Re
     })
 }
 
-/// Encode an IpcResponseChunkV1 frame body (the backend side; used by tests and the reference
-/// backend). Keys in spec order, `kind` last.
+/// Write an IpcResponseChunkV1 frame body (the backend side). Keys in spec order, `kind` last.
+pub fn write_chunk_frame(
+    out: &mut impl Out,
+    request_id: &str,
+    transfer_digest: &[u8],
+    chunk_index: u64,
+    chunk_count: u64,
+    total_bytes: u64,
+    payload: &[u8],
+) {
+    mp::write_map_header(out, 8);
+    mp::write_str(out, "version");
+    mp::write_uint(out, IPC_VERSION);
+    mp::write_str(out, "request_id");
+    mp::write_str(out, request_id);
+    mp::write_str(out, "transfer_digest");
+    mp::write_bin(out, transfer_digest);
+    mp::write_str(out, "chunk_index");
+    mp::write_uint(out, chunk_index);
+    mp::write_str(out, "chunk_count");
+    mp::write_uint(out, chunk_count);
+    mp::write_str(out, "total_bytes");
+    mp::write_uint(out, total_bytes);
+    mp::write_str(out, "payload");
+    mp::write_bin(out, payload);
+    mp::write_str(out, "kind");
+    mp::write_str(out, IPC_CHUNK_KIND);
+}
+
+/// [`write_chunk_frame`] into a new `Vec`.
 pub fn encode_chunk_frame(
     request_id: &str,
     transfer_digest: &[u8],
@@ -259,24 +306,52 @@ pub fn encode_chunk_frame(
     payload: &[u8],
 ) -> Vec<u8> {
     let mut out = Vec::with_capacity(payload.len() + 160 + request_id.len());
-    mp::write_map_header(&mut out, 8);
-    mp::write_str(&mut out, "version");
-    mp::write_uint(&mut out, IPC_VERSION);
-    mp::write_str(&mut out, "request_id");
-    mp::write_str(&mut out, request_id);
-    mp::write_str(&mut out, "transfer_digest");
-    mp::write_bin(&mut out, transfer_digest);
-    mp::write_str(&mut out, "chunk_index");
-    mp::write_uint(&mut out, chunk_index);
-    mp::write_str(&mut out, "chunk_count");
-    mp::write_uint(&mut out, chunk_count);
-    mp::write_str(&mut out, "total_bytes");
-    mp::write_uint(&mut out, total_bytes);
-    mp::write_str(&mut out, "payload");
-    mp::write_bin(&mut out, payload);
-    mp::write_str(&mut out, "kind");
-    mp::write_str(&mut out, IPC_CHUNK_KIND);
+    write_chunk_frame(
+        &mut out,
+        request_id,
+        transfer_digest,
+        chunk_index,
+        chunk_count,
+        total_bytes,
+        payload,
+    );
     out
+}
+
+/// How a backend must send a serialized response (wire-protocol §6.1, §6.4).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ResponsePlan {
+    /// One legacy frame, byte-for-byte the serialized response.
+    Legacy,
+    /// `count` chunk frames of fixed `slice` bytes (the last one shorter).
+    Chunked { count: u64, slice: u64 },
+}
+
+/// Decide how to send `total` bytes; `Err` carries the backend's error string.
+pub fn plan_response(
+    total: u64,
+    accepts_chunks: bool,
+    legacy_ceiling: u64,
+    max_chunk_payload: u64,
+    max_total: u64,
+    max_chunks: u64,
+) -> Result<ResponsePlan, &'static str> {
+    if total <= legacy_ceiling {
+        return Ok(ResponsePlan::Legacy);
+    }
+    if !accepts_chunks {
+        return Err(
+            "IPC response exceeds the legacy frame limit; response chunking v1 was not negotiated",
+        );
+    }
+    let count = total.div_ceil(max_chunk_payload.max(1));
+    if total > max_total || count > max_chunks {
+        return Err("IPC response exceeds the negotiated response chunking v1 bounds");
+    }
+    Ok(ResponsePlan::Chunked {
+        count,
+        slice: max_chunk_payload,
+    })
 }
 
 #[cfg(test)]
@@ -334,19 +409,37 @@ mod tests {
     #[test]
     fn tv_i9_kind_decides() {
         let chunky = unhex("86a776657273696f6e01aa726571756573745f6964a7722d6368756e6ba26f6bc3a4626f647981a576616c756501a56572726f72c0a46b696e64b56970635f726573706f6e73655f6368756e6b5f7631");
-        assert!(matches!(decode_response(&chunky), Err(ResponseError::Chunk(_))));
+        assert!(matches!(
+            decode_response(&chunky),
+            Err(ResponseError::Chunk(_))
+        ));
         let mut future = chunky.clone();
         let at = future.len() - 21;
         future.truncate(at - 1);
         mp::write_str(&mut future, "future_response_v2");
-        assert!(matches!(decode_response(&future), Ok(Response::Envelope(_))));
+        assert!(matches!(
+            decode_response(&future),
+            Ok(Response::Envelope(_))
+        ));
     }
 
     #[test]
     fn non_map_and_trailing_bytes_are_decode_errors() {
-        assert!(matches!(decode_response(&[0x91, 0x01]), Err(ResponseError::Decode(_))));
-        assert!(matches!(decode_response(&[0x80, 0x00]), Err(ResponseError::Decode(_))));
-        assert!(matches!(decode_response(&[]), Err(ResponseError::Decode(_))));
-        assert!(matches!(decode_response(&[0xff, 0xff, 0xff]), Err(ResponseError::Decode(_))));
+        assert!(matches!(
+            decode_response(&[0x91, 0x01]),
+            Err(ResponseError::Decode(_))
+        ));
+        assert!(matches!(
+            decode_response(&[0x80, 0x00]),
+            Err(ResponseError::Decode(_))
+        ));
+        assert!(matches!(
+            decode_response(&[]),
+            Err(ResponseError::Decode(_))
+        ));
+        assert!(matches!(
+            decode_response(&[0xff, 0xff, 0xff]),
+            Err(ResponseError::Decode(_))
+        ));
     }
 }

@@ -536,7 +536,10 @@ impl<'a> Reader<'a> {
         match self.next_token()? {
             Token::UInt(v) => Ok(v),
             Token::Int(v) if v >= 0 => Ok(v as u64),
-            Token::Int(_) => Err(DecodeError::new(at, format!("{field} must not be negative"))),
+            Token::Int(_) => Err(DecodeError::new(
+                at,
+                format!("{field} must not be negative"),
+            )),
             other => Err(DecodeError::new(
                 at,
                 format!("{field} must be an unsigned int, got {}", other.type_name()),
@@ -650,7 +653,16 @@ mod tests {
 
     #[test]
     fn negative_ints_round_trip() {
-        for value in [-1i64, -32, -33, -128, -129, -32_768, -32_769, i64::from(i32::MIN) - 1] {
+        for value in [
+            -1i64,
+            -32,
+            -33,
+            -128,
+            -129,
+            -32_768,
+            -32_769,
+            i64::from(i32::MIN) - 1,
+        ] {
             let mut out = Vec::new();
             write_int(&mut out, value);
             match Reader::new(&out).next_token().unwrap() {
@@ -676,7 +688,8 @@ mod tests {
     fn skip_value_spans_nested_containers() {
         // {"a": [1, {"b": nil}], "c": b"xy"}
         let bytes = [
-            0x82, 0xa1, b'a', 0x92, 0x01, 0x81, 0xa1, b'b', 0xc0, 0xa1, b'c', 0xc4, 0x02, b'x', b'y',
+            0x82, 0xa1, b'a', 0x92, 0x01, 0x81, 0xa1, b'b', 0xc0, 0xa1, b'c', 0xc4, 0x02, b'x',
+            b'y',
         ];
         let mut r = Reader::new(&bytes);
         assert_eq!(r.skip_value().unwrap(), &bytes[..]);

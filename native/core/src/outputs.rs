@@ -63,6 +63,12 @@ fn write_data(out: &mut impl Out, data: &Data<'_>) {
 
 /// msgpack-numpy ndarray sentinel: bin keys nd, type, kind, shape, data.
 pub fn write_sentinel(out: &mut impl Out, type_code: &str, shape: &[u64], data: &Data<'_>) {
+    write_sentinel_header(out, type_code, shape, data.len());
+    write_data(out, data);
+}
+
+/// The sentinel up to and including the `data` bin header.
+pub fn write_sentinel_header(out: &mut impl Out, type_code: &str, shape: &[u64], data_len: usize) {
     mp::write_map_header(out, 5);
     mp::write_bin(out, b"nd");
     mp::write_bool(out, true);
@@ -76,8 +82,7 @@ pub fn write_sentinel(out: &mut impl Out, type_code: &str, shape: &[u64], data: 
         mp::write_uint(out, d);
     }
     mp::write_bin(out, b"data");
-    mp::write_bin_header(out, data.len());
-    write_data(out, data);
+    mp::write_bin_header(out, data_len);
 }
 
 fn write_outer(out: &mut impl Out, item_id: Option<&str>, key: &str) {
@@ -103,6 +108,27 @@ pub fn l2_norm(values: &[u8]) -> Option<f32> {
     (norm > 0.0 && norm.is_finite()).then_some(norm)
 }
 
+/// Everything of a dense result before its element bytes (so a batch can reuse one header).
+pub fn write_dense_header(out: &mut impl Out, count: u64, item_id: Option<&str>) {
+    write_outer(out, item_id, "dense");
+    mp::write_map_header(out, 3);
+    mp::write_str(out, "dims");
+    mp::write_uint(out, count);
+    mp::write_str(out, "dtype");
+    mp::write_str(out, "float32");
+    mp::write_str(out, "values");
+    write_sentinel_header(out, "<f4", &[count], count as usize * 4);
+}
+
+/// Dense element bytes: the values as they are, or divided by their L2 norm.
+pub fn write_dense_values(out: &mut impl Out, values_f32: &[u8], normalize: bool) {
+    let data = match normalize.then(|| l2_norm(values_f32)).flatten() {
+        Some(norm) => Data::DividedF32(values_f32, norm),
+        None => Data::Raw(values_f32),
+    };
+    write_data(out, &data);
+}
+
 /// Dense float32 result: `{id?, dense: {dims, dtype, values}}`.
 pub fn frame_dense(
     out: &mut impl Out,
@@ -111,7 +137,7 @@ pub fn frame_dense(
     item_id: Option<&str>,
     normalize: bool,
 ) -> Result<(), ShapeError> {
-    if values_f32.len() % 4 != 0 {
+    if !values_f32.len().is_multiple_of(4) {
         return shape_error("dense values are not float32");
     }
     let count = (values_f32.len() / 4) as u64;
@@ -119,18 +145,8 @@ pub fn frame_dense(
     if dims != count {
         return shape_error(format!("dense dims mismatch: dims {dims}, {count} values"));
     }
-    write_outer(out, item_id, "dense");
-    mp::write_map_header(out, 3);
-    mp::write_str(out, "dims");
-    mp::write_uint(out, dims);
-    mp::write_str(out, "dtype");
-    mp::write_str(out, "float32");
-    mp::write_str(out, "values");
-    let data = match normalize.then(|| l2_norm(values_f32)).flatten() {
-        Some(norm) => Data::DividedF32(values_f32, norm),
-        None => Data::Raw(values_f32),
-    };
-    write_sentinel(out, "<f4", &[count], &data);
+    write_dense_header(out, count, item_id);
+    write_dense_values(out, values_f32, normalize);
     Ok(())
 }
 
@@ -142,7 +158,7 @@ pub fn frame_sparse(
     dims: Option<u64>,
     item_id: Option<&str>,
 ) -> Result<(), ShapeError> {
-    if indices_i32.len() % 4 != 0 || values_f32.len() % 4 != 0 {
+    if !indices_i32.len().is_multiple_of(4) || !values_f32.len().is_multiple_of(4) {
         return shape_error("sparse indices must be int32 and values float32");
     }
     if indices_i32.len() != values_f32.len() {
@@ -245,7 +261,11 @@ pub fn score_order(scores: &[f32]) -> Vec<usize> {
 }
 
 /// Score result: a top-level array of `{item_id, score (f64 widened), rank}`.
-pub fn frame_score(out: &mut impl Out, scores: &[f32], item_ids: &[&str]) -> Result<(), ShapeError> {
+pub fn frame_score(
+    out: &mut impl Out,
+    scores: &[f32],
+    item_ids: &[&str],
+) -> Result<(), ShapeError> {
     if scores.len() != item_ids.len() {
         return shape_error(format!(
             "score length mismatch: {} scores, {} item ids",
@@ -360,12 +380,36 @@ mod tests {
     fn tv_f10_multivector_f16_both_paths() {
         let expected = unhex("81ab6d756c7469766563746f7284aa746f6b656e5f64696d7302aa6e756d5f746f6b656e7302a56474797065a7666c6f61743136a676616c75657385c4026e64c3c40474797065a33c6632c4046b696e64c400c4057368617065920202c40464617461c408003c00c000430000");
         let mut a = Vec::new();
-        frame_multivector(&mut a, MultivectorValues::F32(&f32s(&[1.0, -2.0, 3.5, 0.0])), 2, 2, "float16", None).unwrap();
+        frame_multivector(
+            &mut a,
+            MultivectorValues::F32(&f32s(&[1.0, -2.0, 3.5, 0.0])),
+            2,
+            2,
+            "float16",
+            None,
+        )
+        .unwrap();
         let mut b = Vec::new();
-        frame_multivector(&mut b, MultivectorValues::F16(&unhex("003c00c000430000")), 2, 2, "float16", None).unwrap();
+        frame_multivector(
+            &mut b,
+            MultivectorValues::F16(&unhex("003c00c000430000")),
+            2,
+            2,
+            "float16",
+            None,
+        )
+        .unwrap();
         assert_eq!(a, expected);
         assert_eq!(b, expected);
-        assert!(frame_multivector(&mut Vec::new(), MultivectorValues::F16(&[0, 0]), 1, 1, "float32", None).is_err());
+        assert!(frame_multivector(
+            &mut Vec::new(),
+            MultivectorValues::F16(&[0, 0]),
+            1,
+            1,
+            "float32",
+            None
+        )
+        .is_err());
     }
 
     #[test]
@@ -390,6 +434,8 @@ mod tests {
         assert_eq!(f32_to_f16_bits(5.960_464_5e-8), 0x0001);
         assert_eq!(f32_to_f16_bits(2.980_232_2e-8), 0x0000); // tie to even (0)
         assert_eq!(f32_to_f16_bits(-0.0), 0x8000);
-        assert!(f32_to_f16_bits(f32::NAN) & 0x7c00 == 0x7c00 && f32_to_f16_bits(f32::NAN) & 0x3ff != 0);
+        assert!(
+            f32_to_f16_bits(f32::NAN) & 0x7c00 == 0x7c00 && f32_to_f16_bits(f32::NAN) & 0x3ff != 0
+        );
     }
 }

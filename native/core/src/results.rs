@@ -40,7 +40,10 @@ pub struct WorkResultRef<'a> {
 /// `executed_bundle_config_hash` and `retry_after_s` only when present.
 pub fn encode_work_result(out: &mut impl Out, r: &WorkResultRef<'_>) {
     let executed = r.executed_bundle_config_hash.filter(|h| !h.is_empty());
-    let n = 15 + usize::from(r.units.is_some()) + usize::from(executed.is_some()) + usize::from(r.retry_after_s.is_some());
+    let n = 15
+        + usize::from(r.units.is_some())
+        + usize::from(executed.is_some())
+        + usize::from(r.retry_after_s.is_some());
     mp::write_map_header(out, n);
     mp::write_str(out, "work_item_id");
     mp::write_str(out, r.work_item_id);
@@ -150,7 +153,14 @@ pub fn chunk_envelope_len(
     payload_len: usize,
 ) -> usize {
     let mut c = mp::Counter::default();
-    write_chunk_prefix(&mut c, id, &[0u8; DIGEST_LEN], chunk_index, chunk_count, total_bytes);
+    write_chunk_prefix(
+        &mut c,
+        id,
+        &[0u8; DIGEST_LEN],
+        chunk_index,
+        chunk_count,
+        total_bytes,
+    );
     c.0 + mp::bin_header_len(payload_len) + payload_len
 }
 
@@ -203,7 +213,10 @@ pub struct ResultChunk<'a> {
 }
 
 /// Parse and validate the self-contained rules of one envelope.
-pub fn parse_result_chunk(envelope: &[u8], max_total: u64) -> Result<ResultChunk<'_>, ResultChunkError> {
+pub fn parse_result_chunk(
+    envelope: &[u8],
+    max_total: u64,
+) -> Result<ResultChunk<'_>, ResultChunkError> {
     let mut r = Reader::new(envelope);
     let n = r.read_map_len("result chunk")?;
     let (mut kind, mut wid, mut rid, mut idx, mut digest) = (None, None, None, None, None);
@@ -228,10 +241,14 @@ pub fn parse_result_chunk(envelope: &[u8], max_total: u64) -> Result<ResultChunk
     if kind != Some(RESULT_CHUNK_KIND) {
         return reject("not a result_chunk_v1 envelope");
     }
-    let (Some(work_item_id), Some(request_id), Some(item_index), Some(transfer_digest)) = (wid, rid, idx, digest) else {
+    let (Some(work_item_id), Some(request_id), Some(item_index), Some(transfer_digest)) =
+        (wid, rid, idx, digest)
+    else {
         return reject("result chunk is missing its identity or digest");
     };
-    let (Some(chunk_index), Some(chunk_count), Some(total_bytes), Some(payload)) = (ci, cc, total, payload) else {
+    let (Some(chunk_index), Some(chunk_count), Some(total_bytes), Some(payload)) =
+        (ci, cc, total, payload)
+    else {
         return reject("result chunk is missing its layout or payload");
     };
     if work_item_id.is_empty() || request_id.is_empty() {
@@ -246,13 +263,18 @@ pub fn parse_result_chunk(envelope: &[u8], max_total: u64) -> Result<ResultChunk
         return reject(format!("item index {item_index} does not fit u32"));
     }
     if transfer_digest.len() != DIGEST_LEN {
-        return reject(format!("transfer digest is {} bytes, not 32", transfer_digest.len()));
+        return reject(format!(
+            "transfer digest is {} bytes, not 32",
+            transfer_digest.len()
+        ));
     }
     if chunk_count == 0 || chunk_count > MAX_RESULT_CHUNKS {
         return reject(format!("chunk count {chunk_count} outside 1..=64"));
     }
     if chunk_index >= chunk_count {
-        return reject(format!("chunk index {chunk_index} out of range for count {chunk_count}"));
+        return reject(format!(
+            "chunk index {chunk_index} out of range for count {chunk_count}"
+        ));
     }
     if total_bytes == 0 || total_bytes > max_total {
         return reject(format!("total bytes {total_bytes} outside 1..={max_total}"));
@@ -360,7 +382,10 @@ impl ResultAssembler {
             .remove(c.work_item_id)
             .ok_or_else(|| ResultChunkError("transfer vanished".into()))?;
         if p.bytes != p.total {
-            return reject(format!("result chunks hold {} bytes, expected {}", p.bytes, p.total));
+            return reject(format!(
+                "result chunks hold {} bytes, expected {}",
+                p.bytes, p.total
+            ));
         }
         let mut whole = Vec::with_capacity(p.total as usize);
         for part in p.parts.into_iter().flatten() {
@@ -407,7 +432,12 @@ mod tests {
             request_id: "req",
             item_index: 0,
         };
-        for (n, len) in [(255usize, 423usize), (256, 426), (65_535, 65_705), (65_536, 65_710)] {
+        for (n, len) in [
+            (255usize, 423usize),
+            (256, 426),
+            (65_535, 65_705),
+            (65_536, 65_710),
+        ] {
             let mut out = Vec::new();
             encode_result_chunk(&mut out, &id, &[9u8; 32], 0, 1, n as u64, &vec![7u8; n]);
             assert_eq!(out.len(), len, "N={n}");
@@ -441,9 +471,15 @@ mod tests {
         assert_eq!(n, 3);
         let n = plan_chunk_count(&ID, total, 300 * 1024).unwrap();
         assert!(chunk_envelope_len(&ID, n - 1, n, total, total.div_ceil(n) as usize) <= 300 * 1024);
-        assert!(chunk_envelope_len(&ID, n - 2, n - 1, total, total.div_ceil(n - 1) as usize) > 300 * 1024);
+        assert!(
+            chunk_envelope_len(&ID, n - 2, n - 1, total, total.div_ceil(n - 1) as usize)
+                > 300 * 1024
+        );
         assert_eq!(plan_chunk_count(&ID, total, 100), None);
-        assert_eq!(plan_chunk_count(&ID, MAX_CHUNKED_RESULT + 1, u64::MAX), None);
+        assert_eq!(
+            plan_chunk_count(&ID, MAX_CHUNKED_RESULT + 1, u64::MAX),
+            None
+        );
     }
 
     #[test]

@@ -86,7 +86,11 @@ fn exercise(input: &[u8]) {
     let _ = Reader::new(input).skip_value();
     if let Ok(Response::Chunk(c)) = decode_response(input) {
         let payload = &input[c.payload.0..c.payload.1];
-        let mut a = Assembler::new(c.request_id.to_owned(), Budget::new(1 << 20), ChunkLimits::PRODUCTION);
+        let mut a = Assembler::new(
+            c.request_id.to_owned(),
+            Budget::new(1 << 20),
+            ChunkLimits::PRODUCTION,
+        );
         let _ = a.feed(&c, payload, || Ok(NullSha));
     }
     let _ = parse_result_chunk(input, 16 << 20);
@@ -127,7 +131,10 @@ fn fuzz_splitter_chunkings() {
         let bodies: Vec<Vec<u8>> = (0..rng.below(6))
             .map(|_| (0..rng.below(40)).map(|_| rng.next() as u8).collect())
             .collect();
-        let stream: Vec<u8> = bodies.iter().flat_map(|b| encode_frame(b).unwrap()).collect();
+        let stream: Vec<u8> = bodies
+            .iter()
+            .flat_map(|b| encode_frame(b).unwrap())
+            .collect();
         let mut s = FrameSplitter::new(MAX_FRAME);
         let mut got = Vec::new();
         let mut pos = 0;

@@ -8,7 +8,9 @@ use pyo3::sync::PyOnceLock;
 use pyo3::types::PyBytes;
 use pyo3::{ffi, IntoPyObjectExt};
 
-use sie_core::chunks::{self, Assembler, Budget, ChunkLimits as CoreLimits, Reservation, Sha256Sink};
+use sie_core::chunks::{
+    self, Assembler, Budget, ChunkLimits as CoreLimits, Reservation, Sha256Sink,
+};
 use sie_core::ipc::{ChunkFrame, DIGEST_LEN};
 
 use crate::buffers::{fill_readonly, with_bytes};
@@ -54,9 +56,18 @@ impl Sha256Sink for HashlibSha256 {
 
     fn finalize(&mut self) -> Result<[u8; DIGEST_LEN], String> {
         Python::attach(|py| {
-            let digest = self.obj.bind(py).call_method0("digest").map_err(|e| e.to_string())?;
-            let bytes: &[u8] = digest.cast::<PyBytes>().map_err(|e| e.to_string())?.as_bytes();
-            bytes.try_into().map_err(|_| "digest is not 32 bytes".to_owned())
+            let digest = self
+                .obj
+                .bind(py)
+                .call_method0("digest")
+                .map_err(|e| e.to_string())?;
+            let bytes: &[u8] = digest
+                .cast::<PyBytes>()
+                .map_err(|e| e.to_string())?
+                .as_bytes();
+            bytes
+                .try_into()
+                .map_err(|_| "digest is not 32 bytes".to_owned())
         })
     }
 }
@@ -82,7 +93,13 @@ impl ChunkLimits {
         max_total = CoreLimits::PRODUCTION.max_total,
         max_chunks = CoreLimits::PRODUCTION.max_chunks,
     ))]
-    fn new(legacy_ceiling: u64, max_chunk_payload: u64, max_chunk_frame: u64, max_total: u64, max_chunks: u64) -> Self {
+    fn new(
+        legacy_ceiling: u64,
+        max_chunk_payload: u64,
+        max_chunk_frame: u64,
+        max_total: u64,
+        max_chunks: u64,
+    ) -> Self {
         Self {
             legacy_ceiling,
             max_chunk_payload,
@@ -103,10 +120,16 @@ impl ChunkLimits {
 impl ChunkLimits {
     pub fn production() -> Self {
         let p = CoreLimits::PRODUCTION;
-        Self::new(p.legacy_ceiling, p.max_chunk_payload, p.max_chunk_frame, p.max_total, p.max_chunks)
+        Self::new(
+            p.legacy_ceiling,
+            p.max_chunk_payload,
+            p.max_chunk_frame,
+            p.max_total,
+            p.max_chunks,
+        )
     }
 
-    fn core(&self) -> CoreLimits {
+    pub fn core(&self) -> CoreLimits {
         CoreLimits {
             legacy_ceiling: self.legacy_ceiling,
             max_chunk_payload: self.max_chunk_payload,
@@ -145,17 +168,23 @@ impl ResponseBudget {
 
     #[getter]
     fn completed(&self) -> u64 {
-        self.inner.completed.load(std::sync::atomic::Ordering::Relaxed)
+        self.inner
+            .completed
+            .load(std::sync::atomic::Ordering::Relaxed)
     }
 
     #[getter]
     fn protocol_error(&self) -> u64 {
-        self.inner.protocol_error.load(std::sync::atomic::Ordering::Relaxed)
+        self.inner
+            .protocol_error
+            .load(std::sync::atomic::Ordering::Relaxed)
     }
 
     #[getter]
     fn budget_rejected(&self) -> u64 {
-        self.inner.budget_rejected.load(std::sync::atomic::Ordering::Relaxed)
+        self.inner
+            .budget_rejected
+            .load(std::sync::atomic::Ordering::Relaxed)
     }
 
     fn __repr__(&self) -> String {
@@ -176,7 +205,9 @@ static PROCESS_BUDGET: PyOnceLock<Py<ResponseBudget>> = PyOnceLock::new();
 #[pyfunction]
 pub fn response_budget(py: Python<'_>) -> PyResult<Py<ResponseBudget>> {
     PROCESS_BUDGET
-        .get_or_try_init(py, || Py::new(py, ResponseBudget::new(chunks::DEFAULT_BUDGET)))
+        .get_or_try_init(py, || {
+            Py::new(py, ResponseBudget::new(chunks::DEFAULT_BUDGET))
+        })
         .map(|b| b.clone_ref(py))
 }
 
@@ -202,7 +233,11 @@ impl AssembledResponse {
 impl AssembledResponse {
     /// # Safety
     /// Called by CPython with a valid `view`; delegates to the shared-bytes exporter logic.
-    unsafe fn __getbuffer__(slf: Bound<'_, Self>, view: *mut ffi::Py_buffer, flags: std::ffi::c_int) -> PyResult<()> {
+    unsafe fn __getbuffer__(
+        slf: Bound<'_, Self>,
+        view: *mut ffi::Py_buffer,
+        flags: std::ffi::c_int,
+    ) -> PyResult<()> {
         // SAFETY: forwarded from CPython; `slf` owns the Arc'd bytes for the view's lifetime.
         unsafe { fill_readonly(slf.as_any(), slf.get().data.as_slice(), view, flags) }
     }
@@ -214,7 +249,9 @@ impl AssembledResponse {
     /// A read-only memoryview of the response bytes.
     #[getter]
     fn view(slf: &Bound<'_, Self>) -> PyResult<Py<PyAny>> {
-        Ok(pyo3::types::PyMemoryView::from(slf.as_any())?.into_any().unbind())
+        Ok(pyo3::types::PyMemoryView::from(slf.as_any())?
+            .into_any()
+            .unbind())
     }
 
     #[getter]
@@ -283,7 +320,12 @@ pub struct IpcChunkAssembler {
 impl IpcChunkAssembler {
     #[new]
     #[pyo3(signature = (request_id, budget = None, limits = None))]
-    fn new(py: Python<'_>, request_id: String, budget: Option<Py<ResponseBudget>>, limits: Option<PyRef<'_, ChunkLimits>>) -> PyResult<Self> {
+    fn new(
+        py: Python<'_>,
+        request_id: String,
+        budget: Option<Py<ResponseBudget>>,
+        limits: Option<PyRef<'_, ChunkLimits>>,
+    ) -> PyResult<Self> {
         let budget = match budget {
             Some(b) => b,
             None => response_budget(py)?,
@@ -305,7 +347,11 @@ impl IpcChunkAssembler {
     }
 
     /// Feed one decoded frame; returns the complete response once it is whole and verified.
-    fn feed(&mut self, py: Python<'_>, frame: &Bound<'_, PyAny>) -> PyResult<Option<AssembledResponse>> {
+    fn feed(
+        &mut self,
+        py: Python<'_>,
+        frame: &Bound<'_, PyAny>,
+    ) -> PyResult<Option<AssembledResponse>> {
         if frame.is_instance_of::<ResponseEnvelope>() {
             self.inner.accept_envelope().map_err(errors::chunk)?;
             return Ok(Some(AssembledResponse {
@@ -317,7 +363,11 @@ impl IpcChunkAssembler {
         }
         let chunk = frame
             .cast::<IpcResponseChunk>()
-            .map_err(|_| errors::ChunkProtocolError::new_err("expected a ResponseEnvelope or IpcResponseChunk"))?
+            .map_err(|_| {
+                errors::ChunkProtocolError::new_err(
+                    "expected a ResponseEnvelope or IpcResponseChunk",
+                )
+            })?
             .get();
         let digest = chunk.transfer_digest.bind(py).as_bytes();
         let payload_obj = chunk.payload.bind(py);
@@ -332,7 +382,11 @@ impl IpcChunkAssembler {
                 payload: (0, payload.len()),
                 frame_len: chunk.frame_len,
             };
-            match self.inner.feed(&core, payload, HashlibSha256::new).map_err(errors::chunk)? {
+            match self
+                .inner
+                .feed(&core, payload, HashlibSha256::new)
+                .map_err(errors::chunk)?
+            {
                 None => Ok(None),
                 Some(done) => {
                     let reserved = done.reservation.amount();

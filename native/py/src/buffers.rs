@@ -29,7 +29,8 @@ impl RawBuffer {
         };
         // SAFETY: `obj` is a live object (we hold the GIL) and `view` points to writable memory
         // large enough for a Py_buffer.
-        let rc = unsafe { ffi::PyObject_GetBuffer(obj.as_ptr(), view.as_mut_ptr(), flags as c_int) };
+        let rc =
+            unsafe { ffi::PyObject_GetBuffer(obj.as_ptr(), view.as_mut_ptr(), flags as c_int) };
         if rc != 0 {
             return Err(PyErr::fetch(obj.py()));
         }
@@ -112,7 +113,9 @@ pub fn typed(obj: &Bound<'_, PyAny>, elem: Elem) -> PyResult<RawBuffer> {
         .call_method0("ravel")?;
     let buf = RawBuffer::get(&converted, true)?;
     if !elem.matches(&buf) {
-        return Err(PyBufferError::new_err("could not view the input as the required dtype"));
+        return Err(PyBufferError::new_err(
+            "could not view the input as the required dtype",
+        ));
     }
     Ok(buf)
 }
@@ -178,7 +181,11 @@ impl SharedBytes {
     /// # Safety
     /// Called by CPython with a valid `view`; we fill it read-only over memory we keep alive
     /// (the view holds a reference to `slf`).
-    unsafe fn __getbuffer__(slf: Bound<'_, Self>, view: *mut ffi::Py_buffer, flags: c_int) -> PyResult<()> {
+    unsafe fn __getbuffer__(
+        slf: Bound<'_, Self>,
+        view: *mut ffi::Py_buffer,
+        flags: c_int,
+    ) -> PyResult<()> {
         // SAFETY: forwarded from CPython; `slf` owns the Arc'd bytes for the view's lifetime.
         unsafe { fill_readonly(slf.as_any(), slf.get().as_slice(), view, flags) }
     }
@@ -197,7 +204,12 @@ impl SharedBytes {
 }
 
 /// A read-only memoryview of `data[start..end]`.
-pub fn shared_view(py: Python<'_>, data: Arc<Vec<u8>>, start: usize, end: usize) -> PyResult<Py<PyAny>> {
+pub fn shared_view(
+    py: Python<'_>,
+    data: Arc<Vec<u8>>,
+    start: usize,
+    end: usize,
+) -> PyResult<Py<PyAny>> {
     let owner = Bound::new(py, SharedBytes::new(data, start, end))?;
     Ok(PyMemoryView::from(owner.as_any())?.into_any().unbind())
 }
@@ -208,4 +220,65 @@ pub fn slice_view(obj: &Bound<'_, PyAny>, start: usize, end: usize) -> PyResult<
     let mv = PyMemoryView::from(obj)?;
     let slice = PySlice::new(py, start as isize, end as isize, 1);
     mv.get_item(slice)?.into_py_any(py)
+}
+
+/// An [`Out`](sie_core::msgpack::Out) that writes through a raw pointer into memory that is not
+/// initialised yet, so a new `bytes` is written once instead of zero-filled and then written.
+pub struct RawWriter {
+    ptr: *mut u8,
+    len: usize,
+    pos: usize,
+}
+
+impl RawWriter {
+    pub fn written(&self) -> usize {
+        self.pos
+    }
+
+    fn room(&self, n: usize) -> usize {
+        n.min(self.len - self.pos)
+    }
+}
+
+impl sie_core::msgpack::Out for RawWriter {
+    fn push(&mut self, byte: u8) {
+        if self.room(1) == 1 {
+            // SAFETY: `pos < len`, and `ptr..ptr+len` is writable memory owned by the bytes
+            // object under construction (see `new_bytes`).
+            unsafe { self.ptr.add(self.pos).write(byte) };
+            self.pos += 1;
+        }
+    }
+
+    fn extend_from_slice(&mut self, bytes: &[u8]) {
+        let n = self.room(bytes.len());
+        // SAFETY: `n` bytes fit in `ptr+pos..ptr+len` (checked by `room`), and the source is a
+        // live slice that can not overlap the freshly allocated destination.
+        unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), self.ptr.add(self.pos), n) };
+        self.pos += n;
+    }
+}
+
+/// A new `bytes` of exactly `len` bytes, filled by `fill` without zeroing it first. `fill` must
+/// write all `len` bytes (a short write is turned into an error, never exposed).
+pub fn new_bytes<'py>(
+    py: Python<'py>,
+    len: usize,
+    fill: impl FnOnce(&mut RawWriter) -> PyResult<()>,
+) -> PyResult<Bound<'py, PyBytes>> {
+    // SAFETY: a NULL source asks CPython for an uninitialised bytes object of `len` bytes.
+    let raw = unsafe { ffi::PyBytes_FromStringAndSize(std::ptr::null(), len as ffi::Py_ssize_t) };
+    // SAFETY: `raw` is a new reference or NULL with an exception set.
+    let obj = unsafe { Bound::from_owned_ptr_or_err(py, raw)? }.cast_into::<PyBytes>()?;
+    // SAFETY: the object is brand new and not shared yet, so writing its buffer is allowed.
+    let ptr = unsafe { ffi::PyBytes_AsString(obj.as_ptr()) }.cast::<u8>();
+    let mut writer = RawWriter { ptr, len, pos: 0 };
+    fill(&mut writer)?;
+    if writer.written() != len {
+        return Err(pyo3::exceptions::PySystemError::new_err(format!(
+            "internal sizing error: wrote {} of {len} bytes",
+            writer.written()
+        )));
+    }
+    Ok(obj)
 }

@@ -16,7 +16,10 @@ pub fn value(py: Python<'_>, r: &mut Reader<'_>) -> PyResult<Py<PyAny>> {
 
 fn value_at(py: Python<'_>, r: &mut Reader<'_>, depth: usize) -> PyResult<Py<PyAny>> {
     if depth > MAX_DEPTH {
-        return Err(errors::decode(DecodeError::new(r.position(), "msgpack nesting too deep")));
+        return Err(errors::decode(DecodeError::new(
+            r.position(),
+            "msgpack nesting too deep",
+        )));
     }
     let at = r.position();
     let token = r.next_token().map_err(errors::decode)?;
@@ -50,8 +53,9 @@ fn value_at(py: Python<'_>, r: &mut Reader<'_>, depth: usize) -> PyResult<Py<PyA
             }
             dict.into_any().unbind()
         }
-        Token::Ext(code, data) => ext(py, code, data)
-            .map_err(|e| errors::decode(DecodeError::new(at, format!("bad msgpack ext value: {e}"))))?,
+        Token::Ext(code, data) => ext(py, code, data).map_err(|e| {
+            errors::decode(DecodeError::new(at, format!("bad msgpack ext value: {e}")))
+        })?,
     })
 }
 
@@ -69,7 +73,9 @@ fn ext(py: Python<'_>, code: i8, data: &[u8]) -> PyResult<Py<PyAny>> {
     let msgpack = py.import("msgpack")?;
     let data = PyBytes::new(py, data);
     let value = if code == -1 {
-        msgpack.getattr("Timestamp")?.call_method1("from_bytes", (data,))?
+        msgpack
+            .getattr("Timestamp")?
+            .call_method1("from_bytes", (data,))?
     } else {
         msgpack.getattr("ExtType")?.call1((code, data))?
     };

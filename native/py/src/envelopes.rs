@@ -91,7 +91,11 @@ pub fn decode_response(py: Python<'_>, frame: &Bound<'_, PyAny>) -> PyResult<Py<
 
 /// Apply the client rules of wire-protocol §2.2 and return the body view.
 #[pyfunction]
-pub fn response_body(py: Python<'_>, env: &Bound<'_, PyAny>, request_id: &str) -> PyResult<Py<PyAny>> {
+pub fn response_body(
+    py: Python<'_>,
+    env: &Bound<'_, PyAny>,
+    request_id: &str,
+) -> PyResult<Py<PyAny>> {
     let env = env
         .cast::<ResponseEnvelope>()
         .map_err(|_| errors::ProtocolError::new_err("expected a ResponseEnvelope"))?
@@ -109,7 +113,9 @@ pub fn response_body(py: Python<'_>, env: &Bound<'_, PyAny>, request_id: &str) -
         )));
     }
     if !env.ok {
-        return Err(errors::IpcServerError::new_err(env.error.clone().unwrap_or_default()));
+        return Err(errors::IpcServerError::new_err(
+            env.error.clone().unwrap_or_default(),
+        ));
     }
     match &env.body {
         Some(body) => Ok(body.clone_ref(py)),
@@ -176,7 +182,8 @@ struct Interned {
 impl Interned {
     fn new(py: Python<'_>) -> Self {
         Self {
-            dispositions: DISPOSITIONS.map(|d| pyo3::types::PyString::intern(py, d).into_any().unbind()),
+            dispositions: DISPOSITIONS
+                .map(|d| pyo3::types::PyString::intern(py, d).into_any().unbind()),
         }
     }
 }
@@ -227,7 +234,9 @@ fn units<'py>(py: Python<'py>, r: &mut Reader<'_>) -> PyResult<Option<Bound<'py,
             for _ in 0..n {
                 let slot = match de(r.next_token())? {
                     Token::Str(key) => UNIT_KEYS.iter().position(|k| k.as_bytes() == key),
-                    Token::Array(_) | Token::Map(_) => return err(r, "units map key must be a scalar"),
+                    Token::Array(_) | Token::Map(_) => {
+                        return err(r, "units map key must be a scalar")
+                    }
                     _ => None,
                 };
                 match slot {
@@ -263,7 +272,8 @@ fn units<'py>(py: Python<'py>, r: &mut Reader<'_>) -> PyResult<Option<Bound<'py,
 
 fn item_outcome(py: Python<'_>, r: &mut Reader<'_>, interned: &Interned) -> PyResult<ItemOutcome> {
     let n = de(r.read_map_len("ItemOutcome"))?;
-    let (mut work_item_id, mut request_id, mut item_index, mut disposition) = (None, None, None, None);
+    let (mut work_item_id, mut request_id, mut item_index, mut disposition) =
+        (None, None, None, None);
     let mut o = ItemOutcome {
         work_item_id: String::new(),
         request_id: String::new(),
@@ -299,9 +309,13 @@ fn item_outcome(py: Python<'_>, r: &mut Reader<'_>, interned: &Interned) -> PyRe
             b"error_code" => o.error_code = de(r.read_opt_str("error_code"))?.map(owned),
             b"inference_ms" => o.inference_ms = de(r.read_opt_float("inference_ms"))?,
             b"tokenization_ms" => o.tokenization_ms = de(r.read_opt_float("tokenization_ms"))?,
-            b"postprocessing_ms" => o.postprocessing_ms = de(r.read_opt_float("postprocessing_ms"))?,
+            b"postprocessing_ms" => {
+                o.postprocessing_ms = de(r.read_opt_float("postprocessing_ms"))?
+            }
             b"raw_output" => {
-                if !r.peek_nil() && !matches!(r.input().get(r.position()), Some(0x80..=0x8f | 0xde | 0xdf)) {
+                if !r.peek_nil()
+                    && !matches!(r.input().get(r.position()), Some(0x80..=0x8f | 0xde | 0xdf))
+                {
                     return err(r, "raw_output must be a map or nil");
                 }
                 let v = convert::value(py, r)?;
@@ -314,8 +328,12 @@ fn item_outcome(py: Python<'_>, r: &mut Reader<'_>, interned: &Interned) -> PyRe
             }
         }
     }
-    let (Some(w), Some(q), Some(i), Some(d)) = (work_item_id, request_id, item_index, disposition) else {
-        return err(r, "ItemOutcome is missing work_item_id, request_id, item_index or disposition");
+    let (Some(w), Some(q), Some(i), Some(d)) = (work_item_id, request_id, item_index, disposition)
+    else {
+        return err(
+            r,
+            "ItemOutcome is missing work_item_id, request_id, item_index or disposition",
+        );
     };
     o.work_item_id = w;
     o.request_id = q;
@@ -324,7 +342,13 @@ fn item_outcome(py: Python<'_>, r: &mut Reader<'_>, interned: &Interned) -> PyRe
     Ok(o)
 }
 
-const F16_ITEM_KEYS: [&str; 5] = ["work_item_id", "byte_offset", "byte_len", "num_tokens", "token_dims"];
+const F16_ITEM_KEYS: [&str; 5] = [
+    "work_item_id",
+    "byte_offset",
+    "byte_len",
+    "num_tokens",
+    "token_dims",
+];
 
 fn batched_f16(py: Python<'_>, r: &mut Reader<'_>) -> PyResult<BatchedF16Multivector> {
     let n = de(r.read_map_len("BatchedF16MultivectorOutput"))?;
@@ -356,8 +380,13 @@ fn batched_f16(py: Python<'_>, r: &mut Reader<'_>) -> PyResult<BatchedF16Multive
                     for _ in 0..m {
                         let key = de(r.read_key())?;
                         match F16_ITEM_KEYS.iter().position(|k| k.as_bytes() == key) {
-                            Some(0) => fields[0] = Some(de(r.read_str("work_item_id"))?.into_py_any(py)?),
-                            Some(i) => fields[i] = Some(de(r.read_uint(F16_ITEM_KEYS[i]))?.into_py_any(py)?),
+                            Some(0) => {
+                                fields[0] = Some(de(r.read_str("work_item_id"))?.into_py_any(py)?)
+                            }
+                            Some(i) => {
+                                fields[i] =
+                                    Some(de(r.read_uint(F16_ITEM_KEYS[i]))?.into_py_any(py)?)
+                            }
                             None => {
                                 de(r.skip_value())?;
                             }
@@ -381,7 +410,10 @@ fn batched_f16(py: Python<'_>, r: &mut Reader<'_>) -> PyResult<BatchedF16Multive
     }
     match (values, items) {
         (Some(values_f16), Some(items)) => Ok(BatchedF16Multivector { values_f16, items }),
-        _ => err(r, "BatchedF16MultivectorOutput is missing values_f16 or items"),
+        _ => err(
+            r,
+            "BatchedF16MultivectorOutput is missing values_f16 or items",
+        ),
     }
 }
 
@@ -424,7 +456,10 @@ pub fn decode_batch_outcome(py: Python<'_>, raw: &Bound<'_, PyAny>) -> PyResult<
                         other => {
                             return Err(errors::decode(DecodeError::new(
                                 at,
-                                format!("batched_f16_multivectors must be an array, got {}", other.type_name()),
+                                format!(
+                                    "batched_f16_multivectors must be an array, got {}",
+                                    other.type_name()
+                                ),
                             )))
                         }
                     };

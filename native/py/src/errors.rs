@@ -26,6 +26,8 @@ pub fn shape(e: sie_core::outputs::ShapeError) -> PyErr {
 pub fn chunk(e: sie_core::chunks::ChunkError) -> PyErr {
     match e {
         sie_core::chunks::ChunkError::Protocol(m) => ChunkProtocolError::new_err(m),
-        budget @ sie_core::chunks::ChunkError::Budget { .. } => BudgetExceeded::new_err(budget.to_string()),
+        budget @ sie_core::chunks::ChunkError::Budget { .. } => {
+            BudgetExceeded::new_err(budget.to_string())
+        }
     }
 }

@@ -31,12 +31,18 @@ impl FrameSplitter {
     }
 
     /// Feed one read; returns the complete bodies as read-only memoryviews, in order.
-    fn feed<'py>(&mut self, py: Python<'py>, data: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyList>> {
+    fn feed<'py>(
+        &mut self,
+        py: Python<'py>,
+        data: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyList>> {
         let Self { inner, scratch } = self;
         scratch.clear();
         // Bodies wholly inside this read share one copy of the span that holds them.
         let block = with_bytes(data, |bytes| {
-            inner.feed(bytes, scratch).map_err(errors::frame_too_large)?;
+            inner
+                .feed(bytes, scratch)
+                .map_err(errors::frame_too_large)?;
             let mut span: Option<(usize, usize)> = None;
             for body in scratch.iter() {
                 if let Body::InInput { start, end } = body {
@@ -73,7 +79,10 @@ impl FrameSplitter {
 
 /// Prefix `body` with its 4-byte big-endian length; `FrameTooLarge` over 32 MiB.
 #[pyfunction]
-pub fn encode_frame<'py>(py: Python<'py>, body: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyBytes>> {
+pub fn encode_frame<'py>(
+    py: Python<'py>,
+    body: &Bound<'py, PyAny>,
+) -> PyResult<Bound<'py, PyBytes>> {
     with_bytes(body, |b| {
         frame::check_len(b.len()).map_err(errors::frame_too_large)?;
         PyBytes::new_with(py, frame::HEADER_LEN + b.len(), |out| {
@@ -97,8 +106,75 @@ pub fn encode_request<'py>(
     with_bytes(body, |b| {
         let len = ipc::request_len(method, request_id, b.len()).map_err(errors::frame_too_large)?;
         PyBytes::new_with(py, frame::HEADER_LEN + len, |out| {
-            ipc::write_request(&mut SliceWriter::new(out), len, method, request_id, b, accepts_chunks);
+            ipc::write_request(
+                &mut SliceWriter::new(out),
+                len,
+                method,
+                request_id,
+                b,
+                accepts_chunks,
+            );
             Ok(())
         })
+    })
+}
+
+/// The frame bodies a backend sends for one serialized response: the response itself when it
+/// fits the legacy ceiling, else IpcResponseChunkV1 frames (wire-protocol §6.4).
+#[pyfunction]
+#[pyo3(signature = (response, request_id, *, accepts_chunks = true, limits = None))]
+pub fn encode_response_frames<'py>(
+    py: Python<'py>,
+    response: &Bound<'py, PyAny>,
+    request_id: &str,
+    accepts_chunks: bool,
+    limits: Option<PyRef<'py, crate::assembler::ChunkLimits>>,
+) -> PyResult<Bound<'py, PyList>> {
+    let limits = limits.map_or_else(crate::assembler::ChunkLimits::production, |l| l.clone());
+    with_bytes(response, |whole| {
+        let plan = ipc::plan_response(
+            whole.len() as u64,
+            accepts_chunks,
+            limits.legacy_ceiling,
+            limits.max_chunk_payload,
+            limits.max_total,
+            limits.max_chunks,
+        )
+        .map_err(errors::FrameTooLarge::new_err)?;
+        let out = PyList::empty(py);
+        match plan {
+            ipc::ResponsePlan::Legacy if response.is_instance_of::<PyBytes>() => {
+                out.append(response)?
+            }
+            ipc::ResponsePlan::Legacy => out.append(PyBytes::new(py, whole))?,
+            ipc::ResponsePlan::Chunked { count, slice } => {
+                let digest = py
+                    .import("hashlib")?
+                    .call_method1("sha256", (response,))?
+                    .call_method0("digest")?;
+                let digest = digest.cast::<PyBytes>()?.as_bytes();
+                let total = whole.len() as u64;
+                for (i, payload) in whole.chunks(slice as usize).enumerate() {
+                    let mut c = sie_core::msgpack::Counter::default();
+                    ipc::write_chunk_frame(
+                        &mut c, request_id, digest, i as u64, count, total, payload,
+                    );
+                    let frame = PyBytes::new_with(py, c.0, |buf| {
+                        ipc::write_chunk_frame(
+                            &mut SliceWriter::new(buf),
+                            request_id,
+                            digest,
+                            i as u64,
+                            count,
+                            total,
+                            payload,
+                        );
+                        Ok(())
+                    })?;
+                    out.append(frame)?;
+                }
+            }
+        }
+        Ok(out)
     })
 }

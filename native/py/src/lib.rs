@@ -16,23 +16,28 @@ mod _native {
     use pyo3::prelude::*;
 
     #[pymodule_export]
-    use crate::framing::{encode_frame, encode_request, FrameSplitter};
+    use crate::framing::{encode_frame, encode_request, encode_response_frames, FrameSplitter};
 
     #[pymodule_export]
     use crate::envelopes::{
-        decode_batch_outcome, decode_body, decode_response, response_body, BatchOutcome, BatchedF16Multivector,
-        IpcResponseChunk, ItemOutcome, ResponseEnvelope,
+        decode_batch_outcome, decode_body, decode_response, response_body, BatchOutcome,
+        BatchedF16Multivector, IpcResponseChunk, ItemOutcome, ResponseEnvelope,
     };
 
     #[pymodule_export]
-    use crate::assembler::{response_budget, AssembledResponse, ChunkLimits, IpcChunkAssembler, ResponseBudget};
+    use crate::assembler::{
+        response_budget, AssembledResponse, ChunkLimits, IpcChunkAssembler, ResponseBudget,
+    };
 
     #[pymodule_export]
-    use crate::results::{encode_result_chunk, encode_work_result, plan_reply, ReplyPlan, ResultChunkAssembler};
+    use crate::results::{
+        encode_result_chunk, encode_work_result, plan_reply, ReplyPlan, ResultChunkAssembler,
+    };
 
     #[pymodule_export]
     use crate::outputs::{
-        f32_to_f16, frame_dense, frame_dense_batch, frame_multivector, frame_score, frame_sparse, nd_sentinel_raw,
+        f32_to_f16, frame_dense, frame_dense_batch, frame_multivector, frame_score, frame_sparse,
+        nd_sentinel_raw, FramedBatch,
     };
 
     #[pymodule_export]
@@ -44,9 +49,17 @@ mod _native {
 
     #[pymodule_init]
     fn init(m: &Bound<'_, PyModule>) -> PyResult<()> {
-        m.add("PRODUCTION_LIMITS", crate::assembler::production_limits(m.py())?)?;
+        m.add(
+            "PRODUCTION_LIMITS",
+            crate::assembler::production_limits(m.py())?,
+        )?;
         let origin = m.filename().ok().map(|f| f.to_string());
-        let wire = crate::cython::load(m.py(), "sie_sidecar._native.wire", origin.as_deref(), crate::cython::PyInit_wire)?;
+        let wire = crate::cython::load(
+            m.py(),
+            "sie_sidecar._native.wire",
+            origin.as_deref(),
+            crate::cython::PyInit_wire,
+        )?;
         // Not add_submodule(): that would use __name__ ("sie_sidecar._native.wire") as the attribute.
         m.add("wire", wire)?;
         Ok(())

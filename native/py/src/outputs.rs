@@ -7,7 +7,11 @@ use pyo3::types::{PyBytes, PyList};
 use sie_core::msgpack::{Counter, SliceWriter};
 use sie_core::outputs::{self as core, Data, MultivectorValues};
 
-use crate::buffers::{typed, with_bytes, Elem};
+use std::sync::Arc;
+
+use pyo3::exceptions::PyIndexError;
+
+use crate::buffers::{new_bytes, shared_view, typed, with_bytes, Elem};
 use crate::errors;
 
 /// Run a framing expression twice: once to count, once into the final `bytes`.
@@ -19,10 +23,9 @@ macro_rules! framed {
             $body
         }
         .map_err(errors::shape)?;
-        PyBytes::new_with($py, counter.0, |buf| {
-            let mut writer = SliceWriter::new(buf);
+        new_bytes($py, counter.0, |writer| {
             {
-                let $out = &mut writer;
+                let $out = writer;
                 $body
             }
             .map_err(errors::shape)
@@ -42,21 +45,91 @@ pub fn frame_dense<'py>(
 ) -> PyResult<Bound<'py, PyBytes>> {
     let buf = typed(values, Elem::F32)?;
     let v = buf.as_bytes();
-    framed!(py, |out| core::frame_dense(out, v, dims, item_id, normalize))
+    framed!(py, |out| core::frame_dense(
+        out, v, dims, item_id, normalize
+    ))
 }
 
-/// Dense results for every row of a 2-D float32 matrix: one call per batch, not per item.
+/// The framed results of one batch: a single buffer plus item offsets. Later native stages
+/// (WorkResult encoding, publish framing) take slices of it without per-item Python objects;
+/// `batch[i]` is a zero-copy memoryview of item `i`.
+#[pyclass(frozen, sequence, module = "sie_sidecar._native")]
+pub struct FramedBatch {
+    data: Arc<Vec<u8>>,
+    offsets: Vec<usize>,
+}
+
+#[pymethods]
+impl FramedBatch {
+    fn __len__(&self) -> usize {
+        self.offsets.len() - 1
+    }
+
+    fn __getitem__(&self, py: Python<'_>, index: isize) -> PyResult<Py<PyAny>> {
+        let n = self.__len__() as isize;
+        let i = if index < 0 { index + n } else { index };
+        if !(0..n).contains(&i) {
+            return Err(PyIndexError::new_err("FramedBatch index out of range"));
+        }
+        let i = i as usize;
+        shared_view(
+            py,
+            Arc::clone(&self.data),
+            self.offsets[i],
+            self.offsets[i + 1],
+        )
+    }
+
+    fn __iter__(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
+        let views = (0..self.__len__())
+            .map(|i| {
+                shared_view(
+                    py,
+                    Arc::clone(&self.data),
+                    self.offsets[i],
+                    self.offsets[i + 1],
+                )
+            })
+            .collect::<PyResult<Vec<_>>>()?;
+        Ok(PyList::new(py, views)?.try_iter()?.into_any().unbind())
+    }
+
+    /// The whole buffer (all items back to back).
+    #[getter]
+    fn buffer(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
+        shared_view(py, Arc::clone(&self.data), 0, self.data.len())
+    }
+
+    /// `len(batch) + 1` offsets: item `i` is `buffer[offsets[i]:offsets[i + 1]]`.
+    #[getter]
+    fn offsets(&self) -> Vec<usize> {
+        self.offsets.clone()
+    }
+
+    /// Every item as its own `bytes` (copies; for callers that need owned bytes).
+    fn to_list<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        PyList::new(
+            py,
+            self.offsets
+                .windows(2)
+                .map(|w| PyBytes::new(py, &self.data[w[0]..w[1]])),
+        )
+    }
+}
+
+/// Dense results for every row of a 2-D float32 matrix: one call and one allocation per batch.
 #[pyfunction]
 #[pyo3(signature = (matrix, *, item_ids = None, normalize = false))]
-pub fn frame_dense_batch<'py>(
-    py: Python<'py>,
-    matrix: &Bound<'py, PyAny>,
+pub fn frame_dense_batch(
+    matrix: &Bound<'_, PyAny>,
     item_ids: Option<Vec<Option<String>>>,
     normalize: bool,
-) -> PyResult<Bound<'py, PyList>> {
+) -> PyResult<FramedBatch> {
     let shape: Vec<usize> = matrix.getattr("shape")?.extract()?;
     let [rows, dim] = shape[..] else {
-        return Err(errors::ShapeError::new_err("frame_dense_batch needs a 2-D array"));
+        return Err(errors::ShapeError::new_err(
+            "frame_dense_batch needs a 2-D array",
+        ));
     };
     if let Some(ids) = &item_ids {
         if ids.len() != rows {
@@ -68,13 +141,39 @@ pub fn frame_dense_batch<'py>(
     }
     let buf = typed(matrix, Elem::F32)?;
     let all = buf.as_bytes();
-    let out = PyList::empty(py);
-    for row in 0..rows {
-        let v = &all[row * dim * 4..(row + 1) * dim * 4];
-        let id = item_ids.as_ref().and_then(|ids| ids[row].as_deref());
-        out.append(framed!(py, |o| core::frame_dense(o, v, None, id, normalize))?)?;
+    let row_bytes = dim * 4;
+    // Rows without an id share one header, written once and copied in front of each row.
+    let mut shared = Vec::new();
+    core::write_dense_header(&mut shared, dim as u64, None);
+    let header = |i: usize| -> std::borrow::Cow<'_, [u8]> {
+        match item_ids.as_ref().and_then(|ids| ids[i].as_deref()) {
+            None => std::borrow::Cow::Borrowed(&shared),
+            Some(id) => {
+                let mut h = Vec::with_capacity(shared.len() + id.len() + 8);
+                core::write_dense_header(&mut h, dim as u64, Some(id));
+                std::borrow::Cow::Owned(h)
+            }
+        }
+    };
+    let headers: Vec<_> = (0..rows).map(header).collect();
+    let mut offsets = Vec::with_capacity(rows + 1);
+    offsets.push(0);
+    for h in &headers {
+        offsets.push(offsets[offsets.len() - 1] + h.len() + row_bytes);
     }
-    Ok(out)
+    let mut data = Vec::with_capacity(offsets[rows]);
+    for (i, h) in headers.iter().enumerate() {
+        data.extend_from_slice(h);
+        core::write_dense_values(
+            &mut data,
+            &all[i * row_bytes..(i + 1) * row_bytes],
+            normalize,
+        );
+    }
+    Ok(FramedBatch {
+        data: Arc::new(data),
+        offsets,
+    })
 }
 
 /// Sparse result with int32 indices (TV-F6..TV-F8).
@@ -118,7 +217,9 @@ pub fn frame_multivector<'py>(
         });
     }
     let Some(values) = values else {
-        return Err(errors::ShapeError::new_err("multivector needs values or values_f16"));
+        return Err(errors::ShapeError::new_err(
+            "multivector needs values or values_f16",
+        ));
     };
     let buf = typed(values, Elem::F32)?;
     let v = buf.as_bytes();
@@ -134,7 +235,11 @@ pub fn frame_multivector<'py>(
 
 /// Score result: sorted descending, stable, f32 widened to f64 (TV-F12..TV-F14).
 #[pyfunction]
-pub fn frame_score<'py>(py: Python<'py>, scores: &Bound<'py, PyAny>, item_ids: Vec<String>) -> PyResult<Bound<'py, PyBytes>> {
+pub fn frame_score<'py>(
+    py: Python<'py>,
+    scores: &Bound<'py, PyAny>,
+    item_ids: Vec<String>,
+) -> PyResult<Bound<'py, PyBytes>> {
     let buf = typed(scores, Elem::F32)?;
     let scores: Vec<f32> = buf
         .as_bytes()
@@ -147,7 +252,10 @@ pub fn frame_score<'py>(py: Python<'py>, scores: &Bound<'py, PyAny>, item_ids: V
 
 /// float32 → float16 little-endian bytes, round to nearest, ties to even (TV-F15).
 #[pyfunction]
-pub fn f32_to_f16<'py>(py: Python<'py>, values: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyBytes>> {
+pub fn f32_to_f16<'py>(
+    py: Python<'py>,
+    values: &Bound<'py, PyAny>,
+) -> PyResult<Bound<'py, PyBytes>> {
     let buf = typed(values, Elem::F32)?;
     let v = buf.as_bytes();
     PyBytes::new_with(py, v.len() / 2, |out| {
@@ -171,7 +279,12 @@ pub fn nd_sentinel_raw<'py>(
         let mut c = Counter::default();
         core::write_sentinel(&mut c, type_code, &shape, &Data::Raw(bytes));
         PyBytes::new_with(py, c.0, |buf| {
-            core::write_sentinel(&mut SliceWriter::new(buf), type_code, &shape, &Data::Raw(bytes));
+            core::write_sentinel(
+                &mut SliceWriter::new(buf),
+                type_code,
+                &shape,
+                &Data::Raw(bytes),
+            );
             Ok(())
         })
     })

@@ -7,8 +7,9 @@ use pyo3::IntoPyObjectExt;
 
 use sie_core::msgpack::{Counter, SliceWriter};
 use sie_core::results::{
-    self as core, chunk_range, encode_result_chunk as write_chunk, encode_work_result as write_result,
-    plan_chunk_count, ChunkIdentity, ResultAssembler, WorkResultRef, UNIT_KEYS,
+    self as core, chunk_range, encode_result_chunk as write_chunk,
+    encode_work_result as write_result, plan_chunk_count, ChunkIdentity, ResultAssembler,
+    WorkResultRef, UNIT_KEYS,
 };
 
 use crate::assembler::HashlibSha256;
@@ -110,7 +111,10 @@ fn encode<'py>(py: Python<'py>, r: &WorkResultRef<'_>) -> PyResult<Bound<'py, Py
 
 /// Encode a `WorkResult` as the v0.7.1 sidecar does (TV-R2).
 #[pyfunction]
-pub fn encode_work_result<'py>(py: Python<'py>, result: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyBytes>> {
+pub fn encode_work_result<'py>(
+    py: Python<'py>,
+    result: &Bound<'py, PyAny>,
+) -> PyResult<Bound<'py, PyBytes>> {
     let fields = Fields::read(result)?;
     let payload = result.getattr("result_msgpack")?;
     with_bytes(&payload, |bytes| encode(py, &fields.as_ref(bytes)))
@@ -138,9 +142,25 @@ pub fn encode_result_chunk<'py>(
     with_bytes(transfer_digest, |digest| {
         with_bytes(payload, |payload| {
             let mut c = Counter::default();
-            write_chunk(&mut c, &id, digest, chunk_index, chunk_count, total_bytes, payload);
+            write_chunk(
+                &mut c,
+                &id,
+                digest,
+                chunk_index,
+                chunk_count,
+                total_bytes,
+                payload,
+            );
             PyBytes::new_with(py, c.0, |buf| {
-                write_chunk(&mut SliceWriter::new(buf), &id, digest, chunk_index, chunk_count, total_bytes, payload);
+                write_chunk(
+                    &mut SliceWriter::new(buf),
+                    &id,
+                    digest,
+                    chunk_index,
+                    chunk_count,
+                    total_bytes,
+                    payload,
+                );
                 Ok(())
             })
         })
@@ -179,7 +199,12 @@ fn sha256<'py>(py: Python<'py>, data: &Bound<'py, PyBytes>) -> PyResult<Bound<'p
 /// Plan the publication of one WorkResult (wire-protocol §8.3, §9.3).
 #[pyfunction]
 #[pyo3(signature = (result, *, accepts_result_chunks, max_payload))]
-pub fn plan_reply(py: Python<'_>, result: &Bound<'_, PyAny>, accepts_result_chunks: bool, max_payload: u64) -> PyResult<ReplyPlan> {
+pub fn plan_reply(
+    py: Python<'_>,
+    result: &Bound<'_, PyAny>,
+    accepts_result_chunks: bool,
+    max_payload: u64,
+) -> PyResult<ReplyPlan> {
     let fields = Fields::read(result)?;
     let payload = result.getattr("result_msgpack")?;
     let encoded = with_bytes(&payload, |bytes| encode(py, &fields.as_ref(bytes)))?;
@@ -206,7 +231,15 @@ pub fn plan_reply(py: Python<'_>, result: &Bound<'_, PyAny>, accepts_result_chun
                 let (a, b) = chunk_range(total as u64, i, n);
                 let len = core::chunk_envelope_len(&id, i, n, total as u64, b - a);
                 let msg = PyBytes::new_with(py, len, |buf| {
-                    write_chunk(&mut SliceWriter::new(buf), &id, digest.as_bytes(), i, n, total as u64, &whole[a..b]);
+                    write_chunk(
+                        &mut SliceWriter::new(buf),
+                        &id,
+                        digest.as_bytes(),
+                        i,
+                        n,
+                        total as u64,
+                        &whole[a..b],
+                    );
                     Ok(())
                 })?;
                 messages.append(msg)?;
@@ -263,13 +296,20 @@ impl ResultChunkAssembler {
     }
 
     /// Feed one envelope; `(work_item_id, WorkResult bytes)` once the transfer verified.
-    fn feed<'py>(&mut self, py: Python<'py>, envelope: &Bound<'py, PyAny>) -> PyResult<Option<Bound<'py, PyTuple>>> {
+    fn feed<'py>(
+        &mut self,
+        py: Python<'py>,
+        envelope: &Bound<'py, PyAny>,
+    ) -> PyResult<Option<Bound<'py, PyTuple>>> {
         with_bytes(envelope, |bytes| {
             match self.inner.feed(bytes, HashlibSha256::new) {
                 Ok(None) => Ok(None),
                 Ok(Some((id, whole))) => Ok(Some(PyTuple::new(
                     py,
-                    [id.into_py_any(py)?, PyBytes::new(py, &whole).into_any().unbind()],
+                    [
+                        id.into_py_any(py)?,
+                        PyBytes::new(py, &whole).into_any().unbind(),
+                    ],
                 )?)),
                 Err(e) => Err(errors::ChunkProtocolError::new_err(e.0)),
             }

@@ -1,24 +1,25 @@
 # SPDX-License-Identifier: Apache-2.0
 """Stubs for the Rust extension `sie_sidecar._native` (checked by mypy.stubtest)."""
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from types import ModuleType, TracebackType
-from typing import Any, Final, final
+from typing import Any, Final, Self, final
 
-from typing_extensions import Buffer, Self
+from typing_extensions import Buffer
 
 from sie_sidecar.types import WorkResult
 
 __all__ = [
+    "PRODUCTION_LIMITS",
     "AssembledResponse",
     "BatchOutcome",
     "BatchedF16Multivector",
     "ChunkLimits",
     "FrameSplitter",
+    "FramedBatch",
     "IpcChunkAssembler",
     "IpcResponseChunk",
     "ItemOutcome",
-    "PRODUCTION_LIMITS",
     "ReplyPlan",
     "ResponseBudget",
     "ResponseEnvelope",
@@ -30,6 +31,7 @@ __all__ = [
     "decode_response",
     "encode_frame",
     "encode_request",
+    "encode_response_frames",
     "encode_result_chunk",
     "encode_work_result",
     "f32_to_f16",
@@ -64,6 +66,7 @@ class FrameSplitter:
 
 def encode_frame(body: Buffer) -> bytes: ...
 def encode_request(method: str, request_id: str, body: Buffer, accepts_chunks: bool = True) -> bytes: ...
+
 @final
 class ResponseEnvelope:
     @property
@@ -99,6 +102,7 @@ class IpcResponseChunk:
 def decode_response(frame: Buffer) -> ResponseEnvelope | IpcResponseChunk: ...
 def response_body(env: ResponseEnvelope, request_id: str) -> memoryview: ...
 def decode_body(raw: Buffer) -> Any: ...
+
 @final
 class ItemOutcome:
     @property
@@ -145,6 +149,7 @@ class BatchOutcome:
     def batched_f16_multivectors(self) -> list[BatchedF16Multivector]: ...
 
 def decode_batch_outcome(raw: Buffer) -> BatchOutcome: ...
+
 @final
 class ChunkLimits:
     def __new__(
@@ -181,6 +186,7 @@ class ResponseBudget:
     def budget_rejected(self) -> int: ...
 
 def response_budget() -> ResponseBudget: ...
+
 @final
 class AssembledResponse:
     def __buffer__(self, flags: int, /) -> memoryview: ...
@@ -196,13 +202,13 @@ class AssembledResponse:
     def decode(self) -> ResponseEnvelope: ...
     def release(self) -> None: ...
     def __enter__(self) -> Self: ...
-    def __exit__(
-        self, t: type[BaseException] | None, v: BaseException | None, tb: TracebackType | None, /
-    ) -> bool: ...
+    def __exit__(self, t: type[BaseException] | None, v: BaseException | None, tb: TracebackType | None, /) -> bool: ...
 
 @final
 class IpcChunkAssembler:
-    def __new__(cls, request_id: str, budget: ResponseBudget | None = None, limits: ChunkLimits | None = None) -> Self: ...
+    def __new__(
+        cls, request_id: str, budget: ResponseBudget | None = None, limits: ChunkLimits | None = None
+    ) -> Self: ...
     @property
     def in_progress(self) -> bool: ...
     def abort(self) -> None: ...
@@ -219,6 +225,7 @@ def encode_result_chunk(
     total_bytes: int,
     payload: Buffer,
 ) -> bytes: ...
+
 @final
 class ReplyPlan:
     @property
@@ -231,6 +238,7 @@ class ReplyPlan:
     def transfer_digest(self) -> bytes | None: ...
 
 def plan_reply(result: WorkResult, *, accepts_result_chunks: bool, max_payload: int) -> ReplyPlan: ...
+
 @final
 class ResultChunkAssembler:
     def __new__(cls, max_total: int = ...) -> Self: ...
@@ -238,9 +246,26 @@ class ResultChunkAssembler:
     def pending(self) -> int: ...
     def feed(self, envelope: Buffer) -> tuple[str, bytes] | None: ...
 
-def frame_dense(values: Any, *, dims: int | None = None, item_id: str | None = None, normalize: bool = False) -> bytes: ...
+def frame_dense(
+    values: Any, *, dims: int | None = None, item_id: str | None = None, normalize: bool = False
+) -> bytes: ...
+
+@final
+class FramedBatch:
+    def __len__(self) -> int: ...
+    def __getitem__(self, index: int, /) -> memoryview: ...
+    def __iter__(self) -> Iterator[memoryview]: ...
+    @property
+    def buffer(self) -> memoryview: ...
+    @property
+    def offsets(self) -> list[int]: ...
+    def to_list(self) -> list[bytes]: ...
+
 def frame_dense_batch(
     matrix: Any, *, item_ids: Sequence[str | None] | None = None, normalize: bool = False
+) -> FramedBatch: ...
+def encode_response_frames(
+    response: Buffer, request_id: str, *, accepts_chunks: bool = True, limits: ChunkLimits | None = None
 ) -> list[bytes]: ...
 def frame_sparse(indices: Any, values: Any, *, dims: int | None = None, item_id: str | None = None) -> bytes: ...
 def frame_multivector(

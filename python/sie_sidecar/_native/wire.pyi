@@ -7,6 +7,9 @@ Same names and behaviour as `sie_sidecar._wire_py.subjects` and `sie_sidecar._wi
 from collections.abc import Callable
 from typing import ClassVar
 
+from typing_extensions import disjoint_base
+
+@disjoint_base
 class WorkSubject:
     """The lane of a work subject; immutable, equal to the twin's dataclass with the same fields."""
 
@@ -48,6 +51,7 @@ def worker_consumer_name(worker_id: str) -> str: ...
 def worker_direct_filter(pool: str, machine_profile: str, bundle: str, worker_id: str) -> str: ...
 def health_subject(worker_id: str) -> str: ...
 
+@disjoint_base
 class TombstoneSet:
     """Request tombstones keyed by (router_id, request_id), bounded by capacity and TTL."""
 
@@ -56,6 +60,7 @@ class TombstoneSet:
     def is_cancelled(self, router_id: str, request_id: str) -> bool: ...
     def __len__(self) -> int: ...
 
+@disjoint_base
 class BatchTombstones:
     """Worker-direct batch_cancel tombstones keyed by request id; expired entries pruned on every call."""
 

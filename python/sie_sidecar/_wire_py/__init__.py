@@ -38,6 +38,7 @@ from .outputs import (
     frame_sparse,
     nd_sentinel,
 )
+from .response_chunks import encode_response_frames
 from .results import (
     ReplyPlan,
     ResultChunkAssembler,
@@ -97,6 +98,7 @@ __all__ = [
     "denormalize_token",
     "encode_frame",
     "encode_request",
+    "encode_response_frames",
     "encode_result_chunk",
     "encode_work_result",
     "f32_to_f16",
