@@ -71,3 +71,17 @@ def test_producer_parity_and_round_trip(data: bytes, step: int) -> None:
         )
         frames.append(mod.encode_response_frames(data, "r-9", limits=limits))
     assert frames[0] == frames[1]
+
+
+def test_assembler_is_idle_again_after_a_transfer(impl: ModuleType) -> None:
+    limits = impl.ChunkLimits(
+        legacy_ceiling=8, max_chunk_payload=10, max_chunk_frame=4096, max_total=1024, max_chunks=64
+    )
+    asm = impl.IpcChunkAssembler("r1", budget=impl.ResponseBudget(), limits=limits)
+    for payload in (b"first response bytes", b"second response!"):
+        done = None
+        for frame in impl.encode_response_frames(payload, "r1", limits=limits):
+            done = asm.feed(impl.decode_response(frame))
+        assert done is not None and bytes(done) == payload
+        assert not asm.in_progress
+        done.release()

@@ -420,7 +420,7 @@ impl<H: Sha256Sink> Assembler<H> {
             return Err(protocol("response transfer digest mismatch"));
         }
         self.budget.completed.fetch_add(1, Ordering::Relaxed);
-        self.dead = true; // one transfer per RPC
+        // Back to idle: the assembler can take the next transfer of a reused request id.
         Ok(Some(Assembled {
             bytes: t.buf,
             reservation: t.reservation,
