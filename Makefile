@@ -60,12 +60,12 @@ bench: $(BUILD_STAMP) ## benchmarks: native against the pure-Python twin, side b
 	$(PY) benches/report.py .benchmarks/latest.json
 
 fuzz: $(BUILD_STAMP) ## long fuzz run of every parser (hypothesis, 20k examples per target) plus the Rust fuzz loop
-	HYPOTHESIS_PROFILE=fuzz $(PY) -m pytest -q tests/fuzz -m fuzz
+	HYPOTHESIS_PROFILE=fuzz $(PY) -m pytest -q --timeout=0 tests/fuzz -m fuzz
 	SIE_FUZZ_ITERATIONS=2000000 cargo test -q --release -p sie-core fuzz_
 
 wheel: $(DEPS_STAMP) ## manylinux wheel for this machine's architecture into dist/
 	$(PY) -m pip install -q ziglang
-	$(VENV)/bin/maturin build --release --locked --zig --compatibility manylinux2014 -i $(PY) -o dist
+	PATH=$(abspath $(VENV))/bin:$$PATH maturin build --release --locked --zig --compatibility manylinux2014 -i $(PY) -o dist
 
 sdist-check: $(DEPS_STAMP) ## the sdist must rebuild (catches missing include entries)
 	rm -rf dist/sdist && $(VENV)/bin/maturin sdist -o dist/sdist && $(PY) -m pip wheel -q dist/sdist/*.tar.gz -w dist/sdist --no-deps

@@ -4,13 +4,16 @@
 from __future__ import annotations
 
 import hashlib
+from typing import TYPE_CHECKING
 
 import msgpack
-from typing_extensions import Buffer
 
 from ..errors import FrameTooLarge
 from ..limits import IPC_CHUNK_KIND, IPC_VERSION
 from .ipc_chunks import PRODUCTION_LIMITS, ChunkLimits
+
+if TYPE_CHECKING:
+    from typing_extensions import Buffer
 
 NOT_NEGOTIATED = "IPC response exceeds the legacy frame limit; response chunking v1 was not negotiated"
 OUT_OF_BOUNDS = "IPC response exceeds the negotiated response chunking v1 bounds"
