@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 from types import ModuleType
+from typing import Any
 
 import msgpack
 import numpy as np
@@ -176,3 +177,36 @@ def test_cython_module_is_registered_under_its_qualified_name() -> None:
     assert cy is _native.wire
     assert cy.__name__ == "sie_sidecar._native.wire"
     assert sys.modules["sie_sidecar._native.wire"] is cy
+
+
+def test_reassembly_buffer_is_recycled_once_nothing_views_it(native: ModuleType) -> None:
+    limits = native.ChunkLimits(legacy_ceiling=8, max_chunk_payload=1 << 20, max_total=1 << 24)
+    budget = native.ResponseBudget()
+    payload = os.urandom(3 << 20)  # large enough for the overlapped copy path
+    frames = native.encode_response_frames(payload, "r1", limits=limits)
+
+    def transfer() -> Any:
+        asm = native.IpcChunkAssembler("r1", budget=budget, limits=limits)
+        done = None
+        for frame in frames:
+            done = asm.feed(native.decode_response(frame))
+        assert done is not None
+        return done
+
+    assert budget.spare_buffer == 0
+    done = transfer()
+    view = memoryview(done)
+    del done
+    gc.collect()
+    assert budget.spare_buffer == 0  # a live view still holds the bytes
+    assert view.tobytes() == payload
+    view.release()
+    del view
+    gc.collect()
+    assert budget.spare_buffer >= len(payload)
+    second = transfer()
+    assert bytes(second) == payload  # the reused buffer holds exactly the new transfer
+    assert budget.spare_buffer == 0  # taken by the transfer in flight
+    del second
+    gc.collect()
+    assert budget.reserved == 0

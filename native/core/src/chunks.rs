@@ -5,7 +5,7 @@
 
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use crate::ipc::{ChunkFrame, DIGEST_LEN, IPC_VERSION};
 
@@ -71,6 +71,10 @@ fn protocol(message: impl Into<String>) -> ChunkError {
 pub struct Budget {
     capacity: u64,
     reserved: AtomicU64,
+    /// One spare reassembly buffer, already faulted in: a fresh 128 MiB allocation costs as much
+    /// as hashing it (the kernel zeroes and maps every page), so repeated large responses reuse
+    /// it. At most one buffer of at most the largest transfer seen is kept.
+    spare: Mutex<Option<Vec<u8>>>,
     pub completed: AtomicU64,
     pub protocol_error: AtomicU64,
     pub budget_rejected: AtomicU64,
@@ -81,6 +85,7 @@ impl Budget {
         Arc::new(Self {
             capacity,
             reserved: AtomicU64::new(0),
+            spare: Mutex::new(None),
             completed: AtomicU64::new(0),
             protocol_error: AtomicU64::new(0),
             budget_rejected: AtomicU64::new(0),
@@ -93,6 +98,39 @@ impl Budget {
 
     pub fn reserved(&self) -> u64 {
         self.reserved.load(Ordering::Acquire)
+    }
+
+    /// An empty buffer with room for `len` bytes: the spare one when it is big enough.
+    pub fn take_buffer(&self, len: usize) -> Vec<u8> {
+        let spare = self.spare.lock().ok().and_then(|mut s| s.take());
+        match spare {
+            Some(mut buf) if buf.capacity() >= len => {
+                buf.clear();
+                buf
+            }
+            other => {
+                drop(other);
+                Vec::with_capacity(len)
+            }
+        }
+    }
+
+    /// Keep `buf` as the spare if it is larger than the current one.
+    pub fn give_back(&self, buf: Vec<u8>) {
+        if let Ok(mut spare) = self.spare.lock() {
+            if spare.as_ref().is_none_or(|s| s.capacity() < buf.capacity()) {
+                *spare = Some(buf);
+            }
+        }
+    }
+
+    /// Capacity of the retained spare buffer (for telemetry and tests).
+    pub fn spare_capacity(&self) -> usize {
+        self.spare
+            .lock()
+            .ok()
+            .and_then(|s| s.as_ref().map(Vec::capacity))
+            .unwrap_or(0)
     }
 
     fn try_reserve(self: &Arc<Self>, amount: u64) -> Result<Reservation, ChunkError> {
@@ -135,6 +173,11 @@ pub struct Reservation {
 impl Reservation {
     pub fn amount(&self) -> u64 {
         self.amount
+    }
+
+    /// The budget these bytes are held against (where reassembly buffers are recycled).
+    pub fn budget(&self) -> &Arc<Budget> {
+        &self.budget
     }
 
     /// Give the bytes back, counting the transfer as a protocol error (its bytes did not decode).
@@ -240,7 +283,13 @@ impl<H: Sha256Sink> Assembler<H> {
 
     /// Drop any partial transfer and its reservation.
     pub fn abort(&mut self) {
-        self.transfer = None;
+        self.recycle();
+    }
+
+    fn recycle(&mut self) {
+        if let Some(t) = self.transfer.take() {
+            self.budget.give_back(t.buf);
+        }
     }
 
     /// An ordinary envelope arrived: legal only when no transfer is under way.
@@ -257,7 +306,7 @@ impl<H: Sha256Sink> Assembler<H> {
     }
 
     fn fail(&mut self, err: ChunkError) -> ChunkError {
-        self.transfer = None;
+        self.recycle();
         self.dead = true;
         if matches!(err, ChunkError::Protocol(_)) {
             self.budget.protocol_error.fetch_add(1, Ordering::Relaxed);
@@ -372,7 +421,7 @@ impl<H: Sha256Sink> Assembler<H> {
                 count: c.chunk_count,
                 total: c.total_bytes,
                 next_index: 0,
-                buf: Vec::with_capacity(c.total_bytes as usize),
+                buf: self.budget.take_buffer(c.total_bytes as usize),
                 hasher: new_hasher().map_err(protocol)?,
                 reservation,
             });
@@ -417,6 +466,7 @@ impl<H: Sha256Sink> Assembler<H> {
             .ok_or_else(|| protocol("no transfer"))?;
         let digest = t.hasher.finalize().map_err(protocol)?;
         if digest != t.digest {
+            self.budget.give_back(t.buf);
             return Err(protocol("response transfer digest mismatch"));
         }
         self.budget.completed.fetch_add(1, Ordering::Relaxed);
@@ -510,6 +560,24 @@ mod tests {
             .is_err());
         assert_eq!(budget.reserved(), 0);
         assert_eq!(budget.protocol_error.load(Ordering::Relaxed), 1);
+    }
+
+    #[test]
+    fn spare_buffer_is_reused_only_when_big_enough() {
+        let budget = Budget::new(DEFAULT_BUDGET);
+        let mut big = budget.take_buffer(1000);
+        big.extend_from_slice(&[1; 1000]);
+        budget.give_back(big);
+        assert!(budget.spare_capacity() >= 1000);
+        let reused = budget.take_buffer(500);
+        assert!(reused.is_empty() && reused.capacity() >= 1000);
+        assert_eq!(budget.spare_capacity(), 0);
+        budget.give_back(reused);
+        budget.give_back(Vec::with_capacity(10)); // a smaller one never replaces the spare
+        assert!(budget.spare_capacity() >= 1000);
+        let fresh = budget.take_buffer(5000); // too small a spare: a new buffer, spare dropped
+        assert!(fresh.capacity() >= 5000);
+        assert_eq!(budget.spare_capacity(), 0);
     }
 
     #[test]

@@ -180,6 +180,12 @@ impl ResponseBudget {
             .load(std::sync::atomic::Ordering::Relaxed)
     }
 
+    /// Bytes of the one reassembly buffer kept for reuse (0 when none is kept).
+    #[getter]
+    fn spare_buffer(&self) -> usize {
+        self.inner.spare_capacity()
+    }
+
     #[getter]
     fn budget_rejected(&self) -> u64 {
         self.inner
@@ -218,6 +224,20 @@ pub struct AssembledResponse {
     envelope: Option<Py<PyAny>>,
     reservation: Mutex<Option<Reservation>>,
     reserved: u64,
+    /// Where the buffer goes back for reuse once nothing views it any more.
+    recycle_to: Option<Arc<Budget>>,
+}
+
+impl Drop for AssembledResponse {
+    fn drop(&mut self) {
+        // Every memoryview of this object holds a reference to it, so by now nothing else can
+        // see the bytes: hand the (already faulted-in) buffer to the budget for the next transfer.
+        if let Some(budget) = self.recycle_to.take() {
+            if let Ok(buf) = Arc::try_unwrap(std::mem::take(&mut self.data)) {
+                budget.give_back(buf);
+            }
+        }
+    }
 }
 
 impl AssembledResponse {
@@ -359,6 +379,7 @@ impl IpcChunkAssembler {
                 envelope: Some(frame.clone().unbind()),
                 reservation: Mutex::new(None),
                 reserved: 0,
+                recycle_to: None,
             }));
         }
         let chunk = frame
@@ -390,11 +411,13 @@ impl IpcChunkAssembler {
                 None => Ok(None),
                 Some(done) => {
                     let reserved = done.reservation.amount();
+                    let recycle_to = Some(Arc::clone(done.reservation.budget()));
                     Ok(Some(AssembledResponse {
                         data: Arc::new(done.bytes),
                         envelope: None,
                         reservation: Mutex::new(Some(done.reservation)),
                         reserved,
+                        recycle_to,
                     }))
                 }
             }
