@@ -14,6 +14,8 @@ from hypothesis import strategies as st
 
 from sie_sidecar import errors
 
+from .strategies import mutated
+
 pytestmark = pytest.mark.fuzz
 FIXTURE = settings(suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 
@@ -76,25 +78,6 @@ def only_wire_errors(impl: ModuleType, raw: bytes) -> None:
             impl.decode_batch_outcome(impl.response_body(env, env.request_id))
     except errors.WireError:
         pass
-
-
-@st.composite
-def mutated(draw: st.DrawFn, source: bytes) -> bytes:
-    data = bytearray(source)
-    for _ in range(draw(st.integers(1, 4))):
-        op = draw(st.sampled_from(["flip", "set", "insert", "delete", "truncate"]))
-        pos = draw(st.integers(0, max(len(data) - 1, 0)))
-        if op == "flip" and data:
-            data[pos] ^= 1 << draw(st.integers(0, 7))
-        elif op == "set" and data:
-            data[pos] = draw(st.sampled_from([0x00, 0x7F, 0x80, 0x90, 0xC0, 0xC1, 0xC2, 0xC4, 0xCA, 0xD0, 0xDC, 0xFF]))
-        elif op == "insert":
-            data[pos:pos] = draw(st.binary(min_size=1, max_size=6))
-        elif op == "delete" and data:
-            del data[pos : pos + draw(st.integers(1, 6))]
-        elif op == "truncate":
-            del data[pos:]
-    return bytes(data)
 
 
 KEYS = [

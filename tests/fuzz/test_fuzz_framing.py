@@ -19,6 +19,8 @@ from hypothesis import strategies as st
 
 from sie_sidecar import errors
 
+from .strategies import mutated
+
 pytestmark = pytest.mark.fuzz
 FIXTURE = settings(suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 
@@ -54,26 +56,6 @@ def limits(impl: ModuleType) -> Any:
 
 def frame(body: bytes) -> bytes:
     return len(body).to_bytes(4, "big") + body
-
-
-@st.composite
-def mutated(draw: st.DrawFn, source: bytes) -> bytes:
-    """A valid byte string with a few random flips, insertions, deletions or a truncation."""
-    data = bytearray(source)
-    for _ in range(draw(st.integers(1, 4))):
-        op = draw(st.sampled_from(["flip", "set", "insert", "delete", "truncate"]))
-        pos = draw(st.integers(0, max(len(data) - 1, 0)))
-        if op == "flip" and data:
-            data[pos] ^= 1 << draw(st.integers(0, 7))
-        elif op == "set" and data:
-            data[pos] = draw(st.sampled_from([0x00, 0x7F, 0x80, 0xC0, 0xC1, 0xC4, 0xCC, 0xDC, 0xDE, 0xFF]))
-        elif op == "insert":
-            data[pos:pos] = draw(st.binary(min_size=1, max_size=6))
-        elif op == "delete" and data:
-            del data[pos : pos + draw(st.integers(1, 6))]
-        elif op == "truncate":
-            del data[pos:]
-    return bytes(data)
 
 
 def run_stream(impl: ModuleType, pieces: list[bytes], max_body: int = 4096) -> None:

@@ -210,3 +210,11 @@ def test_reassembly_buffer_is_recycled_once_nothing_views_it(native: ModuleType)
     del second
     gc.collect()
     assert budget.reserved == 0
+
+
+def test_both_implementations_export_the_same_api(native: ModuleType, twin: ModuleType) -> None:
+    assert native.__all__ == twin.__all__
+    for name in twin.__all__:
+        assert hasattr(native, name), name
+        assert hasattr(twin, name), name
+        assert callable(getattr(native, name)) == callable(getattr(twin, name)), name

@@ -225,36 +225,41 @@ fn decode_envelope<'a>(frame: &'a [u8], slots: &Slots) -> Result<Envelope<'a>, R
     })
 }
 
+/// Read one chunk field at its recorded position; any failure is a malformed chunk.
+fn chunk_field<'a, T>(
+    frame: &'a [u8],
+    slot: Option<usize>,
+    field: &str,
+    read: impl FnOnce(&mut Reader<'a>, &str) -> DecodeResult<T>,
+) -> Result<T, ResponseError> {
+    at(frame, slot, field)
+        .and_then(|mut r| read(&mut r, field))
+        .map_err(|e| ResponseError::Chunk(format!("malformed response chunk: {}", e.message)))
+}
+
 fn decode_chunk<'a>(frame: &'a [u8], slots: &Slots) -> Result<ChunkFrame<'a>, ResponseError> {
-    let chunk_err =
-        |e: DecodeError| ResponseError::Chunk(format!("malformed response chunk: {}", e.message));
-    let version = at(frame, slots.version, "version")
-        .and_then(|mut r| r.read_uint("version"))
-        .map_err(chunk_err)?;
-    let request_id = at(frame, slots.request_id, "request_id")
-        .and_then(|mut r| r.read_str("request_id"))
-        .map_err(chunk_err)?;
-    let transfer_digest = at(frame, slots.transfer_digest, "transfer_digest")
-        .and_then(|mut r| r.read_bin("transfer_digest"))
-        .map_err(chunk_err)?;
+    let version = chunk_field(frame, slots.version, "version", Reader::read_uint)?;
+    let request_id = chunk_field(frame, slots.request_id, "request_id", Reader::read_str)?;
+    let transfer_digest = chunk_field(
+        frame,
+        slots.transfer_digest,
+        "transfer_digest",
+        Reader::read_bin,
+    )?;
     if transfer_digest.len() != DIGEST_LEN {
         return Err(ResponseError::Chunk(format!(
             "malformed response chunk: transfer_digest is {} bytes, not 32",
             transfer_digest.len()
         )));
     }
-    let chunk_index = at(frame, slots.chunk_index, "chunk_index")
-        .and_then(|mut r| r.read_uint("chunk_index"))
-        .map_err(chunk_err)?;
-    let chunk_count = at(frame, slots.chunk_count, "chunk_count")
-        .and_then(|mut r| r.read_uint("chunk_count"))
-        .map_err(chunk_err)?;
-    let total_bytes = at(frame, slots.total_bytes, "total_bytes")
-        .and_then(|mut r| r.read_uint("total_bytes"))
-        .map_err(chunk_err)?;
-    let mut r = at(frame, slots.payload, "payload").map_err(chunk_err)?;
-    let payload = r.read_bin("payload").map_err(chunk_err)?;
-    let end = r.position();
+    let chunk_index = chunk_field(frame, slots.chunk_index, "chunk_index", Reader::read_uint)?;
+    let chunk_count = chunk_field(frame, slots.chunk_count, "chunk_count", Reader::read_uint)?;
+    let total_bytes = chunk_field(frame, slots.total_bytes, "total_bytes", Reader::read_uint)?;
+    // The payload's span in the frame: its bin value ends where the reader stops.
+    let (payload, end) = chunk_field(frame, slots.payload, "payload", |r, f| {
+        let bytes = r.read_bin(f)?;
+        Ok((bytes, r.position()))
+    })?;
     Ok(ChunkFrame {
         version,
         request_id,
@@ -357,13 +362,7 @@ pub fn plan_response(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn unhex(s: &str) -> Vec<u8> {
-        (0..s.len())
-            .step_by(2)
-            .map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap())
-            .collect()
-    }
+    use crate::test_util::unhex;
 
     #[test]
     fn tv_i3_first_ping_request() {

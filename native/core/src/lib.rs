@@ -14,3 +14,14 @@ pub mod ipc;
 pub mod msgpack;
 pub mod outputs;
 pub mod results;
+
+#[cfg(test)]
+pub(crate) mod test_util {
+    /// Hex (as written in shared/spec/test-vectors.md) to bytes.
+    pub fn unhex(s: &str) -> Vec<u8> {
+        (0..s.len())
+            .step_by(2)
+            .map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap())
+            .collect()
+    }
+}

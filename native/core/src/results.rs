@@ -403,13 +403,7 @@ impl ResultAssembler {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn unhex(s: &str) -> Vec<u8> {
-        (0..s.len())
-            .step_by(2)
-            .map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap())
-            .collect()
-    }
+    use crate::test_util::unhex;
 
     const ID: ChunkIdentity<'static> = ChunkIdentity {
         work_item_id: "req-1.0",
