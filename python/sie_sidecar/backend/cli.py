@@ -1,0 +1,128 @@
+# SPDX-License-Identifier: Apache-2.0
+"""`sie-sidecar backend`: run the reference backend on a Unix socket until SIGTERM/SIGINT.
+
+The arguments live here rather than in the main CLI so the backend can also be started as
+`python -m sie_sidecar.backend.cli` (tests run it as a subprocess to exercise crashes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import socket
+from collections.abc import Sequence
+
+from .adapter import Adapter
+from .null import NullAdapter
+from .server import BackendServer
+
+log = logging.getLogger(__name__)
+
+DEFAULT_SOCKET = "/tmp/sie-ipc.sock"
+
+
+def add_backend_arguments(parser: argparse.ArgumentParser) -> None:
+    """The backend's flags, shared by `sie-sidecar backend` and `python -m sie_sidecar.backend.cli`."""
+    parser.add_argument("--adapter", choices=("null", "minilm"), default="null", help="model adapter (default null)")
+    parser.add_argument(
+        "--socket",
+        default=os.environ.get("SIE_IPC_SOCKET_PATH", DEFAULT_SOCKET),
+        help=f"Unix socket to serve (default $SIE_IPC_SOCKET_PATH or {DEFAULT_SOCKET})",
+    )
+    parser.add_argument("--worker-id", default=None, help="worker id reported by Ping (default: the host name)")
+    null = parser.add_argument_group("null adapter")
+    null.add_argument("--dim", type=_non_negative(1), default=384, help="vector dimension (default 384)")
+    null.add_argument("--load-delay-s", type=_seconds, default=0.0, help="simulated model load time (default 0)")
+    null.add_argument("--preload", action="append", default=[], metavar="MODEL", help="a model ready from the start")
+    null.add_argument("--retry-later-model", action="append", default=[], metavar="MODEL", help="answer retry_later")
+    null.add_argument("--failed-model", action="append", default=[], metavar="MODEL", help="answer failed")
+    null.add_argument("--error-every", type=_non_negative(0), default=0, help="every Nth item fails (0 = never)")
+    null.add_argument(
+        "--oversized-bytes", type=_non_negative(0), default=0, help="pad each batch response past N bytes"
+    )
+    null.add_argument(
+        "--crash-after-batches", type=_non_negative(0), default=0, help="exit(1) when the Nth batch arrives (0 = never)"
+    )
+    null.add_argument("--batch-budget", type=_non_negative(1), default=64, help="batch_budget reported on ready")
+    null.add_argument(
+        "--no-run-batch", dest="supports_run_batch", action="store_false", help="descriptor without RunBatch support"
+    )
+
+
+def _non_negative(minimum: int) -> argparse._ActionType:
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {value}")
+        return value
+
+    return parse
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
+    return value
+
+
+def build_adapter(args: argparse.Namespace) -> Adapter:
+    """The adapter the arguments ask for; MiniLM is imported only when chosen (it loads weights)."""
+    if args.adapter == "minilm":
+        from .minilm import MiniLMAdapter
+
+        adapter: Adapter = MiniLMAdapter()
+        return adapter
+    return NullAdapter(
+        args.dim,
+        load_delay_s=args.load_delay_s,
+        retry_later_models=args.retry_later_model,
+        failed_models=args.failed_model,
+        error_every=args.error_every,
+        oversized_bytes=args.oversized_bytes,
+        crash_after_batches=args.crash_after_batches,
+        supports_run_batch=args.supports_run_batch,
+        batch_budget=args.batch_budget,
+        preloaded_models=args.preload,
+    )
+
+
+async def run_backend(args: argparse.Namespace) -> int:
+    """Serve until SIGTERM or SIGINT, then close (in-flight batches are cancelled)."""
+    adapter = build_adapter(args)
+    server = BackendServer(adapter, args.socket, worker_id=args.worker_id or socket.gethostname())
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await server.start()
+        await stop.wait()
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            with contextlib.suppress(ValueError, RuntimeError):
+                loop.remove_signal_handler(sig)
+        await server.close()
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="sie-sidecar backend", description="Run the reference IPC backend.")
+    add_backend_arguments(parser)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO)
+    return asyncio.run(run_backend(args))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,260 @@
+# SPDX-License-Identifier: Apache-2.0
+"""A model-free adapter: deterministic vectors and switchable failure modes.
+
+The sidecar's behaviour is mostly about what happens around inference (loading, per-item errors,
+oversized responses, a backend that dies), so the null adapter makes each of those reproducible on
+a laptop. Vectors depend only on the item text (and the LoRA), so results can be checked exactly.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import struct
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, Final
+
+import msgpack
+import numpy as np
+import numpy.typing as npt
+
+from .. import wire
+from ..ipc_types import FAILED, LOADING_IN_PROGRESS, LOADING_STARTED, READY, RETRY_LATER, ModelDescriptor, ReadyResponse
+from .adapter import Adapter, outcome_for, unit_counts
+
+#: Redelivery delay for items of a model that is not loaded (the Python backend's SIE_NAK_DELAY_S).
+NOT_LOADED_NAK_MS: Final = 5000
+#: Key of the padding entry `oversized_bytes` adds to a result map.
+PAD_KEY: Final = "_pad"
+
+
+def _positive_int(name: str, value: int, *, minimum: int = 0) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+    return value
+
+
+def text_of(item: object) -> str:
+    """The text an item carries (`item.text`), "" when there is none."""
+    if isinstance(item, Mapping):
+        text = item.get("text")
+        if isinstance(text, str):
+            return text
+    return ""
+
+
+class NullAdapter(Adapter):
+    """Serves any model id with deterministic dense vectors (float32, L2-normalised).
+
+    Loading: the first EnsureModelReady of a model answers `loading_started`, later ones
+    `loading_in_progress` until `load_delay_s` has passed since that first call, then `ready`
+    (models in `preloaded_models` are ready from the start). Failure modes: `retry_later_models`
+    and `failed_models` answer those states for ever; `error_every=N` turns every Nth item of a
+    batch into an `inference_error`; `oversized_bytes` pads the first result of each batch so the
+    response exceeds that size; `crash_after_batches=N` ends the process (`os._exit(1)`) when the
+    Nth batch arrives. Items of a model that is not loaded are NAKed (`nak_retry`).
+    """
+
+    def __init__(
+        self,
+        dim: int = 384,
+        *,
+        load_delay_s: float = 0.0,
+        retry_later_models: Iterable[str] = (),
+        failed_models: Iterable[str] = (),
+        error_every: int = 0,
+        oversized_bytes: int = 0,
+        crash_after_batches: int = 0,
+        supports_run_batch: bool = True,
+        batch_budget: int = 64,
+        preloaded_models: Iterable[str] = (),
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.dim = _positive_int("dim", dim, minimum=1)
+        if isinstance(load_delay_s, bool) or not isinstance(load_delay_s, int | float) or not load_delay_s >= 0:
+            raise ValueError(f"load_delay_s must be a non-negative number, got {load_delay_s!r}")
+        self.load_delay_s = float(load_delay_s)
+        self.retry_later_models = frozenset(retry_later_models)
+        self.failed_models = frozenset(failed_models)
+        self.error_every = _positive_int("error_every", error_every)
+        self.oversized_bytes = _positive_int("oversized_bytes", oversized_bytes)
+        self.crash_after_batches = _positive_int("crash_after_batches", crash_after_batches)
+        self.supports_run_batch = bool(supports_run_batch)
+        self.batch_budget = _positive_int("batch_budget", batch_budget, minimum=1)
+        self._clock = clock
+        self._loaded: set[str] = set(preloaded_models) - self.retry_later_models - self.failed_models
+        self._loading: dict[str, float] = {}
+        self.batches = 0
+        self.items = 0
+
+    # -- readiness ----------------------------------------------------------------------------
+
+    def _promote(self) -> None:
+        """Loads whose delay has passed are finished, whether or not anyone asked yet."""
+        now = self._clock()
+        for model, started in list(self._loading.items()):
+            if now - started >= self.load_delay_s:
+                del self._loading[model]
+                self._loaded.add(model)
+
+    def descriptor(self, model_id: str) -> ModelDescriptor:
+        return ModelDescriptor(max_seq_len=512, supports_run_batch=self.supports_run_batch)
+
+    async def ensure_ready(self, model_id: str) -> ReadyResponse:
+        if model_id in self.failed_models:
+            return ReadyResponse(FAILED)
+        if model_id in self.retry_later_models:
+            return ReadyResponse(RETRY_LATER)
+        if model_id not in self._loaded and model_id not in self._loading:
+            self._loading[model_id] = self._clock()
+            return ReadyResponse(LOADING_STARTED)
+        self._promote()
+        if model_id in self._loading:
+            return ReadyResponse(LOADING_IN_PROGRESS)
+        return ReadyResponse(READY, batch_budget=self.batch_budget, descriptor=self.descriptor(model_id))
+
+    def loaded_models(self) -> Sequence[str]:
+        self._promote()
+        return sorted(self._loaded)
+
+    def loading_models(self) -> Sequence[str]:
+        self._promote()
+        return sorted(self._loading)
+
+    def supported_models(self) -> Sequence[str]:
+        return sorted(self._loaded | set(self._loading))
+
+    # -- inference ----------------------------------------------------------------------------
+
+    def vector(self, text: str, lora: str = "") -> npt.NDArray[np.float32]:
+        """The unit vector of a text: a normal sample seeded by a hash of (LoRA, text)."""
+        digest = hashlib.blake2b(f"{lora}\0{text}".encode(), digest_size=8).digest()
+        rng = np.random.default_rng(int.from_bytes(digest, "little"))
+        values = rng.standard_normal(self.dim).astype(np.float32)
+        norm = np.float32(np.linalg.norm(values))
+        normalized: npt.NDArray[np.float32] = values / norm if norm > 0 else values
+        return normalized
+
+    async def run_batch(
+        self, model_id: str, op: str, items: list[dict[str, Any]], lora_key: str
+    ) -> list[dict[str, Any]]:
+        self.batches += 1
+        if self.crash_after_batches and self.batches >= self.crash_after_batches:
+            os._exit(1)  # a backend child dying mid-batch, for the sidecar's transport-error tests
+        self.items += len(items)
+        self._promote()
+        if model_id not in self._loaded:
+            return [
+                outcome_for(item, "nak_retry", nak_delay_ms=NOT_LOADED_NAK_MS, error=f"model {model_id} is not loaded")
+                for item in items
+            ]
+        started = time.perf_counter()
+        if op == "encode":
+            results, units = self._encode(items)
+        elif op == "score":
+            results, units = self._score(items)
+        elif op == "extract":
+            results = [wire.frame_extract({"entities": []}, _item_id(item)) for item in items]
+            units = [unit_counts(input_tokens=len(text_of(item.get("item")).split())) for item in items]
+        else:
+            raise ValueError(f"unknown op {op!r}")
+        elapsed_ms = (time.perf_counter() - started) * 1000.0
+        outcomes: list[dict[str, Any]] = []
+        padded = self.oversized_bytes == 0
+        for k, (item, result, unit) in enumerate(zip(items, results, units, strict=True)):
+            if self.error_every and (k + 1) % self.error_every == 0:
+                outcomes.append(
+                    outcome_for(
+                        item,
+                        "publish_error_and_ack",
+                        error="null adapter: injected inference error",
+                        error_code="inference_error",
+                    )
+                )
+                continue
+            data = bytes(result)
+            if not padded:
+                data = pad_result(data, self.oversized_bytes)
+                padded = True
+            outcomes.append(
+                outcome_for(item, "publish_and_ack", result_msgpack=data, inference_ms=elapsed_ms, units=unit)
+            )
+        return outcomes
+
+    def _encode(self, items: list[dict[str, Any]]) -> tuple[Sequence[Any], list[dict[str, int | None]]]:
+        texts = [text_of(item.get("item")) for item in items]
+        loras = [_lora(item) for item in items]
+        matrix = np.stack([self.vector(t, lora) for t, lora in zip(texts, loras, strict=True)])
+        ids = [_caller_id(item.get("item")) for item in items]
+        framed = wire.frame_dense_batch(matrix, item_ids=ids)
+        return framed, [unit_counts(input_tokens=len(t.split())) for t in texts]
+
+    def _score(self, items: list[dict[str, Any]]) -> tuple[list[bytes], list[dict[str, int | None]]]:
+        results: list[bytes] = []
+        units: list[dict[str, int | None]] = []
+        for item in items:
+            query = text_of(item.get("query_item"))
+            docs = list(item.get("score_items") or [])
+            q = self.vector(query)
+            scores = np.array([float(np.dot(q, self.vector(text_of(doc)))) for doc in docs], dtype=np.float32)
+            ids = [_caller_id(doc) or f"item-{i}" for i, doc in enumerate(docs)]
+            results.append(wire.frame_score(scores, ids))
+            tokens = len(query.split()) + sum(len(text_of(doc).split()) for doc in docs)
+            units.append(unit_counts(input_tokens=tokens, pairs=len(docs)))
+        return results, units
+
+
+def _caller_id(item: object) -> str | None:
+    if isinstance(item, Mapping):
+        value = item.get("id")
+        if isinstance(value, str):
+            return value
+    return None
+
+
+def _item_id(item: Mapping[str, Any]) -> str:
+    return _caller_id(item.get("item")) or str(item.get("work_item_id", ""))
+
+
+def _lora(item: Mapping[str, Any]) -> str:
+    options = item.get("options")
+    if isinstance(options, Mapping):
+        lora = options.get("lora")
+        if isinstance(lora, str):
+            return lora
+    return ""
+
+
+def pad_result(result: bytes, size: int) -> bytes:
+    """`result` with one more entry holding `size` zero bytes (a `_pad` key for a map, an element
+    for an array), so it stays valid msgpack; other shapes come back unchanged."""
+    if not result:
+        return result
+    marker = result[0]
+    if 0x80 <= marker <= 0x8F:
+        is_map, count, header = True, marker & 0x0F, 1
+    elif marker == 0xDE:
+        is_map, count, header = True, struct.unpack(">H", result[1:3])[0], 3
+    elif marker == 0xDF:
+        is_map, count, header = True, struct.unpack(">I", result[1:5])[0], 5
+    elif 0x90 <= marker <= 0x9F:
+        is_map, count, header = False, marker & 0x0F, 1
+    elif marker == 0xDC:
+        is_map, count, header = False, struct.unpack(">H", result[1:3])[0], 3
+    elif marker == 0xDD:
+        is_map, count, header = False, struct.unpack(">I", result[1:5])[0], 5
+    else:
+        return result
+    count += 1
+    if count < 16:
+        new_header = bytes(((0x80 if is_map else 0x90) | count,))
+    elif count < 0x10000:
+        new_header = (b"\xde" if is_map else b"\xdc") + struct.pack(">H", count)
+    else:
+        new_header = (b"\xdf" if is_map else b"\xdd") + struct.pack(">I", count)
+    key = msgpack.packb(PAD_KEY) if is_map else b""
+    return b"".join((new_header, result[header:], key, msgpack.packb(bytes(size), use_bin_type=True)))
+
+
+__all__ = ["NOT_LOADED_NAK_MS", "PAD_KEY", "NullAdapter", "pad_result", "text_of"]

@@ -1,0 +1,560 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The reference backend's IPC server (wire-protocol §1.3, §2, §3, §4.1, §6.1/§6.4).
+
+It plays the Python backend's side of the socket so the sidecar can be tested end to end without a
+GPU, and so a real model (MiniLM) can be put behind the same protocol code. Everything a backend
+must get right on the wire lives here; adapters only see validated batches.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+import stat
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, Final
+
+import msgpack
+
+from .. import wire
+from ..errors import DecodeError, FrameTooLarge
+from ..ipc_types import PingResponse, ReadyResponse
+from ..limits import IPC_VERSION
+from .adapter import OPS, Adapter, item_outcome
+
+log = logging.getLogger(__name__)
+
+#: Methods that run as background tasks (responses may leave out of order) and are refused while draining.
+HEAVY_METHODS: Final = frozenset(
+    {"RunBatch", "ProcessEncodeBatch", "ProcessScoreBatch", "ProcessExtractBatch", "ProcessGenerate"}
+)
+#: The per-op batch methods and the op each carries.
+PROCESS_METHOD_OPS: Final = {
+    "ProcessEncodeBatch": "encode",
+    "ProcessScoreBatch": "score",
+    "ProcessExtractBatch": "extract",
+}
+#: v0.7.1 methods this backend knows but does not implement (answered with a NotImplementedError envelope).
+UNSUPPORTED_METHODS: Final = frozenset(
+    {"ProcessGenerate", "ApplyModelConfig", "ReplaceModelConfigs", "SetPinnedModels"}
+)
+#: The backend considers its sidecar stale after this long without a Ping (wire-protocol §3.1).
+HEARTBEAT_STALE_S: Final = 10.0
+
+_READ_LIMIT: Final = 1 << 20
+_MAX_SOCKET_PATH: Final = 107  # sun_path holds 108 bytes including the terminating NUL
+_READ_SIZE: Final = 4 << 20
+
+Body = dict[str, Any]
+_Identity = tuple[str, str, int]  # a RunBatchItem's work_item_id, request_id, item_index
+Handler = Callable[[Body], Awaitable[Body]]
+
+
+class BadBody(Exception):
+    """A request body failed validation; answered as `bad body for <method>: <detail>`."""
+
+
+def encode_response(request_id: str, ok: bool, body: Mapping[str, Any] | None, error: str | None) -> bytes:
+    """A ResponseEnvelope with exactly the five keys in fast-path order (wire-protocol §1.6, TV-I1)."""
+    envelope = {"version": IPC_VERSION, "request_id": request_id, "ok": ok, "body": body, "error": error}
+    return bytes(msgpack.packb(envelope, use_bin_type=True))
+
+
+class _Connection:
+    """One accepted socket: its writer and the heavy tasks answering on it."""
+
+    __slots__ = ("tasks", "writer")
+
+    def __init__(self, writer: asyncio.StreamWriter) -> None:
+        self.writer = writer
+        self.tasks: set[asyncio.Task[None]] = set()
+
+
+class BackendServer:
+    """Serves one adapter on a Unix socket (mode 0600), any number of concurrent connections."""
+
+    def __init__(self, adapter: Adapter, socket_path: str, *, worker_id: str) -> None:
+        self._adapter = adapter
+        self._path = socket_path
+        self._worker_id = worker_id
+        self._server: asyncio.Server | None = None
+        self._connections: dict[asyncio.Task[Any], _Connection] = {}
+        self._heavy: set[asyncio.Task[None]] = set()
+        self._draining = False
+        self._drain_deadline_ms: float | None = None
+        self._last_ping: float | None = None
+        self._closed = False
+        self._handlers: dict[str, Handler] = {
+            "Ping": self._ping,
+            "EnsureModelReady": self._ensure_model_ready,
+            "WorkerCapabilities": self._worker_capabilities,
+            "Drain": self._drain,
+            "SignalGenerateCancel": self._signal_generate_cancel,
+            "RunBatch": self._run_batch,
+            "ProcessEncodeBatch": self._process_encode_batch,
+            "ProcessScoreBatch": self._process_score_batch,
+            "ProcessExtractBatch": self._process_extract_batch,
+        }
+        for method in UNSUPPORTED_METHODS:
+            self._handlers[method] = self._unsupported(method)
+
+    # -- state --------------------------------------------------------------------------------
+
+    @property
+    def socket_path(self) -> str:
+        return self._path
+
+    @property
+    def worker_id(self) -> str:
+        return self._worker_id
+
+    @property
+    def adapter(self) -> Adapter:
+        return self._adapter
+
+    @property
+    def draining(self) -> bool:
+        return self._draining
+
+    @property
+    def drain_deadline_ms(self) -> float | None:
+        """The tightest in-flight drain cap a Drain request has set (None: none set)."""
+        return self._drain_deadline_ms
+
+    @property
+    def last_ping(self) -> float | None:
+        """`time.monotonic()` of the latest Ping, the sidecar heartbeat (None before the first)."""
+        return self._last_ping
+
+    @property
+    def sidecar_stale(self) -> bool:
+        """True when no Ping arrived in the last 10 s (or none ever)."""
+        return self._last_ping is None or time.monotonic() - self._last_ping > HEARTBEAT_STALE_S
+
+    @property
+    def in_flight(self) -> int:
+        """Heavy requests being processed right now."""
+        return len(self._heavy)
+
+    # -- lifecycle ----------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Bind, listen, then move the socket into place: the path appears only when it already
+        accepts connections and is already mode 0600 (waiting for the file is a readiness check).
+        A stale socket file is replaced; any other kind of file is an error."""
+        if self._server is not None:
+            return
+        if self._closed:
+            raise RuntimeError("BackendServer is closed")
+        with contextlib.suppress(FileNotFoundError):
+            if not stat.S_ISSOCK(os.lstat(self._path).st_mode):
+                raise FileExistsError(f"{self._path} exists and is not a socket")
+        staging = self._path + ".new"
+        if len(os.fsencode(staging)) > _MAX_SOCKET_PATH:
+            staging = self._path  # no room for a staging name: bind in place
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(staging)
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.bind(staging)
+            os.chmod(staging, 0o600)
+            self._server = await asyncio.start_unix_server(self._on_connection, sock=sock, limit=_READ_LIMIT)
+            if staging != self._path:
+                os.replace(staging, self._path)
+        except BaseException:
+            if self._server is not None:
+                self._server.close()
+                self._server = None
+            sock.close()
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(staging)
+            raise
+        log.info("backend listening", extra={"socket": self._path, "worker_id": self._worker_id})
+
+    async def serve_forever(self) -> None:
+        """Start if needed and serve until cancelled; closes the server on the way out."""
+        await self.start()
+        assert self._server is not None
+        try:
+            await self._server.serve_forever()
+        finally:
+            await self.close()
+
+    async def close(self) -> None:
+        """Stop accepting, let drained work finish within the drain cap, cancel the rest, unlink."""
+        if self._closed:
+            return
+        self._closed = True
+        server, self._server = self._server, None
+        if server is not None:
+            server.close()
+        if self._draining and self._heavy and self._drain_deadline_ms:
+            await asyncio.wait(set(self._heavy), timeout=self._drain_deadline_ms / 1000.0)
+        heavy = list(self._heavy)
+        for task in heavy:
+            task.cancel()
+        await asyncio.gather(*heavy, return_exceptions=True)
+        # Aborting the transports ends each connection's read loop with EOF, so the handlers finish
+        # on their own (Python 3.11's stream server mis-reports a handler that ends cancelled).
+        for conn in list(self._connections.values()):
+            conn.writer.transport.abort()
+        if self._connections:
+            _, pending = await asyncio.wait(set(self._connections), timeout=5.0)
+            for task in pending:
+                task.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
+        if server is not None:
+            await server.wait_closed()
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self._path)
+        await self._adapter.aclose()
+
+    async def __aenter__(self) -> BackendServer:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    # -- connections --------------------------------------------------------------------------
+
+    async def _on_connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self._closed:
+            writer.transport.abort()
+            return
+        task = asyncio.current_task()
+        assert task is not None
+        conn = _Connection(writer)
+        self._connections[task] = conn
+        try:
+            await self._serve(reader, conn)
+        except ConnectionError:
+            pass
+        except asyncio.CancelledError:
+            # Only close() cancels a handler, and only one that ignored its aborted transport; ending
+            # normally keeps 3.11's stream server from logging the cancellation as an error.
+            pass
+        finally:
+            for heavy in conn.tasks:
+                heavy.cancel()
+            await asyncio.gather(*conn.tasks, return_exceptions=True)
+            writer.close()
+            with contextlib.suppress(OSError, RuntimeError, asyncio.CancelledError):
+                await writer.wait_closed()
+            del self._connections[task]
+
+    async def _serve(self, reader: asyncio.StreamReader, conn: _Connection) -> None:
+        splitter = wire.FrameSplitter()
+        while True:
+            data = await reader.read(_READ_SIZE)
+            if not data:
+                return
+            try:
+                frames = splitter.feed(data)
+            except FrameTooLarge as exc:
+                log.warning("IPC frame too large; closing the connection", extra={"error": str(exc)})
+                return
+            for frame in frames:
+                if not await self._dispatch(conn, frame):
+                    return
+
+    async def _dispatch(self, conn: _Connection, frame: memoryview) -> bool:
+        """Route one request frame; False closes the connection (a protocol error, §1.3 / TV-I4)."""
+        try:
+            request = wire.decode_body(frame)
+        except DecodeError as exc:
+            log.warning("undecodable IPC frame; closing the connection", extra={"error": str(exc)})
+            return False
+        if not isinstance(request, dict):
+            log.warning("IPC frame is not a map; closing the connection")
+            return False
+        request_id = request.get("request_id")
+        reply_id = request_id if isinstance(request_id, str) else ""
+        version = request.get("version")
+        if isinstance(version, bool) or not isinstance(version, int) or version != IPC_VERSION:
+            await self._send(conn, reply_id, None, f"unsupported version {version}", accepts_chunks=False)
+            return True
+        method = request.get("method")
+        body = request.get("body")
+        if body is None:
+            body = {}
+        if not isinstance(method, str) or not isinstance(request_id, str) or not isinstance(body, dict):
+            await self._send(conn, reply_id, None, "envelope missing fields", accepts_chunks=False)
+            return True
+        accepts_chunks = request.get("accepts_ipc_response_chunks_v1") is True
+        handler = self._handlers.get(method)
+        if handler is None:
+            await self._send(conn, request_id, None, f"unknown method {method}", accepts_chunks=False)
+        elif method in HEAVY_METHODS:
+            if self._draining:
+                await self._send(conn, request_id, None, "draining", accepts_chunks=False)
+            else:
+                task = asyncio.create_task(
+                    self._answer(conn, method, request_id, body, handler, accepts_chunks=accepts_chunks)
+                )
+                conn.tasks.add(task)
+                self._heavy.add(task)
+                task.add_done_callback(conn.tasks.discard)
+                task.add_done_callback(self._heavy.discard)
+        else:
+            await self._answer(conn, method, request_id, body, handler, accepts_chunks=accepts_chunks)
+        return True
+
+    async def _answer(
+        self, conn: _Connection, method: str, request_id: str, body: Body, handler: Handler, *, accepts_chunks: bool
+    ) -> None:
+        try:
+            result = await handler(body)
+        except BadBody as exc:
+            await self._send(conn, request_id, None, f"bad body for {method}: {exc}", accepts_chunks=False)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            log.exception("IPC method failed", extra={"method": method, "request_id": request_id})
+            await self._send(conn, request_id, None, f"{type(exc).__name__}: {exc}", accepts_chunks=False)
+        else:
+            await self._send(conn, request_id, result, None, accepts_chunks=accepts_chunks)
+
+    async def _send(
+        self, conn: _Connection, request_id: str, body: Body | None, error: str | None, *, accepts_chunks: bool
+    ) -> None:
+        """Serialize once; over 32 MiB, chunk when negotiated, else answer the §2.2 error envelope."""
+        try:
+            response = encode_response(request_id, error is None, body, error)
+        except (TypeError, ValueError, OverflowError) as exc:  # an adapter put a non-msgpack value in its outcome
+            log.exception("IPC response not serializable", extra={"request_id": request_id})
+            response = encode_response(request_id, False, None, f"{type(exc).__name__}: {exc}")
+        try:
+            frames = wire.encode_response_frames(response, request_id, accepts_chunks=accepts_chunks)
+        except FrameTooLarge as exc:
+            log.warning("IPC response too large", extra={"request_id": request_id, "bytes": len(response)})
+            frames = [encode_response(request_id, False, None, str(exc))]
+        del response
+        writer = conn.writer
+        if writer.is_closing():
+            return
+        # No await between the writes: frames of one response are never interleaved with another's.
+        for frame in frames:
+            writer.write(wire.encode_frame(frame))
+        with contextlib.suppress(ConnectionError):
+            await writer.drain()
+
+    # -- cheap methods ------------------------------------------------------------------------
+
+    async def _ping(self, body: Body) -> Body:
+        timestamp = body.get("timestamp_ms")
+        if isinstance(timestamp, bool) or not isinstance(timestamp, int | float):
+            raise BadBody("timestamp_ms is required and must be a number")
+        self._last_ping = time.monotonic()
+        adapter = self._adapter
+        return PingResponse(
+            timestamp_ms=float(timestamp),
+            worker_id=self._worker_id,
+            ready=adapter.healthy() and not self._draining,
+            bundle_config_hash=adapter.bundle_config_hash(),
+            loaded_models=tuple(sorted(set(adapter.loaded_models()))),
+            loading_models=tuple(sorted(set(adapter.loading_models()))),
+        ).to_body()
+
+    async def _ensure_model_ready(self, body: Body) -> Body:
+        model_id = _req_str(body, "model_id")
+        ready = await self._adapter.ensure_ready(model_id)
+        if not isinstance(ready, ReadyResponse):
+            raise TypeError(f"adapter returned {type(ready).__name__}, not ReadyResponse")
+        return ready.to_body()
+
+    async def _worker_capabilities(self, body: Body) -> Body:
+        adapter = self._adapter
+        return {
+            "has_generation_models": False,
+            "generation_models": [],
+            "supported_models": sorted(set(adapter.supported_models())),
+            "loaded_models": sorted(set(adapter.loaded_models())),
+        }
+
+    async def _drain(self, body: Body) -> Body:
+        deadline = body.get("deadline_ms")
+        if isinstance(deadline, int | float) and not isinstance(deadline, bool) and deadline > 0:
+            current = self._drain_deadline_ms
+            self._drain_deadline_ms = float(deadline) if current is None else min(current, float(deadline))
+        if not self._draining:
+            log.info("backend draining", extra={"deadline_ms": self._drain_deadline_ms, "in_flight": self.in_flight})
+        self._draining = True
+        return {"acknowledged": True}
+
+    async def _signal_generate_cancel(self, body: Body) -> Body:
+        _req_str(body, "request_id")
+        return {"matched": False}  # no generation here, so nothing to match
+
+    @staticmethod
+    def _unsupported(method: str) -> Handler:
+        async def handler(body: Body) -> Body:
+            raise NotImplementedError(f"{method} is not supported by this backend")
+
+        return handler
+
+    # -- batch methods ------------------------------------------------------------------------
+
+    async def _run_batch(self, body: Body) -> Body:
+        """RunBatch (§4.1): one op per request, per-item rejections, LoRA injected, then the adapter."""
+        model_id = _req_str(body, "model_id")
+        _req_uint(body, "batch_id")
+        lora_key = _req_str(body, "lora_key")
+        _req_uint(body, "total_cost")
+        items = _req_list(body, "items")
+        _opt_bool(body, "accepts_batched_f16_multivectors")
+        wrappers: list[tuple[str, _Identity, Any]] = []
+        for i, item in enumerate(items):
+            where = f"items[{i}]"
+            if not isinstance(item, dict):
+                raise BadBody(f"{where} must be a map")
+            op = item.get("op")
+            if not isinstance(op, str) or op not in OPS:
+                raise BadBody(f"{where}.op {op!r} is not one of {', '.join(OPS)}")
+            identity = (
+                _opt_str(item, "work_item_id", where),
+                _opt_str(item, "request_id", where),
+                _opt_uint(item, "item_index", 0, where),
+            )
+            for key in ("traceparent", "tracestate"):
+                if item.get(key) is not None and not isinstance(item[key], str):
+                    raise BadBody(f"{where}.{key} must be a string or nil")
+            wrappers.append((op, identity, item.get(op)))
+
+        ops = sorted({op for op, _, _ in wrappers})
+        if len(ops) > 1:
+            message = f"RunBatch mixes operations ({', '.join(ops)}); one request must carry one op"
+            outcomes = [_reject(identity, message, "run_batch_mixed_op") for _, identity, _ in wrappers]
+            return {"outcomes": outcomes, "batched_f16_multivectors": []}
+
+        valid: list[dict[str, Any]] = []
+        rejected: list[dict[str, Any]] = []
+        for i, (op, identity, payload) in enumerate(wrappers):
+            if payload is None:
+                message = f"RunBatch item has op {op!r} but no {op} payload"
+                rejected.append(_reject(identity, message, "run_batch_invalid_item"))
+                continue
+            _check_payload(op, payload, f"items[{i}].{op}")
+            valid.append(_with_lora(payload, lora_key) if op != "score" and lora_key else payload)
+        outcomes = await self._adapter.run_batch(model_id, ops[0], valid, lora_key) if valid else []
+        return {"outcomes": [*outcomes, *rejected], "batched_f16_multivectors": []}
+
+    async def _process_batch(self, op: str, body: Body) -> Body:
+        """Process{Encode,Score,Extract}Batch (§3.10): the per-op form, items unwrapped, no batch LoRA."""
+        model_id = _req_str(body, "model_id")
+        items = _req_list(body, "items")
+        if op == "encode":
+            _opt_bool(body, "accepts_batched_f16_multivectors")
+        for i, item in enumerate(items):
+            _check_payload(op, item, f"items[{i}]")
+        outcomes = await self._adapter.run_batch(model_id, op, list(items), "") if items else []
+        return {"outcomes": outcomes, "batched_f16_multivectors": []}
+
+    async def _process_encode_batch(self, body: Body) -> Body:
+        return await self._process_batch("encode", body)
+
+    async def _process_score_batch(self, body: Body) -> Body:
+        return await self._process_batch("score", body)
+
+    async def _process_extract_batch(self, body: Body) -> Body:
+        return await self._process_batch("extract", body)
+
+
+# -- validation helpers ----------------------------------------------------------------------------
+
+
+def _req_str(body: Mapping[str, Any], key: str, where: str = "") -> str:
+    value = body.get(key)
+    if not isinstance(value, str):
+        raise BadBody(f"{where + '.' if where else ''}{key} is required and must be a string")
+    return value
+
+
+def _req_uint(body: Mapping[str, Any], key: str, where: str = "") -> int:
+    value = body.get(key)
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise BadBody(f"{where + '.' if where else ''}{key} is required and must be an unsigned integer")
+    return value
+
+
+def _req_list(body: Mapping[str, Any], key: str, where: str = "") -> list[Any]:
+    value = body.get(key)
+    if not isinstance(value, list):
+        raise BadBody(f"{where + '.' if where else ''}{key} is required and must be an array")
+    return value
+
+
+def _opt_bool(body: Mapping[str, Any], key: str) -> bool:
+    value = body.get(key)
+    if value is None:
+        return False
+    if not isinstance(value, bool):
+        raise BadBody(f"{key} must be a bool")
+    return value
+
+
+def _opt_str(body: Mapping[str, Any], key: str, where: str) -> str:
+    value = body.get(key)
+    if value is None:
+        return ""
+    if not isinstance(value, str):
+        raise BadBody(f"{where}.{key} must be a string")
+    return value
+
+
+def _opt_uint(body: Mapping[str, Any], key: str, default: int, where: str) -> int:
+    value = body.get(key)
+    if value is None:
+        return default
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise BadBody(f"{where}.{key} must be an unsigned integer")
+    return value
+
+
+def _check_payload(op: str, payload: object, where: str) -> None:
+    """The required fields of an Encode/Score/ExtractBatchItem (wire-protocol §4.3)."""
+    if not isinstance(payload, dict):
+        raise BadBody(f"{where} must be a map")
+    _req_str(payload, "work_item_id", where)
+    _req_str(payload, "request_id", where)
+    _req_uint(payload, "item_index", where)
+    _req_uint(payload, "total_items", where)
+    timestamp = payload.get("timestamp")
+    if isinstance(timestamp, bool) or not isinstance(timestamp, int | float):
+        raise BadBody(f"{where}.timestamp is required and must be a number")
+    if op == "score":
+        if not isinstance(payload.get("query_item"), dict):
+            raise BadBody(f"{where}.query_item is required and must be a map")
+        if not isinstance(payload.get("score_items"), list):
+            raise BadBody(f"{where}.score_items is required and must be an array")
+    elif not isinstance(payload.get("item"), dict):
+        raise BadBody(f"{where}.item is required and must be a map")
+    options = payload.get("options")
+    if options is not None and not isinstance(options, dict):
+        raise BadBody(f"{where}.options must be a map or nil")
+
+
+def _with_lora(payload: dict[str, Any], lora_key: str) -> dict[str, Any]:
+    """The batch's LoRA in `options["lora"]`, unless the item names one (then the item's wins)."""
+    options = dict(payload.get("options") or {})
+    existing = options.get("lora")
+    if existing in (None, ""):
+        options["lora"] = lora_key
+    elif existing != lora_key:
+        log.warning(
+            "item LoRA differs from the batch lora_key; the item's wins",
+            extra={"work_item_id": payload.get("work_item_id"), "item_lora": existing, "lora_key": lora_key},
+        )
+    return {**payload, "options": options}
+
+
+def _reject(identity: _Identity, message: str, code: str) -> dict[str, Any]:
+    work_item_id, request_id, item_index = identity
+    return item_outcome(work_item_id, request_id, item_index, "publish_error_and_ack", error=message, error_code=code)
+
+
+__all__ = ["HEARTBEAT_STALE_S", "HEAVY_METHODS", "BackendServer", "BadBody", "encode_response"]

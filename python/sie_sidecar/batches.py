@@ -1,0 +1,140 @@
+# SPDX-License-Identifier: Apache-2.0
+"""RunBatch and Process*Batch request bodies from WorkItems (wire-protocol §3.10, §4.1-4.3)."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from typing import Any
+
+import msgpack
+
+from .workitem import WorkItem
+
+_batch_ids = itertools.count()
+
+PER_OP_METHOD = {
+    "encode": "ProcessEncodeBatch",
+    "score": "ProcessScoreBatch",
+    "extract": "ProcessExtractBatch",
+}
+
+
+def next_batch_id() -> int:
+    """Process-wide monotonic batch id starting at 0 (log correlation only)."""
+    return next(_batch_ids)
+
+
+def lora_key(item: WorkItem) -> str:
+    """The LoRA adapter an encode/extract item asks for; score always runs on base weights."""
+    if item.operation == "score" or not item.options:
+        return ""
+    lora = item.options.get("lora")
+    return lora if isinstance(lora, str) else ""
+
+
+def _common(item: WorkItem) -> dict[str, Any]:
+    return {
+        "work_item_id": item.work_item_id,
+        "request_id": item.request_id,
+        "item_index": item.item_index,
+        "total_items": item.total_items,
+        "timestamp": float(item.timestamp),
+    }
+
+
+def encode_item(item: WorkItem, payload_fetch_ms: float = 0.0) -> dict[str, Any]:
+    """EncodeBatchItem, every key written (nil for absent optionals), in the v0.7.1 order."""
+    return {
+        **_common(item),
+        "item": item.item,
+        "output_types": item.output_types,
+        "instruction": item.instruction,
+        "is_query": item.is_query,
+        "options": item.options,
+        "profile_id": item.profile_id or None,
+        "bundle_config_hash": item.bundle_config_hash or None,
+        "payload_fetch_ms": float(payload_fetch_ms),
+        "prepared_tokens": None,
+    }
+
+
+def score_item(item: WorkItem, payload_fetch_ms: float = 0.0) -> dict[str, Any]:
+    """ScoreBatchItem (v0.7.1 has no bundle_config_hash key)."""
+    return {
+        **_common(item),
+        "query_item": item.query_item,
+        "score_items": item.score_items if item.score_items is not None else [],
+        "instruction": item.instruction,
+        "options": item.options,
+        "profile_id": item.profile_id or None,
+        "payload_fetch_ms": float(payload_fetch_ms),
+        "prepared_tokens": None,
+    }
+
+
+def extract_item(item: WorkItem, payload_fetch_ms: float = 0.0) -> dict[str, Any]:
+    """ExtractBatchItem."""
+    return {
+        **_common(item),
+        "item": item.item,
+        "labels": item.labels,
+        "output_schema": item.output_schema,
+        "instruction": item.instruction,
+        "options": item.options,
+        "profile_id": item.profile_id or None,
+        "bundle_config_hash": item.bundle_config_hash or None,
+        "payload_fetch_ms": float(payload_fetch_ms),
+        "prepared_audio": None,
+    }
+
+
+_BUILDERS = {"encode": encode_item, "score": score_item, "extract": extract_item}
+
+
+def run_batch_body(model_id: str, op: str, items: Sequence[WorkItem], lora: str, total_cost: int) -> bytes:
+    """An encoded RunBatchRequest: one op, one LoRA key, items wrapped as tagged RunBatchItems."""
+    build = _BUILDERS[op]
+    wrapped = [
+        {
+            "op": op,
+            "work_item_id": item.work_item_id,
+            "request_id": item.request_id,
+            "item_index": item.item_index,
+            "encode": build(item) if op == "encode" else None,
+            "score": build(item) if op == "score" else None,
+            "extract": build(item) if op == "extract" else None,
+            "traceparent": item.traceparent,
+            "tracestate": item.tracestate,
+        }
+        for item in items
+    ]
+    body = {
+        "model_id": model_id,
+        "batch_id": next_batch_id(),
+        "lora_key": lora,
+        "total_cost": total_cost,
+        "items": wrapped,
+        "accepts_batched_f16_multivectors": True,
+    }
+    return bytes(msgpack.packb(body, use_bin_type=True))
+
+
+def per_op_body(model_id: str, op: str, items: Sequence[WorkItem]) -> bytes:
+    """An encoded Process{Encode,Score,Extract}BatchRequest, for backends without RunBatch."""
+    body: dict[str, Any] = {"model_id": model_id, "items": [_BUILDERS[op](item) for item in items]}
+    if op == "encode":
+        body["accepts_batched_f16_multivectors"] = True
+    return bytes(msgpack.packb(body, use_bin_type=True))
+
+
+__all__ = [
+    "PER_OP_METHOD",
+    "encode_item",
+    "extract_item",
+    "lora_key",
+    "next_batch_id",
+    "per_op_body",
+    "run_batch_body",
+    "score_item",
+]

@@ -1,0 +1,702 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Settings of `sie-sidecar run`: sidecar-behaviour §1.1 (flag ⇄ env), §1.2 (env-only tuning), §1.3 (names).
+
+Two entry points build the same frozen `Settings`:
+
+* `Settings.from_env(environ, argv)` parses `argv` (the flags of `run` only, no sub-command) with a
+  parser of its own and then reads `environ`;
+* `Settings.from_sources(environ, namespace)` takes an `argparse.Namespace` the CLI already parsed
+  after calling `add_run_arguments(parser)` on its `run` sub-parser.
+
+Every §1.1 variable is a long flag named by dropping `SIE_`, lower-casing and turning `_` into `-`
+(`SIE_NATS_URL` ⇄ `--nats-url`, attribute `nats_url`). A flag given on the command line (even as an
+empty string) wins over the environment; flags default to `None`, meaning "not given". The §1.2
+variables and `SIE_NATS_USER` / `SIE_NATS_PASSWORD` are env only.
+
+Parsing policy (the spec is silent on malformed values, so this module settles it):
+
+* a malformed §1.1 number is a startup error (`ConfigError`), as a typed CLI flag would be;
+* a malformed or out-of-range §1.2 value falls back to its default and adds a line to
+  `Settings.warnings`, which the caller logs once logging is up (the modules that read these
+  variables upstream ignore what they cannot parse);
+* a blank (whitespace-only) §1.1 value counts as unset, except `SIE_PAYLOAD_STORE_URL`, where only
+  the empty string does (§1.1, §12), and `SIE_CONFIG_SERVICE_TOKEN`, where blank means "send none".
+
+Secrets (`SIE_GATEWAY_API_KEY`, `SIE_ADMIN_TOKEN`, `SIE_CONFIG_SERVICE_TOKEN`, `SIE_NATS_PASSWORD`,
+userinfo in URLs) never appear in `repr()`, `redacted()`, `--help` or error messages.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+import re
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Literal, NoReturn
+
+from sie_sidecar import wire
+from sie_sidecar.errors import SubjectError
+
+IngestMode = Literal["nats", "local"]
+
+REDACTED = "<redacted>"
+
+DEFAULT_IPC_SOCKET_PATH = "/tmp/sie-ipc.sock"
+DEFAULT_TRUSTED_PRODUCERS = ("sie-config",)
+
+_UINT_RE = re.compile(r"[0-9]+", re.ASCII)
+_FLOAT_RE = re.compile(r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?|[+-]?(?:inf|infinity|nan)", re.I)
+_FALSY = frozenset({"0", "false", "no", "off"})
+_TRUTHY = frozenset({"1", "true", "yes", "on"})
+_MUX_ON = frozenset({"1", "true", "TRUE", "on", "ON"})  # exactly these spellings (§1.2), no trimming
+_WAVE_OFF = frozenset({"0", "off", "false", "no", "disabled"})
+
+
+class ConfigError(Exception):
+    """Invalid configuration; the CLI prints `sie-sidecar: <message>` and exits with status 2."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+# ------------------------------------------------------------------------------------------ §1.1 flags
+
+
+@dataclass(frozen=True, slots=True)
+class RunFlag:
+    """One §1.1 variable and its CLI long flag; `default` is help text only (None: no default shown)."""
+
+    env: str
+    help: str
+    default: str | None = None
+    secret: bool = False
+    metavar: str = "VALUE"
+
+    @property
+    def dest(self) -> str:
+        """Namespace attribute: `SIE_NATS_URL` → `nats_url`."""
+        return self.env.removeprefix("SIE_").lower()
+
+    @property
+    def flag(self) -> str:
+        """Long flag: `SIE_NATS_URL` → `--nats-url`."""
+        return "--" + self.dest.replace("_", "-")
+
+
+RUN_FLAGS: tuple[RunFlag, ...] = (
+    RunFlag("SIE_SIDECAR_INGEST", "ingest mode: nats (JetStream pull) or local (UDS listener)", "nats", metavar="MODE"),
+    RunFlag(
+        "SIE_SIDECAR_LOCAL_SOCKET", "UDS path of the local-ingest listener; required in local mode", metavar="PATH"
+    ),
+    RunFlag("SIE_NATS_URL", "NATS server URL(s), comma-separated; required in nats mode", metavar="URL"),
+    RunFlag("SIE_POOL", "physical pool lane token; required (no '.', '*', '>' or whitespace)", metavar="POOL"),
+    RunFlag("SIE_BUNDLE", "bundle id lane token; required", metavar="BUNDLE"),
+    RunFlag("SIE_MACHINE_PROFILE", "machine-profile lane token; required", metavar="PROFILE"),
+    RunFlag("SIE_IPC_SOCKET_PATH", "primary backend IPC socket", DEFAULT_IPC_SOCKET_PATH, metavar="PATH"),
+    RunFlag("SIE_IPC_SOCKET_PATHS", "comma list of per-child backend sockets", "the primary socket", metavar="PATHS"),
+    RunFlag(
+        "SIE_IPC_POOL_SIZE", "IPC connections per backend child; 0 = unset", "SIE_MAX_CONCURRENT_BATCHES", metavar="N"
+    ),
+    RunFlag("SIE_IPC_REQUEST_TIMEOUT_S", "ordinary IPC request timeout in seconds, floor 1", "60", metavar="S"),
+    RunFlag("SIE_MODEL_READY_TIMEOUT_S", "EnsureModelReady timeout in seconds, floor 1", "900", metavar="S"),
+    RunFlag(
+        "SIE_WORKER_LIVENESS_BUDGET_S",
+        "liveness budget in seconds; > 0 and above the model-ready timeout",
+        "unset",
+        metavar="S",
+    ),
+    RunFlag(
+        "SIE_PAYLOAD_STORE_URL",
+        "offloaded-payload store (file://, s3://, gs://, oss:// or a path)",
+        "unset",
+        metavar="URL",
+    ),
+    RunFlag("SIE_GATEWAY_URL", "gateway base URL for pool admission", "unset", metavar="URL"),
+    RunFlag("SIE_GATEWAY_API_KEY", "bearer token for the gateway's /v1/pools", secret=True, metavar="KEY"),
+    RunFlag("SIE_POOL_ADMISSION_ENABLED", "pool admission gate; 0/false/no/off disables", "true", metavar="BOOL"),
+    RunFlag(
+        "SIE_POOL_ADMISSION_CHECK_INTERVAL_S", "pool admission poll period in seconds, floor 1", "5.0", metavar="S"
+    ),
+    RunFlag("SIE_POOL_ADMISSION_PAUSE_S", "sleep while not admitted in seconds, floor 0.1", "1.0", metavar="S"),
+    RunFlag(
+        "SIE_POOL_ADMISSION_STALE_AFTER_S", "keep the last good decision this long after errors", "30.0", metavar="S"
+    ),
+    RunFlag("SIE_WORKER_PROBE_PORT", "HTTP probe port (all interfaces)", "9095", metavar="PORT"),
+    RunFlag("SIE_WORKER_ID", "worker identity", "$HOSTNAME, else worker-<uuid4>", metavar="ID"),
+    RunFlag("SIE_WORKER_PING_INTERVAL_MS", "backend heartbeat period in ms", "2000", metavar="MS"),
+    RunFlag("SIE_WORKER_READYZ_STALE_MULT", "readiness window = ping interval x this; 0 means 3", "3", metavar="N"),
+    RunFlag("SIE_GPU_COUNT", "GPU count reported in the health heartbeat", "1", metavar="N"),
+    RunFlag("SIE_BUNDLE_CONFIG_HASH", "initial bundle-config hash", "empty", metavar="HASH"),
+    RunFlag("SIE_CONFIG_SERVICE_URL", "sie-config base URL; unset = reconciler off", "unset", metavar="URL"),
+    RunFlag(
+        "SIE_CONFIG_SERVICE_TOKEN",
+        "bearer for /v1/configs/*; when given it decides (blank = none), else SIE_ADMIN_TOKEN",
+        secret=True,
+        metavar="TOKEN",
+    ),
+    RunFlag("SIE_ADMIN_TOKEN", "deprecated fallback bearer for the config service", secret=True, metavar="TOKEN"),
+    RunFlag("SIE_WORKER_CONFIG_POLL_INTERVAL_MS", "config epoch poll period in ms, floor 1000", "30000", metavar="MS"),
+    RunFlag(
+        "SIE_WORKER_CONFIG_FULL_EXPORT_INTERVAL_MS",
+        "periodic full config export in ms; 0 = startup export only",
+        "300000",
+        metavar="MS",
+    ),
+    RunFlag(
+        "SIE_NATS_CONFIG_TRUSTED_PRODUCERS", "comma list of trusted config producer ids", "sie-config", metavar="IDS"
+    ),
+    RunFlag(
+        "SIE_NATS_CONFIG_TRUST_ANY_PRODUCER",
+        "1/true/yes/on trusts every config producer (dev only)",
+        "false",
+        metavar="BOOL",
+    ),
+    RunFlag("SIE_HEALTH_PUBLISH_INTERVAL_MS", "NATS health heartbeat period in ms", "5000", metavar="MS"),
+)
+
+
+def _help_text(spec: RunFlag) -> str:
+    # Secrets never show a default or a value; the env var is named so operators know the fallback.
+    suffix = f"env {spec.env}; secret" if spec.secret else f"env {spec.env}"
+    if spec.default is not None and not spec.secret:
+        suffix += f"; default {spec.default}"
+    return f"{spec.help} ({suffix})".replace("%", "%%")
+
+
+def add_run_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add one long flag per §1.1 variable, all defaulting to None so the environment can fill in."""
+    group = parser.add_argument_group("settings (each flag overrides its environment variable)")
+    for spec in RUN_FLAGS:
+        group.add_argument(spec.flag, dest=spec.dest, default=None, metavar=spec.metavar, help=_help_text(spec))
+
+
+class _RaisingParser(argparse.ArgumentParser):
+    """argparse exits on bad input; `Settings.from_env` reports it as a ConfigError instead."""
+
+    def error(self, message: str) -> NoReturn:
+        raise ConfigError(message)
+
+
+def build_run_parser() -> argparse.ArgumentParser:
+    """A stand-alone parser of the run flags (used by `Settings.from_env`)."""
+    parser = _RaisingParser(prog="sie-sidecar run", allow_abbrev=False, add_help=False)
+    add_run_arguments(parser)
+    return parser
+
+
+# ------------------------------------------------------------------------------------------- redaction
+
+
+def redact_url_userinfo(url: str) -> str:
+    """Replace `user:pass@` (or a bare `token@`) in each comma-separated URL with `<redacted>@`."""
+    parts = []
+    for part in url.split(","):
+        scheme, sep, rest = part.partition("://")
+        if not sep:
+            scheme, rest = "", part
+        end = len(rest)
+        for stop in "/?#":
+            index = rest.find(stop)
+            if index != -1:
+                end = min(end, index)
+        at = rest.rfind("@", 0, end)
+        if at != -1:
+            rest = f"{REDACTED}@{rest[at + 1 :]}"
+        parts.append(f"{scheme}{sep}{rest}")
+    return ",".join(parts)
+
+
+# ------------------------------------------------------------------------------------------- settings
+
+
+@dataclass(frozen=True, slots=True, repr=False)
+class Settings:
+    """Everything `sie-sidecar run` is configured with; build it with `from_env` or `from_sources`."""
+
+    pool: str
+    bundle: str
+    machine_profile: str
+    worker_id: str
+    # §1.1
+    ingest: IngestMode = "nats"
+    local_socket: str | None = None
+    nats_url: str | None = field(default=None, repr=False)
+    nats_user: str | None = None
+    nats_password: str | None = field(default=None, repr=False)
+    ipc_socket_path: str = DEFAULT_IPC_SOCKET_PATH
+    ipc_socket_paths: tuple[str, ...] = (DEFAULT_IPC_SOCKET_PATH,)
+    ipc_pool_size: int = 4
+    ipc_request_timeout_s: float = 60.0
+    model_ready_timeout_s: float = 900.0
+    worker_liveness_budget_s: float | None = None
+    payload_store_url: str | None = None
+    gateway_url: str | None = field(default=None, repr=False)
+    gateway_api_key: str | None = field(default=None, repr=False)
+    pool_admission_enabled: bool = True
+    pool_admission_check_interval_ms: int = 5000
+    pool_admission_pause_ms: int = 1000
+    pool_admission_stale_after_ms: int = 30000
+    worker_probe_port: int = 9095
+    worker_ping_interval_ms: int = 2000
+    worker_readyz_stale_mult: int = 3
+    gpu_count: int = 1
+    bundle_config_hash: str = ""
+    config_service_url: str | None = field(default=None, repr=False)
+    config_service_token: str | None = field(default=None, repr=False)
+    admin_token: str | None = field(default=None, repr=False)
+    worker_config_poll_interval_ms: int = 30000
+    worker_config_full_export_interval_ms: int = 300000
+    nats_config_trusted_producers: tuple[str, ...] = DEFAULT_TRUSTED_PRODUCERS
+    nats_config_trust_any_producer: bool = False
+    health_publish_interval_ms: int = 5000
+    # §1.2
+    max_deliver: int = 20
+    max_ack_pending: int = 1000
+    stream_max_age_s: int = 1800
+    stream_storage: Literal["memory", "file"] = "memory"
+    stream_replicas: int = 1
+    nats_conservative_cleanup: bool = False
+    nats_consumer_reconcile_interval_ms: int = 30000
+    nats_fetch_budget: int = 64
+    fallback_batch_budget: int = 64
+    nats_pull_expires_s: int = 5
+    pull_loop_inflight: int = 4
+    pull_loop_max_outstanding: int = 64
+    max_concurrent_batches: int = 4
+    audio_prep_permits: int = 1
+    nak_delay_ms: int = 5000
+    scheduler_drain_deadline_ms: int = 10000
+    pipeline_depth: int = 2
+    wave_cadence: bool = True
+    health_publish_enabled: bool = True
+    generate_ipc_frame_timeout_s: int = 300
+    ipc_mux: bool = False
+    log_filter: str = "info"
+    # Lines to log once logging is configured (ignored values, deprecations); not a setting.
+    warnings: tuple[str, ...] = field(default=(), compare=False)
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str], argv: Sequence[str] = ()) -> Settings:
+        """Parse the run flags in `argv` (flags only) and fill the rest from `environ`."""
+        namespace = build_run_parser().parse_args(list(argv))
+        return cls.from_sources(environ, namespace)
+
+    @classmethod
+    def from_sources(cls, environ: Mapping[str, str], namespace: argparse.Namespace | None = None) -> Settings:
+        """Build from an already parsed namespace (see `add_run_arguments`) and the environment."""
+        return _Builder(environ, namespace).build()
+
+    # ---------------------------------------------------------------------------- derived (§1.3, §2, §10)
+
+    @property
+    def pool_stream_name(self) -> str:
+        return wire.pool_stream_name(self.pool)
+
+    @property
+    def pool_stream_subjects(self) -> list[str]:
+        return wire.pool_stream_subjects(self.pool)
+
+    @property
+    def pool_durable_name(self) -> str:
+        return wire.pool_durable_name(self.pool, self.machine_profile, self.bundle)
+
+    @property
+    def pool_durable_filter(self) -> str:
+        return wire.pool_durable_filter(self.pool, self.machine_profile, self.bundle)
+
+    @property
+    def worker_stream_name(self) -> str:
+        return wire.worker_stream_name(self.worker_id)
+
+    @property
+    def worker_consumer_name(self) -> str:
+        return wire.worker_consumer_name(self.worker_id)
+
+    @property
+    def worker_direct_filter(self) -> str:
+        return wire.worker_direct_filter(self.pool, self.machine_profile, self.bundle, self.worker_id)
+
+    @property
+    def worker_stream_subjects(self) -> list[str]:
+        """The worker-direct stream carries exactly its consumer's filter (TV-S4)."""
+        return [self.worker_direct_filter]
+
+    @property
+    def worker_stream_max_age_s(self) -> int:
+        """Direct work must outlive every redelivery: max(pool max_age, 300 s * max_deliver) (§2.2)."""
+        return max(self.stream_max_age_s, 300 * self.max_deliver)
+
+    @property
+    def health_subject(self) -> str:
+        return wire.health_subject(self.worker_id)
+
+    @property
+    def config_subject(self) -> str:
+        """Live config deltas for this bundle (§2.4)."""
+        return f"sie.config.models.{self.bundle}"
+
+    @property
+    def readyz_stale_ms(self) -> int:
+        """Freshness window of the last good ping (§10)."""
+        return self.worker_ping_interval_ms * self.worker_readyz_stale_mult
+
+    @property
+    def nats_servers(self) -> list[str]:
+        """The NATS URL list as the client wants it: split on commas, trimmed, blanks dropped."""
+        if self.nats_url is None:
+            return []
+        return [url.strip() for url in self.nats_url.split(",") if url.strip()]
+
+    @property
+    def config_service_bearer(self) -> str | None:
+        """The config-service bearer: SIE_CONFIG_SERVICE_TOKEN when given (blank = none), else SIE_ADMIN_TOKEN."""
+        token = self.config_service_token if self.config_service_token is not None else self.admin_token
+        if token is None:
+            return None
+        return token.strip() or None
+
+    @property
+    def config_producer_allow_list(self) -> tuple[str, ...]:
+        """The config allow-list to enforce; empty (= trust any, §9.2) only with the dev switch on."""
+        return () if self.nats_config_trust_any_producer else self.nats_config_trusted_producers
+
+    @property
+    def pool_admission_active(self) -> bool:
+        """The admission gate runs only when enabled and a gateway URL is set (§8)."""
+        return self.pool_admission_enabled and self.gateway_url is not None
+
+    # --------------------------------------------------------------------------------------- logging
+
+    def redacted(self) -> dict[str, object]:
+        """All settings for the startup log line, secrets replaced by `<redacted>`."""
+        out: dict[str, object] = {}
+        for f in dataclasses.fields(self):
+            if f.name == "warnings":
+                continue
+            value = getattr(self, f.name)
+            if f.name in _SECRET_FIELDS:
+                value = REDACTED if value else value
+            elif f.name in _URL_FIELDS and isinstance(value, str):
+                value = redact_url_userinfo(value)
+            elif isinstance(value, tuple):
+                value = list(value)
+            out[f.name] = value
+        return out
+
+    def __repr__(self) -> str:
+        body = ", ".join(f"{name}={value!r}" for name, value in self.redacted().items())
+        return f"Settings({body})"
+
+
+_SECRET_FIELDS = frozenset({"gateway_api_key", "admin_token", "config_service_token", "nats_password"})
+# Userinfo in these may carry credentials. Not the payload store: abfs:// uses `container@account`.
+_URL_FIELDS = frozenset({"nats_url", "gateway_url", "config_service_url"})
+
+
+# ---------------------------------------------------------------------------------------------- parsing
+
+
+class _Builder:
+    """Reads raw values flag-first, parses them and collects warnings for `Settings.warnings`."""
+
+    def __init__(self, environ: Mapping[str, str], namespace: argparse.Namespace | None) -> None:
+        self._environ = environ
+        self._namespace = namespace
+        self._flags = {spec.env: spec for spec in RUN_FLAGS}
+        self.warnings: list[str] = []
+
+    # -- raw access
+
+    def _label(self, env: str) -> str:
+        spec = self._flags.get(env)
+        return f"{env} ({spec.flag})" if spec is not None else env
+
+    def raw(self, env: str) -> str | None:
+        """The flag value when given, else the env value; None when neither."""
+        spec = self._flags.get(env)
+        if spec is not None and self._namespace is not None:
+            value = getattr(self._namespace, spec.dest, None)
+            if value is not None:
+                return str(value)
+        return self._environ.get(env)
+
+    def text(self, env: str) -> str | None:
+        """Trimmed value; blank counts as unset."""
+        value = self.raw(env)
+        if value is None or not value.strip():
+            return None
+        return value.strip()
+
+    def fail(self, env: str, problem: str) -> NoReturn:
+        raise ConfigError(f"{self._label(env)}: {problem}")
+
+    # -- §1.1 typed values: malformed = startup error
+
+    def uint(self, env: str, default: int) -> int:
+        value = self.text(env)
+        if value is None:
+            return default
+        if not _UINT_RE.fullmatch(value):
+            self.fail(env, f"expected a non-negative integer, got {value!r}")
+        return int(value)
+
+    def seconds_to_ms(self, env: str, default_s: float, floor_ms: int) -> int:
+        """Float seconds → whole ms, floored; non-finite or ≤ 0 gives the floor (§1.1 pool admission rows)."""
+        value = self.text(env)
+        seconds = default_s if value is None else self._float(env, value)
+        if not math.isfinite(seconds) or seconds <= 0:
+            return floor_ms
+        return max(floor_ms, int(seconds * 1000))
+
+    def _float(self, env: str, value: str) -> float:
+        if not _FLOAT_RE.fullmatch(value):
+            self.fail(env, f"expected a number, got {value!r}")
+        return float(value)
+
+    def lane(self, env: str) -> str:
+        value = self.raw(env)
+        if value is None:
+            self.fail(env, "not set (required)")
+        try:
+            return wire.validate_lane_token(value)
+        except SubjectError as exc:
+            self.fail(env, str(exc))
+
+    # -- §1.2 env-only values: malformed or out of range = default plus a warning
+
+    def env_uint(self, env: str, default: int, valid: Callable[[int], bool] = lambda n: n > 0) -> int:
+        value = self._environ.get(env)
+        if value is None:
+            return default
+        stripped = value.strip()
+        if _UINT_RE.fullmatch(stripped) and valid(int(stripped)):
+            return int(stripped)
+        self.warnings.append(f"{env}={value!r} ignored; using {default}")
+        return default
+
+    def env_flag(self, env: str, *, default: bool, true: frozenset[str] = _TRUTHY) -> bool:
+        value = self._environ.get(env)
+        return default if value is None else value.strip().lower() in true
+
+    # -- assembly
+
+    def build(self) -> Settings:
+        ingest = self._ingest()
+        local_socket = self.text("SIE_SIDECAR_LOCAL_SOCKET")
+        nats_url = self.raw("SIE_NATS_URL")
+        nats_url = nats_url if nats_url is not None and nats_url.strip() else None
+        if ingest == "nats" and nats_url is None:
+            self.fail("SIE_NATS_URL", "not set (required when SIE_SIDECAR_INGEST is nats)")
+        if ingest == "local" and local_socket is None:
+            self.fail("SIE_SIDECAR_LOCAL_SOCKET", "not set (required when SIE_SIDECAR_INGEST is local)")
+        nats_user = self._environ.get("SIE_NATS_USER") or None
+        nats_password = self._environ.get("SIE_NATS_PASSWORD") or None
+        if (nats_user is None) != (nats_password is None):
+            raise ConfigError("SIE_NATS_USER and SIE_NATS_PASSWORD must be set together")
+
+        pool = self.lane("SIE_POOL")
+        bundle = self.lane("SIE_BUNDLE")
+        machine_profile = self.lane("SIE_MACHINE_PROFILE")
+
+        primary = self.text("SIE_IPC_SOCKET_PATH") or DEFAULT_IPC_SOCKET_PATH
+        socket_paths = self._socket_paths(primary)
+
+        max_concurrent_batches = self.env_uint("SIE_MAX_CONCURRENT_BATCHES", 4)
+        ipc_pool_size = self.uint("SIE_IPC_POOL_SIZE", 0) or max_concurrent_batches
+        ipc_request_timeout_s = max(1, self.uint("SIE_IPC_REQUEST_TIMEOUT_S", 60))
+        model_ready_timeout_s = max(1, self.uint("SIE_MODEL_READY_TIMEOUT_S", 900))
+        liveness = self._liveness_budget(model_ready_timeout_s)
+
+        store = self.raw("SIE_PAYLOAD_STORE_URL")
+        payload_store_url = store or None  # only "" is empty; whitespace is a (local) path in v0.7.1 (§12)
+
+        port = self.uint("SIE_WORKER_PROBE_PORT", 9095)
+        if port > 65535:
+            self.fail("SIE_WORKER_PROBE_PORT", f"port {port} is out of range 0..65535")
+
+        ping_interval_ms = self._period("SIE_WORKER_PING_INTERVAL_MS", 2000)
+        stale_mult = self.uint("SIE_WORKER_READYZ_STALE_MULT", 3)
+        if stale_mult == 0:
+            self.warnings.append("SIE_WORKER_READYZ_STALE_MULT=0 is not allowed; using 3")
+            stale_mult = 3
+
+        config_service_token = self.raw("SIE_CONFIG_SERVICE_TOKEN")  # set-but-blank means "send none"
+        admin_token = self.text("SIE_ADMIN_TOKEN")
+        if config_service_token is None and admin_token is not None:
+            self.warnings.append(
+                "SIE_ADMIN_TOKEN as the config-service bearer is deprecated; use SIE_CONFIG_SERVICE_TOKEN"
+            )
+
+        trust_any = (self.text("SIE_NATS_CONFIG_TRUST_ANY_PRODUCER") or "").lower() in _TRUTHY
+        producers = self._producers(trust_any)
+
+        fetch_budget = self.env_uint("SIE_NATS_FETCH_BUDGET", 64)
+        inflight = self.env_uint("SIE_PULL_LOOP_INFLIGHT", max_concurrent_batches)
+        storage = (self._environ.get("SIE_STREAM_STORAGE") or "").strip().lower()
+
+        return Settings(
+            pool=pool,
+            bundle=bundle,
+            machine_profile=machine_profile,
+            worker_id=self._worker_id(),
+            ingest=ingest,
+            local_socket=local_socket,
+            nats_url=nats_url,
+            nats_user=nats_user,
+            nats_password=nats_password,
+            ipc_socket_path=primary,
+            ipc_socket_paths=socket_paths,
+            ipc_pool_size=ipc_pool_size,
+            ipc_request_timeout_s=float(ipc_request_timeout_s),
+            model_ready_timeout_s=float(model_ready_timeout_s),
+            worker_liveness_budget_s=liveness,
+            payload_store_url=payload_store_url,
+            gateway_url=self.text("SIE_GATEWAY_URL"),
+            gateway_api_key=self.text("SIE_GATEWAY_API_KEY"),
+            pool_admission_enabled=(self.text("SIE_POOL_ADMISSION_ENABLED") or "").lower() not in _FALSY,
+            pool_admission_check_interval_ms=self.seconds_to_ms("SIE_POOL_ADMISSION_CHECK_INTERVAL_S", 5.0, 1000),
+            pool_admission_pause_ms=self.seconds_to_ms("SIE_POOL_ADMISSION_PAUSE_S", 1.0, 100),
+            pool_admission_stale_after_ms=self.seconds_to_ms("SIE_POOL_ADMISSION_STALE_AFTER_S", 30.0, 0),
+            worker_probe_port=port,
+            worker_ping_interval_ms=ping_interval_ms,
+            worker_readyz_stale_mult=stale_mult,
+            gpu_count=self.uint("SIE_GPU_COUNT", 1),
+            bundle_config_hash=self.raw("SIE_BUNDLE_CONFIG_HASH") or "",
+            config_service_url=self.text("SIE_CONFIG_SERVICE_URL"),
+            config_service_token=config_service_token,
+            admin_token=admin_token,
+            worker_config_poll_interval_ms=max(1000, self.uint("SIE_WORKER_CONFIG_POLL_INTERVAL_MS", 30000)),
+            worker_config_full_export_interval_ms=self.uint("SIE_WORKER_CONFIG_FULL_EXPORT_INTERVAL_MS", 300000),
+            nats_config_trusted_producers=producers,
+            nats_config_trust_any_producer=trust_any,
+            health_publish_interval_ms=self._period("SIE_HEALTH_PUBLISH_INTERVAL_MS", 5000),
+            max_deliver=self.env_uint("SIE_MAX_DELIVER", 20),
+            max_ack_pending=self.env_uint("SIE_MAX_ACK_PENDING", 1000),
+            stream_max_age_s=self.env_uint("SIE_STREAM_MAX_AGE_S", 1800),
+            stream_storage="file" if storage in ("file", "disk") else "memory",
+            stream_replicas=self.env_uint("SIE_STREAM_REPLICAS", 1),
+            nats_conservative_cleanup=self.env_flag(
+                "SIE_NATS_CONSERVATIVE_CLEANUP", default=False, true=frozenset({"1", "true"})
+            ),
+            nats_consumer_reconcile_interval_ms=self._reconcile_interval(),
+            nats_fetch_budget=fetch_budget,
+            fallback_batch_budget=self._fallback_batch_budget(),
+            nats_pull_expires_s=self.env_uint("SIE_NATS_PULL_EXPIRES_S", 5, lambda n: 1 <= n <= 29),
+            pull_loop_inflight=inflight,
+            pull_loop_max_outstanding=self.env_uint("SIE_PULL_LOOP_MAX_OUTSTANDING", max(fetch_budget, inflight)),
+            max_concurrent_batches=max_concurrent_batches,
+            audio_prep_permits=self.env_uint("SIE_AUDIO_PREP_PERMITS", 1),
+            nak_delay_ms=self._nak_delay_ms(),
+            scheduler_drain_deadline_ms=self.env_uint("SIE_SCHEDULER_DRAIN_DEADLINE_MS", 10000),
+            pipeline_depth=min(8, max(1, self.env_uint("SIE_RUST_PIPELINE_DEPTH", 2, lambda n: True))),
+            wave_cadence=not self.env_flag("SIE_RUST_WAVE_CADENCE", default=False, true=_WAVE_OFF),
+            health_publish_enabled=self._health_publish_enabled(),
+            generate_ipc_frame_timeout_s=self.env_uint("SIE_GENERATE_IPC_FRAME_TIMEOUT_S", 300),
+            ipc_mux=self._environ.get("SIE_IPC_MUX") in _MUX_ON,
+            log_filter=(self._environ.get("RUST_LOG") or "").strip() or "info",
+            warnings=tuple(self.warnings),
+        )
+
+    def _ingest(self) -> IngestMode:
+        mode = (self.raw("SIE_SIDECAR_INGEST") or "").strip().lower()
+        if mode in ("", "nats"):
+            return "nats"
+        if mode == "local":
+            return "local"
+        self.fail("SIE_SIDECAR_INGEST", f"expected nats or local, got {mode!r}")
+
+    def _socket_paths(self, primary: str) -> tuple[str, ...]:
+        """Comma list, entries trimmed, blanks dropped; empty → the primary only; duplicates rejected (TV-S5)."""
+        value = self.raw("SIE_IPC_SOCKET_PATHS") or ""
+        paths = [path.strip() for path in value.split(",") if path.strip()]
+        seen: set[str] = set()
+        for path in paths:
+            if path in seen:
+                self.fail("SIE_IPC_SOCKET_PATHS", f"duplicate socket path {path!r}")
+            seen.add(path)
+        return tuple(paths) if paths else (primary,)
+
+    def _liveness_budget(self, model_ready_timeout_s: int) -> float | None:
+        if self.text("SIE_WORKER_LIVENESS_BUDGET_S") is None:
+            return None
+        budget = self.uint("SIE_WORKER_LIVENESS_BUDGET_S", 0)
+        if budget <= 0:
+            self.fail("SIE_WORKER_LIVENESS_BUDGET_S", "must be > 0")
+        if model_ready_timeout_s >= budget:
+            self.fail(
+                "SIE_WORKER_LIVENESS_BUDGET_S",
+                f"must be greater than SIE_MODEL_READY_TIMEOUT_S ({model_ready_timeout_s} >= {budget})",
+            )
+        return float(budget)
+
+    def _period(self, env: str, default: int) -> int:
+        """A timer period in ms; 0 would spin a timer loop, so it is refused."""
+        value = self.uint(env, default)
+        if value == 0:
+            self.fail(env, "must be > 0")
+        return value
+
+    def _worker_id(self) -> str:
+        value = self.raw("SIE_WORKER_ID")
+        if value is not None and value.strip():
+            return value  # not trimmed: the id is normalised verbatim into subjects (TV-S2)
+        hostname = self._environ.get("HOSTNAME", "")
+        return hostname if hostname.strip() else f"worker-{uuid.uuid4()}"
+
+    def _producers(self, trust_any: bool) -> tuple[str, ...]:
+        value = self.raw("SIE_NATS_CONFIG_TRUSTED_PRODUCERS")
+        if value is None:
+            return DEFAULT_TRUSTED_PRODUCERS
+        producers = tuple(p.strip() for p in value.split(",") if p.strip())
+        if not producers and not trust_any:
+            # An empty allow-list trusts everyone (§9.2); that takes the explicit dev-only switch.
+            self.warnings.append(
+                "SIE_NATS_CONFIG_TRUSTED_PRODUCERS is empty and SIE_NATS_CONFIG_TRUST_ANY_PRODUCER is off;"
+                " using sie-config"
+            )
+            return DEFAULT_TRUSTED_PRODUCERS
+        return producers
+
+    def _fallback_batch_budget(self) -> int:
+        """The per-model budget reader accepts any unsigned integer, 0 included (§1.2); no second warning."""
+        value = (self._environ.get("SIE_NATS_FETCH_BUDGET") or "").strip()
+        return int(value) if _UINT_RE.fullmatch(value) else 64
+
+    def _reconcile_interval(self) -> int:
+        """0 disables; positive values floored to 10 s; unparsable → 30 s (§1.2)."""
+        value = self.env_uint("SIE_NATS_CONSUMER_RECONCILE_INTERVAL_MS", 30000, lambda n: True)
+        return 0 if value == 0 else max(10000, value)
+
+    def _nak_delay_ms(self) -> int:
+        """Float seconds > 0, truncated to whole ms; anything else keeps 5 s."""
+        value = self._environ.get("SIE_NAK_DELAY_S")
+        if value is None:
+            return 5000
+        stripped = value.strip()
+        if _FLOAT_RE.fullmatch(stripped):
+            seconds = float(stripped)
+            if math.isfinite(seconds) and seconds > 0:
+                return int(seconds * 1000)
+        self.warnings.append(f"SIE_NAK_DELAY_S={value!r} ignored; using 5.0")
+        return 5000
+
+    def _health_publish_enabled(self) -> bool:
+        value = self._environ.get("SIE_HEALTH_PUBLISH_ENABLED")
+        return value is None or value.strip().lower() not in (_FALSY | {""})
+
+
+__all__ = [
+    "REDACTED",
+    "RUN_FLAGS",
+    "ConfigError",
+    "IngestMode",
+    "RunFlag",
+    "Settings",
+    "add_run_arguments",
+    "build_run_parser",
+    "redact_url_userinfo",
+]

@@ -1,0 +1,372 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The dispatcher: intake, grouping by model, readiness, the config barrier, batch RPCs and the
+settlement of every delivery (sidecar-behaviour §4.1-4.3, §5.2-5.3; v0.7.1 rules).
+
+Until the scheduler lands (issue 4), a batch is what one pull brought, per model, operation and
+LoRA key, capped at the model's batch budget.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import defaultdict, deque
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from . import wire
+from .batches import PER_OP_METHOD, lora_key, per_op_body, run_batch_body
+from .delivery import Delivery, Settler
+from .errors import IpcServerError
+from .ipc_types import ReadyResponse
+from .publisher import Publisher, Reply
+from .results import batched_f16_slices, error_result, outcome_result
+from .types import WorkResult
+from .workitem import WorkItemError, decode_work_item
+
+log = logging.getLogger(__name__)
+
+OVERFLOW_NAK_MS = 100
+DRAINING_NAK_MS = 100
+SHUTDOWN_NAK_MS = 100
+LOADING_RECHECK_CAP_MS = 15_000
+KNOWN_OPS = ("encode", "score", "extract")
+
+
+class BackendClient(Protocol):
+    """The IPC calls the dispatcher makes (`ipc_client.IpcClient`)."""
+
+    async def ensure_model_ready(self, model_id: str) -> ReadyResponse: ...
+    async def run_batch(self, body: bytes) -> Any: ...
+    async def process_batch(self, method: str, body: bytes) -> Any: ...
+
+
+class ConfigState:
+    """The worker's advertised bundle-config hash; `None` until one is known (then every hash passes)."""
+
+    def __init__(self, initial: str = "") -> None:
+        self.current: str | None = initial or None
+
+    def accepts(self, item_hash: str) -> bool:
+        """An empty (legacy) hash always passes; otherwise it must equal the current one."""
+        return not item_hash or self.current is None or item_hash == self.current
+
+    def adopt(self, backend_hash: str) -> None:
+        """Take the backend's hash when the worker has none yet (first ready Ping)."""
+        if self.current is None and backend_hash:
+            self.current = backend_hash
+
+
+@dataclass(frozen=True, slots=True)
+class DispatchSettings:
+    """What the dispatcher reads from `Settings`."""
+
+    worker_id: str
+    nak_delay_ms: int = 5000
+    fetch_budget: int = 64
+    max_concurrent_batches: int = 4
+
+
+class Dispatcher:
+    """Turns pulled batches into backend calls and published results."""
+
+    def __init__(
+        self,
+        settings: DispatchSettings,
+        backend: BackendClient,
+        publisher: Publisher,
+        settler: Settler,
+        *,
+        config: ConfigState | None = None,
+        tombstones: Any = None,
+        batch_tombstones: Any = None,
+        shutdown: asyncio.Event | None = None,
+    ) -> None:
+        self._s = settings
+        self._backend = backend
+        self._publisher = publisher
+        self._settler = settler
+        self._config = config or ConfigState()
+        self._tombstones = tombstones if tombstones is not None else wire.TombstoneSet()
+        self._batch_tombstones = batch_tombstones if batch_tombstones is not None else wire.BatchTombstones()
+        self._shutdown = shutdown or asyncio.Event()
+        self._group_slots = asyncio.Semaphore(max(1, settings.max_concurrent_batches))
+        self._descriptors: dict[str, Any] = {}
+
+    @property
+    def config(self) -> ConfigState:
+        return self._config
+
+    @property
+    def tombstones(self) -> Any:
+        return self._tombstones
+
+    @property
+    def batch_tombstones(self) -> Any:
+        return self._batch_tombstones
+
+    # -- intake ------------------------------------------------------------------------------
+
+    async def handle(self, messages: Sequence[Any], release: Callable[[int], None] | None = None) -> None:
+        """Settle every message of one pulled batch exactly once; `release` returns pull capacity."""
+        groups: dict[str, list[Delivery]] = defaultdict(list)
+        for msg in messages:
+            d = await self._intake(msg, release)
+            if d is not None:
+                groups[d.model].append(d)
+        if groups:
+            await asyncio.gather(*(self._run_group(model, ds) for model, ds in groups.items()))
+
+    async def _intake(self, msg: Any, release: Callable[[int], None] | None) -> Delivery | None:
+        subject: str = msg.subject
+        d = Delivery(msg=msg, worker_direct=wire.is_worker_direct_subject(subject), release=release)
+        model = wire.model_from_subject(subject)
+        if model is None:
+            await self._settler.nak(d, self._s.nak_delay_ms)
+            return None
+        try:
+            d.item = decode_work_item(msg.data)
+        except WorkItemError as exc:
+            log.warning("undecodable WorkItem", extra={"subject": subject, "error": str(exc)})
+            await self._settler.nak(d, self._s.nak_delay_ms)
+            return None
+        item = d.item
+        if not wire.is_safe_reply_subject(item.reply_subject):
+            log.warning("unsafe reply subject; dropped", extra={"item": item.work_item_id})
+            await self._settler.drop(d)
+            return None
+        if item.operation != "generate" and self._cancelled(d):
+            await self._settler.drop(d)
+            return None
+        if item.model_id != model:
+            log.warning("payload model differs from the subject; the subject wins", extra={"item": item.work_item_id})
+            item.model_id = model
+        d.model = model
+        return d
+
+    def _cancelled(self, d: Delivery) -> bool:
+        item = d.item
+        assert item is not None
+        if self._tombstones.is_cancelled(item.router_id, item.request_id):
+            return True
+        return d.worker_direct and bool(self._batch_tombstones.is_cancelled(item.request_id))
+
+    async def _drop_cancelled(self, ds: list[Delivery]) -> list[Delivery]:
+        live = []
+        for d in ds:
+            if self._cancelled(d):
+                await self._settler.drop(d)
+            else:
+                live.append(d)
+        return live
+
+    # -- model group -------------------------------------------------------------------------
+
+    async def _run_group(self, model: str, ds: list[Delivery]) -> None:
+        async with self._group_slots:
+            try:
+                await self._group(model, ds)
+            except Exception:
+                log.exception("model group failed; NAKing what is left", extra={"model": model})
+                for d in ds:
+                    if not d.settled:
+                        await self._settler.nak(d, self._s.nak_delay_ms)
+
+    async def _group(self, model: str, ds: list[Delivery]) -> None:
+        base = self._s.nak_delay_ms
+        ds = await self._drop_cancelled(ds)
+        if not ds:
+            return
+        if any(not self._config.accepts(d.item.bundle_config_hash) for d in ds if d.item):
+            await self._nak_all(ds, base)
+            return
+        ready = await self._wait_ready(model, ds)
+        if ready is None:
+            return
+        ds = await self._drop_cancelled(ds)
+        budget = ready.batch_budget or self._s.fetch_budget
+        if len(ds) > budget:
+            await self._nak_all(ds[budget:], OVERFLOW_NAK_MS)
+            ds = ds[:budget]
+        by_op: dict[tuple[str, str], list[Delivery]] = defaultdict(list)
+        unknown: list[Delivery] = []
+        for d in ds:
+            assert d.item is not None
+            if d.item.operation in KNOWN_OPS:
+                by_op[(d.item.operation, lora_key(d.item))].append(d)
+            else:
+                unknown.append(d)
+        if unknown:
+            await self._publish_errors(unknown, "bad_operation", "unknown operation", nak_on_failure=True)
+        supports_run_batch = bool(ready.descriptor is not None and ready.descriptor.supports_run_batch)
+        await asyncio.gather(
+            *(self._run_batch(model, op, lora, part, supports_run_batch) for (op, lora), part in by_op.items())
+        )
+
+    async def _wait_ready(self, model: str, ds: list[Delivery]) -> ReadyResponse | None:
+        """The v0.7.1 readiness loop: progress-ACK and re-probe while the model loads."""
+        base = self._s.nak_delay_ms
+        while True:
+            live = await self._drop_cancelled([d for d in ds if not d.settled])
+            ds[:] = live
+            if not ds:
+                return None
+            try:
+                ready = await self._backend.ensure_model_ready(model)
+            except Exception as exc:  # any IPC failure (transport, timeout, server, decode): NAK the group
+                log.warning("EnsureModelReady failed", extra={"model": model, "error": repr(exc)})
+                await self._nak_all(ds, base)
+                return None
+            if ready.state == "ready":
+                if ready.descriptor is not None:
+                    self._descriptors[model] = ready.descriptor
+                return ready
+            if ready.state == "failed":
+                await self._publish_errors(
+                    ds, "MODEL_LOAD_FAILED", f"Model '{model}' failed to load permanently.", nak_on_failure=True
+                )
+                return None
+            if ready.state not in ("loading_started", "loading_in_progress"):
+                await self._nak_all(ds, base)  # retry_later, or a state this version does not know
+                return None
+            for d in ds:
+                if not await self._settler.progress(d):
+                    await self._nak_all(ds, base)
+                    return None
+            wait_ms = base if ready.state == "loading_started" else 2 * base
+            try:
+                await asyncio.wait_for(self._shutdown.wait(), min(wait_ms, LOADING_RECHECK_CAP_MS) / 1000.0)
+            except TimeoutError:
+                continue
+            await self._nak_all(ds, SHUTDOWN_NAK_MS)
+            return None
+
+    # -- batches -------------------------------------------------------------------------------
+
+    async def _run_batch(self, model: str, op: str, lora: str, ds: list[Delivery], supports_run_batch: bool) -> None:
+        base = self._s.nak_delay_ms
+        ds = await self._resolve_payloads(ds)
+        ds = await self._drop_cancelled(ds)
+        if not ds:
+            return
+        # The config barrier, right before execution: any non-empty hash must still be current.
+        if any(not self._config.accepts(d.item.bundle_config_hash) for d in ds if d.item):
+            await self._nak_all(ds, base)
+            return
+        items = [d.item for d in ds if d.item is not None]
+        try:
+            if supports_run_batch:
+                outcome = await self._backend.run_batch(run_batch_body(model, op, items, lora, len(items)))
+            else:
+                outcome = await self._backend.process_batch(PER_OP_METHOD[op], per_op_body(model, op, items))
+        except IpcServerError as exc:
+            delay = DRAINING_NAK_MS if exc.message == "draining" else base
+            log.warning("batch RPC refused", extra={"model": model, "error": exc.message})
+            await self._nak_all(ds, delay)
+            return
+        except Exception as exc:  # transport, timeout, decode: the whole batch goes back
+            log.warning("batch RPC failed", extra={"model": model, "error": repr(exc)})
+            await self._nak_all(ds, base)
+            return
+        await self._apply_outcomes(ds, outcome)
+
+    async def _resolve_payloads(self, ds: list[Delivery]) -> list[Delivery]:
+        """Offloaded payloads need a payload store (issue 4); without one every read is refused."""
+        live, refused = [], []
+        for d in ds:
+            assert d.item is not None
+            if d.item.payload_ref is not None or d.item.query_payload_ref is not None:
+                refused.append(d)
+            else:
+                live.append(d)
+        if refused:
+            await self._publish_errors(refused, "payload_error", "failed to resolve item", nak_on_failure=True)
+        return live
+
+    async def _apply_outcomes(self, ds: list[Delivery], outcome: Any) -> None:
+        """Bind outcomes to deliveries by work_item_id (FIFO for duplicates), publish, then settle."""
+        base = self._s.nak_delay_ms
+        waiting: dict[str, deque[Delivery]] = defaultdict(deque)
+        for d in ds:
+            assert d.item is not None
+            waiting[d.item.work_item_id].append(d)
+        f16 = batched_f16_slices(outcome.batched_f16_multivectors)
+        to_publish: list[tuple[Delivery, WorkResult]] = []
+        for o in outcome.outcomes:
+            queue = waiting.get(o.work_item_id)
+            if not queue:
+                log.warning("outcome for an unknown work item; ignored", extra={"item": o.work_item_id})
+                continue
+            d = queue.popleft()
+            assert d.item is not None
+            if o.disposition == "nak_retry":
+                await self._settler.nak(d, o.nak_delay_ms if o.nak_delay_ms is not None else base)
+                continue
+            result = outcome_result(
+                d.item,
+                o,
+                worker_id=self._s.worker_id,
+                worker_direct=d.worker_direct,
+                current_hash=self._config.current,
+                f16_slice=f16.get(o.work_item_id),
+            )
+            to_publish.append((d, result))
+        for queue in waiting.values():
+            for d in queue:
+                await self._settler.nak(d, base)  # no outcome for this item
+        await self._publish_and_settle(to_publish, nak_on_failure=False)
+
+    # -- publication and settlement ----------------------------------------------------------
+
+    async def _publish_errors(self, ds: Iterable[Delivery], code: str, message: str, *, nak_on_failure: bool) -> None:
+        results = []
+        for d in ds:
+            assert d.item is not None
+            results.append(
+                (
+                    d,
+                    error_result(
+                        d.item,
+                        code=code,
+                        message=message,
+                        worker_id=self._s.worker_id,
+                        worker_direct=d.worker_direct,
+                        current_hash=self._config.current,
+                    ),
+                )
+            )
+        await self._publish_and_settle(results, nak_on_failure=nak_on_failure)
+
+    async def _publish_and_settle(self, results: list[tuple[Delivery, WorkResult]], *, nak_on_failure: bool) -> None:
+        """Publish, flush, then ACK what went out. A failed publish of a backend outcome is left
+        un-ACKed (redelivered after ack_wait); a failed sidecar error is NAKed with the base delay."""
+        if not results:
+            return
+        replies = [
+            Reply(subject=d.item.reply_subject, result=r, accepts_result_chunks=d.item.accepts_result_chunks)
+            for d, r in results
+            if d.item is not None
+        ]
+        sent = await self._publisher.publish_batch(replies)
+        for (d, _), ok in zip(results, sent, strict=True):
+            if ok:
+                await self._settler.ack(d)
+            elif nak_on_failure:
+                await self._settler.nak(d, self._s.nak_delay_ms)
+            else:
+                self._settler.leave(d)
+
+    async def _nak_all(self, ds: Iterable[Delivery], delay_ms: int) -> None:
+        for d in ds:
+            if not d.settled:
+                await self._settler.nak(d, delay_ms)
+
+
+def now_ms() -> float:
+    """Wall clock in ms (Ping timestamps)."""
+    return time.time() * 1000.0
+
+
+__all__ = ["BackendClient", "ConfigState", "DispatchSettings", "Dispatcher", "now_ms"]

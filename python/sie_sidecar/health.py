@@ -1,0 +1,154 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Readiness (sidecar-behaviour §10): the IPC heartbeat, the `/healthz` and `/readyz` probes and the
+NATS health heartbeat on `sie.health.{worker_id}`."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from aiohttp import web
+
+log = logging.getLogger(__name__)
+
+PLAIN = "text/plain; charset=utf-8"
+
+
+@dataclass(slots=True)
+class Readiness:
+    """What `/readyz` and the health heartbeat report."""
+
+    ping_interval_ms: int = 2000
+    stale_mult: int = 3
+    draining: bool = False
+    last_ping_ok: float | None = None  # time.monotonic() of the last successful heartbeat
+    loaded_models: list[str] = field(default_factory=list)
+    ready_children: int = 0
+
+    def reason(self, now: float | None = None) -> str | None:
+        """None when ready, else the `not ready: <reason>` text."""
+        if self.draining:
+            return "draining"
+        if self.last_ping_ok is None:
+            return "handshake pending"
+        age_ms = ((time.monotonic() if now is None else now) - self.last_ping_ok) * 1000.0
+        threshold = self.ping_interval_ms * (self.stale_mult or 3)
+        if age_ms > threshold:
+            return f"heartbeat stale ({age_ms:.0f} ms ago, threshold {threshold} ms)"
+        return None
+
+    @property
+    def ready(self) -> bool:
+        return self.reason() is None
+
+
+class PingClient(Protocol):
+    async def ping(self) -> Any: ...
+
+
+class ConfigSink(Protocol):
+    def adopt(self, backend_hash: str) -> None: ...
+
+
+async def heartbeat(clients: list[PingClient], readiness: Readiness, config: ConfigSink, stop: asyncio.Event) -> None:
+    """Ping every backend child each interval (first tick at once); record success and models."""
+    failures = 0
+    while not stop.is_set():
+        replies = await asyncio.gather(*(c.ping() for c in clients), return_exceptions=True)
+        ready = [r for r in replies if not isinstance(r, BaseException) and getattr(r, "ready", False)]
+        readiness.ready_children = len(ready)
+        if ready:
+            failures = 0
+            readiness.last_ping_ok = time.monotonic()
+            config.adopt(ready[0].bundle_config_hash)
+            readiness.loaded_models = sorted({m for r in ready for m in r.loaded_models})
+        else:
+            failures += 1
+            if failures in (1, 5, 30) or failures % 120 == 0:
+                errors = [repr(r) for r in replies if isinstance(r, BaseException)]
+                log.warning("backend heartbeat failed", extra={"failures": failures, "errors": errors[:3]})
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), readiness.ping_interval_ms / 1000.0)
+
+
+async def start_probes(readiness: Readiness, port: int, host: str = "0.0.0.0") -> web.AppRunner | None:
+    """Serve `/healthz` and `/readyz`; a bind failure is logged and the process keeps running."""
+
+    async def healthz(_: web.Request) -> web.Response:
+        return web.Response(text="ok", content_type="text/plain", charset="utf-8")
+
+    async def readyz(_: web.Request) -> web.Response:
+        reason = readiness.reason()
+        if reason is None:
+            return web.Response(text="ok", content_type="text/plain", charset="utf-8")
+        return web.Response(status=503, text=f"not ready: {reason}", content_type="text/plain", charset="utf-8")
+
+    async def not_found(_: web.Request) -> web.Response:
+        return web.Response(status=404, text="not found", content_type="text/plain", charset="utf-8")
+
+    app = web.Application()
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
+    app.router.add_route("*", "/{tail:.*}", not_found)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    try:
+        await web.TCPSite(runner, host, port).start()
+    except OSError as exc:
+        log.error("probe server could not bind", extra={"port": port, "error": repr(exc)})
+        await runner.cleanup()
+        return None
+    return runner
+
+
+@dataclass(frozen=True, slots=True)
+class HealthIdentity:
+    """Static fields of the health heartbeat."""
+
+    worker_id: str
+    machine_profile: str
+    pool_name: str
+    bundle: str
+    gpu_count: int = 1
+    backend_children: int = 1
+
+
+def health_payload(
+    identity: HealthIdentity,
+    readiness: Readiness,
+    *,
+    bundle_config_hash: str,
+    queue_depth: int = 0,
+    pending_cost: int = 0,
+    inflight_batches: int = 0,
+    terminated: bool = False,
+) -> bytes:
+    """The v0.7.1 heartbeat JSON, fields in order (sidecar-behaviour §10)."""
+    ready = readiness.ready and not terminated
+    total = max(identity.backend_children, identity.gpu_count, 1)
+    body = {
+        "name": identity.worker_id,
+        "ready": ready,
+        "terminated": terminated,
+        "gpu_count": identity.gpu_count,
+        "total_gpu_slots": total,
+        "ready_gpu_slots": min(readiness.ready_children, total) if ready else 0,
+        "machine_profile": identity.machine_profile,
+        "pool_name": identity.pool_name,
+        "bundle": identity.bundle,
+        "bundle_config_hash": bundle_config_hash,
+        "loaded_models": readiness.loaded_models,
+        "queue_depth": queue_depth,
+        "pending_cost": pending_cost,
+        "inflight_batches": inflight_batches,
+        "saturated": False,
+    }
+    return json.dumps(body, separators=(",", ":")).encode()
+
+
+__all__ = ["PLAIN", "HealthIdentity", "Readiness", "health_payload", "heartbeat", "start_probes"]

@@ -1,0 +1,110 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Reply publication (sidecar-behaviour §6): one plan per WorkResult, publish a whole batch, then
+one flush as the broker barrier before anything is ACKed."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Protocol
+
+from . import wire
+from .errors import PayloadTooLarge
+from .types import WorkResult
+
+log = logging.getLogger(__name__)
+
+FLUSH_TIMEOUT_S = 10.0
+
+
+class NatsPublisher(Protocol):
+    """The slice of a nats-py client the publisher needs."""
+
+    @property
+    def max_payload(self) -> int: ...
+    async def publish(self, subject: str, payload: bytes = b"") -> None: ...
+    async def flush(self, timeout: int = ...) -> None: ...
+
+
+@dataclass(slots=True)
+class Reply:
+    """One WorkResult to send to one reply subject."""
+
+    subject: str
+    result: WorkResult
+    accepts_result_chunks: bool
+
+
+@dataclass(slots=True)
+class PublishStats:
+    """Counters by transport mode and outcome (telemetry reads them)."""
+
+    single: int = 0
+    chunked: int = 0
+    compact_error: int = 0
+    rejected: int = 0
+    publish_error: int = 0
+    flush_error: int = 0
+    chunks: int = 0
+
+
+class Publisher:
+    """Publishes WorkResults; `publish_batch` says, per reply, whether it is safe to ACK."""
+
+    def __init__(self, nc: NatsPublisher, *, flush_timeout_s: float = FLUSH_TIMEOUT_S) -> None:
+        self._nc = nc
+        self._flush_timeout_s = flush_timeout_s
+        self.stats = PublishStats()
+
+    async def publish_batch(self, replies: list[Reply]) -> list[bool]:
+        """Publish every reply, flush once, and return which ones reached the server.
+
+        An empty (or whitespace-only) reply subject is fire-and-forget: nothing is sent and the item
+        counts as published. A reply that can not be planned, or whose publish fails, is False: the
+        caller leaves that message un-ACKed so JetStream redelivers it.
+        """
+        ok = [False] * len(replies)
+        sent_any = False
+        max_payload = self._nc.max_payload
+        for i, reply in enumerate(replies):
+            if not reply.subject.strip():
+                ok[i] = True
+                continue
+            try:
+                plan = wire.plan_reply(
+                    reply.result, accepts_result_chunks=reply.accepts_result_chunks, max_payload=max_payload
+                )
+            except PayloadTooLarge as exc:
+                self.stats.rejected += 1
+                log.warning(
+                    "reply dropped: too large even as a compact error",
+                    extra={"item": reply.result.work_item_id, "error": str(exc)},
+                )
+                continue
+            try:
+                for message in plan.messages:
+                    await self._nc.publish(reply.subject, message)
+            except Exception as exc:  # nats-py raises its own and OS errors; either way: not published
+                self.stats.publish_error += 1
+                log.warning("reply publish failed", extra={"item": reply.result.work_item_id, "error": repr(exc)})
+                continue
+            sent_any = True
+            ok[i] = True
+            if plan.mode == "single":
+                self.stats.single += 1
+            elif plan.mode == "chunked":
+                self.stats.chunked += 1
+                self.stats.chunks += len(plan.messages)
+            else:
+                self.stats.compact_error += 1
+        if sent_any:
+            try:
+                await self._nc.flush(timeout=max(1, round(self._flush_timeout_s)))
+            except (TimeoutError, Exception) as exc:
+                self.stats.flush_error += 1
+                log.warning("flush after publish failed; replies stay un-ACKed", extra={"error": repr(exc)})
+                return [r.subject.strip() == "" for r in replies]
+        return ok
+
+
+__all__ = ["FLUSH_TIMEOUT_S", "NatsPublisher", "PublishStats", "Publisher", "Reply"]

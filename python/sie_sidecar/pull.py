@@ -1,0 +1,484 @@
+# SPDX-License-Identifier: Apache-2.0
+"""One long-lived JetStream pull per consumer, with honest credit accounting.
+
+nats-py's `fetch()` is a request-and-wait round trip per batch and caps near 20k msg/s; keeping pull requests
+outstanding on a private inbox is 3-5x faster (shared/design/nats-hot-path.md). nats-py has no such API, so
+this module builds it: it publishes `$JS.API.CONSUMER.MSG.NEXT.<stream>.<durable>` requests with the inbox as
+the reply subject, counts the credit they grant, and reacts to the status messages the server sends there.
+
+Invariant: `unsettled + credit <= max_outstanding`, where `unsettled` counts messages received and not yet
+reported through `settled()`, and `credit` counts messages requested on the current inbox and not yet
+delivered or expired. Whenever the credit becomes unknowable (a reconnect, a 409/503, silence), the inbox is
+rotated: requests made on the old inbox can no longer deliver into the buffer, so forgetting their credit is
+safe. Stragglers that still arrive on a retired inbox are NAKed at once, so they are redelivered without
+waiting for ack_wait.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
+from nats.errors import Error as NatsError
+from nats.js import api as js_api
+
+logger = logging.getLogger(__name__)
+
+_PENDING_MSGS = "Nats-Pending-Messages"
+_RETIRE_GRACE_S = 1.0
+
+
+@dataclass
+class PullStats:
+    """Counters for telemetry and tests; monotonically increasing."""
+
+    requests: int = 0
+    requested_msgs: int = 0
+    messages: int = 0
+    heartbeats: int = 0
+    timeouts: int = 0  # 408: a request expired
+    conflicts: int = 0  # 409: consumer deleted, max waiting, max batch, max bytes, ...
+    other_status: int = 0  # 503 no responders (no consumer), 400 bad request, anything else
+    resets: int = 0  # inbox rotations with the credit forgotten
+    watchdog_resets: int = 0
+    reconnect_resets: int = 0
+    stale_naks: int = 0  # messages NAKed because they arrived on a retired inbox or after stop()
+    excess: int = 0  # messages beyond the known credit (should stay 0)
+    request_errors: int = 0
+
+
+class PullConsumer:
+    """Keeps one long-lived pull open on `stream`/`durable` and hands out batches of `nats.aio.msg.Msg`.
+
+    The caller takes batches with `next_batch()` (or `batches()`), settles every message (ACK, NAK,
+    term or a deliberate drop) and reports it with `settled(n)`; capacity returns only then.
+    The app's `reconnected_cb` should call `on_reconnected()`; a watchdog also notices reconnects and
+    silent request loss on its own.
+    """
+
+    def __init__(
+        self,
+        nc: Client,
+        stream: str,
+        durable: str,
+        *,
+        batch: int = 64,
+        expires_s: float = 5.0,
+        max_outstanding: int = 64,
+        heartbeat_s: float | None = None,
+        backoff_s: float = 0.5,
+        watchdog_s: float | None = None,
+    ) -> None:
+        if batch < 1:
+            raise ValueError("batch must be >= 1")
+        if max_outstanding < 1:
+            raise ValueError("max_outstanding must be >= 1")
+        if expires_s <= 0:
+            raise ValueError("expires_s must be > 0")
+        heartbeat = expires_s / 2 if heartbeat_s is None else heartbeat_s
+        if not 0 < heartbeat <= expires_s / 2:
+            # The server answers 400 "heartbeat value too large" above half the expiry.
+            raise ValueError("heartbeat_s must be in (0, expires_s / 2]")
+        self._nc = nc
+        self.stream = stream
+        self.durable = durable
+        self._max_outstanding = max_outstanding
+        self._request_cap = min(batch, max_outstanding)
+        self._low_water = max(1, self._request_cap // 2)
+        self._expires_s = expires_s
+        self._next_subject = f"$JS.API.CONSUMER.MSG.NEXT.{stream}.{durable}"
+        self._request_extra = {"expires": int(expires_s * 1e9), "idle_heartbeat": int(heartbeat * 1e9)}
+        self._backoff_s = backoff_s
+        self._watchdog_s = 2 * expires_s if watchdog_s is None else watchdog_s
+        self._tick_s = min(1.0, expires_s / 4)
+        self._retire_after_s = expires_s + _RETIRE_GRACE_S
+
+        self._buffer: deque[Msg] = deque()
+        self._unsettled = 0
+        self._credit = 0
+        self._high_water = 0
+        self._gen = 0
+        self._sub: Subscription | None = None
+        self._inbox = ""
+        self._retired: list[tuple[Subscription, float]] = []
+        self._data = asyncio.Event()
+        self._kick = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._started = False
+        self._stopped = False
+        self._last_activity = 0.0
+        self._reset_reason: str | None = None
+        self._paused_until = 0.0
+        self._seen_reconnects = 0
+        self._status_streak = 0
+        self.stats = PullStats()
+
+    # -- public API ---------------------------------------------------------------------------------------
+
+    @property
+    def unsettled(self) -> int:
+        """Messages received and not yet reported through `settled()` (buffered ones included)."""
+        return self._unsettled
+
+    @property
+    def credit(self) -> int:
+        """Messages requested on the current inbox and not yet delivered or expired."""
+        return self._credit
+
+    @property
+    def buffered(self) -> int:
+        return len(self._buffer)
+
+    @property
+    def high_water(self) -> int:
+        """The most unsettled messages ever held at once (bounded by max_outstanding)."""
+        return self._high_water
+
+    @property
+    def max_outstanding(self) -> int:
+        return self._max_outstanding
+
+    @property
+    def inbox(self) -> str:
+        return self._inbox
+
+    async def start(self) -> None:
+        """Subscribe the first inbox and start the task that keeps credit topped up."""
+        if self._started:
+            return
+        if self._stopped:
+            raise RuntimeError("PullConsumer cannot be restarted after stop()")
+        self._seen_reconnects = self._reconnects()
+        await self._rotate("start")
+        self._started = True
+        self._task = asyncio.create_task(self._pump(), name=f"pull:{self.stream}.{self.durable}")
+
+    async def stop(self) -> None:
+        """Stop pulling; NAK messages still buffered (never handed out) so they redeliver promptly."""
+        if self._stopped:
+            return
+        self._stopped = True
+        self._data.set()
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        leftovers = list(self._buffer)
+        self._buffer.clear()
+        self._unsettled = max(0, self._unsettled - len(leftovers))
+        for msg in leftovers:
+            with contextlib.suppress(NatsError):
+                await msg.nak()
+        subs = [s for s, _ in self._retired] + ([self._sub] if self._sub is not None else [])
+        self._retired.clear()
+        self._sub = None
+        self._credit = 0
+        for sub in subs:
+            await self._unsubscribe(sub)
+        if leftovers and self._nc.is_connected:
+            with contextlib.suppress(NatsError, TimeoutError):
+                await self._nc.flush(timeout=1)
+        logger.info(
+            "pull consumer stopped",
+            extra={"stream": self.stream, "consumer": self.durable, "nak_on_stop": len(leftovers)},
+        )
+
+    async def next_batch(self, max_messages: int, quantum_s: float) -> list[Msg]:
+        """Wait for one message, then coalesce more until `max_messages` or `quantum_s` has passed (§5.1 step 4).
+
+        Returns `[]` once the consumer is stopped. Cancel-safe: messages collected so far go back to the
+        front of the buffer. Meant for one caller at a time.
+        """
+        if max_messages < 1:
+            raise ValueError("max_messages must be >= 1")
+        while not self._buffer:
+            if self._stopped:
+                return []
+            self._data.clear()
+            await self._data.wait()
+        batch = self._take(max_messages)
+        if len(batch) >= max_messages or quantum_s <= 0:
+            return batch
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + quantum_s
+        try:
+            while len(batch) < max_messages and not self._stopped:
+                if self._buffer:
+                    batch.extend(self._take(max_messages - len(batch)))
+                    continue
+                remaining = deadline - loop.time()
+                if remaining <= 0:
+                    break
+                self._data.clear()
+                try:
+                    async with asyncio.timeout(remaining):
+                        await self._data.wait()
+                except TimeoutError:
+                    break
+        except asyncio.CancelledError:
+            self._buffer.extendleft(reversed(batch))
+            self._data.set()
+            raise
+        return batch
+
+    async def batches(self, max_messages: int, quantum_s: float) -> AsyncIterator[list[Msg]]:
+        """`next_batch()` in a loop until the consumer stops."""
+        while True:
+            batch = await self.next_batch(max_messages, quantum_s)
+            if not batch:
+                return
+            yield batch
+
+    def settled(self, n: int) -> None:
+        """Report that `n` handed-out messages were ACKed, NAKed, terminated or dropped; frees their capacity."""
+        if n < 0:
+            raise ValueError("n must be >= 0")
+        if n == 0:
+            return
+        self._unsettled -= n
+        if self._unsettled < 0:
+            logger.warning(
+                "settled more messages than were received",
+                extra={"stream": self.stream, "consumer": self.durable, "excess": -self._unsettled},
+            )
+            self._unsettled = 0
+        self._kick.set()
+
+    def on_reconnected(self) -> None:
+        """Call from the connection's reconnected callback: pull requests do not survive a reconnect."""
+        rc = self._reconnects()
+        if rc == self._seen_reconnects:
+            return  # the watchdog already handled this reconnect
+        self._seen_reconnects = rc
+        self._request_reset("reconnected", 0.0)
+
+    # -- inbound (subscription callback; never awaits for an accepted message) ------------------------------
+
+    def _make_cb(self, gen: int) -> Callable[[Msg], Awaitable[None]]:
+        async def on_msg(msg: Msg) -> None:
+            if self._accept(msg, gen):
+                return
+            # Delivered on a retired inbox or after stop(): hand it straight back to the server.
+            with contextlib.suppress(NatsError):
+                await msg.nak()
+
+        return on_msg
+
+    def _accept(self, msg: Msg, gen: int) -> bool:
+        if not msg.reply:
+            self._on_status(msg, gen)
+            return True
+        if gen != self._gen or self._stopped:
+            self.stats.stale_naks += 1
+            return False
+        self._last_activity = time.monotonic()
+        self._status_streak = 0
+        if self._credit > 0:
+            self._credit -= 1
+        else:
+            self.stats.excess += 1
+        self._unsettled += 1
+        self._high_water = max(self._high_water, self._unsettled)
+        self.stats.messages += 1
+        self._buffer.append(msg)
+        self._data.set()
+        if self._credit < self._low_water:
+            self._kick.set()
+        return True
+
+    def _on_status(self, msg: Msg, gen: int) -> None:
+        headers = msg.headers or {}
+        status = headers.get(js_api.Header.STATUS, "")
+        description = headers.get(js_api.Header.DESCRIPTION, "")
+        current = gen == self._gen and not self._stopped
+        if status == js_api.StatusCode.CONTROL_MESSAGE:
+            self.stats.heartbeats += 1
+            if current:
+                self._last_activity = time.monotonic()
+            return
+        if status == js_api.StatusCode.REQUEST_TIMEOUT:
+            self.stats.timeouts += 1
+            if not current:
+                return
+            self._last_activity = time.monotonic()
+            self._status_streak = 0
+            pending = headers.get(_PENDING_MSGS)
+            if pending is not None and pending.isdigit():
+                self._credit = max(0, self._credit - int(pending))
+            else:
+                # Unknown remainder: keep the (over-)estimate; the watchdog clears it if it was wrong.
+                logger.debug("408 without a pending count", extra={"stream": self.stream, "consumer": self.durable})
+            self._kick.set()
+            return
+        if status == js_api.StatusCode.CONFLICT:
+            self.stats.conflicts += 1
+        else:
+            self.stats.other_status += 1
+        if not current:
+            return
+        self._status_streak += 1
+        level = logging.WARNING if self._status_streak == 1 or self._status_streak % 20 == 0 else logging.DEBUG
+        logger.log(
+            level,
+            "pull request rejected; re-issuing after a back-off",
+            extra={
+                "stream": self.stream,
+                "consumer": self.durable,
+                "status": status,
+                "description": description,
+                "streak": self._status_streak,
+            },
+        )
+        self._request_reset(f"status {status} {description}".strip(), self._backoff_s)
+
+    # -- credit maintenance (one task) ------------------------------------------------------------------------
+
+    async def _pump(self) -> None:
+        while True:
+            try:
+                await self._maintain()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                logger.warning(
+                    "pull maintenance failed; retrying after a back-off",
+                    extra={"stream": self.stream, "consumer": self.durable, "error": repr(exc)},
+                )
+                self._paused_until = max(self._paused_until, time.monotonic() + self._backoff_s)
+            timeout = self._tick_s
+            wait_pause = self._paused_until - time.monotonic()
+            if wait_pause > 0:
+                timeout = min(timeout, wait_pause)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(max(timeout, 0.001)):
+                    await self._kick.wait()
+            self._kick.clear()
+
+    async def _maintain(self) -> None:
+        now = time.monotonic()
+        connected = self._nc.is_connected
+        if connected:
+            rc = self._reconnects()
+            if rc != self._seen_reconnects:
+                self._seen_reconnects = rc
+                self._request_reset("reconnect detected", 0.0)
+            elif self._credit > 0 and self._reset_reason is None and now - self._last_activity > self._watchdog_s:
+                self.stats.watchdog_resets += 1
+                logger.warning(
+                    "no messages or heartbeats for too long; re-issuing the pull",
+                    extra={
+                        "stream": self.stream,
+                        "consumer": self.durable,
+                        "silent_s": round(now - self._last_activity, 3),
+                        "credit": self._credit,
+                    },
+                )
+                self._request_reset("watchdog", 0.0)
+        reason = self._reset_reason
+        if reason is not None and connected:
+            self._reset_reason = None
+            try:
+                await self._rotate(reason)
+            except BaseException:
+                self._reset_reason = reason
+                raise
+        await self._retire_expired(now)
+        if connected and self._reset_reason is None and time.monotonic() >= self._paused_until:
+            await self._top_up()
+
+    async def _top_up(self) -> None:
+        """Re-request when credit falls below half the request size, within the outstanding cap."""
+        if self._credit >= self._low_water:
+            return
+        room = self._max_outstanding - self._unsettled - self._credit
+        want = min(self._request_cap - self._credit, room)
+        if want <= 0 or (self._credit > 0 and want < self._low_water):
+            return  # no room, or only a sliver while credit is still live: wait for settles
+        payload = json.dumps({"batch": want, **self._request_extra}, separators=(",", ":")).encode()
+        if self._credit == 0:
+            self._last_activity = time.monotonic()  # the watchdog measures silence from the first request
+        self._credit += want
+        try:
+            await self._nc.publish(self._next_subject, payload, reply=self._inbox)
+        except Exception as exc:
+            self._credit = max(0, self._credit - want)
+            self.stats.request_errors += 1
+            self._paused_until = time.monotonic() + self._backoff_s
+            logger.warning(
+                "pull request publish failed",
+                extra={"stream": self.stream, "consumer": self.durable, "error": repr(exc)},
+            )
+            return
+        self.stats.requests += 1
+        self.stats.requested_msgs += want
+
+    async def _rotate(self, reason: str) -> None:
+        """Move to a fresh inbox and forget the credit of the old one (see the module docstring)."""
+        gen = self._gen + 1
+        inbox = self._nc.new_inbox()
+        # Bytes are bounded by the credit already; a byte cap would only drop (and delay) deliveries.
+        sub = await self._nc.subscribe(inbox, cb=self._make_cb(gen), pending_bytes_limit=0)
+        old, forgotten = self._sub, self._credit
+        now = time.monotonic()
+        self._gen, self._inbox, self._sub, self._credit = gen, inbox, sub, 0
+        self._last_activity = now
+        if old is not None:
+            self._retired.append((old, now + self._retire_after_s))
+        if reason.startswith("reconnect"):
+            self.stats.reconnect_resets += 1
+            # Requests buffered during the outage go out only now; keep old inboxes open for their lifetime.
+            self._retired = [(s, max(d, now + self._retire_after_s)) for s, d in self._retired]
+        if reason != "start":
+            self.stats.resets += 1
+            logger.info(
+                "pull inbox rotated",
+                extra={
+                    "stream": self.stream,
+                    "consumer": self.durable,
+                    "reason": reason,
+                    "forgotten_credit": forgotten,
+                    "unsettled": self._unsettled,
+                },
+            )
+
+    async def _retire_expired(self, now: float) -> None:
+        if not self._retired:
+            return
+        keep: list[tuple[Subscription, float]] = []
+        for sub, deadline in self._retired:
+            if deadline <= now:
+                await self._unsubscribe(sub)
+            else:
+                keep.append((sub, deadline))
+        self._retired = keep
+
+    # -- helpers ----------------------------------------------------------------------------------------------
+
+    def _request_reset(self, reason: str, backoff_s: float) -> None:
+        if self._reset_reason is None:
+            self._reset_reason = reason
+        if backoff_s > 0:
+            self._paused_until = max(self._paused_until, time.monotonic() + backoff_s)
+        self._kick.set()
+
+    def _take(self, n: int) -> list[Msg]:
+        buf = self._buffer
+        return [buf.popleft() for _ in range(min(n, len(buf)))]
+
+    def _reconnects(self) -> int:
+        return int(self._nc.stats.get("reconnects", 0))
+
+    @staticmethod
+    async def _unsubscribe(sub: Subscription) -> None:
+        with contextlib.suppress(NatsError):
+            await sub.unsubscribe()

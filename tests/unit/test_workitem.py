@@ -1,0 +1,87 @@
+# SPDX-License-Identifier: Apache-2.0
+"""WorkItem decoding with the v0.7.1 sidecar's rules (wire-protocol §7.2, TV-W1)."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+import msgpack
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from sie_sidecar.workitem import REQUIRED, WorkItemError, decode_work_item
+
+TV_W1 = bytes.fromhex(
+    "89ac776f726b5f6974656d5f6964a77265712d312e30aa726571756573745f6964a57265712d31aa6974656d5f696e64657800"
+    "ab746f74616c5f6974656d7301a96f7065726174696f6ea6656e636f6465a86d6f64656c5f6964ab424141492f6267652d6d33"
+    "a9706f6f6c5f6e616d65a764656661756c74af6d616368696e655f70726f66696c65a26c34ad7265706c795f7375626a656374"
+    "af5f494e424f582e67772e7265712d31"
+)
+
+
+def test_tv_w1_minimal_work_item_decodes_with_defaults() -> None:
+    item = decode_work_item(TV_W1)
+    assert (item.work_item_id, item.request_id, item.item_index, item.total_items) == ("req-1.0", "req-1", 0, 1)
+    assert (item.operation, item.model_id, item.pool_name, item.machine_profile) == (
+        "encode",
+        "BAAI/bge-m3",
+        "default",
+        "l4",
+    )
+    assert item.reply_subject == "_INBOX.gw.req-1"
+    assert (item.profile_id, item.engine, item.admission_pool, item.bundle_config_hash, item.router_id) == ("",) * 5
+    assert (item.is_query, item.accepts_result_chunks, item.timestamp) == (False, False, 0.0)
+    assert (item.item, item.payload_ref, item.options, item.traceparent) == (None, None, None, None)
+
+
+@pytest.mark.parametrize("missing", REQUIRED)
+def test_tv_w1_each_required_key_is_required(missing: str) -> None:
+    raw = msgpack.unpackb(TV_W1)
+    del raw[missing]
+    with pytest.raises(WorkItemError, match=missing):
+        decode_work_item(msgpack.packb(raw))
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        ("item_index", -1),
+        ("item_index", "0"),
+        ("total_items", True),
+        ("operation", 7),
+        ("reply_subject", None),
+        ("is_query", "yes"),
+        ("accepts_result_chunks", 1),
+        ("timestamp", "now"),
+        ("options", [1]),
+        ("output_types", "dense"),
+        ("bundle_config_hash", 5),
+        ("payload_ref", 3),
+    ],
+)
+def test_wrong_field_types_are_typed_errors(key: str, value: Any) -> None:
+    raw = msgpack.unpackb(TV_W1)
+    raw[key] = value
+    with pytest.raises(WorkItemError):
+        decode_work_item(msgpack.packb(raw))
+
+
+@pytest.mark.parametrize("data", [b"", b"\xc1", b"\x91\x01", msgpack.packb([1, 2]), b"\x89"])
+def test_not_a_map_or_not_msgpack(data: bytes) -> None:
+    with pytest.raises(WorkItemError):
+        decode_work_item(data)
+
+
+def test_unknown_keys_are_ignored_and_nil_defaults_apply() -> None:
+    raw = msgpack.unpackb(TV_W1)
+    raw.update({"future_field": {"x": 1}, "profile_id": None, "timestamp": 12, "accepts_result_chunks": True})
+    item = decode_work_item(msgpack.packb(raw))
+    assert (item.profile_id, item.timestamp, item.accepts_result_chunks) == ("", 12.0, True)
+
+
+@given(st.binary(max_size=200))
+def test_random_bytes_never_escape_as_anything_but_work_item_error(data: bytes) -> None:
+    with contextlib.suppress(WorkItemError):
+        decode_work_item(data)
