@@ -108,11 +108,12 @@ async def _health_publisher(
 
 async def run(settings: Settings, *, stop: asyncio.Event | None = None, started: asyncio.Event | None = None) -> int:
     """Run the sidecar until `stop` is set (SIGTERM/SIGINT set it when not given); returns an exit code."""
-    stop = stop or asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        with contextlib.suppress(NotImplementedError, RuntimeError):
-            loop.add_signal_handler(sig, stop.set)
+    if stop is None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            with contextlib.suppress(NotImplementedError, RuntimeError):
+                loop.add_signal_handler(sig, stop.set)
     log.info("starting", extra={"settings": settings.redacted()})
     for warning in settings.warnings:
         log.warning(warning)

@@ -47,6 +47,7 @@ def add_backend_arguments(parser: argparse.ArgumentParser) -> None:
     null.add_argument(
         "--crash-after-batches", type=_non_negative(0), default=0, help="exit(1) when the Nth batch arrives (0 = never)"
     )
+    null.add_argument("--batch-delay-s", type=_seconds, default=0.0, help="time every batch takes (default 0)")
     null.add_argument("--batch-budget", type=_non_negative(1), default=64, help="batch_budget reported on ready")
     null.add_argument(
         "--no-run-batch", dest="supports_run_batch", action="store_false", help="descriptor without RunBatch support"
@@ -91,6 +92,7 @@ def build_adapter(args: argparse.Namespace) -> Adapter:
         error_every=args.error_every,
         oversized_bytes=args.oversized_bytes,
         crash_after_batches=args.crash_after_batches,
+        batch_delay_s=args.batch_delay_s,
         supports_run_batch=args.supports_run_batch,
         batch_budget=args.batch_budget,
         preloaded_models=args.preload,

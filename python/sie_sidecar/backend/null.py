@@ -8,6 +8,7 @@ a laptop. Vectors depend only on the item text (and the LoRA), so results can be
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import os
 import struct
@@ -53,7 +54,8 @@ class NullAdapter(Adapter):
     and `failed_models` answer those states for ever; `error_every=N` turns every Nth item of a
     batch into an `inference_error`; `oversized_bytes` pads the first result of each batch so the
     response exceeds that size; `crash_after_batches=N` ends the process (`os._exit(1)`) when the
-    Nth batch arrives. Items of a model that is not loaded are NAKed (`nak_retry`).
+    Nth batch arrives; `batch_delay_s` makes every batch take that long. Items of a model that is
+    not loaded are NAKed (`nak_retry`).
     """
 
     def __init__(
@@ -69,6 +71,7 @@ class NullAdapter(Adapter):
         supports_run_batch: bool = True,
         batch_budget: int = 64,
         preloaded_models: Iterable[str] = (),
+        batch_delay_s: float = 0.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.dim = _positive_int("dim", dim, minimum=1)
@@ -82,6 +85,9 @@ class NullAdapter(Adapter):
         self.crash_after_batches = _positive_int("crash_after_batches", crash_after_batches)
         self.supports_run_batch = bool(supports_run_batch)
         self.batch_budget = _positive_int("batch_budget", batch_budget, minimum=1)
+        if isinstance(batch_delay_s, bool) or not isinstance(batch_delay_s, int | float) or not batch_delay_s >= 0:
+            raise ValueError(f"batch_delay_s must be a non-negative number, got {batch_delay_s!r}")
+        self.batch_delay_s = float(batch_delay_s)
         self._clock = clock
         self._loaded: set[str] = set(preloaded_models) - self.retry_later_models - self.failed_models
         self._loading: dict[str, float] = {}
@@ -143,6 +149,8 @@ class NullAdapter(Adapter):
         if self.crash_after_batches and self.batches >= self.crash_after_batches:
             os._exit(1)  # a backend child dying mid-batch, for the sidecar's transport-error tests
         self.items += len(items)
+        if self.batch_delay_s:
+            await asyncio.sleep(self.batch_delay_s)  # a slow GPU, for drain and mid-flight failure tests
         self._promote()
         if model_id not in self._loaded:
             return [

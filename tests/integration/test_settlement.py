@@ -1,0 +1,278 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Every row of the settlement table (sidecar-behaviour §4, wire-protocol Appendix A) against a real
+nats-server, the real reference backend over a real Unix socket, and the real sidecar."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import msgpack
+import numpy as np
+
+from sie_sidecar import wire
+from sie_sidecar.backend.null import NullAdapter
+
+from .conftest import NatsServer
+from .stack import MODEL, NAK_DELAY_S, ROUTER, Stack, running_stack, work_item
+
+OTHER_MODEL = "org/model-b"
+
+
+async def redelivered(stack: Stack, at_least: int = 1, timeout: float = 10.0) -> None:
+    """Wait until the pool consumer has redelivered (i.e. the sidecar NAKed) at least once."""
+
+    async def check() -> bool:
+        return int((await stack.pool_consumer()).num_redelivered) >= at_least
+
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not await check():
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError("no redelivery observed")
+        await asyncio.sleep(0.05)
+
+
+async def test_encode_items_are_answered_and_acked(nats_server: NatsServer, tmp_path: Path) -> None:
+    async with running_stack(nats_server, tmp_path) as stack:
+        ids = [
+            await stack.publish(work_item(text=f"text {i}", item={"text": f"text {i}", "id": f"doc-{i}"}))
+            for i in range(20)
+        ]
+        await stack.wait_for(lambda: len(stack.replies) == 20)
+        await stack.settled_pool()
+        for i, wid in enumerate(ids):
+            (reply,) = stack.results_for(wid)
+            assert reply["success"] is True and reply["error"] is None
+            framed = msgpack.unpackb(reply["result_msgpack"])
+            assert list(framed) == ["id", "dense"] and framed["id"] == f"doc-{i}"
+            vector = np.frombuffer(framed["dense"]["values"][b"data"], np.float32)
+            np.testing.assert_allclose(vector, stack.adapter.vector(f"text {i}"), rtol=1e-6)
+            assert reply["worker_id"] == "w-test" and reply["worker_direct"] is False
+            assert reply["processing_ms"] == 0.0 and reply["queue_ms"] >= 0.0
+        assert (await stack.pool_consumer()).num_redelivered == 0
+
+
+async def test_undecodable_work_item_is_naked(nats_server: NatsServer, tmp_path: Path) -> None:
+    async with running_stack(nats_server, tmp_path) as stack:
+        subject = wire.pool_work_subject("default", "cpu", "default", MODEL)
+        await stack.publish({}, subject=subject, data=b"\xc1 not msgpack")
+        await redelivered(stack)
+        info = await stack.pool_consumer()
+        assert info.num_pending + info.num_ack_pending == 1  # still in the stream, for redelivery
+        assert stack.raw_replies == []
+
+
+async def test_work_item_missing_a_required_key_is_naked(nats_server: NatsServer, tmp_path: Path) -> None:
+    async with running_stack(nats_server, tmp_path) as stack:
+        item = work_item()
+        del item["machine_profile"]
+        await stack.publish(item)
+        await redelivered(stack)
+        assert stack.replies == []
+
+
+async def test_unsafe_reply_subject_is_ack_dropped(nats_server: NatsServer, tmp_path: Path) -> None:
+    async with running_stack(nats_server, tmp_path) as stack:
+        seen: list[bytes] = []
+
+        async def on_reply(msg: Any) -> None:
+            seen.append(msg.data)
+
+        await stack.nc.subscribe("reply.>", cb=on_reply)
+        await stack.publish(work_item(reply_subject="reply.somewhere"))
+        await stack.settled_pool()
+        await asyncio.sleep(0.2)
+        assert seen == [] and stack.raw_replies == []
+        assert (await stack.pool_consumer()).num_redelivered == 0
+        assert stack.adapter.batches == 0
+
+
+async def test_empty_reply_subject_is_fire_and_forget(nats_server: NatsServer, tmp_path: Path) -> None:
+    async with running_stack(nats_server, tmp_path) as stack:
+        await stack.publish(work_item(reply_subject=""))
+        await stack.settled_pool()
+        assert stack.adapter.items == 1 and stack.raw_replies == []
+
+
+async def test_cold_load_progress_acks_then_succeeds_on_the_first_delivery(
+    nats_server: NatsServer, tmp_path: Path
+) -> None:
+    adapter = NullAdapter(dim=8, load_delay_s=3 * NAK_DELAY_S)
+    async with running_stack(nats_server, tmp_path, adapter=adapter) as stack:
+        wid = await stack.publish(work_item())
+        await stack.wait_for(lambda: len(stack.results_for(wid)) == 1)
+        await stack.settled_pool()
+        assert stack.results_for(wid)[0]["success"] is True
+        assert (await stack.pool_consumer()).num_redelivered == 0  # progress-ACKed, never NAKed
+
+
+async def test_tombstoned_work_is_ack_dropped_before_ipc(nats_server: NatsServer, tmp_path: Path) -> None:
+    async with running_stack(nats_server, tmp_path) as stack:
+        item = work_item()
+        await stack.nc.publish(f"work_cancel.{ROUTER}.{item['request_id']}", b"")
+        await stack.nc.flush()
+        await asyncio.sleep(0.1)
+        await stack.publish(item)
+        other = await stack.publish(work_item())
+        await stack.wait_for(lambda: len(stack.results_for(other)) == 1)
+        await stack.settled_pool()
+        assert stack.results_for(item["work_item_id"]) == []
+        assert stack.adapter.items == 1  # only the other item reached the backend
+
+
+async def test_tombstones_are_namespaced_by_router(nats_server: NatsServer, tmp_path: Path) -> None:
+    async with running_stack(nats_server, tmp_path) as stack:
+        item = work_item()
+        await stack.nc.publish(f"work_cancel.other-router.{item['request_id']}", b"")
+        await stack.nc.flush()
+        await asyncio.sleep(0.1)
+        wid = await stack.publish(item)
+        await stack.wait_for(lambda: len(stack.results_for(wid)) == 1)
+
+
+async def test_bundle_hash_mismatch_is_naked(nats_server: NatsServer, tmp_path: Path) -> None:
+    # A stale hash NAKs its whole model group (§4.2), so it travels under another model here.
+    adapter = NullAdapter(dim=8, preloaded_models=[MODEL, OTHER_MODEL])
+    env = {"SIE_BUNDLE_CONFIG_HASH": "h-current"}
+    async with running_stack(nats_server, tmp_path, adapter=adapter, env=env) as stack:
+        stale = await stack.publish(work_item(model=OTHER_MODEL, bundle_config_hash="h-old"))
+        current = await stack.publish(work_item(bundle_config_hash="h-current"))
+        legacy = await stack.publish(work_item())
+        await stack.wait_for(lambda: len(stack.results_for(current)) == 1 and len(stack.results_for(legacy)) == 1)
+        await redelivered(stack)
+        assert stack.results_for(stale) == []
+        assert stack.results_for(current)[0]["executed_bundle_config_hash"] == "h-current"
+        assert "executed_bundle_config_hash" not in stack.results_for(legacy)[0]
+
+
+async def test_unknown_operation_publishes_bad_operation_and_acks(nats_server: NatsServer, tmp_path: Path) -> None:
+    async with running_stack(nats_server, tmp_path) as stack:
+        wid = await stack.publish(work_item(operation="transmogrify"))
+        await stack.wait_for(lambda: len(stack.results_for(wid)) == 1)
+        await stack.settled_pool()
+        (reply,) = stack.results_for(wid)
+        assert (reply["success"], reply["error_code"], reply["error"]) == (False, "bad_operation", "unknown operation")
+        assert reply["inference_ms"] is None and reply["queue_ms"] is None
+
+
+async def test_permanent_load_failure_publishes_model_load_failed(nats_server: NatsServer, tmp_path: Path) -> None:
+    adapter = NullAdapter(dim=8, failed_models=[MODEL])
+    async with running_stack(nats_server, tmp_path, adapter=adapter) as stack:
+        wid = await stack.publish(work_item())
+        await stack.wait_for(lambda: len(stack.results_for(wid)) == 1)
+        await stack.settled_pool()
+        (reply,) = stack.results_for(wid)
+        assert reply["error_code"] == "MODEL_LOAD_FAILED"
+        assert reply["error"] == f"Model '{MODEL}' failed to load permanently."
+
+
+async def test_retry_later_is_naked(nats_server: NatsServer, tmp_path: Path) -> None:
+    adapter = NullAdapter(dim=8, retry_later_models=[MODEL])
+    async with running_stack(nats_server, tmp_path, adapter=adapter) as stack:
+        await stack.publish(work_item())
+        await redelivered(stack)
+        await asyncio.sleep(3 * NAK_DELAY_S)  # NAKed again on every redelivery, never answered
+        assert stack.replies == []
+        assert stack.adapter.batches == 0
+
+
+async def test_per_item_backend_errors_are_published_and_the_rest_succeeds(
+    nats_server: NatsServer, tmp_path: Path
+) -> None:
+    adapter = NullAdapter(dim=8, preloaded_models=[MODEL], error_every=2)
+    async with running_stack(nats_server, tmp_path, adapter=adapter) as stack:
+        rid = "req-batch"
+        items = [work_item(request_id=rid, item_index=i, total_items=4) for i in range(4)]
+        for it in items:
+            await stack.publish(it)
+        await stack.wait_for(lambda: len(stack.replies) == 4)
+        await stack.settled_pool()
+        codes = sorted((r["success"], r["error_code"]) for r in stack.replies)
+        assert (False, "inference_error") in codes and (True, None) in codes
+
+
+async def test_offloaded_payload_without_a_store_is_a_payload_error(nats_server: NatsServer, tmp_path: Path) -> None:
+    async with running_stack(nats_server, tmp_path) as stack:
+        wid = await stack.publish(work_item(item=None, payload_ref="req_0.bin"))
+        await stack.wait_for(lambda: len(stack.results_for(wid)) == 1)
+        await stack.settled_pool()
+        (reply,) = stack.results_for(wid)
+        assert (reply["error_code"], reply["error"]) == ("payload_error", "failed to resolve item")
+
+
+async def test_score_and_extract_items(nats_server: NatsServer, tmp_path: Path) -> None:
+    async with running_stack(nats_server, tmp_path) as stack:
+        score = await stack.publish(
+            work_item(
+                operation="score",
+                item=None,
+                query_item={"text": "q"},
+                score_items=[{"text": "a", "id": "a"}, {"text": "b", "id": "b"}],
+            )
+        )
+        extract = await stack.publish(work_item(operation="extract", labels=["person"]))
+        await stack.wait_for(lambda: len(stack.results_for(score)) == 1 and len(stack.results_for(extract)) == 1)
+        ranked = msgpack.unpackb(stack.results_for(score)[0]["result_msgpack"])
+        assert sorted(r["item_id"] for r in ranked) == ["a", "b"] and [r["rank"] for r in ranked] == [0, 1]
+        assert stack.results_for(extract)[0]["success"] is True
+
+
+async def test_large_result_is_chunked_or_refused_compactly(nats_server: NatsServer, tmp_path: Path) -> None:
+    adapter = NullAdapter(dim=8, preloaded_models=[MODEL], oversized_bytes=3 * 1024 * 1024)
+    async with running_stack(nats_server, tmp_path, adapter=adapter) as stack:
+        assembler = wire.ResultChunkAssembler()
+        chunked: list[tuple[str, bytes]] = []
+
+        async def on_chunk(msg: object) -> None:
+            decoded = msgpack.unpackb(msg.data)  # type: ignore[attr-defined]
+            if isinstance(decoded, dict) and decoded.get("kind") == "result_chunk_v1":
+                done = assembler.feed(msg.data)  # type: ignore[attr-defined]
+                if done is not None:
+                    chunked.append(done)
+
+        await stack.nc.subscribe(f"_INBOX.{ROUTER}.>", cb=on_chunk)
+        # The null adapter pads the first result of each batch: send the two items one at a time.
+        with_chunks = await stack.publish(work_item())
+        await stack.wait_for(lambda: len(chunked) == 1, timeout=20)
+        without = await stack.publish(work_item(accepts_result_chunks=False))
+        await stack.wait_for(lambda: len(stack.results_for(without)) == 1, timeout=20)
+        await stack.settled_pool()
+        wid, whole = chunked[0]
+        assert wid == with_chunks and msgpack.unpackb(whole)["success"] is True
+        (refused,) = stack.results_for(without)
+        assert refused["error_code"] == "PAYLOAD_TOO_LARGE" and refused["result_msgpack"] == b""
+        assert refused["error"].startswith("Encoded result exceeds the transport limit (")
+
+
+async def test_over_budget_items_are_naked_with_a_short_delay(nats_server: NatsServer, tmp_path: Path) -> None:
+    adapter = NullAdapter(dim=8, preloaded_models=[MODEL], batch_budget=2, batch_delay_s=0.3)
+    async with running_stack(nats_server, tmp_path, adapter=adapter) as stack:
+        ids = [await stack.publish(work_item()) for _ in range(6)]
+        await stack.wait_for(lambda: all(len(stack.results_for(w)) == 1 for w in ids), timeout=20)
+        await stack.settled_pool()
+        assert max(1, stack.adapter.batches) >= 3  # never more than the budget of 2 per batch
+
+
+async def test_every_item_ends_with_one_final_reply_or_stays_in_the_stream(
+    nats_server: NatsServer, tmp_path: Path
+) -> None:
+    """The accounting rule across a mix of settlements: nothing is lost, nothing is answered twice."""
+    adapter = NullAdapter(dim=8, preloaded_models=[MODEL, OTHER_MODEL], error_every=3)
+    async with running_stack(nats_server, tmp_path, adapter=adapter, env={"SIE_BUNDLE_CONFIG_HASH": "h1"}) as stack:
+        answered = [await stack.publish(work_item(text=f"t{i}")) for i in range(30)]
+        answered.append(await stack.publish(work_item(operation="nope")))
+        naked = [await stack.publish(work_item(model=OTHER_MODEL, bundle_config_hash="h0")) for _ in range(3)]
+        dropped = work_item()
+        await stack.nc.publish(f"work_cancel.{ROUTER}.{dropped['request_id']}", b"")
+        await stack.nc.flush()
+        await asyncio.sleep(0.1)
+        await stack.publish(dropped)
+        await stack.wait_for(lambda: len(stack.replies) >= len(answered), timeout=20)
+        await asyncio.sleep(3 * NAK_DELAY_S)
+        for wid in answered:
+            assert len(stack.results_for(wid)) == 1, wid
+        for wid in [*naked, dropped["work_item_id"]]:
+            assert stack.results_for(wid) == []
+        info = await stack.pool_consumer()
+        assert info.num_pending + info.num_ack_pending == len(naked)  # NAKed work waits for redelivery
