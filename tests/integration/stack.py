@@ -84,7 +84,7 @@ class Stack:
     nc: Client
     js: JetStreamContext
     adapter: NullAdapter
-    backend: BackendServer
+    backend: BackendServer | None
     settings: Settings
     stop: asyncio.Event
     task: asyncio.Task[int]
@@ -126,7 +126,8 @@ class Stack:
     async def close(self) -> int:
         self.stop.set()
         code = await asyncio.wait_for(self.task, 30)
-        await self.backend.close()
+        if self.backend is not None:
+            await self.backend.close()
         await self.nc.close()
         return code
 
@@ -137,12 +138,18 @@ async def start_stack(
     *,
     adapter: NullAdapter | None = None,
     env: dict[str, str] | None = None,
+    external_backend: str | None = None,
 ) -> Stack:
-    """Start backend, sidecar and the gateway client; return once the sidecar is running."""
+    """Start backend, sidecar and the gateway client; return once the sidecar is running.
+
+    `external_backend` is the socket of a backend the test runs itself (a subprocess that may crash).
+    """
     adapter = adapter or NullAdapter(dim=8, preloaded_models=[MODEL])
-    sock = str(tmp_path / "backend.sock")
-    backend = BackendServer(adapter, sock, worker_id="backend-0")
-    await backend.start()
+    sock = external_backend or str(tmp_path / "backend.sock")
+    backend: BackendServer | None = None
+    if external_backend is None:
+        backend = BackendServer(adapter, sock, worker_id="backend-0")
+        await backend.start()
     environ = {
         "SIE_NATS_URL": nats_server.url,
         "SIE_POOL": POOL,

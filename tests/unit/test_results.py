@@ -636,9 +636,9 @@ def test_assembler_identical_duplicates(impl: ModuleType) -> None:
 
 
 def test_assembler_accepts_buffers(impl: ModuleType) -> None:
-    assembler = impl.ResultChunkAssembler()
-    assert assembler.feed(memoryview(chunk(impl, payload=b"xy"))) == ("req.0", b"xy")
-    assert assembler.feed(bytearray(chunk(impl, payload=b"xy"))) == ("req.0", b"xy")
+    # One assembler per buffer type: once an item completed, its later chunks are ignored.
+    assert impl.ResultChunkAssembler().feed(memoryview(chunk(impl, payload=b"xy"))) == ("req.0", b"xy")
+    assert impl.ResultChunkAssembler().feed(bytearray(chunk(impl, payload=b"xy"))) == ("req.0", b"xy")
 
 
 def test_assembler_interleaved_items(impl: ModuleType) -> None:
@@ -750,10 +750,14 @@ def test_reject_different_payload_for_received_index(impl: ModuleType) -> None:
     expect_reject(impl, first, other)
 
 
-def test_reject_digest_conflict(impl: ModuleType) -> None:
+def test_new_digest_at_a_nonzero_index_is_a_stale_chunk(impl: ModuleType) -> None:
+    # §9.4: only index 0 of a new digest may replace a transfer; elsewhere it is ignored, not fatal.
     first = chunk(impl, digest=b"\x01" * 32, index=0, count=2, total=6, payload=b"abc")
     second = chunk(impl, digest=b"\x02" * 32, index=1, count=2, total=6, payload=b"def")
-    expect_reject(impl, first, second)
+    assembler = impl.ResultChunkAssembler()
+    assert assembler.feed(first) is None
+    assert assembler.feed(second) is None
+    assert assembler.pending == 1  # the first transfer is still waiting for its index 1
 
 
 def test_reject_count_conflict(impl: ModuleType) -> None:
@@ -859,8 +863,10 @@ def test_state_dropped_after_error_then_fresh_transfer(impl: ModuleType) -> None
     messages = split(impl, b"abcdefgh", 2)
     assembler = impl.ResultChunkAssembler()
     assert assembler.feed(messages[0]) is None
+    conflicting = msgpack.unpackb(messages[0])
+    conflicting["payload"] = b"ABCD"  # same digest and index, other bytes: a real conflict
     with pytest.raises(ChunkProtocolError):
-        assembler.feed(chunk(impl, digest=b"\x05" * 32, index=1, count=2, total=8, payload=b"efgh"))
+        assembler.feed(msgpack.packb(conflicting))
     assert assembler.pending == 0
     # The earlier chunk 0 is gone: chunk 1 alone starts a new, incomplete transfer.
     assert assembler.feed(messages[1]) is None
@@ -899,3 +905,55 @@ def test_assembler_any_order_with_duplicates(
         assert assembler.feed(message) is None
     assert assembler.feed(last) == ("req.0", data)
     assert assembler.pending == 0
+
+
+# --- §9.4 retry handling: a redelivered item is chunked again with a new digest -------------------
+
+
+def _chunks(impl: ModuleType, whole: bytes, n: int) -> list[bytes]:
+    import hashlib
+
+    digest = hashlib.sha256(whole).digest()
+    total = len(whole)
+    return [
+        impl.encode_result_chunk("rr.0", "rr", 0, digest, i, n, total, whole[total * i // n : total * (i + 1) // n])
+        for i in range(n)
+    ]
+
+
+def test_retry_with_a_new_digest_replaces_the_transfer_at_index_zero(impl: ModuleType) -> None:
+    first = _chunks(impl, b"first attempt " * 20, 3)
+    second = _chunks(impl, b"second attempt, other bytes " * 20, 4)
+    asm = impl.ResultChunkAssembler()
+    assert asm.feed(first[0]) is None and asm.feed(first[1]) is None  # the first attempt broke off
+    assert asm.feed(second[2]) is None  # a new digest at index 2: stale until index 0 arrives
+    assert asm.feed(second[0]) is None  # index 0 of the new digest replaces the transfer
+    assert asm.feed(first[2]) is None  # the retired digest is ignored, not an error
+    assert asm.feed(second[1]) is None and asm.feed(second[2]) is None
+    assert asm.feed(second[3]) == ("rr.0", b"second attempt, other bytes " * 20)
+    assert asm.pending == 0
+
+
+def test_chunks_after_completion_are_ignored(impl: ModuleType) -> None:
+    whole = b"payload " * 30
+    asm = impl.ResultChunkAssembler()
+    done = [asm.feed(c) for c in _chunks(impl, whole, 2)]
+    assert done[-1] == ("rr.0", whole)
+    assert all(asm.feed(c) is None for c in _chunks(impl, b"late retry " * 30, 2))
+    assert asm.pending == 0
+
+
+def test_same_digest_new_layout_restarts_at_index_zero_and_conflicts_elsewhere(impl: ModuleType) -> None:
+    whole = b"0123456789" * 10
+    two, four = _chunks(impl, whole, 2), _chunks(impl, whole, 4)
+    asm = impl.ResultChunkAssembler()
+    assert asm.feed(two[0]) is None
+    assert asm.feed(four[0]) is None  # same digest, new layout at index 0: restart
+    assert asm.feed(two[1]) is None  # the retired layout is ignored
+    for chunk in four[1:3]:
+        assert asm.feed(chunk) is None
+    assert asm.feed(four[3]) == ("rr.0", whole)
+    fresh = impl.ResultChunkAssembler()
+    assert fresh.feed(two[0]) is None
+    with pytest.raises(ChunkProtocolError):
+        fresh.feed(four[1])  # a new layout at a non-zero index is a conflict

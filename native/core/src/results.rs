@@ -294,6 +294,10 @@ pub fn parse_result_chunk(
     })
 }
 
+/// Digests and layouts remembered per item, and completed items remembered per assembler.
+pub const RETIRED_PER_ITEM: usize = 8;
+pub const COMPLETED_REMEMBERED: usize = 65_536;
+
 struct Pending {
     digest: [u8; DIGEST_LEN],
     count: u64,
@@ -301,12 +305,63 @@ struct Pending {
     parts: Vec<Option<Vec<u8>>>,
     received: u64,
     bytes: u64,
+    retired_digests: std::collections::VecDeque<[u8; DIGEST_LEN]>,
+    retired_layouts: std::collections::VecDeque<(u64, u64)>,
 }
 
-/// Gateway-side reassembly of ResultChunkV1 transfers, keyed by work item.
+impl Pending {
+    fn new(c: &ResultChunk<'_>) -> Self {
+        let mut p = Pending {
+            digest: [0; DIGEST_LEN],
+            count: 0,
+            total: 0,
+            parts: Vec::new(),
+            received: 0,
+            bytes: 0,
+            retired_digests: std::collections::VecDeque::new(),
+            retired_layouts: std::collections::VecDeque::new(),
+        };
+        p.start(c);
+        p
+    }
+
+    /// Begin (or restart) the transfer with this chunk's digest and layout, no parts yet.
+    fn start(&mut self, c: &ResultChunk<'_>) {
+        self.digest.copy_from_slice(c.transfer_digest);
+        self.count = c.chunk_count;
+        self.total = c.total_bytes;
+        self.parts = vec![None; c.chunk_count as usize];
+        self.received = 0;
+        self.bytes = 0;
+    }
+
+    fn retire_digest(&mut self) {
+        if self.retired_digests.len() == RETIRED_PER_ITEM {
+            self.retired_digests.pop_front();
+        }
+        self.retired_digests.push_back(self.digest);
+    }
+
+    fn retire_layout(&mut self) {
+        if self.retired_layouts.len() == RETIRED_PER_ITEM {
+            self.retired_layouts.pop_front();
+        }
+        self.retired_layouts.push_back((self.count, self.total));
+    }
+}
+
+/// Gateway-side reassembly of ResultChunkV1 transfers, keyed by work item (wire-protocol §9.4).
+///
+/// Out-of-order and byte-identical duplicate chunks are accepted. A redelivered item is chunked
+/// again with a new digest: a chunk with a new digest replaces the active transfer only at
+/// index 0 and when that digest is not retired; otherwise it is stale and ignored. The same digest
+/// with another layout restarts at index 0, a retired layout is ignored, and anything else is a
+/// conflict. Once an item completed, later chunks for it are ignored (the first result wins).
 pub struct ResultAssembler {
     max_total: u64,
     pending: HashMap<String, Pending>,
+    completed: std::collections::HashSet<String>,
+    completed_order: std::collections::VecDeque<String>,
 }
 
 impl ResultAssembler {
@@ -314,6 +369,8 @@ impl ResultAssembler {
         Self {
             max_total,
             pending: HashMap::new(),
+            completed: std::collections::HashSet::new(),
+            completed_order: std::collections::VecDeque::new(),
         }
     }
 
@@ -329,14 +386,31 @@ impl ResultAssembler {
         hasher: impl FnOnce() -> Result<H, String>,
     ) -> Result<Option<(String, Vec<u8>)>, ResultChunkError> {
         let c = parse_result_chunk(envelope, self.max_total)?;
+        if self.completed.contains(c.work_item_id) {
+            return Ok(None);
+        }
         let key = c.work_item_id.to_owned();
         match self.accept(&c, hasher) {
-            Ok(done) => Ok(done),
+            Ok(Some(done)) => {
+                self.remember_completed(key);
+                Ok(Some(done))
+            }
+            Ok(None) => Ok(None),
             Err(e) => {
                 self.pending.remove(&key);
                 Err(e)
             }
         }
+    }
+
+    fn remember_completed(&mut self, key: String) {
+        if self.completed_order.len() == COMPLETED_REMEMBERED {
+            if let Some(old) = self.completed_order.pop_front() {
+                self.completed.remove(&old);
+            }
+        }
+        self.completed.insert(key.clone());
+        self.completed_order.push_back(key);
     }
 
     fn accept<H: Sha256Sink>(
@@ -347,20 +421,23 @@ impl ResultAssembler {
         let p = self
             .pending
             .entry(c.work_item_id.to_owned())
-            .or_insert_with(|| {
-                let mut digest = [0u8; DIGEST_LEN];
-                digest.copy_from_slice(c.transfer_digest);
-                Pending {
-                    digest,
-                    count: c.chunk_count,
-                    total: c.total_bytes,
-                    parts: vec![None; c.chunk_count as usize],
-                    received: 0,
-                    bytes: 0,
-                }
-            });
-        if p.digest != c.transfer_digest || p.count != c.chunk_count || p.total != c.total_bytes {
-            return reject("result chunk metadata conflicts with the transfer in progress");
+            .or_insert_with(|| Pending::new(c));
+        if p.digest != c.transfer_digest {
+            let retired = p.retired_digests.iter().any(|d| d == c.transfer_digest);
+            if c.chunk_index != 0 || retired {
+                return Ok(None); // a stale chunk of an older attempt
+            }
+            p.retire_digest();
+            p.start(c);
+        } else if p.count != c.chunk_count || p.total != c.total_bytes {
+            if p.retired_layouts.contains(&(c.chunk_count, c.total_bytes)) {
+                return Ok(None);
+            }
+            if c.chunk_index != 0 {
+                return reject("result chunk metadata conflicts with the transfer in progress");
+            }
+            p.retire_layout();
+            p.start(c);
         }
         let slot = &mut p.parts[c.chunk_index as usize];
         match slot {

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+from collections import OrderedDict, deque
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -36,6 +37,9 @@ from .outputs import (
 )
 
 _U32_MAX = 0xFFFF_FFFF
+RETIRED_PER_ITEM = 8  # digests and layouts remembered per item (§9.2)
+COMPLETED_REMEMBERED = 65_536  # completed items whose late chunks are ignored
+
 _NIL = b"\xc0"
 _TRUE = b"\xc3"
 _FALSE = b"\xc2"
@@ -291,6 +295,14 @@ class _Transfer:
     total: int
     received: int = 0
     chunks: dict[int, bytes] = field(default_factory=dict)
+    retired_digests: deque[bytes] = field(default_factory=lambda: deque(maxlen=RETIRED_PER_ITEM))
+    retired_layouts: deque[tuple[int, int]] = field(default_factory=lambda: deque(maxlen=RETIRED_PER_ITEM))
+
+    def restart(self, digest: bytes, count: int, total: int) -> None:
+        """Begin again with another attempt's digest or layout, no chunks yet."""
+        self.digest, self.count, self.total = digest, count, total
+        self.received = 0
+        self.chunks = {}
 
 
 def _field(envelope: dict[Any, Any], key: str, kind: type | tuple[type, ...]) -> Any:
@@ -306,14 +318,19 @@ class ResultChunkAssembler:
     """Gateway-side ResultChunkV1 reassembly (§9.4), keyed by work_item_id.
 
     For tests and the load generator. Out-of-order and byte-identical duplicate chunks are
-    accepted; every other irregularity raises ChunkProtocolError and drops that item's state.
+    accepted. A redelivered item comes back with a new digest: a new digest replaces the active
+    transfer only at index 0 and when it is not retired, else the chunk is stale and ignored; the
+    same digest with another layout restarts at index 0 (a retired layout is ignored). Chunks of an
+    item that already completed are ignored (the first result wins). Every other irregularity
+    raises ChunkProtocolError and drops that item's state.
     """
 
-    __slots__ = ("_max_total", "_transfers")
+    __slots__ = ("_completed", "_max_total", "_transfers")
 
     def __init__(self, max_total: int = MAX_CHUNKED_RESULT) -> None:
         self._max_total = max_total
         self._transfers: dict[str, _Transfer] = {}
+        self._completed: OrderedDict[str, None] = OrderedDict()
 
     @property
     def pending(self) -> int:
@@ -364,12 +381,24 @@ class ResultChunkAssembler:
         if len(payload) > total:
             raise ChunkProtocolError("result chunk: payload longer than total_bytes")
 
+        if work_item_id in self._completed:
+            return None
         transfer = self._transfers.get(work_item_id)
         if transfer is None:
             transfer = _Transfer(digest=digest, count=chunk_count, total=total)
             self._transfers[work_item_id] = transfer
-        elif transfer.digest != digest or transfer.count != chunk_count or transfer.total != total:
-            raise ChunkProtocolError("result chunk: metadata conflicts with earlier chunks")
+        elif transfer.digest != digest:
+            if chunk_index != 0 or digest in transfer.retired_digests:
+                return None  # a stale chunk of an older attempt
+            transfer.retired_digests.append(transfer.digest)
+            transfer.restart(digest, chunk_count, total)
+        elif transfer.count != chunk_count or transfer.total != total:
+            if (chunk_count, total) in transfer.retired_layouts:
+                return None
+            if chunk_index != 0:
+                raise ChunkProtocolError("result chunk: metadata conflicts with earlier chunks")
+            transfer.retired_layouts.append((transfer.count, transfer.total))
+            transfer.restart(digest, chunk_count, total)
 
         seen = transfer.chunks.get(chunk_index)
         if seen is not None:
@@ -389,6 +418,9 @@ class ResultChunkAssembler:
         if hashlib.sha256(assembled).digest() != transfer.digest:
             raise ChunkProtocolError("result chunk: transfer digest mismatch")
         del self._transfers[work_item_id]
+        self._completed[work_item_id] = None
+        if len(self._completed) > COMPLETED_REMEMBERED:
+            self._completed.popitem(last=False)
         return work_item_id, assembled
 
 

