@@ -291,7 +291,24 @@ async def run(settings: Settings, *, stop: asyncio.Event | None = None, started:
     await nc.close()
     if probes is not None:
         await probes.cleanup()
-    log.info("stopped", extra={"settle": settler.counts.__repr__()})
+    counts = settler.counts
+    log.info(
+        "stopped",
+        extra={
+            "batch_sizes": dispatcher.batch_summary(),
+            "settled": {
+                "acked": counts.acked,
+                "dropped": counts.dropped,
+                "naked": counts.naked,
+                "left_unacked": counts.left_unacked,
+            },
+            "published": {
+                "single": publisher.stats.single,
+                "chunked": publisher.stats.chunked,
+                "compact_error": publisher.stats.compact_error,
+            },
+        },
+    )
     return 0
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import shutil
 import signal
@@ -74,16 +75,15 @@ class Processes:
         self._procs.append((name, proc))
         return proc
 
-    def stop_all(self, grace_s: float = 15.0) -> None:
+    def stop_all(self, grace_s: float = 20.0) -> None:
+        """SIGTERM each process in reverse start order and wait for it (SIGKILL after the grace),
+        so the sidecar drains while NATS and the backend are still there."""
         for _, proc in reversed(self._procs):
             if proc.poll() is None:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(proc.pid, signal.SIGTERM)
-        deadline = time.monotonic() + grace_s
-        for _, proc in reversed(self._procs):
-            remaining = max(0.1, deadline - time.monotonic())
             try:
-                proc.wait(timeout=remaining)
+                proc.wait(timeout=grace_s)
             except subprocess.TimeoutExpired:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(proc.pid, signal.SIGKILL)
@@ -186,6 +186,22 @@ async def _similarities(url: str) -> list[tuple[str, str, float]]:
     return out
 
 
+def sidecar_summary(log_path: Path) -> dict[str, Any] | None:
+    """The sidecar's `stopped` log line (batch sizes and settlements), if it wrote one."""
+    try:
+        lines = log_path.read_text(errors="replace").splitlines()
+    except OSError:
+        return None
+    for line in reversed(lines):
+        try:
+            entry = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(entry, dict) and entry.get("msg") == "stopped":
+            return entry
+    return None
+
+
 def run_demo(*, adapter: str = "minilm", items: int | None = None) -> int:
     """Run the demo; returns a process exit code (0 when nothing was lost)."""
     from .loadgen import LoadConfig, generate_load
@@ -193,17 +209,26 @@ def run_demo(*, adapter: str = "minilm", items: int | None = None) -> int:
     count = items if items is not None else (2_000 if adapter == "minilm" else 50_000)
     model = MODEL if adapter == "minilm" else "null/vectors"
     print(f"sie-sidecar demo: nats-server + {adapter} backend + sidecar + load generator ({count:,} items)")
-    with tempfile.TemporaryDirectory(prefix="sie-demo-") as tmp, pipeline(adapter, Path(tmp)) as (url, _env):
-        config = LoadConfig(
-            nats_url=url, pool="default", machine_profile="cpu", bundle="default", model=model, items=count
-        )
-        summary = asyncio.run(generate_load(config, progress=True))
-        print(summary.format())
-        if adapter == "minilm":
-            print("\nCosine similarities through the pipeline:")
-            for a, b, sim in asyncio.run(_similarities(url)):
-                print(f"  {sim:6.3f}  {a!r} ~ {b!r}")
-        lost = summary.lost
+    with tempfile.TemporaryDirectory(prefix="sie-demo-") as tmp:
+        with pipeline(adapter, Path(tmp)) as (url, _env):
+            config = LoadConfig(
+                nats_url=url, pool="default", machine_profile="cpu", bundle="default", model=model, items=count
+            )
+            summary = asyncio.run(generate_load(config, progress=True))
+            print(summary.format())
+            if adapter == "minilm":
+                print("\nCosine similarities through the pipeline:")
+                for a, b, sim in asyncio.run(_similarities(url)):
+                    print(f"  {sim:6.3f}  {a!r} ~ {b!r}")
+            lost = summary.lost
+        stopped = sidecar_summary(Path(tmp) / "sidecar.log")  # written once the sidecar has drained
+        if stopped is not None:
+            sizes, settled = stopped.get("batch_sizes", {}), stopped.get("settled", {})
+            print(
+                f"\nSidecar: {sizes.get('batches', 0):,} backend batches, items per batch mean {sizes.get('mean', 0)}"
+                f", p50 {sizes.get('p50', 0):.0f}, max {sizes.get('max', 0):.0f}; acked {settled.get('acked', 0):,}"
+                f", NAKed {settled.get('naked', 0):,}, dropped {settled.get('dropped', 0):,}"
+            )
     print("\nAll processes stopped." if lost == 0 else f"\n{lost} items were lost.")
     return 0 if lost == 0 else 1
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import defaultdict, deque
+from collections import Counter, defaultdict, deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -94,6 +94,8 @@ class Dispatcher:
         self._shutdown = shutdown or asyncio.Event()
         self._group_slots = asyncio.Semaphore(max(1, settings.max_concurrent_batches))
         self._descriptors: dict[str, Any] = {}
+        #: Items per backend batch call, for the shutdown summary and the demo.
+        self.batch_sizes: Counter[int] = Counter()
 
     @property
     def config(self) -> ConfigState:
@@ -270,7 +272,20 @@ class Dispatcher:
             log.warning("batch RPC failed", extra={"model": model, "error": repr(exc)})
             await self._nak_all(ds, base)
             return
+        self.batch_sizes[len(items)] += 1
         await self._apply_outcomes(ds, outcome)
+
+    def batch_summary(self) -> dict[str, float]:
+        """Count, mean, p50 and max of the items per backend batch so far."""
+        sizes = sorted(self.batch_sizes.elements())
+        if not sizes:
+            return {"batches": 0, "mean": 0.0, "p50": 0.0, "max": 0.0}
+        return {
+            "batches": len(sizes),
+            "mean": round(sum(sizes) / len(sizes), 2),
+            "p50": float(sizes[len(sizes) // 2]),
+            "max": float(sizes[-1]),
+        }
 
     async def _resolve_payloads(self, ds: list[Delivery]) -> list[Delivery]:
         """Offloaded payloads need a payload store (issue 4); without one every read is refused."""
