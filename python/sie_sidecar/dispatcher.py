@@ -249,8 +249,9 @@ class Dispatcher:
 
     async def _run_batch(self, model: str, op: str, lora: str, ds: list[Delivery], supports_run_batch: bool) -> None:
         base = self._s.nak_delay_ms
+        ds = await self._drop_cancelled(ds)  # before_payload_fetch
         ds = await self._resolve_payloads(ds)
-        ds = await self._drop_cancelled(ds)
+        ds = await self._drop_cancelled(ds)  # after_payload_fetch and before_ipc
         if not ds:
             return
         # The config barrier, right before execution: any non-empty hash must still be current.

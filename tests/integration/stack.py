@@ -97,6 +97,13 @@ class Stack:
         await self.js.publish(subject, data if data is not None else msgpack.packb(item, use_bin_type=True))
         return str(item.get("work_item_id", ""))
 
+    async def cancel(self, subject: str) -> None:
+        """Publish a cancel on NATS Core and wait until the sidecar has certainly seen it: a probe
+        item published after it is answered only once the cancel, delivered first, was handled."""
+        await self.nc.publish(subject, b"")
+        probe = await self.publish(work_item(text="probe"))
+        await self.wait_for(lambda: len(self.results_for(probe)) == 1)
+
     def results_for(self, work_item_id: str) -> list[dict[str, Any]]:
         return [r for r in self.replies if r.get("work_item_id") == work_item_id]
 
