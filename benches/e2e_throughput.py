@@ -620,7 +620,7 @@ def summarize_profile(raw_path: Path, top: int = 20) -> dict[str, Any]:
 
     return {
         "samples": total,
-        "buckets_pct": share(buckets, len(PROFILE_BUCKETS) + 2),
+        "buckets_pct": share(buckets, len(PROFILE_BUCKETS) + 3),
         "self_pct": share(own, top),
         "inclusive_pct": share(inclusive, top),
     }
@@ -633,7 +633,7 @@ def _bucket(frames: list[str]) -> str:
         for label, needles in PROFILE_BUCKETS:
             if any(needle in frame for needle in needles):
                 return label
-    return "other"
+    return "asyncio event-loop machinery" if "asyncio/" in frames[-1] else "other"
 
 
 def _short_frame(frame: str) -> str:
@@ -760,7 +760,9 @@ async def run_bench(args: argparse.Namespace, procs: Processes) -> dict[str, Any
     profile: dict[str, Any] | None = None
     if args.py_spy:
         out = Path(args.keep_logs or tempfile.mkdtemp(prefix="sie-e2e-profile-"))
-        py_spy = [args.py_spy, "record", "--idle", "--function", "--rate", "200", "--format", "raw", "-o", "{profile}"]
+        # --nonblocking: pausing the process per sample slowed it and piled samples onto socket writes.
+        py_spy = [args.py_spy, "record", "--nonblocking", "--idle", "--function", "--rate", "200"]
+        py_spy += ["--format", "raw", "-o", "{profile}"]
         run = await throughput_round(procs, "sidecar", 0, args, py_spy=py_spy, logs_to=out)
         print(f"profiled sidecar round: {run.items_per_s:,.0f} items/s under py-spy (not in the medians)")
         if run.profile:

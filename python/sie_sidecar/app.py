@@ -177,6 +177,9 @@ async def run(settings: Settings, *, stop: asyncio.Event | None = None, started:
         await nc.subscribe("work_cancel.>", cb=on_work_cancel),
         await nc.subscribe("batch_cancel.>", cb=on_batch_cancel),
     ]
+    # A SUB only sits in the client's buffer until flushed: make sure the server has the cancel
+    # subscriptions before the first pull, or a cancel sent at start-up would go unseen (§2.1 order).
+    await nc.flush()
 
     background: list[asyncio.Task[Any]] = []
     hb_stop = asyncio.Event()

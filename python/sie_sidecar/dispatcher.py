@@ -32,6 +32,9 @@ OVERFLOW_NAK_MS = 100
 DRAINING_NAK_MS = 100
 SHUTDOWN_NAK_MS = 100
 LOADING_RECHECK_CAP_MS = 15_000
+#: How long a `ready` answer is reused for later groups of the same model. Any IPC failure or
+#: `nak_retry` outcome forgets it, so a backend that unloaded the model is asked again at once.
+READY_CACHE_S = 1.0
 KNOWN_OPS = ("encode", "score", "extract")
 
 
@@ -96,6 +99,8 @@ class Dispatcher:
         self._descriptors: dict[str, Any] = {}
         #: Items per backend batch call, for the shutdown summary and the demo.
         self.batch_sizes: Counter[int] = Counter()
+        #: model → (when, ready response): saves an EnsureModelReady round trip per batch at load.
+        self._ready_cache: dict[str, tuple[float, ReadyResponse]] = {}
 
     @property
     def config(self) -> ConfigState:
@@ -215,6 +220,9 @@ class Dispatcher:
             ds[:] = live
             if not ds:
                 return None
+            cached = self._ready_cache.get(model)
+            if cached is not None and time.monotonic() - cached[0] < READY_CACHE_S:
+                return cached[1]
             try:
                 ready = await self._backend.ensure_model_ready(model)
             except Exception as exc:  # any IPC failure (transport, timeout, server, decode): NAK the group
@@ -224,6 +232,7 @@ class Dispatcher:
             if ready.state == "ready":
                 if ready.descriptor is not None:
                     self._descriptors[model] = ready.descriptor
+                self._ready_cache[model] = (time.monotonic(), ready)
                 return ready
             if ready.state == "failed":
                 await self._publish_errors(
@@ -265,11 +274,13 @@ class Dispatcher:
             else:
                 outcome = await self._backend.process_batch(PER_OP_METHOD[op], per_op_body(model, op, items))
         except IpcServerError as exc:
+            self._ready_cache.pop(model, None)
             delay = DRAINING_NAK_MS if exc.message == "draining" else base
             log.warning("batch RPC refused", extra={"model": model, "error": exc.message})
             await self._nak_all(ds, delay)
             return
         except Exception as exc:  # transport, timeout, decode: the whole batch goes back
+            self._ready_cache.pop(model, None)
             log.warning("batch RPC failed", extra={"model": model, "error": repr(exc)})
             await self._nak_all(ds, base)
             return
@@ -318,6 +329,7 @@ class Dispatcher:
             d = queue.popleft()
             assert d.item is not None
             if o.disposition == "nak_retry":
+                self._ready_cache.pop(d.model, None)  # e.g. the model was unloaded mid-batch
                 await self._settler.nak(d, o.nak_delay_ms if o.nak_delay_ms is not None else base)
                 continue
             result = outcome_result(

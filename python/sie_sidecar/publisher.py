@@ -1,6 +1,14 @@
 # SPDX-License-Identifier: Apache-2.0
 """Reply publication (sidecar-behaviour §6): one plan per WorkResult, publish a whole batch, then
-one flush as the broker barrier before anything is ACKed."""
+one flush before anything is ACKed.
+
+What the flush proves, exactly: nats-py 2.16 writes the flush PING straight to the transport, so
+it can overtake PUBs still in the client's pending buffer, and its PONG alone does not show that
+every reply reached the server. The ACKs that follow are queued behind those PUBs on the same
+connection, so the server never sees an ACK before its reply; if the connection drops, both are
+lost together and JetStream redelivers. Delivery is therefore at least once, as required. What
+the flush does add is the early detection of a dead connection (no PONG: nothing is ACKed).
+"""
 
 from __future__ import annotations
 
