@@ -46,7 +46,6 @@ import msgpack
 import nats
 from nats.aio.client import Client
 from nats.aio.msg import Msg
-from nats.js.api import StorageType
 
 from sie_sidecar import wire
 from sie_sidecar.config import Settings
@@ -253,18 +252,8 @@ async def start_environment(procs: Processes, workdir: Path, sidecar_env: dict[s
 
 
 def topology_spec(settings: Settings) -> TopologySpec:
-    """Mirrors `sie_sidecar.app.run` (and `naive_loop.topology_spec`): the stream the consumers will find."""
-    return TopologySpec(
-        pool=settings.pool,
-        machine_profile=settings.machine_profile,
-        bundle=settings.bundle,
-        worker_id=settings.worker_id,
-        stream_max_age_s=settings.stream_max_age_s,
-        max_deliver=settings.max_deliver,
-        max_ack_pending=settings.max_ack_pending,
-        conservative_cleanup=settings.nats_conservative_cleanup,
-        storage=StorageType.FILE if settings.stream_storage == "file" else StorageType.MEMORY,
-    )
+    """The topology `sie-sidecar run` ensures for these settings: both consumers find the same one."""
+    return TopologySpec.from_settings(settings)
 
 
 def start_consumer(procs: Processes, env: Environment, contender: str, *, py_spy: list[str] | None = None) -> Child:

@@ -21,7 +21,6 @@ import sys
 
 import nats
 from nats.errors import TimeoutError as NatsTimeoutError
-from nats.js.api import StorageType
 
 from sie_sidecar import wire
 from sie_sidecar.batches import run_batch_body
@@ -36,18 +35,8 @@ FETCH_TIMEOUT_S = 5.0
 
 
 def topology_spec(settings: Settings) -> TopologySpec:
-    """The spec `sie_sidecar.app.run` builds from the same settings, so both consumers see one topology."""
-    return TopologySpec(
-        pool=settings.pool,
-        machine_profile=settings.machine_profile,
-        bundle=settings.bundle,
-        worker_id=settings.worker_id,
-        stream_max_age_s=settings.stream_max_age_s,
-        max_deliver=settings.max_deliver,
-        max_ack_pending=settings.max_ack_pending,
-        conservative_cleanup=settings.nats_conservative_cleanup,
-        storage=StorageType.FILE if settings.stream_storage == "file" else StorageType.MEMORY,
-    )
+    """The topology `sie-sidecar run` ensures for these settings: both consumers find the same one."""
+    return TopologySpec.from_settings(settings)
 
 
 async def run(settings: Settings) -> int:

@@ -14,7 +14,6 @@ from typing import Any
 import nats
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
-from nats.js.api import StorageType
 
 from . import wire
 from .config import Settings
@@ -143,17 +142,7 @@ async def run(settings: Settings, *, stop: asyncio.Event | None = None, started:
         name=f"sie-sidecar {settings.worker_id}",
     )
     js = nc.jetstream()
-    spec = TopologySpec(
-        pool=settings.pool,
-        machine_profile=settings.machine_profile,
-        bundle=settings.bundle,
-        worker_id=settings.worker_id,
-        stream_max_age_s=settings.stream_max_age_s,
-        max_deliver=settings.max_deliver,
-        max_ack_pending=settings.max_ack_pending,
-        conservative_cleanup=settings.nats_conservative_cleanup,
-        storage=StorageType.FILE if settings.stream_storage == "file" else StorageType.MEMORY,
-    )
+    spec = TopologySpec.from_settings(settings)
     await ensure_topology(js, spec)  # failure is fatal (§2.1)
 
     config = ConfigState(settings.bundle_config_hash)

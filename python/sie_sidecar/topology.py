@@ -12,12 +12,16 @@ import asyncio
 import contextlib
 import logging
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from nats.js import JetStreamContext
 from nats.js import api as js_api
 from nats.js.errors import APIError, NotFoundError
 
 from . import wire
+
+if TYPE_CHECKING:
+    from .config import Settings
 
 logger = logging.getLogger(__name__)
 
@@ -42,6 +46,21 @@ class TopologySpec:
     conservative_cleanup: bool = False
     # v0.7.1 always uses memory storage; file storage (SIE_STREAM_STORAGE, newer) is never changed in place.
     storage: js_api.StorageType = js_api.StorageType.MEMORY
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> TopologySpec:
+        """The topology `sie-sidecar run` ensures for these settings (benchmarks reuse it)."""
+        return cls(
+            pool=settings.pool,
+            machine_profile=settings.machine_profile,
+            bundle=settings.bundle,
+            worker_id=settings.worker_id,
+            stream_max_age_s=settings.stream_max_age_s,
+            max_deliver=settings.max_deliver,
+            max_ack_pending=settings.max_ack_pending,
+            conservative_cleanup=settings.nats_conservative_cleanup,
+            storage=js_api.StorageType.FILE if settings.stream_storage == "file" else js_api.StorageType.MEMORY,
+        )
 
     @property
     def pool_stream(self) -> str:
