@@ -21,6 +21,7 @@ from .delivery import Settler
 from .dispatcher import ConfigState, Dispatcher, DispatchSettings
 from .health import HealthIdentity, Readiness, health_payload, heartbeat, start_probes
 from .ipc_client import IpcClient
+from .outbound import FramedWriter
 from .publisher import Publisher
 from .pull import PullConsumer
 from .topology import TopologySpec, ensure_topology, reconcile_forever
@@ -146,7 +147,7 @@ async def run(settings: Settings, *, stop: asyncio.Event | None = None, started:
     await ensure_topology(js, spec)  # failure is fatal (§2.1)
 
     config = ConfigState(settings.bundle_config_hash)
-    settler = Settler()
+    settler = Settler(FramedWriter(nc))
     publisher = Publisher(nc)
     dispatcher = Dispatcher(
         DispatchSettings(

@@ -4,10 +4,11 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from .outbound import FramedWriter
 from .workitem import WorkItem
 
 log = logging.getLogger(__name__)
@@ -61,8 +62,9 @@ class Settler:
     un-ACKed message after ack_wait, which is the safe outcome.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, writer: FramedWriter | None = None) -> None:
         self.counts = SettleCounts()
+        self._writer = writer
 
     def _finish(self, d: Delivery) -> bool:
         if d.settled:
@@ -78,6 +80,20 @@ class Settler:
         if self._finish(d):
             self.counts.acked += 1
             await self._call(d, d.msg.ack())
+
+    async def ack_many(self, ds: Sequence[Delivery]) -> None:
+        """ACK a batch of deliveries with one framed write (one `ack` each without a writer)."""
+        if self._writer is None:
+            for d in ds:
+                await self.ack(d)
+            return
+        subjects = [d.msg.reply for d in ds if self._finish(d)]
+        self.counts.acked += len(subjects)
+        try:
+            await self._writer.ack_many(subjects)
+        except Exception as exc:  # logged and ignored, per §4: un-ACKed work is redelivered
+            self.counts.settle_errors += len(subjects)
+            log.warning("batch ack failed", extra={"acks": len(subjects), "error": repr(exc)})
 
     async def drop(self, d: Delivery) -> None:
         """ACK-drop: nothing is published (cancelled work, unsafe reply subject)."""

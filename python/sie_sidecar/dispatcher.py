@@ -378,13 +378,15 @@ class Dispatcher:
             if d.item is not None
         ]
         sent = await self._publisher.publish_batch(replies)
+        published = []
         for (d, _), ok in zip(results, sent, strict=True):
             if ok:
-                await self._settler.ack(d)
+                published.append(d)
             elif nak_on_failure:
                 await self._settler.nak(d, self._s.nak_delay_ms)
             else:
                 self._settler.leave(d)
+        await self._settler.ack_many(published)  # after the flush, in one framed write
 
     async def _nak_all(self, ds: Iterable[Delivery], delay_ms: int) -> None:
         for d in ds:

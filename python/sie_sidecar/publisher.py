@@ -18,6 +18,7 @@ from typing import Protocol
 
 from . import wire
 from .errors import PayloadTooLarge
+from .outbound import FramedWriter
 from .types import WorkResult
 
 log = logging.getLogger(__name__)
@@ -61,6 +62,7 @@ class Publisher:
 
     def __init__(self, nc: NatsPublisher, *, flush_timeout_s: float = FLUSH_TIMEOUT_S) -> None:
         self._nc = nc
+        self._writer = FramedWriter(nc)
         self._flush_timeout_s = flush_timeout_s
         self.stats = PublishStats()
 
@@ -72,8 +74,9 @@ class Publisher:
         caller leaves that message un-ACKed so JetStream redelivers it.
         """
         ok = [False] * len(replies)
-        sent_any = False
         max_payload = self._nc.max_payload
+        queued: list[tuple[str, bytes]] = []
+        planned: list[tuple[int, str, int]] = []  # (reply index, mode, messages) of what is in `queued`
         for i, reply in enumerate(replies):
             if not reply.subject.strip():
                 ok[i] = True
@@ -89,20 +92,22 @@ class Publisher:
                     extra={"item": reply.result.work_item_id, "error": str(exc)},
                 )
                 continue
-            try:
-                for message in plan.messages:
-                    await self._nc.publish(reply.subject, message)
-            except Exception as exc:  # nats-py raises its own and OS errors; either way: not published
-                self.stats.publish_error += 1
-                log.warning("reply publish failed", extra={"item": reply.result.work_item_id, "error": repr(exc)})
-                continue
-            sent_any = True
+            queued.extend((reply.subject, message) for message in plan.messages)
+            planned.append((i, plan.mode, len(plan.messages)))
+        sent_any = bool(planned)
+        try:
+            await self._writer.publish_many(queued)  # one framed write for the whole batch
+        except Exception as exc:  # nats-py raises its own and OS errors; either way: not published
+            self.stats.publish_error += len(planned)
+            log.warning("reply publish failed", extra={"replies": len(planned), "error": repr(exc)})
+            return ok
+        for i, mode, messages in planned:
             ok[i] = True
-            if plan.mode == "single":
+            if mode == "single":
                 self.stats.single += 1
-            elif plan.mode == "chunked":
+            elif mode == "chunked":
                 self.stats.chunked += 1
-                self.stats.chunks += len(plan.messages)
+                self.stats.chunks += messages
             else:
                 self.stats.compact_error += 1
         if sent_any:

@@ -1,0 +1,84 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Many PUBs as one write: the batch-framed outbound path of shared/design/nats-hot-path.md.
+
+nats-py's public `publish` handles one message per call (header building, buffer checks, a flusher
+wake-up each time). A batch of replies and ACKs is framed here into one command buffer and handed to
+the client's pending buffer in a single call, keeping their order on the wire (each reply before
+its message's ACK).
+
+This leans on four nats-py internals: `_send_command`, `_flush_pending`, `_pending_data_size` and
+`_max_pending_size` (nats-py is pinned below 3). `FramedWriter.supported()` checks they exist, and
+tests/integration/test_outbound.py fails if their behaviour changes; without them the writer falls
+back to the public per-message `publish`.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+from nats import errors as nats_errors
+
+log = logging.getLogger(__name__)
+
+_INTERNALS = ("_send_command", "_flush_pending", "_pending_data_size", "_max_pending_size")
+ACK = b"+ACK"
+
+
+def frame_pubs(messages: Sequence[tuple[str, bytes]]) -> bytes:
+    """`PUB <subject> <size>\\r\\n<payload>\\r\\n` for every message, back to back."""
+    parts: list[bytes] = []
+    for subject, payload in messages:
+        parts.append(b"PUB %s %d\r\n" % (subject.encode(), len(payload)))
+        parts.append(payload)
+        parts.append(b"\r\n")
+    return b"".join(parts)
+
+
+class FramedWriter:
+    """Publishes a batch of (subject, payload) pairs with one buffer append and one flusher kick."""
+
+    def __init__(self, nc: Any) -> None:
+        self._nc = nc
+        self.framed = self.supported(nc)
+        if not self.framed:
+            log.warning("nats-py internals changed; falling back to per-message publish")
+
+    @staticmethod
+    def supported(nc: Any) -> bool:
+        return all(hasattr(nc, name) for name in _INTERNALS)
+
+    async def publish_many(self, messages: Sequence[tuple[str, bytes]]) -> None:
+        """Queue every message in order; raises like `publish` (buffer limit, payload size, closed)."""
+        if not messages:
+            return
+        nc = self._nc
+        if not self.framed:
+            for subject, payload in messages:
+                await nc.publish(subject, payload)
+            return
+        if nc.is_closed:
+            raise nats_errors.ConnectionClosedError
+        max_payload = nc.max_payload
+        for subject, payload in messages:
+            if not subject:
+                raise nats_errors.BadSubjectError
+            if len(payload) > max_payload:
+                raise nats_errors.MaxPayloadError
+        buf = frame_pubs(messages)
+        if not nc.is_connected and (
+            nc._max_pending_size <= 0 or len(buf) + nc._pending_data_size > nc._max_pending_size
+        ):
+            raise nats_errors.OutboundBufferLimitError  # the same refusal `publish` makes while reconnecting
+        nc.stats["out_msgs"] += len(messages)
+        nc.stats["out_bytes"] += sum(len(p) for _, p in messages)
+        await nc._send_command(buf)
+        await nc._flush_pending()
+
+    async def ack_many(self, reply_subjects: Sequence[str]) -> None:
+        """ACK many JetStream messages at once (`+ACK` to each message's reply subject)."""
+        await self.publish_many([(subject, ACK) for subject in reply_subjects])
+
+
+__all__ = ["ACK", "FramedWriter", "frame_pubs"]
