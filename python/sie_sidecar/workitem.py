@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -72,8 +74,11 @@ def _uint(value: Any, key: str) -> int:
     return value
 
 
-def decode_work_item(data: bytes | memoryview) -> WorkItem:
-    """Decode one WorkItem; `WorkItemError` when it is not msgpack, not a map, or misses a key."""
+def decode_work_item_py(data: bytes | memoryview) -> WorkItem:
+    """Decode one WorkItem; `WorkItemError` when it is not msgpack, not a map, or misses a key.
+
+    The pure-Python twin of the native decoder (`sie_sidecar._native.decode_work_item`).
+    """
     try:
         raw = msgpack.unpackb(data, raw=False, strict_map_key=False)
     except Exception as exc:  # msgpack raises several unrelated types for bad input
@@ -126,4 +131,18 @@ def decode_work_item(data: bytes | memoryview) -> WorkItem:
     return WorkItem(**fields)
 
 
-__all__ = ["OPERATIONS", "REQUIRED", "WorkItem", "WorkItemError", "decode_work_item"]
+def _select_decoder() -> Callable[[bytes | memoryview], WorkItem]:
+    """The native one-pass decoder unless the pure-Python twin was asked for."""
+    from ._speedups import USING_NATIVE
+
+    if not USING_NATIVE:
+        return decode_work_item_py
+    from ._native import decode_work_item as native
+
+    return functools.partial(native, cls=WorkItem)
+
+
+#: Decode one WorkItem (native one-pass decoder, or the twin with SIE_SIDECAR_NO_EXTENSIONS=1).
+decode_work_item: Callable[[bytes | memoryview], WorkItem] = _select_decoder()
+
+__all__ = ["OPERATIONS", "REQUIRED", "WorkItem", "WorkItemError", "decode_work_item", "decode_work_item_py"]

@@ -11,7 +11,25 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sie_sidecar.workitem import REQUIRED, WorkItemError, decode_work_item
+from sie_sidecar.workitem import REQUIRED, WorkItem, WorkItemError, decode_work_item_py
+
+try:
+    from sie_sidecar._native import decode_work_item as _native_decode
+
+    def decode_native(data: bytes) -> WorkItem:
+        return _native_decode(data, cls=WorkItem)  # type: ignore[no-any-return]
+
+except ImportError:  # pragma: no cover - the native core is always built for the test suite
+    decode_native = decode_work_item_py
+
+DECODERS = {"native": decode_native, "py": decode_work_item_py}
+
+
+@pytest.fixture(params=sorted(DECODERS))
+def decode_work_item(request: pytest.FixtureRequest) -> Any:
+    """Every test runs against the native one-pass decoder and the Python twin."""
+    return DECODERS[request.param]
+
 
 TV_W1 = bytes.fromhex(
     "89ac776f726b5f6974656d5f6964a77265712d312e30aa726571756573745f6964a57265712d31aa6974656d5f696e64657800"
@@ -21,7 +39,7 @@ TV_W1 = bytes.fromhex(
 )
 
 
-def test_tv_w1_minimal_work_item_decodes_with_defaults() -> None:
+def test_tv_w1_minimal_work_item_decodes_with_defaults(decode_work_item: Any) -> None:
     item = decode_work_item(TV_W1)
     assert (item.work_item_id, item.request_id, item.item_index, item.total_items) == ("req-1.0", "req-1", 0, 1)
     assert (item.operation, item.model_id, item.pool_name, item.machine_profile) == (
@@ -37,7 +55,7 @@ def test_tv_w1_minimal_work_item_decodes_with_defaults() -> None:
 
 
 @pytest.mark.parametrize("missing", REQUIRED)
-def test_tv_w1_each_required_key_is_required(missing: str) -> None:
+def test_tv_w1_each_required_key_is_required(decode_work_item: Any, missing: str) -> None:
     raw = msgpack.unpackb(TV_W1)
     del raw[missing]
     with pytest.raises(WorkItemError, match=missing):
@@ -61,7 +79,7 @@ def test_tv_w1_each_required_key_is_required(missing: str) -> None:
         ("payload_ref", 3),
     ],
 )
-def test_wrong_field_types_are_typed_errors(key: str, value: Any) -> None:
+def test_wrong_field_types_are_typed_errors(decode_work_item: Any, key: str, value: Any) -> None:
     raw = msgpack.unpackb(TV_W1)
     raw[key] = value
     with pytest.raises(WorkItemError):
@@ -69,12 +87,12 @@ def test_wrong_field_types_are_typed_errors(key: str, value: Any) -> None:
 
 
 @pytest.mark.parametrize("data", [b"", b"\xc1", b"\x91\x01", msgpack.packb([1, 2]), b"\x89"])
-def test_not_a_map_or_not_msgpack(data: bytes) -> None:
+def test_not_a_map_or_not_msgpack(decode_work_item: Any, data: bytes) -> None:
     with pytest.raises(WorkItemError):
         decode_work_item(data)
 
 
-def test_unknown_keys_are_ignored_and_nil_defaults_apply() -> None:
+def test_unknown_keys_are_ignored_and_nil_defaults_apply(decode_work_item: Any) -> None:
     raw = msgpack.unpackb(TV_W1)
     raw.update({"future_field": {"x": 1}, "profile_id": None, "timestamp": 12, "accepts_result_chunks": True})
     item = decode_work_item(msgpack.packb(raw))
@@ -83,5 +101,36 @@ def test_unknown_keys_are_ignored_and_nil_defaults_apply() -> None:
 
 @given(st.binary(max_size=200))
 def test_random_bytes_never_escape_as_anything_but_work_item_error(data: bytes) -> None:
-    with contextlib.suppress(WorkItemError):
-        decode_work_item(data)
+    for decode in DECODERS.values():
+        with contextlib.suppress(WorkItemError):
+            decode(data)
+
+
+_SCALARS = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-5, 2**40),
+    st.floats(allow_nan=False),
+    st.text(max_size=8),
+    st.binary(max_size=4),
+)
+_VALUES = st.one_of(
+    _SCALARS, st.lists(_SCALARS, max_size=3), st.dictionaries(st.text(max_size=4), _SCALARS, max_size=3)
+)
+_KEYS = st.sampled_from([*REQUIRED, "options", "timestamp", "is_query", "labels", "router_id", "item", "unknown"])
+
+
+@given(overrides=st.dictionaries(_KEYS, _VALUES, max_size=4), drop=st.lists(st.sampled_from(REQUIRED), max_size=2))
+def test_native_and_python_decoders_agree(overrides: dict[str, Any], drop: list[str]) -> None:
+    raw = msgpack.unpackb(TV_W1)
+    raw.update(overrides)
+    for key in drop:
+        raw.pop(key, None)
+    data = msgpack.packb(raw, use_bin_type=True)
+    outcomes: list[tuple[str, WorkItem | None]] = []
+    for decode in DECODERS.values():
+        try:
+            outcomes.append(("ok", decode(data)))
+        except WorkItemError:
+            outcomes.append(("error", None))
+    assert outcomes[0] == outcomes[1]

@@ -10,6 +10,7 @@ mod errors;
 mod framing;
 mod outputs;
 mod results;
+mod workitem;
 
 #[pyo3::pymodule(gil_used = true)]
 mod _native {
@@ -42,6 +43,9 @@ mod _native {
 
     #[pymodule_export]
     use crate::buffers::SharedBytes;
+
+    #[pymodule_export]
+    use crate::workitem::decode_work_item;
 
     #[allow(non_upper_case_globals)]
     #[pymodule_export]

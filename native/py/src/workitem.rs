@@ -1,0 +1,314 @@
+//! WorkItem decoding in one pass (wire-protocol §7.2, TV-W1): parse, type-check and fill a
+//! `sie_sidecar.workitem.WorkItem` without an intermediate dict. Same rules and errors as the
+//! Python decoder in `workitem.py`, which stays as the twin.
+
+use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
+use pyo3::types::{PyString, PyType};
+use pyo3::IntoPyObjectExt;
+
+use sie_core::msgpack::{DecodeError, Reader, Token};
+
+use crate::buffers::with_bytes;
+use crate::convert;
+
+pyo3::import_exception!(sie_sidecar.workitem, WorkItemError);
+
+const REQUIRED: [&str; 9] = [
+    "work_item_id",
+    "request_id",
+    "item_index",
+    "total_items",
+    "operation",
+    "model_id",
+    "pool_name",
+    "machine_profile",
+    "reply_subject",
+];
+
+fn bad(message: impl Into<String>) -> PyErr {
+    WorkItemError::new_err(message.into())
+}
+
+fn msgpack_err(e: DecodeError) -> PyErr {
+    bad(format!("not msgpack: {e}"))
+}
+
+/// How one known key's value is checked and converted.
+#[derive(Clone, Copy)]
+enum Kind {
+    Str,
+    Uint,
+    StrOrEmpty,
+    StrOrNone,
+    Bool,
+    Float,
+    ListOrNone,
+    MapOrNone,
+    Any,
+}
+
+/// The field's index in `FIELDS` and how its value is checked.
+fn field_of(key: &[u8]) -> Option<(usize, Kind)> {
+    Some(match key {
+        b"work_item_id" => (0, Kind::Str),
+        b"request_id" => (1, Kind::Str),
+        b"item_index" => (2, Kind::Uint),
+        b"total_items" => (3, Kind::Uint),
+        b"operation" => (4, Kind::Str),
+        b"model_id" => (5, Kind::Str),
+        b"pool_name" => (6, Kind::Str),
+        b"machine_profile" => (7, Kind::Str),
+        b"reply_subject" => (8, Kind::Str),
+        b"profile_id" => (9, Kind::StrOrEmpty),
+        b"engine" => (10, Kind::StrOrEmpty),
+        b"admission_pool" => (11, Kind::StrOrEmpty),
+        b"item" => (12, Kind::Any),
+        b"payload_ref" => (13, Kind::StrOrNone),
+        b"output_types" => (14, Kind::ListOrNone),
+        b"instruction" => (15, Kind::StrOrNone),
+        b"is_query" => (16, Kind::Bool),
+        b"options" => (17, Kind::MapOrNone),
+        b"query_item" => (18, Kind::Any),
+        b"query_payload_ref" => (19, Kind::StrOrNone),
+        b"score_items" => (20, Kind::ListOrNone),
+        b"labels" => (21, Kind::ListOrNone),
+        b"output_schema" => (22, Kind::Any),
+        b"bundle_config_hash" => (23, Kind::StrOrEmpty),
+        b"router_id" => (24, Kind::StrOrEmpty),
+        b"timestamp" => (25, Kind::Float),
+        b"accepts_result_chunks" => (26, Kind::Bool),
+        b"traceparent" => (27, Kind::StrOrNone),
+        b"tracestate" => (28, Kind::StrOrNone),
+        _ => return None,
+    })
+}
+
+/// Interned field names (indexed like `FIELDS`) and `object.__new__`, looked up once.
+struct Cache {
+    names: Vec<Py<PyString>>,
+    object_new: Py<PyAny>,
+}
+
+static CACHE: PyOnceLock<Cache> = PyOnceLock::new();
+
+fn cache(py: Python<'_>) -> PyResult<&Cache> {
+    CACHE.get_or_try_init(py, || {
+        Ok(Cache {
+            names: FIELDS
+                .iter()
+                .map(|f| PyString::intern(py, f).unbind())
+                .collect(),
+            object_new: py
+                .import("builtins")?
+                .getattr("object")?
+                .getattr("__new__")?
+                .unbind(),
+        })
+    })
+}
+
+fn value(py: Python<'_>, r: &mut Reader<'_>, key: &str, kind: Kind) -> PyResult<Py<PyAny>> {
+    let at = r.position();
+    let peek = {
+        let mut probe = r.clone();
+        probe.next_token().map_err(msgpack_err)?
+    };
+    let generic =
+        |r: &mut Reader<'_>| convert::value(py, r).map_err(|e| bad(format!("not msgpack: {e}")));
+    match (kind, peek) {
+        (Kind::Str | Kind::StrOrEmpty | Kind::StrOrNone, Token::Str(_)) => {
+            let s = r
+                .read_str(key)
+                .map_err(|_| bad(format!("not msgpack: invalid UTF-8 in {key}")))?;
+            Ok(PyString::new(py, s).into_any().unbind())
+        }
+        (Kind::StrOrEmpty, Token::Nil) => {
+            r.skip_to(at + 1);
+            Ok(PyString::intern(py, "").into_any().unbind())
+        }
+        (Kind::StrOrNone | Kind::ListOrNone | Kind::MapOrNone | Kind::Any, Token::Nil) => {
+            r.skip_to(at + 1);
+            Ok(py.None())
+        }
+        (Kind::Uint, Token::UInt(v)) => {
+            r.next_token().map_err(msgpack_err)?;
+            v.into_py_any(py)
+        }
+        (Kind::Uint, Token::Int(v)) if v >= 0 => {
+            r.next_token().map_err(msgpack_err)?;
+            v.into_py_any(py)
+        }
+        (Kind::Bool, Token::Bool(b)) => {
+            r.next_token().map_err(msgpack_err)?;
+            b.into_py_any(py)
+        }
+        (Kind::Bool, Token::Nil) => {
+            r.skip_to(at + 1);
+            Ok(false.into_py_any(py)?)
+        }
+        (Kind::Float, Token::Nil) => {
+            r.skip_to(at + 1);
+            Ok(0.0f64.into_py_any(py)?)
+        }
+        (Kind::Float, Token::UInt(v)) => {
+            r.next_token().map_err(msgpack_err)?;
+            Ok((v as f64).into_py_any(py)?)
+        }
+        (Kind::Float, Token::Int(v)) => {
+            r.next_token().map_err(msgpack_err)?;
+            Ok((v as f64).into_py_any(py)?)
+        }
+        (Kind::Float, Token::F32(_) | Token::F64(_)) => generic(r),
+        (Kind::ListOrNone, Token::Array(_)) | (Kind::MapOrNone, Token::Map(_)) | (Kind::Any, _) => {
+            generic(r)
+        }
+        (Kind::Str, _) => Err(bad(format!("{key} must be a str"))),
+        (Kind::Uint, _) => Err(bad(format!("{key} must be an unsigned int"))),
+        (Kind::StrOrEmpty, _) => Err(bad(format!("{key} must be a str"))),
+        (Kind::StrOrNone, _) => Err(bad(format!("{key} must be a str or nil"))),
+        (Kind::Bool, _) => Err(bad(format!("{key} must be a bool"))),
+        (Kind::Float, _) => Err(bad("timestamp must be a number")),
+        (Kind::ListOrNone, _) => Err(bad(format!("{key} must be an array or nil"))),
+        (Kind::MapOrNone, _) => Err(bad("options must be a map or nil")),
+    }
+}
+
+/// Decode one WorkItem into a new instance of `cls` (the `WorkItem` dataclass): every field is set
+/// directly, defaults included, so no `__init__` runs. Errors are `WorkItemError`.
+#[pyfunction]
+pub fn decode_work_item(
+    py: Python<'_>,
+    data: &Bound<'_, PyAny>,
+    cls: &Bound<'_, PyType>,
+) -> PyResult<Py<PyAny>> {
+    with_bytes(data, |bytes| {
+        let mut r = Reader::new(bytes);
+        let n = match r.next_token().map_err(msgpack_err)? {
+            Token::Map(n) => n,
+            _ => return Err(bad("WorkItem must be a map")),
+        };
+        let mut fields: Vec<(usize, Py<PyAny>)> = Vec::with_capacity(32);
+        let mut present = [false; FIELDS.len()];
+        for _ in 0..n {
+            let key_span = r.skip_value().map_err(msgpack_err)?;
+            let key = match Reader::new(key_span).next_token().map_err(msgpack_err)? {
+                Token::Str(k) => k,
+                Token::Array(_) | Token::Map(_) => {
+                    return Err(bad("not msgpack: unhashable map key"))
+                }
+                _ => {
+                    convert::value(py, &mut r).map_err(|e| bad(format!("not msgpack: {e}")))?;
+                    continue;
+                }
+            };
+            let name =
+                std::str::from_utf8(key).map_err(|_| bad("not msgpack: invalid UTF-8 in a key"))?;
+            match field_of(key) {
+                Some((i, kind)) => {
+                    let v = value(py, &mut r, name, kind)?;
+                    present[i] = true;
+                    fields.push((i, v));
+                }
+                None => {
+                    // Unknown keys are ignored, but must still be valid msgpack (as unpackb demands).
+                    convert::value(py, &mut r).map_err(|e| bad(format!("not msgpack: {e}")))?;
+                }
+            }
+        }
+        r.finish().map_err(msgpack_err)?;
+        // The required fields are FIELDS[0..9], in the order of REQUIRED.
+        let missing: Vec<&str> = REQUIRED
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| !present[*i])
+            .map(|(_, k)| *k)
+            .collect();
+        if !missing.is_empty() {
+            return Err(bad(format!("WorkItem is missing {}", missing.join(", "))));
+        }
+        let c = cache(py)?;
+        let obj = c.object_new.bind(py).call1((cls,))?;
+        for (i, v) in fields {
+            obj.setattr(c.names[i].bind(py), v)?;
+        }
+        for (i, default) in DEFAULTS {
+            if !present[i] {
+                obj.setattr(c.names[i].bind(py), default(py)?)?;
+            }
+        }
+        Ok(obj.unbind())
+    })
+}
+
+/// Every field of the dataclass, for the static names used with `setattr`.
+const FIELDS: [&str; 29] = [
+    "work_item_id",
+    "request_id",
+    "item_index",
+    "total_items",
+    "operation",
+    "model_id",
+    "pool_name",
+    "machine_profile",
+    "reply_subject",
+    "profile_id",
+    "engine",
+    "admission_pool",
+    "item",
+    "payload_ref",
+    "output_types",
+    "instruction",
+    "is_query",
+    "options",
+    "query_item",
+    "query_payload_ref",
+    "score_items",
+    "labels",
+    "output_schema",
+    "bundle_config_hash",
+    "router_id",
+    "timestamp",
+    "accepts_result_chunks",
+    "traceparent",
+    "tracestate",
+];
+
+type Default = fn(Python<'_>) -> PyResult<Py<PyAny>>;
+
+fn empty(py: Python<'_>) -> PyResult<Py<PyAny>> {
+    Ok(PyString::intern(py, "").into_any().unbind())
+}
+fn none(py: Python<'_>) -> PyResult<Py<PyAny>> {
+    Ok(py.None())
+}
+fn no(py: Python<'_>) -> PyResult<Py<PyAny>> {
+    false.into_py_any(py)
+}
+fn zero(py: Python<'_>) -> PyResult<Py<PyAny>> {
+    0.0f64.into_py_any(py)
+}
+
+/// The optional fields and their defaults (the required ones are always set from the map).
+const DEFAULTS: [(usize, Default); 20] = [
+    (9, empty),
+    (10, empty),
+    (11, empty),
+    (12, none),
+    (13, none),
+    (14, none),
+    (15, none),
+    (16, no),
+    (17, none),
+    (18, none),
+    (19, none),
+    (20, none),
+    (21, none),
+    (22, none),
+    (23, empty),
+    (24, empty),
+    (25, zero),
+    (26, no),
+    (27, none),
+    (28, none),
+];
