@@ -94,7 +94,6 @@ class Publisher:
                 continue
             queued.extend((reply.subject, message) for message in plan.messages)
             planned.append((i, plan.mode, len(plan.messages)))
-        sent_any = bool(planned)
         try:
             await self._writer.publish_many(queued)  # one framed write for the whole batch
         except Exception as exc:  # nats-py raises its own and OS errors; either way: not published
@@ -110,10 +109,10 @@ class Publisher:
                 self.stats.chunks += messages
             else:
                 self.stats.compact_error += 1
-        if sent_any:
+        if planned:
             try:
                 await self._nc.flush(timeout=max(1, round(self._flush_timeout_s)))
-            except (TimeoutError, Exception) as exc:
+            except Exception as exc:  # a timeout or a lost connection: nothing is known to have arrived
                 self.stats.flush_error += 1
                 log.warning("flush after publish failed; replies stay un-ACKed", extra={"error": repr(exc)})
                 return [r.subject.strip() == "" for r in replies]
