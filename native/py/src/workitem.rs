@@ -14,17 +14,8 @@ use crate::convert;
 
 pyo3::import_exception!(sie_sidecar.workitem, WorkItemError);
 
-const REQUIRED: [&str; 9] = [
-    "work_item_id",
-    "request_id",
-    "item_index",
-    "total_items",
-    "operation",
-    "model_id",
-    "pool_name",
-    "machine_profile",
-    "reply_subject",
-];
+/// The required keys (TV-W1) are the first `REQUIRED` entries of `FIELDS`.
+const REQUIRED: usize = 9;
 
 fn bad(message: impl Into<String>) -> PyErr {
     WorkItemError::new_err(message.into())
@@ -217,8 +208,7 @@ pub fn decode_work_item(
             }
         }
         r.finish().map_err(msgpack_err)?;
-        // The required fields are FIELDS[0..9], in the order of REQUIRED.
-        let missing: Vec<&str> = REQUIRED
+        let missing: Vec<&str> = FIELDS[..REQUIRED]
             .iter()
             .enumerate()
             .filter(|(i, _)| !present[*i])
