@@ -10,6 +10,7 @@ from typing import Any
 
 import msgpack
 import numpy as np
+import pytest
 
 from sie_sidecar import wire
 from sie_sidecar.backend.null import NullAdapter
@@ -319,3 +320,27 @@ async def test_worker_direct_work_is_answered_as_worker_direct(nats_server: Nats
         assert stack.results_for(direct["work_item_id"])[0]["worker_direct"] is True
         assert stack.results_for(pooled)[0]["worker_direct"] is False  # batch tombstones apply to direct work only
         assert stack.results_for(cancelled["work_item_id"]) == []
+
+
+async def test_model_unloaded_behind_the_readiness_cache_is_reloaded(
+    nats_server: NatsServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The dispatcher reuses a `ready` answer briefly; a backend that unloaded the model answers
+    nak_retry, which must make the very next delivery ask EnsureModelReady (and load) again."""
+    from sie_sidecar.backend import null
+
+    monkeypatch.setattr(null, "NOT_LOADED_NAK_MS", 50)  # redelivered well inside the 1 s cache window
+    adapter = NullAdapter(dim=8, preloaded_models=[MODEL], load_delay_s=NAK_DELAY_S)
+    async with running_stack(nats_server, tmp_path, adapter=adapter) as stack:
+        first = await stack.publish(work_item())
+        await stack.wait_for(lambda: len(stack.results_for(first)) == 1)
+        adapter._loaded.discard(MODEL)  # the backend evicts the model behind the sidecar's back
+        second = await stack.publish(work_item())
+        await stack.wait_for(lambda: len(stack.results_for(second)) == 1, timeout=20)
+        await stack.settled_pool()
+        assert stack.results_for(second)[0]["success"] is True
+        assert MODEL in adapter.loaded_models()  # it was loaded again
+        # ok, nak_retry, then ok after the reload: a stale cache would have re-sent the batch every
+        # 50 ms for the rest of the second instead of asking EnsureModelReady.
+        assert adapter.batches == 3
+        assert (await stack.pool_consumer()).num_redelivered == 0  # all settled at the end
