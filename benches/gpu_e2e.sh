@@ -238,15 +238,14 @@ from benches.e2e_throughput import (  # noqa: E402
     ReplyCollector,
     _consumer_state,
     _cpu_snapshot,
-    _free_port,
     _log_problems,
     _nats_server_binary,
-    _port_open,
     _wait_done,
     _wait_until,
     preload,
 )
 from benches.gpu.torch_minilm_backend import MODEL_ID, bench_texts  # noqa: E402
+from sie_sidecar.localhost import free_port, port_open  # noqa: E402
 from nats.js import api as js_api  # noqa: E402
 
 from sie_sidecar import wire  # noqa: E402
@@ -288,13 +287,13 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         return child
 
     try:
-        port = _free_port()
+        port = free_port()
         server = start(
             "nats",
             [_nats_server_binary(), "-js", "-a", "127.0.0.1", "-p", str(port), "-sd", str(work / "js")],
             dict(os.environ),
         )
-        await _wait_until(lambda: _port_open(port), 15, "nats-server", server)
+        await _wait_until(lambda: port_open(port), 15, "nats-server", server)
         sock = str(work / "backend.sock")
         backend = start(
             "backend",
@@ -318,7 +317,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         env = dict(os.environ)
         for key, value in {**SIDECAR_DEFAULTS, **batch_defaults(args.batch)}.items():
             env.setdefault(key, value)
-        env.update(SIE_NATS_URL=url, SIE_IPC_SOCKET_PATH=sock, SIE_WORKER_PROBE_PORT=str(_free_port()))
+        env.update(SIE_NATS_URL=url, SIE_IPC_SOCKET_PATH=sock, SIE_WORKER_PROBE_PORT=str(free_port()))
         settings = Settings.from_env(env)
         spec = TopologySpec.from_settings(settings)
         nc = await nats.connect(url, pending_size=64 * 1024 * 1024)

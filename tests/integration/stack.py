@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -24,6 +23,7 @@ from sie_sidecar.app import run
 from sie_sidecar.backend.null import NullAdapter
 from sie_sidecar.backend.server import BackendServer
 from sie_sidecar.config import Settings
+from sie_sidecar.localhost import free_port
 
 from .conftest import NatsServer
 
@@ -32,12 +32,6 @@ MODEL = "org/model-a"
 ROUTER = "gw"
 NAK_DELAY_S = 0.2
 _ids = itertools.count()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def work_item(

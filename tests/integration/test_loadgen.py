@@ -13,10 +13,8 @@ import asyncio
 import contextlib
 import io
 import json
-import shutil
 import socket
 import subprocess
-import sys
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
@@ -36,6 +34,7 @@ from sie_sidecar.loadgen import (
     generate_load,
     run_loadgen,
 )
+from sie_sidecar.localhost import find_nats_server, free_port
 from sie_sidecar.progress import ProgressBar
 from sie_sidecar.types import WorkResult
 
@@ -84,23 +83,16 @@ TV_W1_KEYS: dict[str, type] = {  # the nine keys the v0.7.1 sidecar requires (TV
 
 
 def _nats_server_binary() -> str:
-    found = shutil.which("nats-server") or str(Path(sys.executable).parent / "nats-server")
-    if not Path(found).exists():
+    found = find_nats_server()
+    if found is None:
         pytest.skip("nats-server binary not available")
     return found
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 @pytest.fixture
 def _loadgen_nats(tmp_path: Path) -> Iterator[str]:
     """A private JetStream-enabled nats-server on a free port, killed at teardown."""
-    port = _free_port()
+    port = free_port()
     proc = subprocess.Popen(
         [_nats_server_binary(), "-js", "-a", "127.0.0.1", "-p", str(port), "-sd", str(tmp_path / "js")],
         stdout=subprocess.DEVNULL,
@@ -401,7 +393,7 @@ async def test_missing_pool_stream_is_a_clear_error(_loadgen_nats: str) -> None:
     with pytest.raises(LoadgenError, match=r"WORK_POOL_nosuch was not found .* start a sidecar"):
         await generate_load(_config(_loadgen_nats, pool="nosuch", stream_wait_s=0.3), progress=False)
     with pytest.raises(LoadgenError, match="cannot connect"):
-        await generate_load(_config(f"nats://127.0.0.1:{_free_port()}"), progress=False)
+        await generate_load(_config(f"nats://127.0.0.1:{free_port()}"), progress=False)
 
 
 async def test_rate_and_in_flight_cap(_loadgen_nc: Client, _loadgen_nats: str) -> None:

@@ -9,16 +9,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import logging
 import os
-import signal
 import socket
 from collections.abc import Sequence
 
 from .adapter import Adapter
 from .null import NullAdapter
-from .server import BackendServer
+from .server import BackendServer, serve_until_signalled
 
 log = logging.getLogger(__name__)
 
@@ -103,18 +101,7 @@ async def run_backend(args: argparse.Namespace) -> int:
     """Serve until SIGTERM or SIGINT, then close (in-flight batches are cancelled)."""
     adapter = build_adapter(args)
     server = BackendServer(adapter, args.socket, worker_id=args.worker_id or socket.gethostname())
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    try:
-        await server.start()
-        await stop.wait()
-    finally:
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            with contextlib.suppress(ValueError, RuntimeError):
-                loop.remove_signal_handler(sig)
-        await server.close()
+    await serve_until_signalled(server)
     return 0
 
 

@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import signal
 import socket
 import stat
 import time
@@ -557,4 +558,27 @@ def _reject(identity: _Identity, message: str, code: str) -> dict[str, Any]:
     return item_outcome(work_item_id, request_id, item_index, "publish_error_and_ack", error=message, error_code=code)
 
 
-__all__ = ["HEARTBEAT_STALE_S", "HEAVY_METHODS", "BackendServer", "BadBody", "encode_response"]
+async def serve_until_signalled(server: BackendServer) -> None:
+    """Start `server`, serve until SIGTERM or SIGINT, then close it (in-flight batches are cancelled)."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await server.start()
+        await stop.wait()
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            with contextlib.suppress(ValueError, RuntimeError):
+                loop.remove_signal_handler(sig)
+        await server.close()
+
+
+__all__ = [
+    "HEARTBEAT_STALE_S",
+    "HEAVY_METHODS",
+    "BackendServer",
+    "BadBody",
+    "encode_response",
+    "serve_until_signalled",
+]
