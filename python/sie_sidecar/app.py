@@ -45,29 +45,30 @@ async def _pull_loop(
 ) -> None:
     """Take coalesced batches from one long-lived pull and hand each to the dispatcher (§5.1)."""
     slots = asyncio.Semaphore(max(1, inflight))
-    while not stop.is_set():
-        next_batch = asyncio.ensure_future(consumer.next_batch(budget, PULL_QUANTUM_S))
-        stopped = asyncio.ensure_future(stop.wait())
-        done, _ = await asyncio.wait({next_batch, stopped}, return_when=asyncio.FIRST_COMPLETED)
-        if next_batch not in done:
-            next_batch.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await next_batch
-            stopped.cancel()
-            break
+
+    def finished(t: asyncio.Task[None]) -> None:
+        tasks.discard(t)
+        slots.release()
+
+    stopped = asyncio.ensure_future(stop.wait())  # one waiter for the whole loop, not one per batch
+    try:
+        while not stopped.done():
+            next_batch = asyncio.ensure_future(consumer.next_batch(budget, PULL_QUANTUM_S))
+            await asyncio.wait({next_batch, stopped}, return_when=asyncio.FIRST_COMPLETED)
+            if not next_batch.done():
+                next_batch.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await next_batch
+                break
+            batch = next_batch.result()
+            if not batch:
+                continue
+            await slots.acquire()
+            task: asyncio.Task[None] = asyncio.create_task(handle(batch, consumer.settled))
+            tasks.add(task)
+            task.add_done_callback(finished)
+    finally:
         stopped.cancel()
-        batch = next_batch.result()
-        if not batch:
-            continue
-        await slots.acquire()
-        task: asyncio.Task[None] = asyncio.create_task(handle(batch, consumer.settled))
-        tasks.add(task)
-
-        def finished(t: asyncio.Task[None]) -> None:
-            tasks.discard(t)
-            slots.release()
-
-        task.add_done_callback(finished)
 
 
 def _cancel_handlers(dispatcher: Dispatcher, worker_id: str) -> tuple[Callable[[Msg], Awaitable[None]], ...]:

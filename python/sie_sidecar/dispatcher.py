@@ -96,7 +96,6 @@ class Dispatcher:
         self._batch_tombstones = batch_tombstones if batch_tombstones is not None else wire.BatchTombstones()
         self._shutdown = shutdown or asyncio.Event()
         self._group_slots = asyncio.Semaphore(max(1, settings.max_concurrent_batches))
-        self._descriptors: dict[str, Any] = {}
         #: Items per backend batch call, for the shutdown summary and the demo.
         self.batch_sizes: Counter[int] = Counter()
         #: model → (when, ready response): saves an EnsureModelReady round trip per batch at load.
@@ -230,8 +229,6 @@ class Dispatcher:
                 await self._nak_all(ds, base)
                 return None
             if ready.state == "ready":
-                if ready.descriptor is not None:
-                    self._descriptors[model] = ready.descriptor
                 self._ready_cache[model] = (time.monotonic(), ready)
                 return ready
             if ready.state == "failed":
@@ -394,9 +391,4 @@ class Dispatcher:
                 await self._settler.nak(d, delay_ms)
 
 
-def now_ms() -> float:
-    """Wall clock in ms (Ping timestamps)."""
-    return time.time() * 1000.0
-
-
-__all__ = ["BackendClient", "ConfigState", "DispatchSettings", "Dispatcher", "now_ms"]
+__all__ = ["BackendClient", "ConfigState", "DispatchSettings", "Dispatcher"]

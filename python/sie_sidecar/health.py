@@ -16,8 +16,6 @@ from aiohttp import web
 
 log = logging.getLogger(__name__)
 
-PLAIN = "text/plain; charset=utf-8"
-
 
 @dataclass(slots=True)
 class Readiness:
@@ -151,4 +149,4 @@ def health_payload(
     return json.dumps(body, separators=(",", ":")).encode()
 
 
-__all__ = ["PLAIN", "HealthIdentity", "Readiness", "health_payload", "heartbeat", "start_probes"]
+__all__ = ["HealthIdentity", "Readiness", "health_payload", "heartbeat", "start_probes"]

@@ -35,6 +35,7 @@ logger = logging.getLogger(__name__)
 
 _PENDING_MSGS = "Nats-Pending-Messages"
 _RETIRE_GRACE_S = 1.0
+_NAK_MARGIN_S = 0.2  # the server times a pull request from its arrival, a little after we sent it
 
 
 @dataclass
@@ -113,6 +114,8 @@ class PullConsumer:
         self._data = asyncio.Event()
         self._kick = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        self._linger: asyncio.Task[None] | None = None  # unsubscribes the inboxes after stop()
+        self._requests_expire_at = 0.0  # monotonic time by which every pull request sent has expired
         self._started = False
         self._stopped = False
         self._last_activity = 0.0
@@ -163,7 +166,9 @@ class PullConsumer:
         self._task = asyncio.create_task(self._pump(), name=f"pull:{self.stream}.{self.durable}")
 
     async def stop(self) -> None:
-        """Stop pulling; NAK messages still buffered (never handed out) so they redeliver promptly."""
+        """Stop pulling. Messages still buffered (never handed out) are NAKed to come back as soon as
+        this consumer's pull requests have expired (seconds, not ack_wait), and the inboxes stay
+        subscribed until then so anything the server still delivers to them is NAKed straight back."""
         if self._stopped:
             return
         self._stopped = True
@@ -176,15 +181,23 @@ class PullConsumer:
         leftovers = list(self._buffer)
         self._buffer.clear()
         self._unsettled = max(0, self._unsettled - len(leftovers))
+        # NAKed at once, the leftovers could be handed straight back to our own still-live pull requests,
+        # each bounce costing a delivery attempt; so they come back once those requests have expired.
+        delay_s = max(0.0, self._requests_expire_at - time.monotonic())
         for msg in leftovers:
             with contextlib.suppress(NatsError):
-                await msg.nak()
-        subs = [s for s, _ in self._retired] + ([self._sub] if self._sub is not None else [])
+                await (msg.nak(delay=delay_s + _NAK_MARGIN_S) if delay_s > 0 else msg.nak())
+        # Outstanding pull requests stay live on the server until they expire, and the server may still
+        # deliver to them (the NAKed leftovers included). Keep every inbox subscribed until then, so
+        # those deliveries are NAKed straight back instead of waiting out ack_wait on a dead inbox.
+        lingering = list(self._retired)
+        if self._sub is not None:
+            lingering.append((self._sub, time.monotonic() + self._retire_after_s))
         self._retired.clear()
         self._sub = None
         self._credit = 0
-        for sub in subs:
-            await self._unsubscribe(sub)
+        if lingering:
+            self._linger = asyncio.create_task(self._unsubscribe_when_expired(lingering))
         if leftovers and self._nc.is_connected:
             with contextlib.suppress(NatsError, TimeoutError):
                 await self._nc.flush(timeout=1)
@@ -421,6 +434,7 @@ class PullConsumer:
             return
         self.stats.requests += 1
         self.stats.requested_msgs += want
+        self._requests_expire_at = max(self._requests_expire_at, time.monotonic() + self._expires_s)
 
     async def _rotate(self, reason: str) -> None:
         """Move to a fresh inbox and forget the credit of the old one (see the module docstring)."""
@@ -450,6 +464,12 @@ class PullConsumer:
                     "unsettled": self._unsettled,
                 },
             )
+
+    async def _unsubscribe_when_expired(self, subs: list[tuple[Subscription, float]]) -> None:
+        """After stop(): drop each inbox once the pull requests sent on it have expired."""
+        for sub, deadline in sorted(subs, key=lambda entry: entry[1]):
+            await asyncio.sleep(max(0.0, deadline - time.monotonic()))
+            await self._unsubscribe(sub)
 
     async def _retire_expired(self, now: float) -> None:
         if not self._retired:
