@@ -3,11 +3,17 @@
 
 from __future__ import annotations
 
-from importlib.metadata import PackageNotFoundError, version
 
-try:
-    __version__ = version("sie-sidecar")
-except PackageNotFoundError:  # pragma: no cover - running from a source tree without install
-    __version__ = "0.0.0"
+def __getattr__(name: str) -> str:
+    """`__version__` on first use: importlib.metadata costs ~30 ms that `run` need not pay at start."""
+    if name != "__version__":
+        raise AttributeError(f"module 'sie_sidecar' has no attribute {name!r}")
+    from importlib.metadata import PackageNotFoundError, version
 
-__all__ = ["__version__"]
+    try:
+        return version("sie-sidecar")
+    except PackageNotFoundError:  # pragma: no cover - running from a source tree without install
+        return "0.0.0"
+
+
+__all__ = ["__version__"]  # provided by __getattr__

@@ -24,11 +24,11 @@ from .ipc_client import IpcClient
 from .outbound import FramedWriter
 from .publisher import Publisher
 from .pull import PullConsumer
+from .quantum import LatencyWindow, QuantumController
 from .topology import TopologySpec, ensure_topology, reconcile_forever
 
 log = logging.getLogger(__name__)
 
-PULL_QUANTUM_S = 0.002
 TASK_JOIN_S = 10.0
 HEALTH_TOMBSTONE_WAIT_S = 2.0
 BACKEND_DRAIN_MS = 15_000
@@ -42,18 +42,29 @@ async def _pull_loop(
     inflight: int,
     stop: asyncio.Event,
     tasks: set[asyncio.Task[None]],
+    quantum: QuantumController,
+    idle_bypass: bool = True,
+    on_idle: Callable[[], None] | None = None,
 ) -> None:
-    """Take coalesced batches from one long-lived pull and hand each to the dispatcher (§5.1)."""
+    """Take coalesced batches from one long-lived pull and hand each to the dispatcher (§5.1).
+
+    The quantum comes from the controller for every batch. With `idle_bypass`, coalescing ends as
+    soon as no batch is in flight (`tasks` is shared by every pull loop): waiting for more messages
+    only pays while the backend is busy, so an idle worker takes what is there at once.
+    """
     slots = asyncio.Semaphore(max(1, inflight))
+    stop_early = (lambda: not tasks) if idle_bypass else None
 
     def finished(t: asyncio.Task[None]) -> None:
         tasks.discard(t)
         slots.release()
+        if not tasks and on_idle is not None:
+            on_idle()
 
     stopped = asyncio.ensure_future(stop.wait())  # one waiter for the whole loop, not one per batch
     try:
         while not stopped.done():
-            next_batch = asyncio.ensure_future(consumer.next_batch(budget, PULL_QUANTUM_S))
+            next_batch = asyncio.ensure_future(consumer.next_batch(budget, quantum.quantum_s(), stop_early))
             await asyncio.wait({next_batch, stopped}, return_when=asyncio.FIRST_COMPLETED)
             if not next_batch.done():
                 next_batch.cancel()
@@ -147,6 +158,13 @@ async def run(settings: Settings, *, stop: asyncio.Event | None = None, started:
     spec = TopologySpec.from_settings(settings)
     await ensure_topology(js, spec)  # failure is fatal (§2.1)
 
+    quantum = QuantumController(
+        LatencyWindow(),
+        min_ms=settings.adaptive_min_quantum_ms,
+        max_ms=settings.adaptive_max_quantum_ms,
+        target_p50_ms=settings.adaptive_target_p50_ms,
+        include_queue_ms=settings.pull_quantum_include_queue_ms,
+    )
     config = ConfigState(settings.bundle_config_hash)
     settler = Settler(FramedWriter(nc))
     publisher = Publisher(nc)
@@ -162,6 +180,7 @@ async def run(settings: Settings, *, stop: asyncio.Event | None = None, started:
         settler,
         config=config,
         shutdown=stop,
+        quantum=quantum,
     )
     on_work_cancel, on_batch_cancel = _cancel_handlers(dispatcher, settings.worker_id)
     subs = [
@@ -225,6 +244,11 @@ async def run(settings: Settings, *, stop: asyncio.Event | None = None, started:
         )
     )
     tasks: set[asyncio.Task[None]] = set()
+
+    def wake_all() -> None:
+        for consumer in consumers:
+            consumer.wake()
+
     pull_stop = asyncio.Event()
     loops = []
     for consumer in consumers:
@@ -238,6 +262,9 @@ async def run(settings: Settings, *, stop: asyncio.Event | None = None, started:
                     inflight=settings.pull_loop_inflight,
                     stop=pull_stop,
                     tasks=tasks,
+                    quantum=quantum,
+                    idle_bypass=settings.batcher_idle_bypass_enabled,
+                    on_idle=wake_all,
                 )
             )
         )

@@ -272,6 +272,11 @@ class Settings:
     scheduler_drain_deadline_ms: int = 10000
     pipeline_depth: int = 2
     wave_cadence: bool = True
+    batcher_idle_bypass_enabled: bool = True
+    adaptive_min_quantum_ms: float = 2.0
+    adaptive_max_quantum_ms: float = 15.0
+    adaptive_target_p50_ms: float = 50.0
+    pull_quantum_include_queue_ms: bool = False
     health_publish_enabled: bool = True
     generate_ipc_frame_timeout_s: int = 300
     ipc_mux: bool = False
@@ -478,6 +483,33 @@ class _Builder:
         self.warnings.append(f"{env}={value!r} ignored; using {default}")
         return default
 
+    def env_float(self, env: str, default: float, valid: Callable[[float], bool] = lambda x: x > 0) -> float:
+        """A finite float accepted by `valid`; anything else is the default plus a warning."""
+        value = self._environ.get(env)
+        if value is None:
+            return default
+        try:
+            parsed = float(value.strip())
+        except ValueError:
+            parsed = math.nan
+        if math.isfinite(parsed) and valid(parsed):
+            return parsed
+        self.warnings.append(f"{env}={value!r} ignored; using {default}")
+        return default
+
+    def _quantum(self) -> dict[str, float]:
+        """The pull-loop quantum controller (scheduler-and-prep §4.8): a ceiling below the floor
+        becomes max(15, floor); a non-finite target is refused like any malformed value."""
+        floor = self.env_float("SIE_ADAPTIVE_MIN_QUANTUM_MS", 2.0)
+        ceiling = self.env_float("SIE_ADAPTIVE_MAX_QUANTUM_MS", 15.0, lambda x: x >= 0)
+        if ceiling < floor:
+            ceiling = max(15.0, floor)
+        return {
+            "adaptive_min_quantum_ms": floor,
+            "adaptive_max_quantum_ms": ceiling,
+            "adaptive_target_p50_ms": self.env_float("SIE_ADAPTIVE_TARGET_P50_MS", 50.0, lambda x: x >= 0),
+        }
+
     def env_flag(self, env: str, *, default: bool, true: frozenset[str] = _TRUTHY) -> bool:
         value = self._environ.get(env)
         return default if value is None else value.strip().lower() in true
@@ -594,6 +626,10 @@ class _Builder:
             scheduler_drain_deadline_ms=self.env_uint("SIE_SCHEDULER_DRAIN_DEADLINE_MS", 10000),
             pipeline_depth=min(8, max(1, self.env_uint("SIE_RUST_PIPELINE_DEPTH", 2, lambda n: True))),
             wave_cadence=not self.env_flag("SIE_RUST_WAVE_CADENCE", default=False, true=_WAVE_OFF),
+            batcher_idle_bypass_enabled=(self._environ.get("SIE_BATCHER_IDLE_BYPASS_ENABLED") or "").strip().lower()
+            not in _FALSY,
+            **self._quantum(),
+            pull_quantum_include_queue_ms=self.env_flag("SIE_PULL_QUANTUM_INCLUDE_QUEUE_MS", default=False),
             health_publish_enabled=self._health_publish_enabled(),
             generate_ipc_frame_timeout_s=self.env_uint("SIE_GENERATE_IPC_FRAME_TIMEOUT_S", 300),
             ipc_mux=self._environ.get("SIE_IPC_MUX") in _MUX_ON,

@@ -22,9 +22,10 @@ from .delivery import Delivery, Settler
 from .errors import IpcServerError
 from .ipc_types import ReadyResponse
 from .publisher import Publisher, Reply
-from .results import batched_f16_slices, error_result, outcome_result
+from .quantum import QuantumController
+from .results import batched_f16_slices, error_result, outcome_result, queue_ms
 from .types import WorkResult
-from .workitem import WorkItemError, decode_work_item
+from .workitem import WorkItem, WorkItemError, decode_work_item
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +87,7 @@ class Dispatcher:
         tombstones: Any = None,
         batch_tombstones: Any = None,
         shutdown: asyncio.Event | None = None,
+        quantum: QuantumController | None = None,
     ) -> None:
         self._s = settings
         self._backend = backend
@@ -95,6 +97,7 @@ class Dispatcher:
         self._tombstones = tombstones if tombstones is not None else wire.TombstoneSet()
         self._batch_tombstones = batch_tombstones if batch_tombstones is not None else wire.BatchTombstones()
         self._shutdown = shutdown or asyncio.Event()
+        self._quantum = quantum
         self._group_slots = asyncio.Semaphore(max(1, settings.max_concurrent_batches))
         #: Items per backend batch call, for the shutdown summary and the demo.
         self.batch_sizes: Counter[int] = Counter()
@@ -143,7 +146,7 @@ class Dispatcher:
             log.warning("unsafe reply subject; dropped", extra={"item": item.work_item_id})
             await self._settler.drop(d)
             return None
-        if item.operation != "generate" and self._cancelled(d):
+        if item.operation != "generate" and self._any_tombstones() and self._cancelled(d):
             await self._settler.drop(d)
             return None
         if item.model_id != model:
@@ -151,6 +154,10 @@ class Dispatcher:
             item.model_id = model
         d.model = model
         return d
+
+    def _any_tombstones(self) -> bool:
+        """False while both sets are empty (the usual case), so no item needs a lookup."""
+        return bool(len(self._tombstones) or len(self._batch_tombstones))
 
     def _cancelled(self, d: Delivery) -> bool:
         item = d.item
@@ -160,6 +167,8 @@ class Dispatcher:
         return d.worker_direct and bool(self._batch_tombstones.is_cancelled(item.request_id))
 
     async def _drop_cancelled(self, ds: list[Delivery]) -> list[Delivery]:
+        if not self._any_tombstones():
+            return ds
         live = []
         for d in ds:
             if self._cancelled(d):
@@ -311,6 +320,23 @@ class Dispatcher:
 
     async def _apply_outcomes(self, ds: list[Delivery], outcome: Any) -> None:
         """Bind outcomes to deliveries by work_item_id (FIFO for duplicates), publish, then settle."""
+        if not outcome.batched_f16_multivectors and self._publisher.framed:
+            framed = wire.frame_outcome_replies(
+                ds,
+                outcome.outcomes,
+                worker_id=self._s.worker_id,
+                current_hash=self._config.current,
+                now=time.time(),
+                max_payload=self._publisher.max_payload,
+            )
+            if framed is not None:  # the common case: every reply framed natively in one call
+                if await self._settle_framed(ds, framed):
+                    self._observe(
+                        (d.item, o.inference_ms, o.postprocessing_ms)
+                        for d, o, sent in zip(ds, outcome.outcomes, framed.sent, strict=True)
+                        if sent and o.disposition == "publish_and_ack" and d.item is not None
+                    )
+                return
         base = self._s.nak_delay_ms
         waiting: dict[str, deque[Delivery]] = defaultdict(deque)
         for d in ds:
@@ -345,6 +371,27 @@ class Dispatcher:
 
     # -- publication and settlement ----------------------------------------------------------
 
+    def _observe(self, items: Iterable[tuple[WorkItem, float | None, float | None]]) -> None:
+        """Feed the quantum controller one latency sample per published `publish_and_ack` item."""
+        q = self._quantum
+        if q is None:
+            return
+        now = time.time()
+        for item, inference_ms, postprocessing_ms in items:
+            q.observe(inference_ms, postprocessing_ms, queue_ms(item, now) if q.include_queue_ms else None)
+
+    async def _settle_framed(self, ds: list[Delivery], framed: wire.FramedReplies) -> bool:
+        """Publish a natively framed batch, flush, then ACK; on failure leave what was sent un-ACKed."""
+        if await self._publisher.publish_framed(framed):
+            await self._settler.ack_many(ds)
+            return True
+        sent = framed.sent
+        await self._settler.ack_many([d for d, s in zip(ds, sent, strict=True) if not s])  # no reply subject
+        for d, s in zip(ds, sent, strict=True):
+            if s:
+                self._settler.leave(d)
+        return False
+
     async def _publish_errors(self, ds: Iterable[Delivery], code: str, message: str, *, nak_on_failure: bool) -> None:
         results = []
         for d in ds:
@@ -376,9 +423,11 @@ class Dispatcher:
         ]
         sent = await self._publisher.publish_batch(replies)
         published = []
-        for (d, _), ok in zip(results, sent, strict=True):
+        for (d, r), ok in zip(results, sent, strict=True):
             if ok:
                 published.append(d)
+                if r.success and self._quantum is not None and d.item is not None and d.item.reply_subject.strip():
+                    self._observe(((d.item, r.inference_ms, r.postprocessing_ms),))
             elif nak_on_failure:
                 await self._settler.nak(d, self._s.nak_delay_ms)
             else:

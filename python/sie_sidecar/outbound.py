@@ -66,13 +66,26 @@ class FramedWriter:
                 raise nats_errors.BadSubjectError
             if len(payload) > max_payload:
                 raise nats_errors.MaxPayloadError
-        buf = frame_pubs(messages)
+        await self._send(frame_pubs(messages), len(messages), sum(len(p) for _, p in messages))
+
+    async def publish_framed(self, buf: bytes, messages: int, payload_bytes: int) -> None:
+        """Queue PUB commands framed elsewhere (`wire.frame_outcome_replies`, which checks every
+        subject and payload size); raises like `publish` while closed or over the reconnect buffer."""
+        if messages <= 0:
+            return
+        nc = self._nc
+        if nc.is_closed:
+            raise nats_errors.ConnectionClosedError
+        await self._send(buf, messages, payload_bytes)
+
+    async def _send(self, buf: bytes, messages: int, payload_bytes: int) -> None:
+        nc = self._nc
         if not nc.is_connected and (
             nc._max_pending_size <= 0 or len(buf) + nc._pending_data_size > nc._max_pending_size
         ):
             raise nats_errors.OutboundBufferLimitError  # the same refusal `publish` makes while reconnecting
-        nc.stats["out_msgs"] += len(messages)
-        nc.stats["out_bytes"] += sum(len(p) for _, p in messages)
+        nc.stats["out_msgs"] += messages
+        nc.stats["out_bytes"] += payload_bytes
         await nc._send_command(buf)
         await nc._flush_pending()
 

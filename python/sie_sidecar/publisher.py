@@ -66,6 +66,41 @@ class Publisher:
         self._flush_timeout_s = flush_timeout_s
         self.stats = PublishStats()
 
+    @property
+    def framed(self) -> bool:
+        """Whether pre-framed batches (`publish_framed`) can be sent on this connection."""
+        return self._writer.framed
+
+    @property
+    def max_payload(self) -> int:
+        return self._nc.max_payload
+
+    async def publish_framed(self, replies: wire.FramedReplies) -> bool:
+        """Send a batch framed by `wire.frame_outcome_replies` in one write, then flush once.
+
+        True when every framed reply reached the server (items without a reply subject were
+        never sent and are always safe to ACK).
+        """
+        if replies.messages == 0:
+            return True
+        try:
+            await self._writer.publish_framed(replies.buffer, replies.messages, replies.payload_bytes)
+        except Exception as exc:  # nats-py raises its own and OS errors; either way: not published
+            self.stats.publish_error += replies.messages
+            log.warning("reply publish failed", extra={"replies": replies.messages, "error": repr(exc)})
+            return False
+        self.stats.single += replies.messages
+        return await self._flush()
+
+    async def _flush(self) -> bool:
+        try:
+            await self._nc.flush(timeout=max(1, round(self._flush_timeout_s)))
+        except Exception as exc:  # a timeout or a lost connection: nothing is known to have arrived
+            self.stats.flush_error += 1
+            log.warning("flush after publish failed; replies stay un-ACKed", extra={"error": repr(exc)})
+            return False
+        return True
+
     async def publish_batch(self, replies: list[Reply]) -> list[bool]:
         """Publish every reply, flush once, and return which ones reached the server.
 
@@ -109,13 +144,8 @@ class Publisher:
                 self.stats.chunks += messages
             else:
                 self.stats.compact_error += 1
-        if planned:
-            try:
-                await self._nc.flush(timeout=max(1, round(self._flush_timeout_s)))
-            except Exception as exc:  # a timeout or a lost connection: nothing is known to have arrived
-                self.stats.flush_error += 1
-                log.warning("flush after publish failed; replies stay un-ACKed", extra={"error": repr(exc)})
-                return [r.subject.strip() == "" for r in replies]
+        if planned and not await self._flush():
+            return [r.subject.strip() == "" for r in replies]
         return ok
 
 

@@ -206,9 +206,13 @@ class PullConsumer:
             extra={"stream": self.stream, "consumer": self.durable, "nak_on_stop": len(leftovers)},
         )
 
-    async def next_batch(self, max_messages: int, quantum_s: float) -> list[Msg]:
+    async def next_batch(
+        self, max_messages: int, quantum_s: float, stop_early: Callable[[], bool] | None = None
+    ) -> list[Msg]:
         """Wait for one message, then coalesce more until `max_messages` or `quantum_s` has passed (§5.1 step 4).
 
+        `stop_early` (checked after the first message and whenever `wake()` is called) ends the
+        coalescing at once, e.g. when the backend has gone idle: waiting then only adds latency.
         Returns `[]` once the consumer is stopped. Cancel-safe: messages collected so far go back to the
         front of the buffer. Meant for one caller at a time.
         """
@@ -220,7 +224,7 @@ class PullConsumer:
             self._data.clear()
             await self._data.wait()
         batch = self._take(max_messages)
-        if len(batch) >= max_messages or quantum_s <= 0:
+        if len(batch) >= max_messages or quantum_s <= 0 or (stop_early is not None and stop_early()):
             return batch
         loop = asyncio.get_running_loop()
         deadline = loop.time() + quantum_s
@@ -229,6 +233,8 @@ class PullConsumer:
                 if self._buffer:
                     batch.extend(self._take(max_messages - len(batch)))
                     continue
+                if stop_early is not None and stop_early():
+                    break
                 remaining = deadline - loop.time()
                 if remaining <= 0:
                     break
@@ -251,6 +257,10 @@ class PullConsumer:
             if not batch:
                 return
             yield batch
+
+    def wake(self) -> None:
+        """Wake a coalescing `next_batch` so that it re-checks its `stop_early` condition."""
+        self._data.set()
 
     def settled(self, n: int) -> None:
         """Report that `n` handed-out messages were ACKed, NAKed, terminated or dropped; frees their capacity."""

@@ -216,6 +216,37 @@ async def test_coalescing_returns_multi_message_batches(nc: Client) -> None:
         consumer.settled(5)
 
 
+async def test_stop_early_ends_coalescing_at_once_and_on_wake(nc: Client) -> None:
+    """The idle bypass: an idle worker takes the first message without waiting out the quantum, and
+    a busy one stops coalescing as soon as `wake()` reports that it went idle."""
+    js = nc.jetstream()
+    await ensure_topology(js, SPEC)
+    async with _consumer(nc, batch=64, expires_s=1.0, max_outstanding=64) as consumer:
+        loop = asyncio.get_running_loop()
+        await _publish(nc, 1)
+        started = loop.time()
+        batch = await asyncio.wait_for(consumer.next_batch(64, 5.0, lambda: True), 5)
+        assert len(batch) == 1 and loop.time() - started < 1.0  # not the 5 s quantum
+
+        busy = True
+        await _publish(nc, 1, start=1)
+        started = loop.time()
+
+        async def go_idle() -> None:
+            nonlocal busy
+            await asyncio.sleep(0.2)
+            busy = False
+            consumer.wake()
+
+        idler = asyncio.create_task(go_idle())
+        second = await asyncio.wait_for(consumer.next_batch(64, 5.0, lambda: not busy), 5)
+        await idler
+        assert len(second) == 1 and 0.15 < loop.time() - started < 1.0  # waited while busy, not longer
+        for msg in batch + second:
+            await msg.ack()
+        consumer.settled(2)
+
+
 async def test_request_expiry_keeps_the_pull_alive(nc: Client) -> None:
     js = nc.jetstream()
     await ensure_topology(js, SPEC)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import json
 import re
 import uuid
@@ -127,6 +128,11 @@ DEFAULTS: list[tuple[str, object]] = [
     ("scheduler_drain_deadline_ms", 10000),
     ("pipeline_depth", 2),
     ("wave_cadence", True),
+    ("batcher_idle_bypass_enabled", True),
+    ("adaptive_min_quantum_ms", 2.0),
+    ("adaptive_max_quantum_ms", 15.0),
+    ("adaptive_target_p50_ms", 50.0),
+    ("pull_quantum_include_queue_ms", False),
     ("health_publish_enabled", True),
     ("generate_ipc_frame_timeout_s", 300),
     ("ipc_mux", False),
@@ -648,6 +654,11 @@ ENV_ONLY_VARS = [
     "SIE_SCHEDULER_DRAIN_DEADLINE_MS",
     "SIE_RUST_PIPELINE_DEPTH",
     "SIE_RUST_WAVE_CADENCE",
+    "SIE_BATCHER_IDLE_BYPASS_ENABLED",
+    "SIE_ADAPTIVE_MIN_QUANTUM_MS",
+    "SIE_ADAPTIVE_MAX_QUANTUM_MS",
+    "SIE_ADAPTIVE_TARGET_P50_MS",
+    "SIE_PULL_QUANTUM_INCLUDE_QUEUE_MS",
     "SIE_HEALTH_PUBLISH_ENABLED",
     "SIE_GENERATE_IPC_FRAME_TIMEOUT_S",
     "SIE_IPC_MUX",
@@ -661,6 +672,8 @@ def test_env_only_tuning_never_fails_startup(var: str, value: str) -> None:
     assert settings.nak_delay_ms >= 0
     assert 1 <= settings.nats_pull_expires_s <= 29
     assert 1 <= settings.pipeline_depth <= 8
+    assert 0 < settings.adaptive_min_quantum_ms <= settings.adaptive_max_quantum_ms
+    assert math.isfinite(settings.adaptive_target_p50_ms)
     assert min(settings.max_deliver, settings.nats_fetch_budget, settings.pull_loop_max_outstanding) > 0
 
 
@@ -965,3 +978,32 @@ def test_redact_url_userinfo_never_leaks_the_password(user: str, password: str, 
 
 def test_equality_ignores_warnings() -> None:
     assert build(SIE_MAX_DELIVER="0") == build()
+
+
+@pytest.mark.parametrize(
+    ("env", "expected"),
+    [
+        ({}, (2.0, 15.0, 50.0)),
+        ({"SIE_ADAPTIVE_MIN_QUANTUM_MS": "4", "SIE_ADAPTIVE_MAX_QUANTUM_MS": "30"}, (4.0, 30.0, 50.0)),
+        ({"SIE_ADAPTIVE_MIN_QUANTUM_MS": "20", "SIE_ADAPTIVE_MAX_QUANTUM_MS": "10"}, (20.0, 20.0, 50.0)),
+        ({"SIE_ADAPTIVE_MIN_QUANTUM_MS": "3", "SIE_ADAPTIVE_MAX_QUANTUM_MS": "1"}, (3.0, 15.0, 50.0)),
+        ({"SIE_ADAPTIVE_MIN_QUANTUM_MS": "0"}, (2.0, 15.0, 50.0)),
+        ({"SIE_ADAPTIVE_TARGET_P50_MS": "inf"}, (2.0, 15.0, 50.0)),
+        ({"SIE_ADAPTIVE_TARGET_P50_MS": "nan"}, (2.0, 15.0, 50.0)),
+        ({"SIE_ADAPTIVE_TARGET_P50_MS": "12.5"}, (2.0, 15.0, 12.5)),
+    ],
+)
+def test_quantum_controller_settings(env: dict[str, str], expected: tuple[float, float, float]) -> None:
+    """Scheduler-and-prep §4.8: ceiling below the floor -> max(15, floor); non-finite target refused."""
+    s = build(**env)
+    assert (s.adaptive_min_quantum_ms, s.adaptive_max_quantum_ms, s.adaptive_target_p50_ms) == expected
+
+
+@pytest.mark.parametrize(("value", "expected"), [("0", False), ("off", False), ("No", False), ("1", True), ("x", True)])
+def test_idle_bypass_flag(value: str, expected: bool) -> None:
+    assert build(SIE_BATCHER_IDLE_BYPASS_ENABLED=value).batcher_idle_bypass_enabled is expected
+
+
+def test_queue_ms_in_quantum_samples_is_opt_in() -> None:
+    assert build(SIE_PULL_QUANTUM_INCLUDE_QUEUE_MS="YES").pull_quantum_include_queue_ms is True
+    assert build(SIE_PULL_QUANTUM_INCLUDE_QUEUE_MS="2").pull_quantum_include_queue_ms is False

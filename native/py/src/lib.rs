@@ -9,6 +9,7 @@ mod envelopes;
 mod errors;
 mod framing;
 mod outputs;
+mod replies;
 mod results;
 mod workitem;
 
@@ -40,6 +41,9 @@ mod _native {
         f32_to_f16, frame_dense, frame_dense_batch, frame_multivector, frame_score, frame_sparse,
         nd_sentinel_raw, FramedBatch,
     };
+
+    #[pymodule_export]
+    use crate::replies::{frame_outcome_replies, FramedReplies};
 
     #[pymodule_export]
     use crate::buffers::SharedBytes;

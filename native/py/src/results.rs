@@ -9,12 +9,13 @@ use sie_core::msgpack::{Counter, SliceWriter};
 use sie_core::results::{
     self as core, chunk_range, encode_result_chunk as write_chunk,
     encode_work_result as write_result, plan_chunk_count, ChunkIdentity, ResultAssembler,
-    WorkResultRef, UNIT_KEYS,
+    WorkResultRef,
 };
 
 use crate::assembler::HashlibSha256;
 use crate::buffers::with_bytes;
 use crate::errors;
+use crate::replies::read_units;
 
 /// Owned copies of the string fields of a `sie_sidecar.types.WorkResult`.
 struct Fields {
@@ -39,21 +40,11 @@ struct Fields {
 
 impl Fields {
     fn read(obj: &Bound<'_, PyAny>) -> PyResult<Self> {
-        let units = {
-            let u = obj.getattr("units")?;
-            if u.is_none() {
-                None
-            } else {
-                let d = u.cast::<PyDict>()?;
-                let mut counts = [None; 5];
-                for (slot, key) in counts.iter_mut().zip(UNIT_KEYS) {
-                    *slot = match d.get_item(key)? {
-                        Some(v) if !v.is_none() => Some(v.extract::<u64>()?),
-                        _ => None,
-                    };
-                }
-                Some(counts)
-            }
+        let units_obj = obj.getattr("units")?;
+        let units = if units_obj.is_none() {
+            None
+        } else {
+            read_units(Some(units_obj.cast::<PyDict>()?))?
         };
         Ok(Self {
             work_item_id: obj.getattr("work_item_id")?.extract()?,

@@ -17,6 +17,7 @@ __all__ = [
     "ChunkLimits",
     "FrameSplitter",
     "FramedBatch",
+    "FramedReplies",
     "IpcChunkAssembler",
     "IpcResponseChunk",
     "ItemOutcome",
@@ -39,6 +40,7 @@ __all__ = [
     "frame_dense",
     "frame_dense_batch",
     "frame_multivector",
+    "frame_outcome_replies",
     "frame_score",
     "frame_sparse",
     "nd_sentinel_raw",
@@ -241,6 +243,27 @@ class ReplyPlan:
     def transfer_digest(self) -> bytes | None: ...
 
 def plan_reply(result: WorkResult, *, accepts_result_chunks: bool, max_payload: int) -> ReplyPlan: ...
+
+@final
+class FramedReplies:
+    @property
+    def buffer(self) -> bytes: ...
+    @property
+    def sent(self) -> bytes: ...
+    @property
+    def messages(self) -> int: ...
+    @property
+    def payload_bytes(self) -> int: ...
+
+def frame_outcome_replies(
+    deliveries: list[Any],
+    outcomes: list[Any],
+    *,
+    worker_id: str,
+    current_hash: str | None,
+    now: float,
+    max_payload: int,
+) -> FramedReplies | None: ...
 
 @final
 class ResultChunkAssembler:

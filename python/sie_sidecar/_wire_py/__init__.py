@@ -38,6 +38,7 @@ from .outputs import (
     frame_sparse,
     nd_sentinel,
 )
+from .replies import FramedReplies, frame_outcome_replies
 from .response_chunks import encode_response_frames
 from .results import (
     ReplyPlan,
@@ -83,6 +84,7 @@ __all__ = [
     "BatchedF16Multivector",
     "ChunkLimits",
     "FrameSplitter",
+    "FramedReplies",
     "IpcChunkAssembler",
     "IpcResponseChunk",
     "ItemOutcome",
@@ -107,6 +109,7 @@ __all__ = [
     "frame_dense_batch",
     "frame_extract",
     "frame_multivector",
+    "frame_outcome_replies",
     "frame_score",
     "frame_sparse",
     "health_subject",

@@ -1,0 +1,199 @@
+# SPDX-License-Identifier: Apache-2.0
+"""`frame_outcome_replies`: a batch of outcomes to PUB commands in one call, byte-identical to the
+general per-item path (`outcome_result` + `plan_reply` + `frame_pubs`), and `None` whenever the
+general path must decide (wire-protocol §4.6, §8.1, §8.3)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any
+
+import msgpack
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from sie_sidecar.backend.adapter import item_outcome
+from sie_sidecar.outbound import frame_pubs
+from sie_sidecar.results import outcome_result
+from sie_sidecar.workitem import WorkItem
+from tests.conftest import load_impl
+
+NOW = 1_700_000_100.25
+MAX_PAYLOAD = 1 << 20
+
+
+@dataclass
+class D:
+    """A Delivery-shaped record: the two attributes the framer reads."""
+
+    item: WorkItem
+    worker_direct: bool = False
+
+
+def work_item(i: int, **kw: Any) -> WorkItem:
+    base: dict[str, Any] = {
+        "work_item_id": f"r{i}.0",
+        "request_id": f"r{i}",
+        "item_index": i,
+        "total_items": 1,
+        "operation": "encode",
+        "model_id": "m",
+        "pool_name": "default",
+        "machine_profile": "cpu",
+        "reply_subject": f"_INBOX.gw.{i}",
+        "timestamp": NOW - 0.5,
+    }
+    base.update(kw)
+    return WorkItem(**base)
+
+
+def outcomes(impl: ModuleType, maps: list[dict[str, Any]]) -> list[Any]:
+    raw = msgpack.packb({"outcomes": maps, "batched_f16_multivectors": []}, use_bin_type=True)
+    return list(impl.decode_batch_outcome(raw).outcomes)
+
+
+def success(i: int, **kw: Any) -> dict[str, Any]:
+    return item_outcome(f"r{i}.0", f"r{i}", i, "publish_and_ack", result_msgpack=b"\x81\xa1x\x01", **kw)
+
+
+def general_path(ds: list[D], outs: list[Any], *, current_hash: str | None) -> bytes:
+    """What the dispatcher's per-item path would write for the same batch."""
+    from sie_sidecar import wire
+
+    messages = []
+    for d, o in zip(ds, outs, strict=True):
+        if not d.item.reply_subject.strip():
+            continue
+        result = outcome_result(
+            d.item, o, worker_id="w-1", worker_direct=d.worker_direct, current_hash=current_hash, now=NOW
+        )
+        plan = wire.plan_reply(result, accepts_result_chunks=False, max_payload=MAX_PAYLOAD)
+        assert plan.mode == "single"
+        messages.append((d.item.reply_subject, plan.messages[0]))
+    return frame_pubs(messages)
+
+
+def frame(impl: ModuleType, ds: list[D], outs: list[Any], **kw: Any) -> Any:
+    args: dict[str, Any] = {"worker_id": "w-1", "current_hash": None, "now": NOW, "max_payload": MAX_PAYLOAD}
+    args.update(kw)
+    return impl.frame_outcome_replies(ds, outs, **args)
+
+
+def test_a_plain_batch_is_framed_like_the_general_path(impl: ModuleType) -> None:
+    ds = [D(work_item(i)) for i in range(3)]
+    outs = outcomes(impl, [success(i, inference_ms=1.5, units={"input_tokens": 4}) for i in range(3)])
+    framed = frame(impl, ds, outs)
+    assert framed is not None
+    assert framed.buffer == general_path(ds, outs, current_hash=None)
+    assert (framed.messages, framed.sent) == (3, b"\x01\x01\x01")
+    assert framed.buffer.startswith(b"PUB _INBOX.gw.0 ")
+    assert framed.payload_bytes == sum(len(m) for m in _payloads(framed.buffer))
+
+
+def _payloads(buf: bytes) -> list[bytes]:
+    out, pos = [], 0
+    while pos < len(buf):
+        end = buf.index(b"\r\n", pos)
+        size = int(buf[pos:end].split()[-1])
+        out.append(buf[end + 2 : end + 2 + size])
+        pos = end + 2 + size + 2
+    return out
+
+
+def test_errors_hash_and_direct_flag_follow_outcome_result(impl: ModuleType) -> None:
+    ds = [D(work_item(0, bundle_config_hash="h1")), D(work_item(1, bundle_config_hash="old"), worker_direct=True)]
+    outs = outcomes(
+        impl,
+        [
+            success(0),
+            item_outcome("r1.0", "r1", 1, "publish_error_and_ack", error="boom", error_code="inference_error"),
+        ],
+    )
+    framed = frame(impl, ds, outs, current_hash="h1")
+    assert framed.buffer == general_path(ds, outs, current_hash="h1")
+    first, second = (msgpack.unpackb(p) for p in _payloads(framed.buffer))
+    assert first["executed_bundle_config_hash"] == "h1" and first["success"] is True
+    assert "executed_bundle_config_hash" not in second
+    assert (second["success"], second["error_code"], second["worker_direct"]) == (False, "inference_error", True)
+
+
+def test_an_empty_reply_subject_sends_nothing_but_counts(impl: ModuleType) -> None:
+    ds = [D(work_item(0, reply_subject=" ")), D(work_item(1))]
+    framed = frame(impl, ds, outcomes(impl, [success(0), success(1)]))
+    assert (framed.messages, framed.sent) == (1, b"\x00\x01")
+    assert framed.buffer.startswith(b"PUB _INBOX.gw.1 ")
+
+
+@pytest.mark.parametrize(
+    "case",
+    ["nak_retry", "raw_output", "empty_success", "out_of_order", "count", "too_large"],
+)
+def test_batches_the_general_path_must_decide_return_none(impl: ModuleType, case: str) -> None:
+    ds = [D(work_item(i)) for i in range(2)]
+    maps = [success(0), success(1)]
+    kw: dict[str, Any] = {}
+    if case == "nak_retry":
+        maps[1] = item_outcome("r1.0", "r1", 1, "nak_retry", nak_delay_ms=100)
+    elif case == "raw_output":
+        maps[1] = item_outcome("r1.0", "r1", 1, "publish_and_ack", raw_output={"dense": {"values": [1.0], "dim": 1}})
+    elif case == "empty_success":
+        maps[1] = item_outcome("r1.0", "r1", 1, "publish_and_ack")
+    elif case == "out_of_order":
+        maps.reverse()
+    elif case == "count":
+        maps.pop()
+    else:
+        kw["max_payload"] = 100
+    assert frame(impl, ds, outcomes(impl, maps), **kw) is None
+
+
+_text = st.text(max_size=12)
+_opt_ms = st.one_of(st.none(), st.floats(min_value=0, max_value=1e6, allow_nan=False))
+
+
+@st.composite
+def batches(draw: st.DrawFn) -> tuple[list[dict[str, Any]], list[tuple[dict[str, Any], bool]], str | None]:
+    n = draw(st.integers(min_value=0, max_value=6))
+    current = draw(st.one_of(st.none(), st.sampled_from(["h1", "h2"])))
+    maps, items = [], []
+    for i in range(n):
+        fields: dict[str, Any] = {
+            "inference_ms": draw(_opt_ms),
+            "tokenization_ms": draw(_opt_ms),
+            "postprocessing_ms": draw(_opt_ms),
+            "units": draw(
+                st.one_of(
+                    st.none(),
+                    st.fixed_dictionaries(
+                        {}, optional={"input_tokens": st.integers(0, 2**40), "pairs": st.integers(0, 9)}
+                    ),
+                )
+            ),
+        }
+        if draw(st.booleans()):
+            maps.append(success(i, **fields) | {"result_msgpack": draw(st.binary(min_size=1, max_size=64))})
+        else:
+            maps.append(item_outcome(f"r{i}.0", f"r{i}", i, "publish_error_and_ack", error=draw(_text), **fields))
+        item_kw = {
+            "request_id": draw(_text),
+            "bundle_config_hash": draw(st.sampled_from(["", "h1", "h2"])),
+            "timestamp": draw(st.sampled_from([0.0, NOW - 3.0, NOW + 3.0])),
+            "item_index": draw(st.integers(0, 2**32)),
+        }
+        items.append((item_kw, draw(st.booleans())))
+    return maps, items, current
+
+
+@given(batch=batches())
+def test_native_twin_and_general_path_agree(batch: Any) -> None:
+    native, twin = load_impl("native"), load_impl("py")
+    maps, items, current = batch
+    ds = [D(work_item(i, **kw), worker_direct=direct) for i, (kw, direct) in enumerate(items)]
+    expected = general_path(ds, outcomes(twin, maps), current_hash=current)
+    for impl in (native, twin):
+        framed = frame(impl, ds, outcomes(impl, maps), current_hash=current)
+        assert framed is not None
+        assert framed.buffer == expected
+        assert framed.messages == len(ds)
