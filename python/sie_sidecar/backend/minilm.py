@@ -15,7 +15,6 @@ Packing also means padding cannot leak into a sequence's result except through t
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import importlib.util
 import json
 import logging
@@ -32,6 +31,8 @@ from tokenizers import Tokenizer
 
 from .. import wire
 from ..ipc_types import FAILED, LOADING_IN_PROGRESS, LOADING_STARTED, READY, RETRY_LATER, ModelDescriptor, ReadyResponse
+from ..prep.text import transform_text
+from ..prep.tokenize import tokenizer_id_of
 from .adapter import Adapter, outcome_for, unit_counts
 from .safetensors import SafetensorsFile
 
@@ -41,6 +42,7 @@ __all__ = [
     "MiniLMAdapter",
     "MiniLMModel",
     "ModelNotInstalledError",
+    "accepted_token_rows",
     "find_model_dir",
 ]
 
@@ -183,8 +185,9 @@ class MiniLMModel:
         self.max_seq_len = min(self._configured_max_seq_len(), max_positions)
         self._check_pooling()
 
-        self._tokenizer_bytes = self.tokenizer_path.read_bytes()
-        self.tokenizer = Tokenizer.from_str(self._tokenizer_bytes.decode("utf-8"))
+        tokenizer_bytes = self.tokenizer_path.read_bytes()
+        self._tokenizer_id = tokenizer_id_of(tokenizer_bytes)
+        self.tokenizer = Tokenizer.from_str(tokenizer_bytes.decode("utf-8"))
         # tokenizer.json ships with a fixed 128 cap and 128-padding; sentence-transformers truncates
         # at max_seq_length and pads to the longest sequence of the batch.
         self.tokenizer.enable_truncation(max_length=self.max_seq_len)
@@ -271,7 +274,7 @@ class MiniLMModel:
     @property
     def tokenizer_id(self) -> str:
         """Lowercase hex SHA-256 of the tokenizer.json bytes: names the exact tokenizer in use."""
-        return hashlib.sha256(self._tokenizer_bytes).hexdigest()
+        return self._tokenizer_id
 
     @property
     def dims(self) -> int:
@@ -286,6 +289,11 @@ class MiniLMModel:
         ids = np.array([enc.ids for enc in encodings], dtype=np.int64)
         mask = np.array([enc.attention_mask for enc in encodings], dtype=np.bool_)
         return ids, mask
+
+    def token_rows(self, texts: Sequence[str]) -> list[list[int]]:
+        """Unpadded token ids per text, truncated to `max_seq_len` (what the sidecar sends)."""
+        encodings = self.tokenizer.encode_batch(list(texts)) if texts else []
+        return [enc.ids[: sum(enc.attention_mask)] for enc in encodings]  # padding is on the right
 
     def embed(self, texts: Sequence[str]) -> F32Array:
         """L2-normalised sentence embeddings, (n, 384) float32, one row per text."""
@@ -422,11 +430,11 @@ class MiniLMAdapter(Adapter):
             raise KeyError(f"model {model_id!r} is not served by the MiniLM backend")
         tokenizer_path = self._resolve_dir() / "tokenizer.json"
         if self._tokenizer_id is None:
-            self._tokenizer_id = hashlib.sha256(tokenizer_path.read_bytes()).hexdigest()
+            self._tokenizer_id = tokenizer_id_of(tokenizer_path.read_bytes())
         return ModelDescriptor(
             tokenizer_path=str(tokenizer_path),
             tokenizer_id=self._tokenizer_id,
-            max_seq_len=MAX_SEQ_LEN,
+            max_seq_len=MAX_SEQ_LEN if self._model is None else self._model.max_seq_len,
             output_types=("dense",),
             supports_run_batch=True,
         )
@@ -490,18 +498,33 @@ class MiniLMAdapter(Adapter):
         if self._load_task is not None and not self._load_task.done():
             await asyncio.wait([self._load_task])
 
-    def _embed(self, texts: list[str], item_ids: list[str | None]) -> tuple[list[bytes], list[int], float, float]:
-        """Worker-thread body: tokenize, embed, frame. Returns results, token counts and timings (ms)."""
+    def _embed(
+        self, texts: list[str], item_ids: list[str | None], prepared: list[object]
+    ) -> tuple[list[bytes], list[int], float, float]:
+        """Worker-thread body: accept the sidecar's tokens (§6.5), tokenize the rest, embed, frame.
+
+        Returns results, token counts and timings (ms).
+        """
         model = self._load_sync()
         with self._run_lock:
             t0 = time.perf_counter()
-            ids, mask = model.tokenize(texts)
+            rows = accepted_token_rows(
+                prepared, tokenizer_id=model.tokenizer_id, max_seq_len=model.max_seq_len, vocab_size=model.vocab_size
+            )
+            missing = [i for i, row in enumerate(rows) if row is None]
+            own = iter(model.token_rows([texts[i] for i in missing]))
+            ids: list[list[int]] = []
+            masks: list[list[int]] = []
+            for row in rows:
+                row_ids = next(own) if row is None else row[0]
+                ids.append(row_ids)
+                masks.append([1] * len(row_ids) if row is None else row[1])
             t1 = time.perf_counter()
-            matrix = model.embed_arrays(ids, mask)
+            matrix = model.embed_tokens(ids, masks)
             t2 = time.perf_counter()
         batch = wire.frame_dense_batch(matrix, item_ids=item_ids)
         results = [bytes(batch[i]) for i in range(len(texts))]
-        return results, [int(n) for n in mask.sum(axis=1)], (t1 - t0) * 1e3, (t2 - t1) * 1e3
+        return results, [sum(1 for m in mask if m) for mask in masks], (t1 - t0) * 1e3, (t2 - t1) * 1e3
 
     async def run_batch(
         self, model_id: str, op: str, items: list[dict[str, Any]], lora_key: str
@@ -520,6 +543,7 @@ class MiniLMAdapter(Adapter):
         outcomes: list[dict[str, Any]] = [{} for _ in items]
         texts: list[str] = []
         item_ids: list[str | None] = []
+        prepared: list[object] = []
         slots: list[int] = []
         for pos, item in enumerate(items):
             payload = item.get("item")
@@ -532,13 +556,16 @@ class MiniLMAdapter(Adapter):
                 outcomes[pos] = outcome_for(item, error, error=no_lora, error_code="inference_error")
                 continue
             caller_id = payload.get("id")
-            texts.append(text)
+            texts.append(transform_text(item, text, None, None))  # MiniLM declares no default templates
             item_ids.append(caller_id if isinstance(caller_id, str) else None)
+            prepared.append(item.get("prepared_tokens"))
             slots.append(pos)
 
         if texts:
             try:
-                results, tokens, tokenization_ms, inference_ms = await asyncio.to_thread(self._embed, texts, item_ids)
+                results, tokens, tokenization_ms, inference_ms = await asyncio.to_thread(
+                    self._embed, texts, item_ids, prepared
+                )
             except Exception as exc:
                 log.exception("all-MiniLM-L6-v2 batch of %d texts failed", len(texts))
                 for pos in slots:
@@ -556,6 +583,71 @@ class MiniLMAdapter(Adapter):
                         units=unit_counts(input_tokens=count),
                     )
         return outcomes
+
+
+# -- prepared tokens (scheduler §6.5) -------------------------------------------------------------
+
+TokenRow = tuple[list[int], list[int]]  # (input_ids, attention_mask) of one text
+
+
+class _GroupFallback(ValueError):
+    """A rule that makes the whole batch ignore the sidecar's tokens."""
+
+
+def accepted_token_rows(
+    prepared: Sequence[object], *, tokenizer_id: str, max_seq_len: int, vocab_size: int
+) -> list[TokenRow | None]:
+    """The sidecar tokens this backend uses, per item; None where it tokenizes the text itself.
+
+    Any sign that the sidecar tokenized differently (another tokenizer id, a larger cap, not exactly
+    one sequence, a malformed map) rejects the tokens of the whole batch, as the Python backend
+    does; an absent map or non-zero `token_type_ids` (a segment MiniLM's embedding ignores) only
+    that item's.
+    """
+    rows: list[TokenRow | None] = [None] * len(prepared)
+    for pos, tokens in enumerate(prepared):
+        if tokens is None:
+            continue
+        try:
+            rows[pos] = _token_row(tokens, tokenizer_id, max_seq_len, vocab_size)
+        except _GroupFallback as exc:
+            log.debug("prepared tokens not used for this batch of %d: %s", len(prepared), exc)
+            return [None] * len(prepared)
+    return rows
+
+
+def _token_row(tokens: object, tokenizer_id: str, max_seq_len: int, vocab_size: int) -> TokenRow | None:
+    if not isinstance(tokens, Mapping):
+        raise _GroupFallback("prepared_tokens is not a map")
+    if tokens.get("tokenizer_id") != tokenizer_id:
+        raise _GroupFallback(f"tokenizer_id {tokens.get('tokenizer_id')!r} is not this model's")
+    cap = tokens.get("max_seq_len", 0)
+    if isinstance(cap, bool) or not isinstance(cap, int) or cap > max_seq_len:
+        raise _GroupFallback(f"max_seq_len {cap!r} exceeds the model's {max_seq_len}")
+    ids = _one_row(tokens.get("input_ids"), "input_ids")
+    if ids is None or not 0 < len(ids) <= max_seq_len or min(ids) < 0 or max(ids) >= vocab_size:
+        raise _GroupFallback("input_ids must hold one sequence of 1..max_seq_len ids in the vocabulary")
+    mask = _one_row(tokens.get("attention_mask") or [], "attention_mask")
+    if mask is not None and len(mask) != len(ids):
+        raise _GroupFallback("attention_mask does not have the shape of input_ids")
+    type_ids = tokens.get("token_type_ids") or []
+    if not isinstance(type_ids, list) or not all(isinstance(row, list) for row in type_ids):
+        raise _GroupFallback("token_type_ids must be an array of arrays")
+    if any(any(v != 0 for v in row) for row in type_ids):
+        return None  # a second segment: this item is tokenized here
+    return ids, [1] * len(ids) if mask is None else mask
+
+
+def _one_row(value: object, key: str) -> list[int] | None:
+    """The single inner list of non-negative ints of `[[...]]`; None for `[]`; else a group fallback."""
+    if value == []:
+        return None
+    if not isinstance(value, list) or len(value) != 1 or not isinstance(value[0], list):
+        raise _GroupFallback(f"{key} must hold exactly one sequence")
+    row = value[0]
+    if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in row):
+        raise _GroupFallback(f"{key} must hold non-negative integers")
+    return row
 
 
 def _consume_exception(task: asyncio.Task[Any]) -> None:
