@@ -1,0 +1,75 @@
+# SPDX-License-Identifier: Apache-2.0
+"""`SIE_PAYLOAD_STORE_URL` → one reader (sidecar-behaviour §12), built once at start-up.
+
+| URL | reader |
+|---|---|
+| unset or `""` | local, no base directory: every read is an invalid ref |
+| `s3://bucket[/prefix]` | S3 (obstore, credentials from the standard AWS environment) |
+| `gs://`, `abfs://`, `abfss://`, `oss://` | start-up error: not in this build yet |
+| `file://<path>` or any other string | local, pinned base directory `<path>` |
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Protocol
+
+from .errors import InvalidPayloadRef, PayloadStoreConfigError
+from .local import LocalReader
+
+if TYPE_CHECKING:
+    from sie_sidecar.config import Settings
+
+#: §12 envelope cap: the widest accepted extract request (34 MiB) plus 64 KiB of msgpack overhead.
+PAYLOAD_ENVELOPE_LIMIT = 34 * 1024 * 1024 + 64 * 1024
+FILE_SCHEME = "file://"
+NOT_YET = ("gs://", "abfs://", "abfss://", "oss://")
+
+
+class PayloadReader(Protocol):
+    """What a backing store offers: a bounded fetch, and release at shutdown."""
+
+    async def fetch(self, ref: str, limit: int) -> bytes: ...
+
+    def close(self) -> None: ...
+
+
+class PayloadStore:
+    """Resolves payload refs against the configured store; every failure is a `PayloadError`."""
+
+    def __init__(self, reader: PayloadReader, kind: str) -> None:
+        self.reader = reader
+        self.kind = kind
+
+    @classmethod
+    def from_url(cls, url: str | None) -> PayloadStore:
+        """The §12 table; `PayloadStoreConfigError` for a URL this build can not serve (fatal at start-up)."""
+        if not url:
+            return cls(LocalReader(None), "local")
+        if url.startswith("s3://"):
+            from .s3 import S3Reader  # obstore is imported only when an object store is configured
+
+            return cls(S3Reader(url), "s3")
+        if url.startswith(NOT_YET):
+            scheme = url.split("://", 1)[0]
+            raise PayloadStoreConfigError(f"{scheme}:// payload stores are not supported by this build yet")
+        if url.startswith(FILE_SCHEME):
+            return cls(LocalReader(url[len(FILE_SCHEME) :]), "local")
+        return cls(LocalReader(url), "local")
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> PayloadStore:
+        """The store named by `SIE_PAYLOAD_STORE_URL` / `--payload-store-url`."""
+        return cls.from_url(settings.payload_store_url)
+
+    async def fetch(self, ref: str, *, limit: int = PAYLOAD_ENVELOPE_LIMIT) -> bytes:
+        """The stored blob, at most `limit` bytes; raises a `PayloadError` subclass (check `.too_large`)."""
+        if not isinstance(ref, str):
+            raise InvalidPayloadRef("payload ref must be a string")
+        return await self.reader.fetch(ref, limit)
+
+    def close(self) -> None:
+        """Release the reader's resources (the pinned directory descriptor)."""
+        self.reader.close()
+
+
+__all__ = ["PAYLOAD_ENVELOPE_LIMIT", "PayloadReader", "PayloadStore"]
