@@ -8,6 +8,7 @@
 //! * [`outputs`]: result framing (msgpack-numpy sentinels, dense/sparse/multivector/score).
 #![forbid(unsafe_code)]
 
+pub mod batcher;
 pub mod chunks;
 pub mod frame;
 pub mod ipc;

@@ -2,6 +2,7 @@
 //! `sie_sidecar._native.wire` (subjects and tombstones).
 
 mod assembler;
+mod batcher;
 mod buffers;
 mod convert;
 mod cython;
@@ -44,6 +45,9 @@ mod _native {
 
     #[pymodule_export]
     use crate::replies::{frame_outcome_replies, FramedReplies};
+
+    #[pymodule_export]
+    use crate::batcher::{Batcher, FormedBatch};
 
     #[pymodule_export]
     use crate::buffers::SharedBytes;

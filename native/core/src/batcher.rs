@@ -1,0 +1,341 @@
+//! One batch former: the pending queue of one (model, operation, LoRA) key, its flush triggers and
+//! its cost-sorted packing (scheduler-and-prep §3.1-3.5, v0.7.1 rules; no runs-alone lanes).
+//!
+//! Items are opaque `u64` handles with a cost; the caller keeps the items themselves. Time is
+//! passed in (seconds on any monotonic clock), so the former is deterministic under test.
+
+/// Caps and timers of one former (§3.1), replaced as a whole by the adaptive controller.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct BatchConfig {
+    pub max_batch_cost: u64,
+    pub max_batch_requests: usize,
+    pub max_batch_wait_ms: f64,
+    pub coalesce_ms: f64,
+    pub coalesce_ratio: f64,
+}
+
+impl Default for BatchConfig {
+    /// The Rust sidecar's v0.7.1 defaults: 16384 / 12 / 15 ms / 5 ms / 0.5.
+    fn default() -> Self {
+        Self {
+            max_batch_cost: 16384,
+            max_batch_requests: 12,
+            max_batch_wait_ms: 15.0,
+            coalesce_ms: 5.0,
+            coalesce_ratio: 0.5,
+        }
+    }
+}
+
+impl BatchConfig {
+    /// `min(coalesce_ms, max_batch_wait_ms × coalesce_ratio)`.
+    pub fn effective_coalesce_ms(&self) -> f64 {
+        self.coalesce_ms
+            .min(self.max_batch_wait_ms * self.coalesce_ratio)
+    }
+}
+
+/// Why a batch left the former; the labels are the telemetry vocabulary.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FlushReason {
+    CostCap,
+    CountCap,
+    Timeout,
+    Coalesce,
+    SingleOversize,
+    IdleBypass,
+    Drain,
+}
+
+impl FlushReason {
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::CostCap => "cost_cap",
+            Self::CountCap => "count_cap",
+            Self::Timeout => "timeout",
+            Self::Coalesce => "coalesce",
+            Self::SingleOversize => "single_oversize",
+            Self::IdleBypass => "idle_bypass",
+            Self::Drain => "drain",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Pending {
+    id: u64,
+    cost: u64,
+    arrival: f64,
+    hard_cap: Option<u64>,
+}
+
+/// A formed batch: handles in packing order (cost ascending, FIFO among equals).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Batch {
+    pub ids: Vec<u64>,
+    pub total_cost: u64,
+    pub reason: FlushReason,
+}
+
+/// The pending state of one former (§3.2).
+#[derive(Debug, Clone, Default)]
+pub struct Batcher {
+    pending: Vec<Pending>,
+    total_cost: u64,
+    first_request_time: Option<f64>,
+    last_submit_time: Option<f64>,
+    config: BatchConfig,
+}
+
+fn ms_since(now: f64, then: f64) -> f64 {
+    (now - then) * 1000.0
+}
+
+impl Batcher {
+    pub fn new(config: BatchConfig) -> Self {
+        Self {
+            config,
+            ..Self::default()
+        }
+    }
+
+    pub fn config(&self) -> BatchConfig {
+        self.config
+    }
+
+    /// Replace the caps (controller step); true when the queue became flushable.
+    pub fn update_config(&mut self, config: BatchConfig, now: f64) -> bool {
+        self.config = config;
+        self.flush_reason(now, false).is_some()
+    }
+
+    pub fn len(&self) -> usize {
+        self.pending.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.pending.is_empty()
+    }
+
+    pub fn total_cost(&self) -> u64 {
+        self.total_cost
+    }
+
+    /// Arrival of the oldest pending item (the FCFS key across formers), `None` when empty.
+    pub fn head_arrival(&self) -> Option<f64> {
+        self.pending.iter().map(|p| p.arrival).reduce(f64::min)
+    }
+
+    /// `min(config cap, every pending item's hard cap)`.
+    pub fn effective_max_cost(&self) -> u64 {
+        self.pending
+            .iter()
+            .filter_map(|p| p.hard_cap)
+            .fold(self.config.max_batch_cost, u64::min)
+    }
+
+    /// Append one item (§3.3); true when the consumer should wake (flushable now, or first item).
+    pub fn submit(&mut self, id: u64, cost: u64, now: f64, hard_cap: Option<u64>) -> bool {
+        self.pending.push(Pending {
+            id,
+            cost,
+            arrival: now,
+            hard_cap,
+        });
+        self.total_cost = self.total_cost.saturating_add(cost);
+        self.last_submit_time = Some(now);
+        let first = self.first_request_time.is_none();
+        if first {
+            self.first_request_time = Some(now);
+        }
+        first || self.flush_reason(now, false).is_some()
+    }
+
+    /// The first matching trigger of §3.4, or `None`.
+    pub fn flush_reason(&self, now: f64, immediate: bool) -> Option<FlushReason> {
+        if self.pending.is_empty() {
+            return None;
+        }
+        let cap = self.effective_max_cost();
+        if self.pending.len() == 1 && self.total_cost > cap {
+            return Some(FlushReason::SingleOversize);
+        }
+        if self.total_cost >= cap {
+            return Some(FlushReason::CostCap);
+        }
+        if self.pending.len() >= self.config.max_batch_requests {
+            return Some(FlushReason::CountCap);
+        }
+        if let Some(first) = self.first_request_time {
+            if ms_since(now, first) >= self.config.max_batch_wait_ms {
+                return Some(FlushReason::Timeout);
+            }
+        }
+        if let Some(last) = self.last_submit_time {
+            if ms_since(now, last) >= self.config.effective_coalesce_ms() {
+                return Some(FlushReason::Coalesce);
+            }
+        }
+        immediate.then_some(FlushReason::IdleBypass)
+    }
+
+    /// Milliseconds until the wait or coalesce timer fires (0 when one already has); `None` when empty.
+    pub fn time_until_next_trigger_ms(&self, now: f64) -> Option<f64> {
+        let first = self.first_request_time?;
+        let a = (self.config.max_batch_wait_ms - ms_since(now, first)).max(0.0);
+        let b = match self.last_submit_time {
+            Some(last) => (self.config.effective_coalesce_ms() - ms_since(now, last)).max(0.0),
+            None => self.config.coalesce_ms,
+        };
+        Some(a.min(b))
+    }
+
+    /// Take the batch for `reason` if a trigger fires (`immediate` allows the idle bypass).
+    pub fn try_get_batch(&mut self, now: f64, immediate: bool) -> Option<Batch> {
+        let reason = self.flush_reason(now, immediate)?;
+        Some(self.extract(reason, usize::MAX))
+    }
+
+    /// A drain: up to `max_items` regardless of triggers, obeying the caps; `None` when empty.
+    pub fn try_drain_up_to(&mut self, max_items: usize) -> Option<Batch> {
+        if self.pending.is_empty() || max_items == 0 {
+            return None;
+        }
+        Some(self.extract(FlushReason::Drain, max_items))
+    }
+
+    /// Pack a batch (§3.5): stable cost sort, then take while under the caps, at least one item.
+    pub fn extract(&mut self, reason: FlushReason, max_items: usize) -> Batch {
+        self.pending.sort_by_key(|p| p.cost);
+        let cap = self.effective_max_cost();
+        let nmax = self.config.max_batch_requests.max(1);
+        let max_items = max_items.max(1);
+        let (mut taken, mut batch_cost) = (0usize, 0u64);
+        for p in &self.pending {
+            if taken >= max_items {
+                break;
+            }
+            if taken > 0 && batch_cost.saturating_add(p.cost) > cap {
+                break;
+            }
+            batch_cost = batch_cost.saturating_add(p.cost);
+            taken += 1;
+            if taken >= nmax {
+                break;
+            }
+        }
+        let ids = self.pending.drain(..taken).map(|p| p.id).collect();
+        self.total_cost = self.total_cost.saturating_sub(batch_cost);
+        // Re-anchor both timers on what is left (the Rust sidecar's choice, §3.5 [DIV]).
+        self.first_request_time = self.pending.iter().map(|p| p.arrival).reduce(f64::min);
+        self.last_submit_time = self.pending.iter().map(|p| p.arrival).reduce(f64::max);
+        Batch {
+            ids,
+            total_cost: batch_cost,
+            reason,
+        }
+    }
+
+    /// Remove everything (shutdown residue), oldest first.
+    pub fn drain_all(&mut self) -> Vec<u64> {
+        self.total_cost = 0;
+        self.first_request_time = None;
+        self.last_submit_time = None;
+        let mut all = std::mem::take(&mut self.pending);
+        all.sort_by(|a, b| a.arrival.total_cmp(&b.arrival));
+        all.into_iter().map(|p| p.id).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn former() -> Batcher {
+        Batcher::new(BatchConfig::default())
+    }
+
+    #[test]
+    fn effective_coalesce_examples() {
+        let mut c = BatchConfig::default();
+        assert_eq!(c.effective_coalesce_ms(), 5.0);
+        c.coalesce_ms = 15.0;
+        c.max_batch_wait_ms = 4.0;
+        assert_eq!(c.effective_coalesce_ms(), 2.0);
+        c.coalesce_ms = 2.0;
+        c.max_batch_wait_ms = 100.0;
+        assert_eq!(c.effective_coalesce_ms(), 2.0);
+    }
+
+    #[test]
+    fn triggers_in_order() {
+        let mut b = former();
+        assert_eq!(b.flush_reason(0.0, true), None);
+        assert!(b.submit(1, 100, 0.0, None)); // first item wakes
+        assert_eq!(b.flush_reason(0.0, false), None);
+        assert_eq!(b.flush_reason(0.0, true), Some(FlushReason::IdleBypass));
+        assert_eq!(b.flush_reason(0.005, false), Some(FlushReason::Coalesce));
+        b.submit(2, 100, 0.004, None);
+        assert_eq!(b.flush_reason(0.008, false), None);
+        assert_eq!(b.flush_reason(0.015, false), Some(FlushReason::Timeout));
+        for i in 3..=12 {
+            b.submit(i, 1, 0.009, None);
+        }
+        assert_eq!(b.flush_reason(0.009, false), Some(FlushReason::CountCap));
+        b.submit(13, 20000, 0.009, None);
+        assert_eq!(b.flush_reason(0.009, false), Some(FlushReason::CostCap));
+    }
+
+    #[test]
+    fn lone_oversize_item_goes_alone() {
+        let mut b = former();
+        b.submit(7, 50_000, 0.0, None);
+        let batch = b.try_get_batch(0.0, false).unwrap();
+        assert_eq!(
+            (batch.ids, batch.reason),
+            (vec![7], FlushReason::SingleOversize)
+        );
+        assert!(b.is_empty() && b.total_cost() == 0);
+    }
+
+    #[test]
+    fn packing_is_cost_sorted_and_capped() {
+        let mut b = Batcher::new(BatchConfig {
+            max_batch_cost: 10,
+            ..BatchConfig::default()
+        });
+        for (id, cost) in [(1, 6), (2, 3), (3, 3), (4, 20)] {
+            b.submit(id, cost, 0.0, None);
+        }
+        let batch = b.extract(FlushReason::CostCap, usize::MAX);
+        assert_eq!((batch.ids, batch.total_cost), (vec![2, 3], 6));
+        let next = b.extract(FlushReason::Drain, usize::MAX);
+        assert_eq!(next.ids, vec![1]);
+        let last = b.extract(FlushReason::Drain, usize::MAX);
+        assert_eq!(last.ids, vec![4]); // costlier than the cap: alone
+        assert!(b.try_drain_up_to(5).is_none());
+    }
+
+    #[test]
+    fn timers_reanchor_on_the_remainder() {
+        let mut b = Batcher::new(BatchConfig {
+            max_batch_requests: 1,
+            ..BatchConfig::default()
+        });
+        b.submit(1, 1, 0.0, None);
+        b.submit(2, 1, 0.010, None);
+        b.extract(FlushReason::CountCap, usize::MAX);
+        assert_eq!(b.time_until_next_trigger_ms(0.010), Some(5.0));
+        assert_eq!(b.head_arrival(), Some(0.010));
+    }
+
+    #[test]
+    fn hard_cap_lowers_the_whole_queue() {
+        let mut b = former();
+        b.submit(1, 100, 0.0, Some(150));
+        b.submit(2, 100, 0.0, None);
+        assert_eq!(b.effective_max_cost(), 150);
+        assert_eq!(b.flush_reason(0.0, false), Some(FlushReason::CostCap));
+        assert_eq!(b.extract(FlushReason::CostCap, usize::MAX).ids, vec![1]);
+    }
+}
