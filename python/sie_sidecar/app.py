@@ -22,6 +22,7 @@ from .dispatcher import ConfigState, Dispatcher, DispatchSettings
 from .health import HealthIdentity, Readiness, health_payload, heartbeat, start_probes
 from .ipc_client import IpcClient
 from .outbound import FramedWriter
+from .payloads import PayloadStore, PayloadStoreConfigError
 from .publisher import Publisher
 from .pull import PullConsumer
 from .quantum import LatencyWindow, QuantumController
@@ -130,6 +131,11 @@ async def run(settings: Settings, *, stop: asyncio.Event | None = None, started:
     for warning in settings.warnings:
         log.warning(warning)
 
+    try:
+        payloads = PayloadStore.from_settings(settings)
+    except PayloadStoreConfigError as exc:  # an unusable SIE_PAYLOAD_STORE_URL is fatal at start-up (§3)
+        log.error("invalid payload store", extra={"error": str(exc)})
+        return 2
     readiness = Readiness(
         ping_interval_ms=settings.worker_ping_interval_ms, stale_mult=settings.worker_readyz_stale_mult
     )
@@ -181,6 +187,7 @@ async def run(settings: Settings, *, stop: asyncio.Event | None = None, started:
         config=config,
         shutdown=stop,
         quantum=quantum,
+        payloads=payloads,
     )
     on_work_cancel, on_batch_cancel = _cancel_handlers(dispatcher, settings.worker_id)
     subs = [
@@ -307,6 +314,7 @@ async def run(settings: Settings, *, stop: asyncio.Event | None = None, started:
     with contextlib.suppress(Exception):
         await asyncio.wait_for(ipc.drain(BACKEND_DRAIN_MS), BACKEND_DRAIN_MS / 1000.0 + 1)
     await ipc.close()
+    payloads.close()
     with contextlib.suppress(Exception):
         await nc.flush(timeout=2)
     await nc.close()

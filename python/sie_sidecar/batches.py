@@ -92,22 +92,31 @@ def extract_item(item: WorkItem, payload_fetch_ms: float = 0.0) -> dict[str, Any
 _BUILDERS = {"encode": encode_item, "score": score_item, "extract": extract_item}
 
 
-def run_batch_body(model_id: str, op: str, items: Sequence[WorkItem], lora: str, total_cost: int) -> bytes:
+def run_batch_body(
+    model_id: str,
+    op: str,
+    items: Sequence[WorkItem],
+    lora: str,
+    total_cost: int,
+    *,
+    payload_fetch_ms: Sequence[float] | None = None,
+) -> bytes:
     """An encoded RunBatchRequest: one op, one LoRA key, items wrapped as tagged RunBatchItems."""
     build = _BUILDERS[op]
+    fetch_ms = payload_fetch_ms if payload_fetch_ms is not None else [0.0] * len(items)
     wrapped = [
         {
             "op": op,
             "work_item_id": item.work_item_id,
             "request_id": item.request_id,
             "item_index": item.item_index,
-            "encode": build(item) if op == "encode" else None,
-            "score": build(item) if op == "score" else None,
-            "extract": build(item) if op == "extract" else None,
+            "encode": build(item, ms) if op == "encode" else None,
+            "score": build(item, ms) if op == "score" else None,
+            "extract": build(item, ms) if op == "extract" else None,
             "traceparent": item.traceparent,
             "tracestate": item.tracestate,
         }
-        for item in items
+        for item, ms in zip(items, fetch_ms, strict=True)
     ]
     body = {
         "model_id": model_id,
@@ -120,9 +129,16 @@ def run_batch_body(model_id: str, op: str, items: Sequence[WorkItem], lora: str,
     return bytes(msgpack.packb(body, use_bin_type=True))
 
 
-def per_op_body(model_id: str, op: str, items: Sequence[WorkItem]) -> bytes:
+def per_op_body(
+    model_id: str, op: str, items: Sequence[WorkItem], payload_fetch_ms: Sequence[float] | None = None
+) -> bytes:
     """An encoded Process{Encode,Score,Extract}BatchRequest, for backends without RunBatch."""
-    body: dict[str, Any] = {"model_id": model_id, "items": [_BUILDERS[op](item) for item in items]}
+    fetch_ms = payload_fetch_ms if payload_fetch_ms is not None else [0.0] * len(items)
+    build = _BUILDERS[op]
+    body: dict[str, Any] = {
+        "model_id": model_id,
+        "items": [build(item, ms) for item, ms in zip(items, fetch_ms, strict=True)],
+    }
     if op == "encode":
         body["accepts_batched_f16_multivectors"] = True
     return bytes(msgpack.packb(body, use_bin_type=True))

@@ -51,6 +51,8 @@ class Delivery:
     item: WorkItem | None = None
     model: str = ""
     settled: bool = field(default=False)
+    #: Time spent fetching an offloaded payload for this item (0 when it was inline).
+    payload_fetch_ms: float = 0.0
     #: Gives the pull consumer that delivered this message its capacity back.
     release: Callable[[int], None] | None = None
 

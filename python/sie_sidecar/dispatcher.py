@@ -21,6 +21,9 @@ from .batches import PER_OP_METHOD, lora_key, per_op_body, run_batch_body
 from .delivery import Delivery, Settler
 from .errors import IpcServerError
 from .ipc_types import ReadyResponse
+from .media import check_extract_work_item
+from .payloads import PayloadStore, resolve_items
+from .payloads.resolve import payload_ref_of
 from .publisher import Publisher, Reply
 from .quantum import QuantumController
 from .results import batched_f16_slices, error_result, outcome_result, queue_ms
@@ -88,6 +91,7 @@ class Dispatcher:
         batch_tombstones: Any = None,
         shutdown: asyncio.Event | None = None,
         quantum: QuantumController | None = None,
+        payloads: PayloadStore | None = None,
     ) -> None:
         self._s = settings
         self._backend = backend
@@ -98,6 +102,7 @@ class Dispatcher:
         self._batch_tombstones = batch_tombstones if batch_tombstones is not None else wire.BatchTombstones()
         self._shutdown = shutdown or asyncio.Event()
         self._quantum = quantum
+        self._payloads = payloads
         self._group_slots = asyncio.Semaphore(max(1, settings.max_concurrent_batches))
         #: Items per backend batch call, for the shutdown summary and the demo.
         self.batch_sizes: Counter[int] = Counter()
@@ -276,9 +281,13 @@ class Dispatcher:
         items = [d.item for d in ds if d.item is not None]
         try:
             if supports_run_batch:
-                outcome = await self._backend.run_batch(run_batch_body(model, op, items, lora, len(items)))
+                fetch_ms = [d.payload_fetch_ms for d in ds]
+                outcome = await self._backend.run_batch(
+                    run_batch_body(model, op, items, lora, len(items), payload_fetch_ms=fetch_ms)
+                )
             else:
-                outcome = await self._backend.process_batch(PER_OP_METHOD[op], per_op_body(model, op, items))
+                fetch_ms = [d.payload_fetch_ms for d in ds]
+                outcome = await self._backend.process_batch(PER_OP_METHOD[op], per_op_body(model, op, items, fetch_ms))
         except IpcServerError as exc:
             self._ready_cache.pop(model, None)
             delay = DRAINING_NAK_MS if exc.message == "draining" else base
@@ -306,17 +315,43 @@ class Dispatcher:
         }
 
     async def _resolve_payloads(self, ds: list[Delivery]) -> list[Delivery]:
-        """Offloaded payloads need a payload store (issue 4); without one every read is refused."""
-        live, refused = [], []
-        for d in ds:
+        """Inline offloaded payloads and check extract media (§4.2, §12; scheduler-and-prep §7.1).
+
+        Each refused item gets its own error result (PAYLOAD_TOO_LARGE, payload_error or the media
+        code) and is ACKed once that is published; the rest of the batch goes on.
+        """
+        refused: list[tuple[Delivery, str, str]] = []
+        checked: list[Delivery] = []
+        for d in ds:  # inline extract media is checked before any fetch
             assert d.item is not None
-            if d.item.payload_ref is not None or d.item.query_payload_ref is not None:
-                refused.append(d)
+            bad = check_extract_work_item(d.item) if d.item.operation == "extract" else None
+            if bad is None:
+                checked.append(d)
             else:
-                live.append(d)
-        if refused:
-            await self._publish_errors(refused, "payload_error", "failed to resolve item", nak_on_failure=True)
-        return live
+                refused.append((d, bad.code, bad.message))
+        offloaded = [d for d in checked if d.item is not None and payload_ref_of(d.item) is not None]
+        if offloaded:
+            if self._payloads is None:
+                refused += [(d, "payload_error", "failed to resolve item") for d in offloaded]
+            else:
+                outcomes = await resolve_items(self._payloads, [d.item for d in offloaded if d.item is not None])
+                for d, r in zip(offloaded, outcomes, strict=True):
+                    if not r.ok:
+                        log.warning("payload fetch failed", extra={"item": r.item.work_item_id, "reason": r.reason})
+                        refused.append((d, r.code, r.message))
+                        continue
+                    d.item, d.payload_fetch_ms = r.item, r.fetch_ms
+                    bad = check_extract_work_item(r.item) if r.item.operation == "extract" else None
+                    if bad is not None:
+                        refused.append((d, bad.code, bad.message))
+        if not refused:
+            return checked
+        for code in dict.fromkeys(code for _, code, _ in refused):
+            group = [(d, message) for d, c, message in refused if c == code]
+            for message in dict.fromkeys(m for _, m in group):
+                await self._publish_errors([d for d, m in group if m == message], code, message, nak_on_failure=True)
+        gone = {id(d) for d, _, _ in refused}
+        return [d for d in checked if id(d) not in gone]
 
     async def _apply_outcomes(self, ds: list[Delivery], outcome: Any) -> None:
         """Bind outcomes to deliveries by work_item_id (FIFO for duplicates), publish, then settle."""

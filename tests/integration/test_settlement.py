@@ -199,6 +199,33 @@ async def test_offloaded_payload_without_a_store_is_a_payload_error(nats_server:
         assert (reply["error_code"], reply["error"]) == ("payload_error", "failed to resolve item")
 
 
+async def test_offloaded_payloads_resolve_and_bad_refs_fail_alone(nats_server: NatsServer, tmp_path: Path) -> None:
+    """A local payload store (§12): a stored item is inlined and served; a traversal, a missing file
+    and an oversized blob each get their own error result and ACK; nothing else in the batch is lost."""
+    store = tmp_path / "payloads"
+    store.mkdir()
+    (store / "good.bin").write_bytes(msgpack.packb({"text": "text 7", "id": "from-store"}))
+    (store / "huge.bin").write_bytes(b"\x00" * (35_717_120 + 1))
+    (tmp_path / "secret.bin").write_bytes(msgpack.packb({"text": "secret"}))
+    env = {"SIE_PAYLOAD_STORE_URL": str(store)}
+    async with running_stack(nats_server, tmp_path, env=env) as stack:
+        refs = ["good.bin", "../secret.bin", "missing.bin", "huge.bin"]
+        ids = [await stack.publish(work_item(item=None, payload_ref=ref)) for ref in refs]
+        inline = await stack.publish(work_item(text="text 8"))
+        await stack.wait_for(lambda: all(len(stack.results_for(w)) == 1 for w in [*ids, inline]))
+        await stack.settled_pool()
+        good, escape, missing, huge = (stack.results_for(w)[0] for w in ids)
+        assert good["success"] is True
+        decoded = msgpack.unpackb(good["result_msgpack"])
+        assert decoded["id"] == "from-store"
+        assert (escape["error_code"], missing["error_code"]) == ("payload_error", "payload_error")
+        assert (huge["error_code"], huge["error"]) == (
+            "PAYLOAD_TOO_LARGE",
+            "referenced payload exceeds the worker size limit",
+        )
+        assert stack.results_for(inline)[0]["success"] is True
+
+
 async def test_score_and_extract_items(nats_server: NatsServer, tmp_path: Path) -> None:
     async with running_stack(nats_server, tmp_path) as stack:
         score = await stack.publish(

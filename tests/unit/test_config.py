@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import math
 import json
+import math
 import re
 import uuid
 
