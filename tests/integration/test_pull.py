@@ -16,7 +16,7 @@ from nats.errors import Error as NatsError
 from nats.js import JetStreamContext
 from nats.js import api as js_api
 
-from sie_sidecar.pull import PullConsumer
+from sie_sidecar.pull import PullConsumer, _DirectQueue, direct_delivery_supported
 from sie_sidecar.topology import TopologySpec, ensure_topology, reconcile_forever
 
 from .conftest import NatsServer
@@ -73,7 +73,9 @@ async def _drain(
     await asyncio.wait_for(run(), timeout)
 
 
-async def test_5000_messages_delivered_exactly_once_within_the_cap(nc: Client) -> None:
+@pytest.mark.parametrize("direct", [True, False], ids=["direct", "callback"])
+async def test_5000_messages_delivered_exactly_once_within_the_cap(nc: Client, direct: bool) -> None:
+    """Both delivery paths: straight from nats-py's reader (default) and the callback fallback."""
     js = nc.jetstream()
     await ensure_topology(js, SPEC)
     total, cap = 5000, 64
@@ -85,7 +87,8 @@ async def test_5000_messages_delivered_exactly_once_within_the_cap(nc: Client) -
     max_seen_unsettled = 0
     in_flight: set[asyncio.Task[None]] = set()
 
-    async with _consumer(nc, batch=64, expires_s=2.0, max_outstanding=cap) as consumer:
+    async with _consumer(nc, batch=64, expires_s=2.0, max_outstanding=cap, direct=direct) as consumer:
+        assert isinstance(consumer._sub._pending_queue, _DirectQueue) is direct  # type: ignore[union-attr]
 
         async def handle(batch: list[Msg]) -> None:
             # Hold the batch briefly, as a dispatcher would, so the unsettled count presses on the cap.
@@ -214,6 +217,16 @@ async def test_coalescing_returns_multi_message_batches(nc: Client) -> None:
         for msg in batch:
             await msg.ack()
         consumer.settled(5)
+
+
+async def test_nats_py_keeps_the_internals_direct_delivery_replaces(nc: Client) -> None:
+    """Canary: a nats-py upgrade that drops `Subscription._pending_queue` / `_pending_size` fails here
+    (the consumer would fall back to callbacks, correct but slower)."""
+    sub = await nc.subscribe("canary.direct")
+    try:
+        assert direct_delivery_supported(sub)
+    finally:
+        await sub.unsubscribe()
 
 
 async def test_stop_early_ends_coalescing_at_once_and_on_wake(nc: Client) -> None:
