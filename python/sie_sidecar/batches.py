@@ -44,9 +44,15 @@ def _common(item: WorkItem) -> dict[str, Any]:
 
 
 def encode_item(item: WorkItem, payload_fetch_ms: float = 0.0) -> dict[str, Any]:
-    """EncodeBatchItem, every key written (nil for absent optionals), in the v0.7.1 order."""
+    """EncodeBatchItem, every key written (nil for absent optionals), in the v0.7.1 order.
+
+    One dict literal (not `_common` merged in): this runs for every encode item of every batch."""
     return {
-        **_common(item),
+        "work_item_id": item.work_item_id,
+        "request_id": item.request_id,
+        "item_index": item.item_index,
+        "total_items": item.total_items,
+        "timestamp": float(item.timestamp),
         "item": item.item,
         "output_types": item.output_types,
         "instruction": item.instruction,

@@ -40,6 +40,9 @@ LOADING_RECHECK_CAP_MS = 15_000
 #: `nak_retry` outcome forgets it, so a backend that unloaded the model is asked again at once.
 READY_CACHE_S = 1.0
 KNOWN_OPS = ("encode", "score", "extract")
+#: Subjects whose model token is remembered (cleared when full; subjects are few per worker).
+SUBJECT_CACHE_SIZE = 4096
+_ACCEPT, _NAK, _DROP = object(), object(), object()  # intake verdicts
 
 
 class BackendClient(Protocol):
@@ -108,6 +111,7 @@ class Dispatcher:
         self.batch_sizes: Counter[int] = Counter()
         #: model → (when, ready response): saves an EnsureModelReady round trip per batch at load.
         self._ready_cache: dict[str, tuple[float, ReadyResponse]] = {}
+        self._subject_models: dict[str, str | None] = {}
 
     @property
     def config(self) -> ConfigState:
@@ -126,39 +130,53 @@ class Dispatcher:
     async def handle(self, messages: Sequence[Any], release: Callable[[int], None] | None = None) -> None:
         """Settle every message of one pulled batch exactly once; `release` returns pull capacity."""
         groups: dict[str, list[Delivery]] = defaultdict(list)
+        intake = self._intake
         for msg in messages:
-            d = await self._intake(msg, release)
-            if d is not None:
+            d, verdict = intake(msg, release)
+            if verdict is _ACCEPT:
                 groups[d.model].append(d)
+            elif verdict is _NAK:
+                await self._settler.nak(d, self._s.nak_delay_ms)
+            else:
+                await self._settler.drop(d)
         if groups:
             await asyncio.gather(*(self._run_group(model, ds) for model, ds in groups.items()))
 
-    async def _intake(self, msg: Any, release: Callable[[int], None] | None) -> Delivery | None:
+    def _model_of(self, subject: str) -> str | None:
+        """The model token of a work subject, remembered per subject (a worker sees few of them)."""
+        cache = self._subject_models
+        try:
+            return cache[subject]
+        except KeyError:
+            pass
+        model = wire.model_from_subject(subject)
+        if len(cache) >= SUBJECT_CACHE_SIZE:
+            cache.clear()
+        cache[subject] = model
+        return model
+
+    def _intake(self, msg: Any, release: Callable[[int], None] | None) -> tuple[Delivery, object]:
+        """§4.1 checks for one message, without awaiting: the verdict says how `handle` settles it."""
         subject: str = msg.subject
         d = Delivery(msg=msg, worker_direct=wire.is_worker_direct_subject(subject), release=release)
-        model = wire.model_from_subject(subject)
+        model = self._model_of(subject)
         if model is None:
-            await self._settler.nak(d, self._s.nak_delay_ms)
-            return None
+            return d, _NAK
         try:
-            d.item = decode_work_item(msg.data)
+            d.item = item = decode_work_item(msg.data)
         except WorkItemError as exc:
             log.warning("undecodable WorkItem", extra={"subject": subject, "error": str(exc)})
-            await self._settler.nak(d, self._s.nak_delay_ms)
-            return None
-        item = d.item
+            return d, _NAK
         if not wire.is_safe_reply_subject(item.reply_subject):
             log.warning("unsafe reply subject; dropped", extra={"item": item.work_item_id})
-            await self._settler.drop(d)
-            return None
+            return d, _DROP
         if item.operation != "generate" and self._any_tombstones() and self._cancelled(d):
-            await self._settler.drop(d)
-            return None
+            return d, _DROP
         if item.model_id != model:
             log.warning("payload model differs from the subject; the subject wins", extra={"item": item.work_item_id})
             item.model_id = model
         d.model = model
-        return d
+        return d, _ACCEPT
 
     def _any_tombstones(self) -> bool:
         """False while both sets are empty (the usual case), so no item needs a lookup."""
