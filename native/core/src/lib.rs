@@ -3,6 +3,7 @@
 //! * [`msgpack`]: the msgpack subset the wire uses (shortest-form writer, zero-copy reader);
 //! * [`frame`]: IPC length-prefixed framing and the incremental splitter;
 //! * [`ipc`]: request envelopes, response classification and IpcResponseChunkV1 frames;
+//! * [`controller`]: the scheduler's adaptive batch controller (PI on p50 headroom) and its replay;
 //! * [`chunks`]: IpcResponseChunkV1 reassembly under a process-wide budget;
 //! * [`results`]: WorkResult encoding and ResultChunkV1 planning and reassembly;
 //! * [`outputs`]: result framing (msgpack-numpy sentinels, dense/sparse/multivector/score).
@@ -10,6 +11,7 @@
 
 pub mod batcher;
 pub mod chunks;
+pub mod controller;
 pub mod frame;
 pub mod ipc;
 pub mod msgpack;

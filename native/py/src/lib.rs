@@ -4,6 +4,7 @@
 mod assembler;
 mod batcher;
 mod buffers;
+mod controller;
 mod convert;
 mod cython;
 mod envelopes;
@@ -48,6 +49,9 @@ mod _native {
 
     #[pymodule_export]
     use crate::batcher::{Batcher, FormedBatch};
+
+    #[pymodule_export]
+    use crate::controller::{replay_controller, AdaptiveController, PercentileWindow};
 
     #[pymodule_export]
     use crate::buffers::SharedBytes;

@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """Stubs for the Rust extension `sie_sidecar._native` (checked by mypy.stubtest)."""
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from types import ModuleType, TracebackType
 from typing import Any, Final, Self, final
 
@@ -11,18 +11,20 @@ from sie_sidecar.types import WorkResult
 
 __all__ = [
     "PRODUCTION_LIMITS",
+    "AdaptiveController",
     "AssembledResponse",
     "BatchOutcome",
-    "Batcher",
     "BatchedF16Multivector",
+    "Batcher",
     "ChunkLimits",
+    "FormedBatch",
     "FrameSplitter",
     "FramedBatch",
-    "FormedBatch",
     "FramedReplies",
     "IpcChunkAssembler",
     "IpcResponseChunk",
     "ItemOutcome",
+    "PercentileWindow",
     "ReplyPlan",
     "ResponseBudget",
     "ResponseEnvelope",
@@ -47,6 +49,7 @@ __all__ = [
     "frame_sparse",
     "nd_sentinel_raw",
     "plan_reply",
+    "replay_controller",
     "response_body",
     "response_budget",
     "wire",
@@ -353,3 +356,68 @@ class Batcher:
     def try_get_batch(self, now: float, immediate: bool) -> FormedBatch | None: ...
     def try_drain_up_to(self, max_items: int) -> FormedBatch | None: ...
     def drain_all(self) -> list[int]: ...
+
+@final
+class AdaptiveController:
+    def __new__(
+        cls,
+        *,
+        target_p50_ms: float | None = None,
+        calibration_multiplier: float = 1.5,
+        min_target_p50_ms: float = 5.0,
+        max_target_p50_ms: float = 500.0,
+        min_wait_ms: float = 1.0,
+        max_wait_ms: float = 50.0,
+        initial_wait_ms: float = 10.0,
+        min_batch_cost: int = 256,
+        max_batch_cost: int = 65536,
+        initial_batch_cost: int = 16384,
+        gain: float = 0.3,
+        integral_gain: float = 0.05,
+        cost_gain: float = 0.15,
+        update_interval: int = 10,
+        fill_ratio_threshold: float = 0.7,
+        integral_max: float = 20.0,
+        starvation_recovery_enabled: bool = True,
+        starvation_window: int = 20,
+        starvation_batch_size: int = 1,
+    ) -> Self: ...
+    @staticmethod
+    def production(
+        budget: int, initial_wait_ms: float = 15.0, env: Mapping[str, str] | None = None
+    ) -> AdaptiveController: ...
+    def record_inference(self, inference_ms: float) -> None: ...
+    def step(
+        self, observed_p50_ms: float | None, fill_ratio: float | None, batch_size: int | None, now_s: float
+    ) -> tuple[float, int]: ...
+    def reset(self) -> None: ...
+    def snapshot(self) -> dict[str, Any]: ...
+    @property
+    def config(self) -> dict[str, Any]: ...
+    @property
+    def current_wait_ms(self) -> float: ...
+    @property
+    def current_batch_cost(self) -> int: ...
+    @property
+    def calibrated(self) -> bool: ...
+    @property
+    def target_p50_ms(self) -> float | None: ...
+    @property
+    def starvation_resets(self) -> int: ...
+
+@final
+class PercentileWindow:
+    def __new__(cls, capacity: int, min_samples: int = 1) -> Self: ...
+    def push(self, value: float) -> bool: ...
+    def percentile(self, p: float) -> float | None: ...
+    def p50(self) -> float | None: ...
+    def mean(self) -> float | None: ...
+    def values(self) -> list[float]: ...
+    def clear(self) -> None: ...
+    @property
+    def capacity(self) -> int: ...
+    @property
+    def min_samples(self) -> int: ...
+    def __len__(self) -> int: ...
+
+def replay_controller(trace: str, config: str | None = None) -> list[dict[str, Any]]: ...
