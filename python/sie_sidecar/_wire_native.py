@@ -8,8 +8,8 @@ of a small map, where msgpack's own C packer is already the fast path.
 
 from __future__ import annotations
 
-import numpy as np
-import numpy.typing as npt
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 from . import _native
 from ._native import (
@@ -72,7 +72,9 @@ from ._native.wire import (
     worker_direct_subject,
     worker_stream_name,
 )
-from ._wire_py.outputs import frame_extract
+
+if TYPE_CHECKING:
+    import numpy.typing as npt
 
 IMPLEMENTATION = "native"
 __version__: str = _native.__version__
@@ -80,10 +82,20 @@ __version__: str = _native.__version__
 
 def nd_sentinel(array: npt.ArrayLike) -> bytes:
     """msgpack-numpy sentinel of an ndarray (C order, little-endian data)."""
+    import numpy as np  # not at import time: `sie-sidecar run` starts ~50 ms sooner without numpy
+
     arr = np.ascontiguousarray(array)
     if arr.dtype.byteorder == ">":
         arr = arr.astype(arr.dtype.newbyteorder("<"))
     return _native.nd_sentinel_raw(arr.dtype.str, [int(d) for d in arr.shape], arr.reshape(-1).data.cast("B"))
+
+
+def frame_extract(result: Mapping[str, Any], item_id: str) -> bytes:
+    """Extract results are generic msgpack: shared with the twin (imported on first use, since the
+    twin package costs ~30 ms to import)."""
+    from ._wire_py.outputs import frame_extract as shared
+
+    return shared(result, item_id)
 
 
 __all__ = [

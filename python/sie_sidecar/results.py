@@ -5,14 +5,15 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any, Protocol
-
-import numpy as np
+from typing import TYPE_CHECKING, Any, Protocol
 
 from . import wire
 from .errors import ShapeError
 from .types import WorkResult
 from .workitem import WorkItem
+
+if TYPE_CHECKING:
+    import numpy as np
 
 RAW_OUTPUT_SHAPE_ERROR = "raw_output_shape_error"
 
@@ -94,6 +95,8 @@ def error_result(
 
 
 def _floats(values: Any, what: str) -> np.ndarray[Any, np.dtype[np.float32]]:
+    import numpy as np  # only raw outputs need it; `run` starts without numpy
+
     if not isinstance(values, list):
         raise ShapeError(f"{what} must be an array")
     try:
@@ -122,6 +125,8 @@ def frame_raw_output(raw: Mapping[str, Any], item_id: str | None, item_index: in
         indices = sparse.get("indices")
         if not isinstance(indices, list):
             raise ShapeError("sparse indices must be an array")
+        import numpy as np
+
         try:
             idx = np.asarray(indices, dtype=np.int32)
         except (TypeError, ValueError, OverflowError):

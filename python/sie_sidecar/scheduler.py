@@ -1,0 +1,293 @@
+# SPDX-License-Identifier: Apache-2.0
+"""One model's scheduler: batch formers per (operation, LoRA), FCFS across them, and the drain loop
+that feeds a bounded pipeline of backend calls (scheduler-and-prep §3.6, §5).
+
+Python touches batches here, not items: a group of deliveries is submitted with one native call, and
+each formed batch comes back as one list of handles. The loop follows §5: reserve a pipeline slot
+before extracting (so pending work stays mutable while the pipeline is full), flush a primary batch
+(with the idle bypass when the worker was idle), then drain what was pending for the same key when
+the next slot opens, as a wave.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Final, Generic, Literal, TypeVar
+
+from .batcher import Batcher, FormedBatch
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+Role = Literal["primary", "drain"]
+Key = tuple[str, str]  # (operation, LoRA key; "" is the base weights)
+
+FINAL_DRAIN_POLL_S: Final = 0.025
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerConfig:
+    """`SIE_BATCHER_*`, `SIE_RUST_PIPELINE_DEPTH` and friends (sidecar-behaviour §1.2)."""
+
+    max_batch_cost: int = 16384
+    max_batch_requests: int = 12
+    max_batch_wait_ms: float = 15.0
+    coalesce_ms: float = 5.0
+    coalesce_ratio: float = 0.5
+    pipeline_depth: int = 2
+    idle_bypass: bool = True
+    drain_deadline_s: float = 10.0
+
+
+@dataclass(slots=True)
+class Formed(Generic[T]):
+    """A batch handed to the dispatch function: items in packing order, their cost and why."""
+
+    op: str
+    lora: str
+    items: list[T]
+    total_cost: int
+    reason: str
+    role: Role
+    enqueued_at: list[float] = field(default_factory=list)
+
+
+Dispatch = Callable[[Formed[T]], Awaitable[None]]
+
+
+class ModelScheduler(Generic[T]):
+    """Batches one model's items and runs at most `pipeline_depth` dispatches at a time."""
+
+    def __init__(
+        self,
+        model: str,
+        dispatch: Dispatch[T],
+        config: SchedulerConfig | None = None,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        on_idle: Callable[[], None] | None = None,
+    ) -> None:
+        self.model = model
+        self.config = config or SchedulerConfig()
+        self._dispatch = dispatch
+        self._clock = clock
+        self._on_idle = on_idle
+        self._formers: dict[Key, Batcher] = {}
+        self._items: dict[int, tuple[T, float]] = {}
+        self._ids = itertools.count()
+        self._new_item = asyncio.Event()
+        self._slots = asyncio.Semaphore(max(1, self.config.pipeline_depth))
+        self._in_flight: set[asyncio.Task[None]] = set()
+        self._closing = False
+        self._loop_task: asyncio.Task[None] | None = None
+        #: Formed batches by flush reason (telemetry and tests).
+        self.flushes: dict[str, int] = {}
+
+    # -- state ---------------------------------------------------------------------------------------
+
+    @property
+    def pending(self) -> int:
+        return len(self._items)
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._in_flight)
+
+    def idle(self) -> bool:
+        """Nothing pending and nothing running."""
+        return not self._items and not self._in_flight
+
+    def pending_for(self, op: str, lora: str = "") -> int:
+        former = self._formers.get((op, lora))
+        return 0 if former is None else len(former)
+
+    # -- submit --------------------------------------------------------------------------------------
+
+    def submit(self, op: str, lora: str, items: Sequence[T], costs: Sequence[int]) -> None:
+        """Queue a group of one (op, LoRA) with their costs; one native call for the whole group."""
+        if self._closing:
+            raise RuntimeError("scheduler is closing")
+        if len(items) != len(costs):
+            raise ValueError("items and costs must have the same length")
+        if not items:
+            return
+        key = (op, "" if op == "score" else lora)  # score always runs on the base weights (§1.1)
+        former = self._formers.get(key)
+        if former is None:
+            c = self.config
+            former = self._formers[key] = Batcher(
+                max_batch_cost=c.max_batch_cost,
+                max_batch_requests=c.max_batch_requests,
+                max_batch_wait_ms=c.max_batch_wait_ms,
+                coalesce_ms=c.coalesce_ms,
+                coalesce_ratio=c.coalesce_ratio,
+            )
+        now = self._clock()
+        ids = [next(self._ids) for _ in items]
+        for i, item in zip(ids, items, strict=True):
+            self._items[i] = (item, now)
+        former.submit_many(ids, list(costs), now)
+        self._new_item.set()
+        if self._loop_task is None:
+            self._loop_task = asyncio.create_task(self._run(), name=f"scheduler:{self.model}")
+
+    def update_limits(self, max_batch_cost: int, max_batch_wait_ms: float) -> None:
+        """Push the controller's new caps into every former (and wake the loop if one became flushable)."""
+        now = self._clock()
+        if any(f.update_limits(max_batch_cost, max_batch_wait_ms, now) for f in self._formers.values()):
+            self._new_item.set()
+
+    # -- the drain loop (§5) -------------------------------------------------------------------------
+
+    def _oldest(self) -> tuple[Key, Batcher] | None:
+        best: tuple[Key, Batcher] | None = None
+        best_head = 0.0
+        for key, former in self._formers.items():
+            head = former.head_arrival
+            if head is not None and (best is None or head < best_head):
+                best, best_head = (key, former), head
+        return best
+
+    async def _consume_next(self, immediate: bool) -> tuple[Key, FormedBatch] | None:
+        """FCFS: commit to the former with the oldest pending item and wait for its trigger."""
+        while True:
+            self._new_item.clear()
+            pick = self._oldest()
+            if pick is None:
+                if self._closing:
+                    return None
+                await self._new_item.wait()
+                continue
+            key, former = pick
+            now = self._clock()
+            batch = former.try_get_batch(now, immediate)
+            if batch is not None:
+                return key, batch
+            wait_ms = former.time_until_next_trigger_ms(now)
+            if wait_ms is not None and wait_ms <= 0:
+                continue
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(None if wait_ms is None else wait_ms / 1000.0):
+                    await self._new_item.wait()
+
+    def _take(self, key: Key, batch: FormedBatch, role: Role) -> Formed[T]:
+        self.flushes[batch.reason] = self.flushes.get(batch.reason, 0) + 1
+        taken = [self._items.pop(i) for i in batch.ids]
+        return Formed(
+            op=key[0],
+            lora=key[1],
+            items=[item for item, _ in taken],
+            total_cost=batch.total_cost,
+            reason=batch.reason,
+            role=role,
+            enqueued_at=[at for _, at in taken],
+        )
+
+    def _spawn(self, key: Key, batch: FormedBatch, role: Role) -> None:
+        """Run one batch as a task holding a pipeline slot (released when it finishes)."""
+        task = asyncio.create_task(self._run_dispatch(self._take(key, batch, role)))
+        self._in_flight.add(task)
+        task.add_done_callback(self._finished)
+
+    async def _run_dispatch(self, formed: Formed[T]) -> None:
+        try:
+            await self._dispatch(formed)
+        except Exception:  # the dispatch function settles its own items; this only keeps the loop alive
+            log.exception("batch dispatch failed", extra={"model": self.model, "items": len(formed.items)})
+        finally:
+            self._slots.release()
+
+    def _finished(self, task: asyncio.Task[None]) -> None:
+        self._in_flight.discard(task)
+        if self._on_idle is not None and self.idle():
+            self._on_idle()
+
+    async def _run(self) -> None:
+        held = 0  # pipeline slots this loop holds and has not handed to a batch task
+
+        async def reserve() -> None:
+            nonlocal held
+            await self._slots.acquire()
+            held += 1
+
+        def spawn(key: Key, batch: FormedBatch, role: Role) -> None:
+            nonlocal held
+            self._spawn(key, batch, role)  # the slot now belongs to the batch task
+            held -= 1
+
+        was_idle = True
+        try:
+            while not self._closing:
+                await reserve()
+                got = await self._consume_next(was_idle and self.config.idle_bypass)
+                if got is None:
+                    return
+                key, batch = got
+                n0 = len(batch.ids)
+                spawn(key, batch, "primary")
+                await reserve()  # the continuation slot: the wave is sized when it opens
+                former = self._formers[key]
+                budget = len(former)
+                drained = False
+                while budget > 0:
+                    more = former.try_drain_up_to(budget)
+                    if more is None or not more.ids:
+                        break
+                    budget -= len(more.ids)
+                    drained = True
+                    spawn(key, more, "drain")
+                    if budget > 0:
+                        await reserve()
+                if held:
+                    self._slots.release()
+                    held -= 1
+                was_idle = not drained and n0 <= 1
+        finally:
+            for _ in range(held):
+                self._slots.release()
+
+    # -- shutdown ------------------------------------------------------------------------------------
+
+    async def close(self, deadline_s: float | None = None) -> list[T]:
+        """Stop the loop, wait for in-flight batches, flush what is pending until the deadline, and
+        return whatever is left (the caller NAKs it so it comes back at once)."""
+        self._closing = True
+        self._new_item.set()
+        if self._loop_task is not None:
+            self._loop_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._loop_task
+        deadline = self._clock() + (self.config.drain_deadline_s if deadline_s is None else deadline_s)
+        depth = max(1, self.config.pipeline_depth)
+        for _ in range(depth):  # quiesce: every slot back means nothing is in flight
+            remaining = deadline - self._clock()
+            if remaining <= 0:
+                break
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(remaining):
+                    await self._slots.acquire()
+        while self._items and self._clock() < deadline:  # the pipeline is quiet: one batch at a time
+            pick = self._oldest()
+            if pick is None:
+                break
+            key, former = pick
+            batch = former.try_drain_up_to(len(former))
+            if batch is None:
+                await asyncio.sleep(FINAL_DRAIN_POLL_S)
+                continue
+            formed = self._take(key, batch, "primary")
+            try:
+                async with asyncio.timeout(max(0.001, deadline - self._clock())):
+                    await self._dispatch(formed)
+            except Exception:
+                log.exception("final drain batch failed", extra={"model": self.model, "items": len(formed.items)})
+        return [self._items.pop(i)[0] for former in self._formers.values() for i in former.drain_all()]
+
+
+__all__ = ["Formed", "ModelScheduler", "SchedulerConfig"]

@@ -1,0 +1,182 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The per-model scheduler (scheduler-and-prep §3.6, §5): FCFS over formers, the pipeline bound,
+waves of drains, the idle bypass and the final drain at shutdown."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sie_sidecar.scheduler import Formed, ModelScheduler, SchedulerConfig
+
+
+class Recorder:
+    """A dispatch function that records batches and can be held open to fill the pipeline."""
+
+    def __init__(self, hold_s: float = 0.0) -> None:
+        self.batches: list[Formed[str]] = []
+        self.hold_s = hold_s
+        self.running = 0
+        self.most_running = 0
+        self.gate: asyncio.Event | None = None
+
+    async def __call__(self, formed: Formed[str]) -> None:
+        self.running += 1
+        self.most_running = max(self.most_running, self.running)
+        try:
+            if self.gate is not None:
+                await self.gate.wait()
+            if self.hold_s:
+                await asyncio.sleep(self.hold_s)
+            self.batches.append(formed)
+        finally:
+            self.running -= 1
+
+
+async def settle(scheduler: ModelScheduler[str], timeout: float = 5.0) -> None:
+    async with asyncio.timeout(timeout):
+        while not scheduler.idle():
+            await asyncio.sleep(0.002)
+
+
+async def test_an_idle_worker_flushes_a_lone_item_at_once() -> None:
+    rec = Recorder()
+    s: ModelScheduler[str] = ModelScheduler("m", rec)
+    s.submit("encode", "", ["a"], [1])
+    await settle(s)
+    assert [(b.items, b.reason, b.role) for b in rec.batches] == [(["a"], "idle_bypass", "primary")]
+
+
+async def test_without_the_idle_bypass_a_lone_item_waits_for_the_coalesce_window() -> None:
+    rec = Recorder()
+    s: ModelScheduler[str] = ModelScheduler("m", rec, SchedulerConfig(idle_bypass=False))
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    s.submit("encode", "", ["a"], [1])
+    await settle(s)
+    assert rec.batches[0].reason == "coalesce"
+    assert loop.time() - started >= 0.005
+
+
+async def test_keys_never_mix_and_score_ignores_the_lora() -> None:
+    rec = Recorder()
+    s: ModelScheduler[str] = ModelScheduler("m", rec, SchedulerConfig(idle_bypass=False))
+    s.submit("encode", "", ["e0", "e1"], [1, 1])
+    s.submit("encode", "lora-a", ["a0"], [1])
+    s.submit("score", "lora-a", ["s0"], [1])
+    s.submit("score", "", ["s1"], [1])
+    await settle(s)
+    by_key = {(b.op, b.lora): sorted(b.items) for b in rec.batches}
+    assert by_key == {("encode", ""): ["e0", "e1"], ("encode", "lora-a"): ["a0"], ("score", ""): ["s0", "s1"]}
+
+
+async def test_the_pipeline_bound_holds_and_the_backlog_leaves_as_a_wave_of_drains() -> None:
+    rec = Recorder()
+    rec.gate = asyncio.Event()
+    s: ModelScheduler[str] = ModelScheduler("m", rec, SchedulerConfig(pipeline_depth=2, max_batch_requests=4))
+    s.submit("encode", "", ["first"], [1])
+    await asyncio.sleep(0.01)  # the first batch holds one slot
+    s.submit("encode", "", [f"x{i}" for i in range(10)], [1] * 10)
+    await asyncio.sleep(0.05)
+    assert rec.running == 2  # never more than the depth, however much is pending
+    rec.gate.set()
+    await settle(s)
+    assert rec.most_running == 2
+    assert Counter(b.role for b in rec.batches)["drain"] >= 1
+    assert sorted(i for b in rec.batches for i in b.items) == sorted(["first", *(f"x{i}" for i in range(10))])
+    assert all(len(b.items) <= 4 for b in rec.batches)
+
+
+async def test_fcfs_serves_the_oldest_key_first() -> None:
+    rec = Recorder()
+    s: ModelScheduler[str] = ModelScheduler("m", rec, SchedulerConfig(idle_bypass=False, pipeline_depth=1))
+    s.submit("extract", "", ["old"], [1])
+    await asyncio.sleep(0.001)
+    s.submit("encode", "", ["new"], [1])
+    await settle(s)
+    assert [b.items for b in rec.batches] == [["old"], ["new"]]
+
+
+async def test_on_idle_fires_once_everything_finished() -> None:
+    rec = Recorder(hold_s=0.01)
+    calls: list[bool] = []
+    s: ModelScheduler[str] = ModelScheduler("m", rec, on_idle=lambda: calls.append(s.idle()))
+    s.submit("encode", "", ["a", "b", "c"], [1, 1, 1])
+    await settle(s)
+    assert calls and all(calls)
+
+
+async def test_close_flushes_pending_work_and_returns_what_did_not_fit_the_deadline() -> None:
+    rec = Recorder()
+    s: ModelScheduler[str] = ModelScheduler(
+        "m", rec, SchedulerConfig(idle_bypass=False, max_batch_wait_ms=1000.0, coalesce_ms=1000.0)
+    )
+    s.submit("encode", "", ["a", "b"], [1, 1])
+    assert await s.close() == []
+    assert sorted(i for b in rec.batches for i in b.items) == ["a", "b"]
+    with pytest.raises(RuntimeError, match="closing"):
+        s.submit("encode", "", ["late"], [1])
+
+    stuck = Recorder()
+    stuck.gate = asyncio.Event()  # never opens: the batch in flight outlives the deadline
+    s2: ModelScheduler[str] = ModelScheduler("m", stuck, SchedulerConfig(pipeline_depth=1, max_batch_requests=1))
+    s2.submit("encode", "", ["x", "y", "z"], [1, 1, 1])
+    await asyncio.sleep(0.01)
+    left = await s2.close(deadline_s=0.05)
+    assert sorted(left) == ["y", "z"]
+
+
+async def test_update_limits_wakes_a_queue_that_became_flushable() -> None:
+    rec = Recorder()
+    s: ModelScheduler[str] = ModelScheduler(
+        "m", rec, SchedulerConfig(idle_bypass=False, max_batch_wait_ms=10_000.0, coalesce_ms=10_000.0)
+    )
+    s.submit("encode", "", ["a", "b"], [300, 300])
+    await asyncio.sleep(0.02)
+    assert rec.batches == []
+    s.update_limits(500, 10_000.0)
+    await settle(s)
+    assert rec.batches[0].reason == "cost_cap"
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    groups=st.lists(
+        st.tuples(st.sampled_from(["encode", "score", "extract"]), st.sampled_from(["", "l1"]), st.integers(1, 20)),
+        min_size=1,
+        max_size=12,
+    ),
+    depth=st.integers(1, 3),
+    requests=st.integers(1, 16),
+)
+def test_every_item_is_dispatched_once_within_the_caps(
+    groups: list[tuple[str, str, int]], depth: int, requests: int
+) -> None:
+    async def run() -> None:
+        rec = Recorder()
+        s: ModelScheduler[str] = ModelScheduler(
+            "m", rec, SchedulerConfig(pipeline_depth=depth, max_batch_requests=requests, max_batch_cost=40)
+        )
+        expected = []
+        for g, (op, lora, n) in enumerate(groups):
+            items = [f"{g}.{i}" for i in range(n)]
+            costs = [(i % 7) + 1 for i in range(n)]
+            expected += items
+            s.submit(op, lora, items, costs)
+            await asyncio.sleep(0)
+        await settle(s)
+        got = [i for b in rec.batches for i in b.items]
+        assert sorted(got) == sorted(expected)
+        assert rec.most_running <= depth
+        for b in rec.batches:
+            assert 1 <= len(b.items) <= requests
+            assert len(b.items) == 1 or b.total_cost <= 40
+            groups_in_batch = {int(i.split(".")[0]) for i in b.items}
+            keys = {(groups[g][0], "" if groups[g][0] == "score" else groups[g][1]) for g in groups_in_batch}
+            assert keys == {(b.op, b.lora)}
+
+    asyncio.run(run())
