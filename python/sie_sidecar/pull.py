@@ -31,6 +31,8 @@ from nats.aio.subscription import Subscription
 from nats.errors import Error as NatsError
 from nats.js import api as js_api
 
+from .inbound import FastInbound
+
 logger = logging.getLogger(__name__)
 
 _PENDING_MSGS = "Nats-Pending-Messages"
@@ -167,6 +169,7 @@ class PullConsumer:
         self._started = False
         self._stopped = False
         self._direct = direct
+        self._fast = FastInbound.install(nc) if direct else None
         self._naks: set[asyncio.Task[None]] = set()
         self._last_activity = 0.0
         self._reset_reason: str | None = None
@@ -525,7 +528,10 @@ class PullConsumer:
             sub = await self._nc.subscribe(inbox, pending_bytes_limit=0)
             if direct_delivery_supported(sub):
                 # No await between subscribing and this: nothing can have been delivered yet.
-                sub._pending_queue = _DirectQueue(sub, self._make_direct(gen))  # type: ignore[assignment]
+                deliver = self._make_direct(gen)
+                sub._pending_queue = _DirectQueue(sub, deliver)  # type: ignore[assignment]
+                if self._fast is not None:
+                    self._fast.register(sub._id, deliver)
             else:
                 logger.warning("nats-py internals changed; using callback delivery")
                 self._direct = False
@@ -589,7 +595,8 @@ class PullConsumer:
     def _reconnects(self) -> int:
         return int(self._nc.stats.get("reconnects", 0))
 
-    @staticmethod
-    async def _unsubscribe(sub: Subscription) -> None:
+    async def _unsubscribe(self, sub: Subscription) -> None:
+        if self._fast is not None:
+            self._fast.unregister(sub._id)
         with contextlib.suppress(NatsError):
             await sub.unsubscribe()

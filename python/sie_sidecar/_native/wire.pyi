@@ -5,7 +5,7 @@ Same names and behaviour as `sie_sidecar._wire_py.subjects` and `sie_sidecar._wi
 """
 
 from collections.abc import Callable
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from typing_extensions import disjoint_base
 
@@ -68,3 +68,7 @@ class BatchTombstones:
     def record(self, request_id: str) -> None: ...
     def is_cancelled(self, request_id: str) -> bool: ...
     def __len__(self) -> int: ...
+
+def scan_direct_msgs(
+    buf: bytearray, direct: dict[int, Callable[[Any], None]], client: Any, msg_cls: Any
+) -> tuple[int, int, int, bool, BaseException | None]: ...

@@ -1,0 +1,131 @@
+# SPDX-License-Identifier: Apache-2.0
+# The fast path of inbound NATS deliveries: complete `MSG <subject> <sid> [reply] <size>\r\n<payload>\r\n`
+# frames at the head of the client's read buffer, for subscriptions registered as direct, are turned
+# into messages and handed over in one C loop (sie_sidecar/inbound.py). Anything else (HMSG, PING,
+# INFO, -ERR, another subscription, a frame not yet complete) stops the scan; nats-py's own parser
+# takes it from there. Twin: sie_sidecar.inbound.scan_direct_msgs_py.
+
+from cpython.bytearray cimport PyByteArray_AS_STRING, PyByteArray_GET_SIZE
+from cpython.bytes cimport PyBytes_FromStringAndSize
+from cpython.dict cimport PyDict_GetItemWithError
+from cpython.object cimport PyObject
+from cpython.unicode cimport PyUnicode_DecodeUTF8
+
+# The longest control line nats-py accepts (its MAX_CONTROL_LINE_SIZE).
+cdef Py_ssize_t _MAX_CONTROL_LINE = 4096
+
+
+cdef inline bint _is_space(char c) nogil:
+    return c == c' ' or c == c'\t'
+
+
+cdef inline Py_ssize_t _skip_space(const char* s, Py_ssize_t i, Py_ssize_t end) nogil:
+    while i < end and _is_space(s[i]):
+        i += 1
+    return i
+
+
+cdef inline Py_ssize_t _token_end(const char* s, Py_ssize_t i, Py_ssize_t end) nogil:
+    while i < end and not _is_space(s[i]):
+        i += 1
+    return i
+
+
+cdef inline long long _parse_uint(const char* s, Py_ssize_t a, Py_ssize_t b) nogil:
+    """A decimal of 1..18 digits, or -1."""
+    cdef long long v = 0
+    if b <= a or b - a > 18:
+        return -1
+    while a < b:
+        if s[a] < c'0' or s[a] > c'9':
+            return -1
+        v = v * 10 + (s[a] - c'0')
+        a += 1
+    return v
+
+
+def scan_direct_msgs(bytearray buf not None, dict direct not None, object client, object msg_cls):
+    """Deliver the complete direct MSG frames at the head of `buf`.
+
+    Returns (bytes consumed, messages, payload bytes, stopped_mid_frame, error): the caller deletes the
+    consumed prefix; `stopped_mid_frame` is True when the head is a direct frame still arriving (wait
+    for more bytes rather than hand it to the slow parser); `error` is an exception a delivery
+    callback raised (the scan stops after that message, which counts as consumed).
+    """
+    cdef Py_ssize_t n = PyByteArray_GET_SIZE(buf)
+    cdef Py_ssize_t pos = 0, line_end, i, t0, t1, t2, t3, t4, t5, body, frame_end, limit
+    cdef Py_ssize_t count = 0, nbytes = 0
+    cdef long long sid, size
+    cdef const char* s
+    cdef PyObject* found
+    cdef object deliver, subject, reply, payload, msg
+    cdef bint partial = False
+    cdef object error = None
+    while pos < n:
+        s = PyByteArray_AS_STRING(buf)  # re-read: a callback could have resized the buffer
+        n = PyByteArray_GET_SIZE(buf)
+        if n - pos < 4:
+            partial = s[pos] == c'M'
+            break
+        if not (s[pos] == c'M' and s[pos + 1] == c'S' and s[pos + 2] == c'G' and _is_space(s[pos + 3])):
+            break
+        limit = min(n, pos + _MAX_CONTROL_LINE)
+        line_end = -1
+        i = pos + 4
+        while i + 1 < limit:
+            if s[i] == c'\r' and s[i + 1] == c'\n':
+                line_end = i
+                break
+            i += 1
+        if line_end < 0:
+            partial = limit == n  # the control line itself is still arriving
+            break
+        # MSG <subject> <sid> [reply] <size>
+        t0 = _skip_space(s, pos + 4, line_end)
+        t1 = _token_end(s, t0, line_end)
+        t2 = _skip_space(s, t1, line_end)
+        t3 = _token_end(s, t2, line_end)
+        t4 = _skip_space(s, t3, line_end)
+        t5 = _token_end(s, t4, line_end)
+        i = _skip_space(s, t5, line_end)
+        if t1 == t0 or t3 == t2 or t5 == t4:
+            break
+        sid = _parse_uint(s, t2, t3)
+        if sid < 0:
+            break
+        if i < line_end:  # a fourth token: [reply] was present
+            size = _parse_uint(s, i, _token_end(s, i, line_end))
+            if _skip_space(s, _token_end(s, i, line_end), line_end) != line_end:
+                break
+        else:
+            size = _parse_uint(s, t4, t5)
+            t4 = t5  # no reply
+        if size < 0:
+            break
+        found = PyDict_GetItemWithError(direct, sid)
+        if found is NULL:
+            break
+        body = line_end + 2
+        frame_end = body + <Py_ssize_t>size + 2
+        if frame_end > n:
+            partial = True
+            break
+        if s[frame_end - 2] != c'\r' or s[frame_end - 1] != c'\n':
+            break  # malformed: nats-py's parser reports it
+        deliver = <object>found
+        try:
+            subject = PyUnicode_DecodeUTF8(s + t0, t1 - t0, "strict")
+            reply = PyUnicode_DecodeUTF8(s + t4, t5 - t4, "strict") if t5 > t4 else ""
+        except UnicodeDecodeError:
+            break  # nats-py's parser decides what a non-UTF-8 subject means
+        payload = PyBytes_FromStringAndSize(s + body, <Py_ssize_t>size)
+        pos = frame_end
+        count += 1
+        nbytes += <Py_ssize_t>size
+        msg = msg_cls(_client=client, subject=subject, reply=reply, data=payload, headers=None, _sid=sid)
+        try:
+            deliver(msg)
+        except BaseException as exc:
+            error = exc
+            break
+    return pos, count, nbytes, partial, error
