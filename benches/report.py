@@ -66,6 +66,18 @@ def rows(m: dict[str, float]) -> list[tuple[str, str, str, str]]:
                 "-",
             )
         )
+    n, p = "test_formation[native]", "test_formation[py]"
+    if n in m:
+        out.append(
+            (
+                "batch formation, per item (1,024 items in groups of 64)",
+                f"{m[n] / 1024 * 1e9:.0f} ns",
+                f"{m[p] / 1024 * 1e9:.0f} ns (twin)" if p in m else "-",
+                f"{m[p] / m[n]:.2f}x (target ≤ 1 µs and ≥ 10x)" if p in m else "target ≤ 1 µs",
+            )
+        )
+    n, p = "test_step_every_call[native]", "test_step_every_call[py]"
+    add("adaptive controller, 1,000 PI steps: twin / native", n, p, m.get(p, 0) / m.get(n, 1), "-")
     return out
 
 
