@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import signal
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
@@ -26,6 +27,7 @@ from .payloads import PayloadStore, PayloadStoreConfigError
 from .publisher import Publisher
 from .pull import PullConsumer
 from .quantum import LatencyWindow, QuantumController
+from .scheduler import SchedulerConfig
 from .topology import TopologySpec, ensure_topology, reconcile_forever
 
 log = logging.getLogger(__name__)
@@ -46,15 +48,23 @@ async def _pull_loop(
     quantum: QuantumController,
     idle_bypass: bool = True,
     on_idle: Callable[[], None] | None = None,
+    busy: Callable[[], bool] | None = None,
 ) -> None:
     """Take coalesced batches from one long-lived pull and hand each to the dispatcher (§5.1).
 
     The quantum comes from the controller for every batch. With `idle_bypass`, coalescing ends as
-    soon as no batch is in flight (`tasks` is shared by every pull loop): waiting for more messages
-    only pays while the backend is busy, so an idle worker takes what is there at once.
+    soon as no batch is being handled (`tasks` is shared by every pull loop) and `busy()` (the
+    schedulers have work queued or in flight) is false: waiting for more messages only pays while the
+    backend is busy, so an idle worker takes what is there at once.
     """
     slots = asyncio.Semaphore(max(1, inflight))
-    stop_early = (lambda: not tasks) if idle_bypass else None
+    if idle_bypass:
+
+        def stop_early() -> bool:
+            return not tasks and (busy is None or not busy())
+
+    else:
+        stop_early = None  # type: ignore[assignment]
 
     def finished(t: asyncio.Task[None]) -> None:
         tasks.discard(t)
@@ -180,6 +190,18 @@ async def run(settings: Settings, *, stop: asyncio.Event | None = None, started:
             nak_delay_ms=settings.nak_delay_ms,
             fetch_budget=settings.fallback_batch_budget,
             max_concurrent_batches=settings.max_concurrent_batches,
+            scheduler=SchedulerConfig(
+                max_batch_cost=settings.batcher_max_batch_cost,
+                max_batch_requests=settings.batcher_max_batch_requests,
+                max_batch_wait_ms=settings.batcher_max_batch_wait_ms,
+                coalesce_ms=settings.batcher_coalesce_ms,
+                coalesce_ratio=settings.batcher_coalesce_ratio,
+                pipeline_depth=settings.pipeline_depth,
+                idle_bypass=settings.batcher_idle_bypass_enabled,
+                drain_deadline_s=settings.scheduler_drain_deadline_ms / 1000.0,
+            ),
+            wave_cadence=settings.wave_cadence,
+            controller_env=os.environ,
         ),
         ipc,
         publisher,
@@ -256,6 +278,8 @@ async def run(settings: Settings, *, stop: asyncio.Event | None = None, started:
         for consumer in consumers:
             consumer.wake()
 
+    dispatcher.set_on_idle(wake_all)
+
     pull_stop = asyncio.Event()
     loops = []
     for consumer in consumers:
@@ -272,6 +296,7 @@ async def run(settings: Settings, *, stop: asyncio.Event | None = None, started:
                     quantum=quantum,
                     idle_bypass=settings.batcher_idle_bypass_enabled,
                     on_idle=wake_all,
+                    busy=lambda: not dispatcher.idle(),
                 )
             )
         )
@@ -295,6 +320,8 @@ async def run(settings: Settings, *, stop: asyncio.Event | None = None, started:
                 "in-flight batches cancelled at the drain deadline; JetStream redelivers them",
                 extra={"tasks": len(pending)},
             )
+    # Scheduler drain (§15.4 step 5): flush what is queued, bounded; the rest is NAKed to come back.
+    await dispatcher.close_schedulers(settings.scheduler_drain_deadline_ms / 1000.0)
     for sub in subs:
         with contextlib.suppress(Exception):
             await sub.unsubscribe()

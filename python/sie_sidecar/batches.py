@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import msgpack
@@ -43,7 +43,9 @@ def _common(item: WorkItem) -> dict[str, Any]:
     }
 
 
-def encode_item(item: WorkItem, payload_fetch_ms: float = 0.0) -> dict[str, Any]:
+def encode_item(
+    item: WorkItem, payload_fetch_ms: float = 0.0, prepared_tokens: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
     """EncodeBatchItem, every key written (nil for absent optionals), in the v0.7.1 order.
 
     One dict literal (not `_common` merged in): this runs for every encode item of every batch."""
@@ -61,7 +63,7 @@ def encode_item(item: WorkItem, payload_fetch_ms: float = 0.0) -> dict[str, Any]
         "profile_id": item.profile_id or None,
         "bundle_config_hash": item.bundle_config_hash or None,
         "payload_fetch_ms": float(payload_fetch_ms),
-        "prepared_tokens": None,
+        "prepared_tokens": prepared_tokens,
     }
 
 
@@ -98,6 +100,20 @@ def extract_item(item: WorkItem, payload_fetch_ms: float = 0.0) -> dict[str, Any
 _BUILDERS = {"encode": encode_item, "score": score_item, "extract": extract_item}
 
 
+def _bodies(
+    op: str,
+    items: Sequence[WorkItem],
+    payload_fetch_ms: Sequence[float] | None,
+    prepared_tokens: Sequence[Mapping[str, Any] | None] | None,
+) -> list[dict[str, Any]]:
+    """The per-op item maps; encode items carry their PreparedTokens (score and extract never do)."""
+    fetch_ms = payload_fetch_ms if payload_fetch_ms is not None else [0.0] * len(items)
+    if op == "encode" and prepared_tokens is not None:
+        return [encode_item(i, ms, p) for i, ms, p in zip(items, fetch_ms, prepared_tokens, strict=True)]
+    build = _BUILDERS[op]
+    return [build(i, ms) for i, ms in zip(items, fetch_ms, strict=True)]
+
+
 def run_batch_body(
     model_id: str,
     op: str,
@@ -106,23 +122,22 @@ def run_batch_body(
     total_cost: int,
     *,
     payload_fetch_ms: Sequence[float] | None = None,
+    prepared_tokens: Sequence[Mapping[str, Any] | None] | None = None,
 ) -> bytes:
     """An encoded RunBatchRequest: one op, one LoRA key, items wrapped as tagged RunBatchItems."""
-    build = _BUILDERS[op]
-    fetch_ms = payload_fetch_ms if payload_fetch_ms is not None else [0.0] * len(items)
     wrapped = [
         {
             "op": op,
             "work_item_id": item.work_item_id,
             "request_id": item.request_id,
             "item_index": item.item_index,
-            "encode": build(item, ms) if op == "encode" else None,
-            "score": build(item, ms) if op == "score" else None,
-            "extract": build(item, ms) if op == "extract" else None,
+            "encode": body if op == "encode" else None,
+            "score": body if op == "score" else None,
+            "extract": body if op == "extract" else None,
             "traceparent": item.traceparent,
             "tracestate": item.tracestate,
         }
-        for item, ms in zip(items, fetch_ms, strict=True)
+        for item, body in zip(items, _bodies(op, items, payload_fetch_ms, prepared_tokens), strict=True)
     ]
     body = {
         "model_id": model_id,
@@ -136,15 +151,14 @@ def run_batch_body(
 
 
 def per_op_body(
-    model_id: str, op: str, items: Sequence[WorkItem], payload_fetch_ms: Sequence[float] | None = None
+    model_id: str,
+    op: str,
+    items: Sequence[WorkItem],
+    payload_fetch_ms: Sequence[float] | None = None,
+    prepared_tokens: Sequence[Mapping[str, Any] | None] | None = None,
 ) -> bytes:
     """An encoded Process{Encode,Score,Extract}BatchRequest, for backends without RunBatch."""
-    fetch_ms = payload_fetch_ms if payload_fetch_ms is not None else [0.0] * len(items)
-    build = _BUILDERS[op]
-    body: dict[str, Any] = {
-        "model_id": model_id,
-        "items": [build(item, ms) for item, ms in zip(items, fetch_ms, strict=True)],
-    }
+    body: dict[str, Any] = {"model_id": model_id, "items": _bodies(op, items, payload_fetch_ms, prepared_tokens)}
     if op == "encode":
         body["accepts_batched_f16_multivectors"] = True
     return bytes(msgpack.packb(body, use_bin_type=True))

@@ -35,7 +35,7 @@ import re
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Literal, NoReturn
+from typing import Any, Literal, NoReturn
 
 from sie_sidecar import wire
 from sie_sidecar.errors import SubjectError
@@ -273,6 +273,11 @@ class Settings:
     pipeline_depth: int = 2
     wave_cadence: bool = True
     batcher_idle_bypass_enabled: bool = True
+    batcher_max_batch_wait_ms: float = 15.0
+    batcher_max_batch_cost: int = 16384
+    batcher_max_batch_requests: int = 12
+    batcher_coalesce_ms: float = 5.0
+    batcher_coalesce_ratio: float = 0.5
     adaptive_min_quantum_ms: float = 2.0
     adaptive_max_quantum_ms: float = 15.0
     adaptive_target_p50_ms: float = 50.0
@@ -497,7 +502,18 @@ class _Builder:
         self.warnings.append(f"{env}={value!r} ignored; using {default}")
         return default
 
-    def _quantum(self) -> dict[str, float]:
+    def _batcher(self) -> dict[str, Any]:  # heterogeneous values: the dict is splatted into Settings
+        """Static batch-former config (scheduler-and-prep §3.1, v0.7.1 defaults 15 / 16384 / 12 / 5 / 0.5);
+        values that do not parse, or non-finite floats, are ignored with a warning."""
+        return {
+            "batcher_max_batch_wait_ms": self.env_float("SIE_BATCHER_MAX_BATCH_WAIT_MS", 15.0, lambda x: x >= 0),
+            "batcher_max_batch_cost": self.env_uint("SIE_BATCHER_MAX_BATCH_COST", 16384, lambda n: True),
+            "batcher_max_batch_requests": self.env_uint("SIE_BATCHER_MAX_BATCH_REQUESTS", 12),
+            "batcher_coalesce_ms": self.env_float("SIE_BATCHER_COALESCE_MS", 5.0, lambda x: x >= 0),
+            "batcher_coalesce_ratio": self.env_float("SIE_BATCHER_COALESCE_RATIO", 0.5, lambda x: x >= 0),
+        }
+
+    def _quantum(self) -> dict[str, Any]:
         """The pull-loop quantum controller (scheduler-and-prep §4.8): a ceiling below the floor
         becomes max(15, floor); a non-finite target is refused like any malformed value."""
         floor = self.env_float("SIE_ADAPTIVE_MIN_QUANTUM_MS", 2.0)
@@ -629,6 +645,7 @@ class _Builder:
             batcher_idle_bypass_enabled=(self._environ.get("SIE_BATCHER_IDLE_BYPASS_ENABLED") or "").strip().lower()
             not in _FALSY,
             **self._quantum(),
+            **self._batcher(),
             pull_quantum_include_queue_ms=self.env_flag("SIE_PULL_QUANTUM_INCLUDE_QUEUE_MS", default=False),
             health_publish_enabled=self._health_publish_enabled(),
             generate_ipc_frame_timeout_s=self.env_uint("SIE_GENERATE_IPC_FRAME_TIMEOUT_S", 300),

@@ -4,9 +4,9 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from .outbound import FramedWriter
 from .workitem import WorkItem
@@ -53,6 +53,8 @@ class Delivery:
     settled: bool = field(default=False)
     #: Time spent fetching an offloaded payload for this item (0 when it was inline).
     payload_fetch_ms: float = 0.0
+    #: PreparedTokens for an encode item the sidecar tokenized (sent in the RunBatch item).
+    prepared_tokens: Mapping[str, Any] | None = None
     #: Gives the pull consumer that delivered this message its capacity back.
     release: Callable[[int], None] | None = None
 

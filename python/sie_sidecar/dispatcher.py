@@ -12,21 +12,32 @@ import asyncio
 import logging
 import time
 from collections import Counter, defaultdict, deque
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from . import wire
-from .batches import PER_OP_METHOD, lora_key, per_op_body, run_batch_body
+from .batches import PER_OP_METHOD, encode_item, lora_key, per_op_body, run_batch_body
+from .controller import (
+    EFFICIENCY_WINDOW,
+    LATENCY_MIN_SAMPLES,
+    LATENCY_WINDOW,
+    AdaptiveController,
+    PercentileWindow,
+)
+from .costs import score_cost
 from .delivery import Delivery, Settler
 from .errors import IpcServerError
 from .ipc_types import ReadyResponse
 from .media import check_extract_work_item
 from .payloads import PayloadStore, resolve_items
 from .payloads.resolve import payload_ref_of
+from .prep import RegisteredTokenizer, TokenizerRegistry, encode_cost
+from .prep.offload import prepare_off_loop
 from .publisher import Publisher, Reply
 from .quantum import QuantumController
 from .results import batched_f16_slices, error_result, outcome_result, queue_ms
+from .scheduler import Formed, ModelScheduler, SchedulerConfig
 from .types import WorkResult
 from .workitem import WorkItem, WorkItemError, decode_work_item
 
@@ -77,6 +88,24 @@ class DispatchSettings:
     nak_delay_ms: int = 5000
     fetch_budget: int = 64
     max_concurrent_batches: int = 4
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    #: Step the controller once per wave (primary batch) rather than on every batch (§4.6).
+    wave_cadence: bool = True
+    #: `SIE_ADAPTIVE_BATCH_*` overrides for every model's controller (None: production defaults).
+    controller_env: Mapping[str, str] | None = None
+
+
+@dataclass(slots=True)
+class _ModelLane:
+    """One model's scheduler, controller and the windows that feed it (scheduler-and-prep §4.1)."""
+
+    scheduler: ModelScheduler[Delivery]
+    controller: AdaptiveController
+    cost_cap: int
+    wait_ms: float = 0.0
+    supports_run_batch: bool = True
+    latency: PercentileWindow = field(default_factory=lambda: PercentileWindow(LATENCY_WINDOW, LATENCY_MIN_SAMPLES))
+    efficiency: PercentileWindow = field(default_factory=lambda: PercentileWindow(EFFICIENCY_WINDOW, 1))
 
 
 class Dispatcher:
@@ -112,6 +141,9 @@ class Dispatcher:
         #: model → (when, ready response): saves an EnsureModelReady round trip per batch at load.
         self._ready_cache: dict[str, tuple[float, ReadyResponse]] = {}
         self._subject_models: dict[str, str | None] = {}
+        self._lanes: dict[str, _ModelLane] = {}
+        self._tokenizers = TokenizerRegistry()
+        self._on_idle: Callable[[], None] | None = None
 
     @property
     def config(self) -> ConfigState:
@@ -238,10 +270,14 @@ class Dispatcher:
                 unknown.append(d)
         if unknown:
             await self._publish_errors(unknown, "bad_operation", "unknown operation", nak_on_failure=True)
-        supports_run_batch = bool(ready.descriptor is not None and ready.descriptor.supports_run_batch)
-        await asyncio.gather(
-            *(self._run_batch(model, op, lora, part, supports_run_batch) for (op, lora), part in by_op.items())
+        lane = self._lane(model)
+        lane.supports_run_batch = bool(ready.descriptor is not None and ready.descriptor.supports_run_batch)
+        tokenizer = (
+            await self._tokenizers.register_async(model, ready.descriptor)
+            if "encode" in {op for op, _ in by_op}
+            else None
         )
+        await asyncio.gather(*(self._enqueue(lane, op, lora, part, tokenizer) for (op, lora), part in by_op.items()))
 
     async def _wait_ready(self, model: str, ds: list[Delivery]) -> ReadyResponse | None:
         """The v0.7.1 readiness loop: progress-ACK and re-probe while the model loads."""
@@ -285,40 +321,136 @@ class Dispatcher:
 
     # -- batches -------------------------------------------------------------------------------
 
-    async def _run_batch(self, model: str, op: str, lora: str, ds: list[Delivery], supports_run_batch: bool) -> None:
-        base = self._s.nak_delay_ms
+    def set_on_idle(self, on_idle: Callable[[], None] | None) -> None:
+        """Called whenever a model's scheduler has nothing pending or running (the pull loop's bypass)."""
+        self._on_idle = on_idle
+
+    def idle(self) -> bool:
+        """No model has items queued in its scheduler or batches in flight."""
+        return all(lane.scheduler.idle() for lane in self._lanes.values())
+
+    def _lane(self, model: str) -> _ModelLane:
+        lane = self._lanes.get(model)
+        if lane is None:
+            c = self._s.scheduler
+            lane = self._lanes[model] = _ModelLane(
+                scheduler=ModelScheduler(
+                    model,
+                    lambda formed: self._dispatch_formed(model, formed),
+                    c,
+                    on_idle=lambda: self._on_idle() if self._on_idle is not None else None,
+                ),
+                controller=AdaptiveController.production(
+                    c.max_batch_cost, c.max_batch_wait_ms, env=self._s.controller_env
+                ),
+                cost_cap=c.max_batch_cost,
+            )
+        return lane
+
+    async def _enqueue(
+        self, lane: _ModelLane, op: str, lora: str, ds: list[Delivery], tokenizer: RegisteredTokenizer | None
+    ) -> None:
+        """Payloads, media checks and tokenization for one (op, LoRA) group, then into the scheduler."""
         ds = await self._drop_cancelled(ds)  # before_payload_fetch
         ds = await self._resolve_payloads(ds)
-        ds = await self._drop_cancelled(ds)  # after_payload_fetch and before_ipc
+        ds = await self._drop_cancelled(ds)  # after_payload_fetch
         if not ds:
             return
+        items = [d.item for d in ds if d.item is not None]
+        if op == "encode":
+            if tokenizer is not None:
+                prepared = await prepare_off_loop(tokenizer, [encode_item(item) for item in items])
+                for d, p in zip(ds, prepared, strict=True):
+                    d.prepared_tokens = p
+                costs = [encode_cost(p) for p in prepared]
+            else:
+                costs = [1] * len(ds)
+        elif op == "score":
+            costs = [score_cost(item.query_item, item.score_items) for item in items]
+        else:
+            costs = [1] * len(ds)
+        lane.scheduler.submit(op, lora, ds, costs)
+
+    async def _dispatch_formed(self, model: str, formed: Formed[Delivery]) -> None:
+        """One formed batch: execute it, then feed the model's controller (§4.1, §4.6)."""
+        lane = self._lanes[model]
+        started = time.monotonic()
+        outcome = await self._execute(
+            model, formed.op, formed.lora, formed.items, formed.total_cost, supports_run_batch=lane.supports_run_batch
+        )
+        if outcome is None:
+            return
+        finished = time.monotonic()
+        successes = [o for o in outcome.outcomes if o.disposition == "publish_and_ack"]
+        if not successes:
+            return  # an all-error batch feeds nothing and does not step the controller
+        enqueued: dict[str, float] = {}
+        for d, at in zip(formed.items, formed.enqueued_at, strict=True):
+            if d.item is not None:
+                enqueued.setdefault(d.item.request_id, at)
+        for rid in dict.fromkeys(o.request_id for o in successes):
+            since = enqueued.get(rid)
+            if since is not None and finished > since:
+                lane.latency.push((finished - since) * 1000.0)
+        ctl = lane.controller
+        if not ctl.calibrated:
+            first = outcome.outcomes[0].inference_ms if outcome.outcomes else None
+            ctl.record_inference(first if first is not None else (finished - started) * 1000.0)
+        if lane.cost_cap > 0:
+            lane.efficiency.push(formed.total_cost / lane.cost_cap)
+        if formed.role == "primary" or not self._s.wave_cadence:
+            wait_ms, cost = ctl.step(lane.latency.p50(), lane.efficiency.mean(), len(formed.items), finished)
+            if cost != lane.cost_cap or wait_ms != lane.wait_ms:
+                lane.cost_cap, lane.wait_ms = cost, wait_ms
+                lane.scheduler.update_limits(cost, wait_ms)
+
+    async def close_schedulers(self, deadline_s: float) -> None:
+        """Shutdown: flush every model's queued work (bounded), then NAK what is left so it returns at once."""
+        results = await asyncio.gather(*(lane.scheduler.close(deadline_s) for lane in self._lanes.values()))
+        for left in results:
+            await self._nak_all(left, SHUTDOWN_NAK_MS)
+
+    async def _execute(
+        self, model: str, op: str, lora: str, ds: list[Delivery], total_cost: int, *, supports_run_batch: bool
+    ) -> Any:
+        """Cancellation, the config barrier, one batch RPC and the settlement of every item; returns
+        the decoded outcome, or None when the batch never reached the backend or failed there."""
+        base = self._s.nak_delay_ms
+        ds = await self._drop_cancelled(ds)  # before_ipc
+        if not ds:
+            return None
         # The config barrier, right before execution: any non-empty hash must still be current.
         if any(not self._config.accepts(d.item.bundle_config_hash) for d in ds if d.item):
             await self._nak_all(ds, base)
-            return
+            return None
         items = [d.item for d in ds if d.item is not None]
+        fetch_ms = [d.payload_fetch_ms for d in ds]
+        prepared = [d.prepared_tokens for d in ds] if op == "encode" else None
         try:
             if supports_run_batch:
-                fetch_ms = [d.payload_fetch_ms for d in ds]
                 outcome = await self._backend.run_batch(
-                    run_batch_body(model, op, items, lora, len(items), payload_fetch_ms=fetch_ms)
+                    run_batch_body(
+                        model, op, items, lora, total_cost, payload_fetch_ms=fetch_ms, prepared_tokens=prepared
+                    )
                 )
             else:
-                fetch_ms = [d.payload_fetch_ms for d in ds]
-                outcome = await self._backend.process_batch(PER_OP_METHOD[op], per_op_body(model, op, items, fetch_ms))
+                outcome = await self._backend.process_batch(
+                    PER_OP_METHOD[op], per_op_body(model, op, items, fetch_ms, prepared)
+                )
         except IpcServerError as exc:
             self._ready_cache.pop(model, None)
             delay = DRAINING_NAK_MS if exc.message == "draining" else base
             log.warning("batch RPC refused", extra={"model": model, "error": exc.message})
             await self._nak_all(ds, delay)
-            return
+            return None
         except Exception as exc:  # transport, timeout, decode: the whole batch goes back
             self._ready_cache.pop(model, None)
             log.warning("batch RPC failed", extra={"model": model, "error": repr(exc)})
             await self._nak_all(ds, base)
-            return
+            return None
         self.batch_sizes[len(items)] += 1
         await self._apply_outcomes(ds, outcome)
+        return outcome
 
     def batch_summary(self) -> dict[str, float]:
         """Count, mean, p50 and max of the items per backend batch so far."""

@@ -129,6 +129,11 @@ DEFAULTS: list[tuple[str, object]] = [
     ("pipeline_depth", 2),
     ("wave_cadence", True),
     ("batcher_idle_bypass_enabled", True),
+    ("batcher_max_batch_wait_ms", 15.0),
+    ("batcher_max_batch_cost", 16384),
+    ("batcher_max_batch_requests", 12),
+    ("batcher_coalesce_ms", 5.0),
+    ("batcher_coalesce_ratio", 0.5),
     ("adaptive_min_quantum_ms", 2.0),
     ("adaptive_max_quantum_ms", 15.0),
     ("adaptive_target_p50_ms", 50.0),
@@ -655,6 +660,11 @@ ENV_ONLY_VARS = [
     "SIE_RUST_PIPELINE_DEPTH",
     "SIE_RUST_WAVE_CADENCE",
     "SIE_BATCHER_IDLE_BYPASS_ENABLED",
+    "SIE_BATCHER_MAX_BATCH_WAIT_MS",
+    "SIE_BATCHER_MAX_BATCH_COST",
+    "SIE_BATCHER_MAX_BATCH_REQUESTS",
+    "SIE_BATCHER_COALESCE_MS",
+    "SIE_BATCHER_COALESCE_RATIO",
     "SIE_ADAPTIVE_MIN_QUANTUM_MS",
     "SIE_ADAPTIVE_MAX_QUANTUM_MS",
     "SIE_ADAPTIVE_TARGET_P50_MS",
@@ -1007,3 +1017,23 @@ def test_idle_bypass_flag(value: str, expected: bool) -> None:
 def test_queue_ms_in_quantum_samples_is_opt_in() -> None:
     assert build(SIE_PULL_QUANTUM_INCLUDE_QUEUE_MS="YES").pull_quantum_include_queue_ms is True
     assert build(SIE_PULL_QUANTUM_INCLUDE_QUEUE_MS="2").pull_quantum_include_queue_ms is False
+
+
+@pytest.mark.parametrize(
+    ("env", "field", "expected"),
+    [
+        ({"SIE_BATCHER_MAX_BATCH_REQUESTS": "64"}, "batcher_max_batch_requests", 64),
+        ({"SIE_BATCHER_MAX_BATCH_REQUESTS": "0"}, "batcher_max_batch_requests", 12),
+        ({"SIE_BATCHER_MAX_BATCH_COST": "720000"}, "batcher_max_batch_cost", 720000),
+        ({"SIE_BATCHER_MAX_BATCH_WAIT_MS": "inf"}, "batcher_max_batch_wait_ms", 15.0),
+        ({"SIE_BATCHER_MAX_BATCH_WAIT_MS": "2.5"}, "batcher_max_batch_wait_ms", 2.5),
+        ({"SIE_BATCHER_COALESCE_MS": "abc"}, "batcher_coalesce_ms", 5.0),
+        ({"SIE_BATCHER_COALESCE_RATIO": "0.2"}, "batcher_coalesce_ratio", 0.2),
+    ],
+)
+def test_batcher_settings(env: dict[str, str], field: str, expected: object) -> None:
+    """§1.2: static batch-former config; unparsable or non-finite values are ignored with a warning."""
+    s = build(**env)
+    assert getattr(s, field) == expected
+    if expected in (12, 15.0, 5.0) and env:
+        assert any(next(iter(env)) in w for w in s.warnings)
