@@ -109,3 +109,42 @@ async def test_falls_back_to_publish_without_the_internals() -> None:
     assert not writer.framed
     await writer.publish_many([("a", b"1"), ("b", b"2")])
     assert sent == [("a", b"1"), ("b", b"2")]
+
+
+async def test_the_publisher_flushes_only_for_chunked_transfers(nc: Client) -> None:
+    """§6.2: chunks, then one flush as barrier, then the ACK; single replies go out without one."""
+    from sie_sidecar.publisher import Publisher, Reply
+    from sie_sidecar.types import WorkResult
+
+    flushes = 0
+    real_flush = nc.flush
+
+    async def counting_flush(*args: Any, **kwargs: Any) -> None:
+        nonlocal flushes
+        flushes += 1
+        await real_flush(*args, **kwargs)
+
+    nc.flush = counting_flush  # type: ignore[method-assign]
+    received: list[bytes] = []
+
+    async def on_msg(msg: Any) -> None:
+        received.append(msg.data)
+
+    sub = await nc.subscribe("_INBOX.flushcheck.>", cb=on_msg)
+    publisher = Publisher(nc)
+
+    def reply(i: int, size: int) -> Reply:
+        result = WorkResult(
+            work_item_id=f"w{i}", request_id="r", item_index=i, success=True, result_msgpack=b"x" * size
+        )
+        return Reply(subject=f"_INBOX.flushcheck.{i}", result=result, accepts_result_chunks=True)
+
+    assert await publisher.publish_batch([reply(0, 10), reply(1, 10)]) == [True, True]
+    assert flushes == 0
+    big = nc.max_payload + 1000
+    assert await publisher.publish_batch([reply(2, 10), reply(3, big)]) == [True, True]
+    assert flushes == 1 and publisher.stats.chunked == 1
+    await real_flush()
+    await asyncio.sleep(0.1)
+    assert len(received) >= 4  # two singles, a single and at least two chunks
+    await sub.unsubscribe()
