@@ -7,6 +7,11 @@ each formed batch comes back as one list of handles. The loop follows §5: reser
 before extracting (so pending work stays mutable while the pipeline is full), flush a primary batch
 (with the idle bypass when the worker was idle), then drain what was pending for the same key when
 the next slot opens, as a wave.
+
+One deliberate difference from v0.7.1: the idle bypass also applies whenever no batch of this model
+is in flight (and the loop is woken when the last one finishes), not only after a wave of single
+items. v0.7.1 would hold a batch for its wait (15 ms and up) while the backend sits idle; here the
+triggers only decide while the backend is busy, which is when coalescing pays.
 """
 
 from __future__ import annotations
@@ -166,7 +171,9 @@ class ModelScheduler(Generic[T]):
                 continue
             key, former = pick
             now = self._clock()
-            batch = former.try_get_batch(now, immediate)
+            # Work-conserving: nothing in flight means the backend is idle, so waiting only adds latency.
+            bypass = immediate or (self.config.idle_bypass and not self._in_flight)
+            batch = former.try_get_batch(now, bypass)
             if batch is not None:
                 return key, batch
             wait_ms = former.time_until_next_trigger_ms(now)
@@ -205,6 +212,8 @@ class ModelScheduler(Generic[T]):
 
     def _finished(self, task: asyncio.Task[None]) -> None:
         self._in_flight.discard(task)
+        if not self._in_flight:
+            self._new_item.set()  # the backend went idle: what is pending may go at once
         if self._on_idle is not None and self.idle():
             self._on_idle()
 

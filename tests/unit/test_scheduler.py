@@ -180,3 +180,25 @@ def test_every_item_is_dispatched_once_within_the_caps(
             assert keys == {(b.op, b.lora)}
 
     asyncio.run(run())
+
+
+async def test_pending_work_leaves_as_soon_as_the_backend_goes_idle() -> None:
+    """Work-conserving bypass: while a batch runs, new items wait (the triggers decide); the moment
+    nothing is in flight they go, long before the 1 s wait would have fired."""
+    rec = Recorder()
+    rec.gate = asyncio.Event()
+    s: ModelScheduler[str] = ModelScheduler(
+        "m", rec, SchedulerConfig(max_batch_wait_ms=1000.0, coalesce_ms=1000.0, pipeline_depth=2)
+    )
+    s.submit("encode", "", ["f1", "f2"], [1, 1])  # two items: v0.7.1's "was idle" rule does not apply after it
+    await asyncio.sleep(0.01)
+    s.submit("encode", "", ["a", "b"], [1, 1])
+    await asyncio.sleep(0.05)
+    assert rec.running == 1 and s.pending == 2  # a slot is free, but the backend is busy: they wait
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    rec.gate.set()
+    await settle(s)
+    assert loop.time() - started < 0.5
+    assert [b.items for b in rec.batches] == [["f1", "f2"], ["a", "b"]]
+    assert rec.batches[1].reason == "idle_bypass"
