@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import signal
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
@@ -201,7 +200,8 @@ async def run(settings: Settings, *, stop: asyncio.Event | None = None, started:
                 drain_deadline_s=settings.scheduler_drain_deadline_ms / 1000.0,
             ),
             wave_cadence=settings.wave_cadence,
-            controller_env=os.environ,
+            controller_env=dict(settings.adaptive_batch_env),
+            controller_trace_dir=settings.controller_trace_dir,
         ),
         ipc,
         publisher,

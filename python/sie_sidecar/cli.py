@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The `sie-sidecar` command line: `run`, `backend`, `loadgen`, `demo`, `tour`."""
+"""The `sie-sidecar` command line: `run`, `backend`, `loadgen`, `replay`, `demo`, `tour`."""
 
 from __future__ import annotations
 
@@ -48,6 +48,11 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         from .loadgen import add_loadgen_arguments
 
         add_loadgen_arguments(loadgen)
+    replay = commands.add_parser("replay", help="replay a controller trace (JSONL) and print or plot the knobs")
+    if command in (None, "replay"):
+        from .replay import add_replay_arguments
+
+        add_replay_arguments(replay)
     demo = commands.add_parser("demo", help="run the whole pipeline locally and print a summary")
     demo.add_argument("--adapter", choices=("minilm", "null"), default="minilm")
     demo.add_argument("--items", type=int, default=None, help="items to send (default: 2,000 minilm, 50,000 null)")
@@ -92,6 +97,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from .loadgen import run_loadgen
 
         return asyncio.run(run_loadgen(args))
+    if args.command == "replay":
+        from .replay import run_replay
+
+        return run_replay(args)
     if args.command == "demo":
         from .demo import run_demo
 

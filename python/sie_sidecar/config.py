@@ -278,6 +278,10 @@ class Settings:
     batcher_max_batch_requests: int = 12
     batcher_coalesce_ms: float = 5.0
     batcher_coalesce_ratio: float = 0.5
+    #: The `SIE_ADAPTIVE_BATCH_*` variables as given; each model's controller applies them (§4.2).
+    adaptive_batch_env: tuple[tuple[str, str], ...] = ()
+    #: Directory for live, replayable controller traces (our extension; off when unset).
+    controller_trace_dir: str | None = None
     adaptive_min_quantum_ms: float = 2.0
     adaptive_max_quantum_ms: float = 15.0
     adaptive_target_p50_ms: float = 50.0
@@ -646,6 +650,10 @@ class _Builder:
             not in _FALSY,
             **self._quantum(),
             **self._batcher(),
+            adaptive_batch_env=tuple(
+                sorted((k, v) for k, v in self._environ.items() if k.startswith("SIE_ADAPTIVE_BATCH_"))
+            ),
+            controller_trace_dir=self.text("SIE_SIDECAR_CONTROLLER_TRACE"),
             pull_quantum_include_queue_ms=self.env_flag("SIE_PULL_QUANTUM_INCLUDE_QUEUE_MS", default=False),
             health_publish_enabled=self._health_publish_enabled(),
             generate_ipc_frame_timeout_s=self.env_uint("SIE_GENERATE_IPC_FRAME_TIMEOUT_S", 300),

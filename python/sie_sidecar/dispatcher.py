@@ -25,6 +25,7 @@ from .controller import (
     AdaptiveController,
     PercentileWindow,
 )
+from .controller_trace import ControllerTrace
 from .costs import score_cost
 from .delivery import Delivery, Settler
 from .errors import IpcServerError
@@ -93,6 +94,8 @@ class DispatchSettings:
     wave_cadence: bool = True
     #: `SIE_ADAPTIVE_BATCH_*` overrides for every model's controller (None: production defaults).
     controller_env: Mapping[str, str] | None = None
+    #: Directory for one replayable controller trace per model (`SIE_SIDECAR_CONTROLLER_TRACE`).
+    controller_trace_dir: str | None = None
 
 
 @dataclass(slots=True)
@@ -106,6 +109,7 @@ class _ModelLane:
     supports_run_batch: bool = True
     latency: PercentileWindow = field(default_factory=lambda: PercentileWindow(LATENCY_WINDOW, LATENCY_MIN_SAMPLES))
     efficiency: PercentileWindow = field(default_factory=lambda: PercentileWindow(EFFICIENCY_WINDOW, 1))
+    trace: ControllerTrace | None = None
 
 
 class Dispatcher:
@@ -345,6 +349,8 @@ class Dispatcher:
                 ),
                 cost_cap=c.max_batch_cost,
             )
+            if self._s.controller_trace_dir:
+                lane.trace = ControllerTrace.open(self._s.controller_trace_dir, model, lane.controller.config)
         return lane
 
     async def _enqueue(
@@ -395,11 +401,17 @@ class Dispatcher:
         ctl = lane.controller
         if not ctl.calibrated:
             first = outcome.outcomes[0].inference_ms if outcome.outcomes else None
-            ctl.record_inference(first if first is not None else (finished - started) * 1000.0)
+            inference_ms = first if first is not None else (finished - started) * 1000.0
+            ctl.record_inference(inference_ms)
+            if lane.trace is not None:
+                lane.trace.inference(inference_ms)
         if lane.cost_cap > 0:
             lane.efficiency.push(formed.total_cost / lane.cost_cap)
         if formed.role == "primary" or not self._s.wave_cadence:
-            wait_ms, cost = ctl.step(lane.latency.p50(), lane.efficiency.mean(), len(formed.items), finished)
+            p50, fill = lane.latency.p50(), lane.efficiency.mean()
+            wait_ms, cost = ctl.step(p50, fill, len(formed.items), finished)
+            if lane.trace is not None:
+                lane.trace.step(finished, p50, fill, len(formed.items), wait_ms=wait_ms, batch_cost=cost)
             if cost != lane.cost_cap or wait_ms != lane.wait_ms:
                 lane.cost_cap, lane.wait_ms = cost, wait_ms
                 lane.scheduler.update_limits(cost, wait_ms)
@@ -409,6 +421,10 @@ class Dispatcher:
         results = await asyncio.gather(*(lane.scheduler.close(deadline_s) for lane in self._lanes.values()))
         for left in results:
             await self._nak_all(left, SHUTDOWN_NAK_MS)
+        for lane in self._lanes.values():
+            if lane.trace is not None:
+                lane.trace.close()
+                lane.trace = None
 
     async def _execute(
         self, model: str, op: str, lora: str, ds: list[Delivery], total_cost: int, *, supports_run_batch: bool

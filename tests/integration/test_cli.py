@@ -53,3 +53,20 @@ def test_help_shows_no_secret_values() -> None:
     assert result.returncode == 0
     assert "--nats-url" in result.stdout and "--gateway-api-key" in result.stdout
     assert "s3cret-key" not in result.stdout and "t0ken" not in result.stdout
+
+
+def test_replay_subcommand_replays_the_test_trace() -> None:
+    """`sie-sidecar replay` is the §4.7 harness: same lines as the golden file of the test trace."""
+    from pathlib import Path
+
+    data = Path(__file__).resolve().parents[1] / "data"
+    proc = subprocess.run(
+        [sys.executable, "-m", "sie_sidecar", "replay", str(data / "controller_trace.jsonl")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    expected = (data / "controller_trace.expected.jsonl").read_text().split()
+    assert proc.stdout.split() == expected

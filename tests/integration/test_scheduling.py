@@ -77,3 +77,26 @@ async def test_encode_items_carry_prepared_tokens_and_embed_the_same(nats_server
         framed = msgpack.unpackb(reply["result_msgpack"])
         got = np.frombuffer(framed["dense"]["values"][b"data"], np.float32)
         np.testing.assert_allclose(got, model.embed([text])[0], rtol=1e-5, atol=1e-6)
+
+
+async def test_the_live_controller_trace_replays_to_the_same_knobs(nats_server: NatsServer, tmp_path: Path) -> None:
+    """SIE_SIDECAR_CONTROLLER_TRACE: the live controller's inputs and knobs, in the §4.7 replay format;
+    replaying the file with its recorded config reproduces every knob value."""
+    import json
+
+    from sie_sidecar.controller import replay_controller
+
+    trace_dir = tmp_path / "trace"
+    env = {"SIE_SIDECAR_CONTROLLER_TRACE": str(trace_dir), "SIE_BATCHER_MAX_BATCH_REQUESTS": "2"}
+    async with running_stack(nats_server, tmp_path, env=env) as stack:
+        for wave in range(6):
+            ids = [await stack.publish(work_item(text=f"t{wave}.{i}")) for i in range(6)]
+            await stack.wait_for(lambda ids=ids: all(stack.results_for(w) for w in ids))
+        await stack.settled_pool()
+    (trace,) = trace_dir.iterdir()
+    text = trace.read_text()
+    config = next(line for line in text.splitlines() if line.startswith("# config: ")).removeprefix("# config: ")
+    steps = [json.loads(line) for line in text.splitlines() if line.startswith('{"event":"step"')]
+    assert len(steps) >= 6
+    replayed = replay_controller(text, config)
+    assert [(r["wait_ms"], r["batch_cost"]) for r in replayed] == [(s["wait_ms"], s["batch_cost"]) for s in steps]

@@ -134,6 +134,8 @@ DEFAULTS: list[tuple[str, object]] = [
     ("batcher_max_batch_requests", 12),
     ("batcher_coalesce_ms", 5.0),
     ("batcher_coalesce_ratio", 0.5),
+    ("adaptive_batch_env", ()),
+    ("controller_trace_dir", None),
     ("adaptive_min_quantum_ms", 2.0),
     ("adaptive_max_quantum_ms", 15.0),
     ("adaptive_target_p50_ms", 50.0),
@@ -1037,3 +1039,11 @@ def test_batcher_settings(env: dict[str, str], field: str, expected: object) -> 
     assert getattr(s, field) == expected
     if expected in (12, 15.0, 5.0) and env:
         assert any(next(iter(env)) in w for w in s.warnings)
+
+
+def test_adaptive_batch_overrides_and_the_controller_trace_are_carried() -> None:
+    s = build(
+        SIE_ADAPTIVE_BATCH_MIN_WAIT_MS="5", SIE_ADAPTIVE_BATCH_MAX_COST="9000", SIE_SIDECAR_CONTROLLER_TRACE="/tmp/t"
+    )
+    assert s.adaptive_batch_env == (("SIE_ADAPTIVE_BATCH_MAX_COST", "9000"), ("SIE_ADAPTIVE_BATCH_MIN_WAIT_MS", "5"))
+    assert s.controller_trace_dir == "/tmp/t"
