@@ -92,6 +92,29 @@ async def _pull_loop(
         stopped.cancel()
 
 
+def _dispatch_settings(settings: Settings) -> DispatchSettings:
+    """The dispatcher's and the schedulers' share of the settings (§1.2 batching and pipelining)."""
+    return DispatchSettings(
+        worker_id=settings.worker_id,
+        nak_delay_ms=settings.nak_delay_ms,
+        fetch_budget=settings.fallback_batch_budget,
+        max_concurrent_batches=settings.max_concurrent_batches,
+        scheduler=SchedulerConfig(
+            max_batch_cost=settings.batcher_max_batch_cost,
+            max_batch_requests=settings.batcher_max_batch_requests,
+            max_batch_wait_ms=settings.batcher_max_batch_wait_ms,
+            coalesce_ms=settings.batcher_coalesce_ms,
+            coalesce_ratio=settings.batcher_coalesce_ratio,
+            pipeline_depth=settings.pipeline_depth,
+            idle_bypass=settings.batcher_idle_bypass_enabled,
+            drain_deadline_s=settings.scheduler_drain_deadline_ms / 1000.0,
+        ),
+        wave_cadence=settings.wave_cadence,
+        controller_env=dict(settings.adaptive_batch_env),
+        controller_trace_dir=settings.controller_trace_dir,
+    )
+
+
 def _cancel_handlers(dispatcher: Dispatcher, worker_id: str) -> tuple[Callable[[Msg], Awaitable[None]], ...]:
     async def on_work_cancel(msg: Msg) -> None:
         parsed = wire.parse_work_cancel(msg.subject)
@@ -184,25 +207,7 @@ async def run(settings: Settings, *, stop: asyncio.Event | None = None, started:
     settler = Settler(FramedWriter(nc))
     publisher = Publisher(nc)
     dispatcher = Dispatcher(
-        DispatchSettings(
-            worker_id=settings.worker_id,
-            nak_delay_ms=settings.nak_delay_ms,
-            fetch_budget=settings.fallback_batch_budget,
-            max_concurrent_batches=settings.max_concurrent_batches,
-            scheduler=SchedulerConfig(
-                max_batch_cost=settings.batcher_max_batch_cost,
-                max_batch_requests=settings.batcher_max_batch_requests,
-                max_batch_wait_ms=settings.batcher_max_batch_wait_ms,
-                coalesce_ms=settings.batcher_coalesce_ms,
-                coalesce_ratio=settings.batcher_coalesce_ratio,
-                pipeline_depth=settings.pipeline_depth,
-                idle_bypass=settings.batcher_idle_bypass_enabled,
-                drain_deadline_s=settings.scheduler_drain_deadline_ms / 1000.0,
-            ),
-            wave_cadence=settings.wave_cadence,
-            controller_env=dict(settings.adaptive_batch_env),
-            controller_trace_dir=settings.controller_trace_dir,
-        ),
+        _dispatch_settings(settings),
         ipc,
         publisher,
         settler,

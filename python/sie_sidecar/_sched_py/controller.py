@@ -218,19 +218,7 @@ class _Config:
         t = self.target_p50_ms
         if t is not None and not (math.isfinite(t) and t > 0.0):
             raise ValueError(f"target_p50_ms must be finite and > 0, got {t}")
-        for name in (
-            "calibration_multiplier",
-            "min_target_p50_ms",
-            "max_target_p50_ms",
-            "min_wait_ms",
-            "max_wait_ms",
-            "initial_wait_ms",
-            "gain",
-            "integral_gain",
-            "cost_gain",
-            "fill_ratio_threshold",
-            "integral_max",
-        ):
+        for name in sorted(_FLOAT_FIELDS):
             v = getattr(self, name)
             if not math.isfinite(v):
                 raise ValueError(f"{name} must be finite, got {v}")
