@@ -80,6 +80,11 @@ def scan_direct_msgs(bytearray buf not None, dict direct not None, object client
         if line_end < 0:
             partial = limit == n  # the control line itself is still arriving
             break
+        i = pos + 4
+        while i < line_end and s[i] != c'\r' and s[i] != c'\n' and s[i] != c'\f' and s[i] != c'\v':
+            i += 1
+        if i < line_end:
+            break  # stray line-breaking whitespace inside the line: nats-py's parser decides
         # MSG <subject> <sid> [reply] <size>
         t0 = _skip_space(s, pos + 4, line_end)
         t1 = _token_end(s, t0, line_end)

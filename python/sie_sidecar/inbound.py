@@ -29,7 +29,8 @@ log = logging.getLogger(__name__)
 Deliver = Callable[[Msg], None]
 ScanResult = tuple[int, int, int, bool, BaseException | None]
 
-_MSG_LINE = re.compile(rb"MSG[ \t]+([^ \t\r\n]+)[ \t]+([^ \t\r\n]+)[ \t]+(?:([^ \t\r\n]+)[ \t]+)?(\d+)\r\n")
+_TOKEN = rb"[^ \t\r\n\f\v]+"
+_MSG_LINE = re.compile(rb"MSG[ \t]+(%s)[ \t]+(%s)[ \t]+(?:(%s)[ \t]+)?(\d+)[ \t]*\r\n" % (_TOKEN, _TOKEN, _TOKEN))
 _MAX_CONTROL_LINE = 4096
 
 
