@@ -270,6 +270,10 @@ def batch_defaults(batch: int) -> dict[str, str]:
         "SIE_PULL_LOOP_MAX_OUTSTANDING": str(4 * batch),
         # The durable's max_ack_pending (default 1000) would cap unacked deliveries below that.
         "SIE_MAX_ACK_PENDING": str(8 * batch),
+        # The scheduler's formers (v0.7.1 caps: 12 items, 16,384 tokens) would cut a 512 x 64-token
+        # pull into small batches; the backend-alone figure is for whole batches of `batch`.
+        "SIE_BATCHER_MAX_BATCH_REQUESTS": str(batch),
+        "SIE_BATCHER_MAX_BATCH_COST": str(batch * 1024),
     }
 
 
