@@ -276,6 +276,8 @@ class Dispatcher:
             await self._publish_errors(unknown, "bad_operation", "unknown operation", nak_on_failure=True)
         lane = self._lane(model)
         lane.supports_run_batch = bool(ready.descriptor is not None and ready.descriptor.supports_run_batch)
+        if ready.descriptor is not None:
+            lane.scheduler.widen(ready.descriptor.max_concurrent_dispatch)
         tokenizer = (
             await self._tokenizers.register_async(model, ready.descriptor)
             if "encode" in {op for op, _ in by_op}

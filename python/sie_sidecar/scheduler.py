@@ -87,7 +87,10 @@ class ModelScheduler(Generic[T]):
         self._items: dict[int, tuple[T, float]] = {}
         self._ids = itertools.count()
         self._new_item = asyncio.Event()
-        self._slots = asyncio.Semaphore(max(1, self.config.pipeline_depth))
+        self._depth = max(1, self.config.pipeline_depth)
+        self._slots = asyncio.Semaphore(self._depth)
+        self._width = 1  # the backend's dispatch width (descriptor.max_concurrent_dispatch)
+        self._costs: dict[int, int] = {}
         self._in_flight: set[asyncio.Task[None]] = set()
         self._closing = False
         self._loop_task: asyncio.Task[None] | None = None
@@ -135,12 +138,29 @@ class ModelScheduler(Generic[T]):
             )
         now = self._clock()
         ids = [next(self._ids) for _ in items]
-        for i, item in zip(ids, items, strict=True):
+        for i, item, cost in zip(ids, items, costs, strict=True):
             self._items[i] = (item, now)
+            self._costs[i] = cost
         former.submit_many(ids, list(costs), now)
         self._new_item.set()
         if self._loop_task is None:
             self._loop_task = asyncio.create_task(self._run(), name=f"scheduler:{self.model}")
+
+    @property
+    def depth(self) -> int:
+        return self._depth
+
+    def widen(self, width: int | None) -> None:
+        """The backend's dispatch width (newer than v0.7.1, §5): depth = max(configured depth, width),
+        width clamped to [1, 1024], and it only ever grows for a running scheduler; with a width over
+        1, extract items are sent one per RunBatch, each on its own pipeline slot."""
+        if not width or width <= self._width:
+            return
+        self._width = min(1024, width)
+        grown = max(self._depth, self._width)
+        for _ in range(grown - self._depth):
+            self._slots.release()
+        self._depth = grown
 
     def update_limits(self, max_batch_cost: int, max_batch_wait_ms: float) -> None:
         """Push the controller's new caps into every former (and wake the loop if one became flushable)."""
@@ -185,6 +205,8 @@ class ModelScheduler(Generic[T]):
 
     def _take(self, key: Key, batch: FormedBatch, role: Role) -> Formed[T]:
         self.flushes[batch.reason] = self.flushes.get(batch.reason, 0) + 1
+        for i in batch.ids:
+            self._costs.pop(i, None)
         taken = [self._items.pop(i) for i in batch.ids]
         return Formed(
             op=key[0],
@@ -196,19 +218,35 @@ class ModelScheduler(Generic[T]):
             enqueued_at=[at for _, at in taken],
         )
 
+    def _alone(self, key: Key, batch: FormedBatch) -> bool:
+        return key[0] == "extract" and self._width > 1 and len(batch.ids) > 1
+
+    def _singles(self, key: Key, batch: FormedBatch, role: Role) -> list[Formed[T]]:
+        """One Formed per item (items-alone dispatch); the first keeps the role, the rest are drains."""
+        costs = [self._costs.get(i, 1) for i in batch.ids]
+        whole = self._take(key, batch, role)
+        return [
+            Formed(key[0], key[1], [item], cost, batch.reason, role if n == 0 else "drain", [at])
+            for n, (item, at, cost) in enumerate(zip(whole.items, whole.enqueued_at, costs, strict=True))
+        ]
+
     def _spawn(self, key: Key, batch: FormedBatch, role: Role) -> None:
         """Run one batch as a task holding a pipeline slot (released when it finishes)."""
-        task = asyncio.create_task(self._run_dispatch(self._take(key, batch, role)))
+        self._start(self._take(key, batch, role))
+
+    def _start(self, formed: Formed[T], *, holds_slot: bool = True) -> None:
+        task = asyncio.create_task(self._run_dispatch(formed, holds_slot=holds_slot))
         self._in_flight.add(task)
         task.add_done_callback(self._finished)
 
-    async def _run_dispatch(self, formed: Formed[T]) -> None:
+    async def _run_dispatch(self, formed: Formed[T], *, holds_slot: bool = True) -> None:
         try:
             await self._dispatch(formed)
         except Exception:  # the dispatch function settles its own items; this only keeps the loop alive
             log.exception("batch dispatch failed", extra={"model": self.model, "items": len(formed.items)})
         finally:
-            self._slots.release()
+            if holds_slot:
+                self._slots.release()
 
     def _finished(self, task: asyncio.Task[None]) -> None:
         self._in_flight.discard(task)
@@ -225,10 +263,34 @@ class ModelScheduler(Generic[T]):
             await self._slots.acquire()
             held += 1
 
-        def spawn(key: Key, batch: FormedBatch, role: Role) -> None:
+        async def spawn(key: Key, batch: FormedBatch, role: Role) -> None:
             nonlocal held
-            self._spawn(key, batch, role)  # the slot now belongs to the batch task
-            held -= 1
+            if not self._alone(key, batch):
+                self._spawn(key, batch, role)  # the slot now belongs to the batch task
+                held -= 1
+                return
+            singles = self._singles(key, batch, role)
+            for n, single in enumerate(singles):
+                if n > 0:
+                    try:
+                        await reserve()  # each item of an items-alone batch takes its own slot
+                    except asyncio.CancelledError:  # shutdown won the wait: the rest runs as one batch
+                        rest = singles[n:]
+                        self._start(
+                            Formed(
+                                key[0],
+                                key[1],
+                                [f.items[0] for f in rest],
+                                sum(f.total_cost for f in rest),
+                                batch.reason,
+                                "drain",
+                                [f.enqueued_at[0] for f in rest],
+                            ),
+                            holds_slot=False,
+                        )
+                        raise
+                self._start(single)
+                held -= 1
 
         was_idle = True
         try:
@@ -239,7 +301,7 @@ class ModelScheduler(Generic[T]):
                     return
                 key, batch = got
                 n0 = len(batch.ids)
-                spawn(key, batch, "primary")
+                await spawn(key, batch, "primary")
                 await reserve()  # the continuation slot: the wave is sized when it opens
                 former = self._formers[key]
                 budget = len(former)
@@ -250,7 +312,7 @@ class ModelScheduler(Generic[T]):
                         break
                     budget -= len(more.ids)
                     drained = True
-                    spawn(key, more, "drain")
+                    await spawn(key, more, "drain")
                     if budget > 0:
                         await reserve()
                 if held:
@@ -273,8 +335,7 @@ class ModelScheduler(Generic[T]):
             with contextlib.suppress(asyncio.CancelledError):
                 await self._loop_task
         deadline = self._clock() + (self.config.drain_deadline_s if deadline_s is None else deadline_s)
-        depth = max(1, self.config.pipeline_depth)
-        for _ in range(depth):  # quiesce: every slot back means nothing is in flight
+        for _ in range(self._depth):  # quiesce: every slot back means nothing is in flight
             remaining = deadline - self._clock()
             if remaining <= 0:
                 break
@@ -296,6 +357,8 @@ class ModelScheduler(Generic[T]):
                     await self._dispatch(formed)
             except Exception:
                 log.exception("final drain batch failed", extra={"model": self.model, "items": len(formed.items)})
+        if self._in_flight:  # e.g. the rest of an items-alone batch started outside the pipeline
+            await asyncio.wait(set(self._in_flight), timeout=max(0.001, deadline - self._clock()))
         return [self._items.pop(i)[0] for former in self._formers.values() for i in former.drain_all()]
 
 

@@ -202,3 +202,34 @@ async def test_pending_work_leaves_as_soon_as_the_backend_goes_idle() -> None:
     assert loop.time() - started < 0.5
     assert [b.items for b in rec.batches] == [["f1", "f2"], ["a", "b"]]
     assert rec.batches[1].reason == "idle_bypass"
+
+
+async def test_a_dispatch_width_sends_extract_items_alone_on_their_own_slots() -> None:
+    """Newer than v0.7.1 (§5): width > 1 grows the depth and splits extract batches into single items;
+    other operations keep their batches."""
+    rec = Recorder()
+    rec.gate = asyncio.Event()
+    s: ModelScheduler[str] = ModelScheduler("m", rec, SchedulerConfig(pipeline_depth=2, idle_bypass=False))
+    s.widen(4)
+    assert s.depth == 4
+    s.widen(3)  # never shrinks
+    assert s.depth == 4
+    s.submit("extract", "", ["x0", "x1", "x2"], [1, 1, 1])
+    await asyncio.sleep(0.03)
+    assert rec.running == 3  # three single-item RunBatches in flight at once
+    rec.gate.set()
+    s.submit("encode", "", ["e0", "e1"], [1, 1])
+    await settle(s)
+    sizes = sorted((b.op, len(b.items)) for b in rec.batches)
+    assert sizes == [("encode", 2), ("extract", 1), ("extract", 1), ("extract", 1)]
+    assert [b.role for b in rec.batches if b.op == "extract"].count("primary") == 1
+
+
+async def test_without_a_width_extract_batches_stay_whole() -> None:
+    rec = Recorder()
+    s: ModelScheduler[str] = ModelScheduler("m", rec, SchedulerConfig(idle_bypass=False))
+    s.widen(None)
+    s.widen(1)
+    s.submit("extract", "", ["x0", "x1"], [1, 1])
+    await settle(s)
+    assert [len(b.items) for b in rec.batches] == [2] and s.depth == 2
