@@ -112,6 +112,7 @@ def _dispatch_settings(settings: Settings) -> DispatchSettings:
         wave_cadence=settings.wave_cadence,
         controller_env=dict(settings.adaptive_batch_env),
         controller_trace_dir=settings.controller_trace_dir,
+        cost_pinned=settings.batcher_cost_pinned,
     )
 
 

@@ -278,6 +278,8 @@ class Settings:
     batcher_max_batch_requests: int = 12
     batcher_coalesce_ms: float = 5.0
     batcher_coalesce_ratio: float = 0.5
+    #: SIE_BATCHER_MAX_BATCH_COST was set: every model keeps that cap, whatever budget it reports.
+    batcher_cost_pinned: bool = False
     #: The `SIE_ADAPTIVE_BATCH_*` variables as given; each model's controller applies them (§4.2).
     adaptive_batch_env: tuple[tuple[str, str], ...] = ()
     #: Directory for live, replayable controller traces (our extension; off when unset).
@@ -508,10 +510,15 @@ class _Builder:
 
     def _batcher(self) -> dict[str, Any]:  # heterogeneous values: the dict is splatted into Settings
         """Static batch-former config (scheduler-and-prep §3.1, v0.7.1 defaults 15 / 16384 / 12 / 5 / 0.5);
-        values that do not parse, or non-finite floats, are ignored with a warning."""
+        values that do not parse, or non-finite floats, are ignored with a warning. A valid cost
+        pins every model to it (§3.7)."""
+        warned = len(self.warnings)
+        cost = self.env_uint("SIE_BATCHER_MAX_BATCH_COST", 16384, lambda n: True)
+        pinned = "SIE_BATCHER_MAX_BATCH_COST" in self._environ and len(self.warnings) == warned
         return {
             "batcher_max_batch_wait_ms": self.env_float("SIE_BATCHER_MAX_BATCH_WAIT_MS", 15.0, lambda x: x >= 0),
-            "batcher_max_batch_cost": self.env_uint("SIE_BATCHER_MAX_BATCH_COST", 16384, lambda n: True),
+            "batcher_max_batch_cost": cost,
+            "batcher_cost_pinned": pinned,
             "batcher_max_batch_requests": self.env_uint("SIE_BATCHER_MAX_BATCH_REQUESTS", 12),
             "batcher_coalesce_ms": self.env_float("SIE_BATCHER_COALESCE_MS", 5.0, lambda x: x >= 0),
             "batcher_coalesce_ratio": self.env_float("SIE_BATCHER_COALESCE_RATIO", 0.5, lambda x: x >= 0),

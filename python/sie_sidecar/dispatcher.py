@@ -96,6 +96,8 @@ class DispatchSettings:
     controller_env: Mapping[str, str] | None = None
     #: Directory for one replayable controller trace per model (`SIE_SIDECAR_CONTROLLER_TRACE`).
     controller_trace_dir: str | None = None
+    #: SIE_BATCHER_MAX_BATCH_COST was set: reported `max_batch_tokens` budgets are ignored (§3.7).
+    cost_pinned: bool = False
 
 
 @dataclass(slots=True)
@@ -106,6 +108,7 @@ class _ModelLane:
     controller: AdaptiveController
     cost_cap: int
     wait_ms: float = 0.0
+    budget: int = 0  # the cost budget the controller was built from
     supports_run_batch: bool = True
     latency: PercentileWindow = field(default_factory=lambda: PercentileWindow(LATENCY_WINDOW, LATENCY_MIN_SAMPLES))
     efficiency: PercentileWindow = field(default_factory=lambda: PercentileWindow(EFFICIENCY_WINDOW, 1))
@@ -278,6 +281,8 @@ class Dispatcher:
         lane.supports_run_batch = bool(ready.descriptor is not None and ready.descriptor.supports_run_batch)
         if ready.descriptor is not None:
             lane.scheduler.widen(ready.descriptor.max_concurrent_dispatch)
+        if ready.max_batch_tokens and not self._s.cost_pinned and ready.max_batch_tokens != lane.budget:
+            self._adopt_budget(model, lane, ready.max_batch_tokens)
         tokenizer = (
             await self._tokenizers.register_async(model, ready.descriptor)
             if "encode" in {op for op, _ in by_op}
@@ -350,10 +355,23 @@ class Dispatcher:
                     c.max_batch_cost, c.max_batch_wait_ms, env=self._s.controller_env
                 ),
                 cost_cap=c.max_batch_cost,
+                budget=c.max_batch_cost,
             )
             if self._s.controller_trace_dir:
                 lane.trace = ControllerTrace.open(self._s.controller_trace_dir, model, lane.controller.config)
         return lane
+
+    def _adopt_budget(self, model: str, lane: _ModelLane, budget: int) -> None:
+        """A reported `max_batch_tokens` (newer than v0.7.1, §3.7): re-base the model on it. The
+        controller is rebuilt (it re-calibrates), the fill window cleared, and every former gets the
+        new cost cap with the initial wait; a later absent budget never undoes this."""
+        wait = self._s.scheduler.max_batch_wait_ms
+        lane.budget = budget
+        lane.controller = AdaptiveController.production(budget, wait, env=self._s.controller_env)
+        lane.efficiency = PercentileWindow(EFFICIENCY_WINDOW, 1)
+        lane.cost_cap, lane.wait_ms = lane.controller.current_batch_cost, lane.controller.current_wait_ms
+        lane.scheduler.update_limits(lane.cost_cap, lane.wait_ms)
+        log.info("model batch budget adopted", extra={"model": model, "max_batch_tokens": budget})
 
     async def _enqueue(
         self, lane: _ModelLane, op: str, lora: str, ds: list[Delivery], tokenizer: RegisteredTokenizer | None

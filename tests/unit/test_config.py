@@ -134,6 +134,7 @@ DEFAULTS: list[tuple[str, object]] = [
     ("batcher_max_batch_requests", 12),
     ("batcher_coalesce_ms", 5.0),
     ("batcher_coalesce_ratio", 0.5),
+    ("batcher_cost_pinned", False),
     ("adaptive_batch_env", ()),
     ("controller_trace_dir", None),
     ("adaptive_min_quantum_ms", 2.0),
@@ -1047,3 +1048,8 @@ def test_adaptive_batch_overrides_and_the_controller_trace_are_carried() -> None
     )
     assert s.adaptive_batch_env == (("SIE_ADAPTIVE_BATCH_MAX_COST", "9000"), ("SIE_ADAPTIVE_BATCH_MIN_WAIT_MS", "5"))
     assert s.controller_trace_dir == "/tmp/t"
+
+
+def test_a_valid_batch_cost_pins_every_model() -> None:
+    assert build(SIE_BATCHER_MAX_BATCH_COST="8192").batcher_cost_pinned is True
+    assert build(SIE_BATCHER_MAX_BATCH_COST="lots").batcher_cost_pinned is False  # ignored with a warning
