@@ -19,6 +19,7 @@ import contextlib
 import json
 import math
 import os
+import random
 import secrets
 import sys
 import time
@@ -40,6 +41,7 @@ from .limits import RESULT_CHUNK_KIND
 from .progress import ProgressBar
 
 OPERATIONS = ("encode", "score", "extract")
+ARRIVALS = ("fixed", "poisson")
 MAX_ITEMS_PER_REQUEST = 4096  # wire-protocol §7.1: max 4,096 items per request
 SCORE_CANDIDATES = 4
 EXTRACT_LABELS = ("person", "organization", "location")
@@ -107,6 +109,43 @@ class LoadgenError(Exception):
     """A setup problem (no server, no pool stream, bad configuration) that stops the run before load."""
 
 
+def varied_texts(count: int = 256, *, min_words: int = 5, max_words: int = 120, seed: int = 0) -> tuple[str, ...]:
+    """`count` texts whose word counts are uniform in [min_words, max_words], made of the words of
+    DEFAULT_TEXTS (seeded, so runs are reproducible). Item costs (tokens) then vary the way real
+    traffic does, which is what a cost-capped batch former and its controller react to."""
+    if count < 1 or not 1 <= min_words <= max_words:
+        raise LoadgenError("varied texts need count >= 1 and 1 <= min_words <= max_words")
+    rng = random.Random(seed)
+    vocabulary = sorted({word for text in DEFAULT_TEXTS for word in text.split()})
+    return tuple(
+        " ".join(rng.choice(vocabulary) for _ in range(rng.randint(min_words, max_words))) for _ in range(count)
+    )
+
+
+def arrival_offsets(plan: Sequence[int], rate: float, arrival: str = "fixed", seed: int = 0) -> list[float]:
+    """When each request of `plan` (items per request) leaves, in seconds after the start.
+
+    `fixed`: request j at items_before_j / rate. `poisson`: exponential gaps with mean
+    items_j / rate (a Poisson process of requests whose item rate is `rate`; the first request goes
+    at 0), from a seeded generator so a run can be repeated. Empty when `rate` is 0 (no schedule)."""
+    if arrival not in ARRIVALS:
+        raise LoadgenError(f"arrival must be one of {', '.join(ARRIVALS)}, not {arrival!r}")
+    if rate <= 0:
+        return []
+    offsets: list[float] = []
+    at = 0.0
+    if arrival == "fixed":
+        for total in plan:
+            offsets.append(at)
+            at += total / rate
+        return offsets
+    rng = random.Random(seed)
+    for total in plan:
+        offsets.append(at)
+        at += rng.expovariate(rate / total)  # the gap after a request: mean items / rate
+    return offsets
+
+
 def _default_router_id() -> str:
     return f"loadgen-{secrets.token_hex(4)}"
 
@@ -124,7 +163,9 @@ class LoadConfig:
     operation: str = "encode"
     items: int = 1000
     items_per_request: int = 1
-    rate: float = 0.0  # items/s; 0 = as fast as possible, else open loop on a fixed-interval schedule
+    rate: float = 0.0  # items/s; 0 = as fast as possible, else open loop on the `arrival` schedule
+    arrival: str = "fixed"  # "fixed" interval or "poisson" (exponential gaps, seeded by `seed`)
+    seed: int = 0
     texts: Sequence[str] = DEFAULT_TEXTS
     timeout_s: float = 60.0  # wait for outstanding results after the last publish
     router_id: str = field(default_factory=_default_router_id)
@@ -142,6 +183,8 @@ class LoadConfig:
             raise LoadgenError(f"items_per_request must be in 1..{MAX_ITEMS_PER_REQUEST}")
         if not (self.rate >= 0 and math.isfinite(self.rate)):
             raise LoadgenError("rate must be a finite number >= 0")
+        if self.arrival not in ARRIVALS:
+            raise LoadgenError(f"arrival must be one of {', '.join(ARRIVALS)}, not {self.arrival!r}")
         if not self.timeout_s >= 0:
             raise LoadgenError("timeout must be >= 0")
         if self.max_in_flight < 1:
@@ -207,6 +250,7 @@ class LoadSummary:
     subject: str = ""
     router_id: str = ""
     rate: float = 0.0
+    arrival: str = "fixed"
     publish_error_samples: list[str] = field(default_factory=list)
 
     @property
@@ -228,7 +272,8 @@ class LoadSummary:
             return "-" if value is None else f"{value:.2f}"
 
         errors = ", ".join(f"{code}={count:,}" for code, count in sorted(self.errors_by_code.items())) or "none"
-        rate = "as fast as possible" if self.rate <= 0 else f"{self.rate:,.0f} items/s (fixed interval)"
+        schedule = "fixed interval" if self.arrival == "fixed" else "Poisson arrivals"
+        rate = "as fast as possible" if self.rate <= 0 else f"{self.rate:,.0f} items/s ({schedule})"
         lines = [
             f"loadgen {self.operation} -> {self.subject}  (router {self.router_id}, rate {rate})",
             f"  items      {self.items:,}   sent {self.sent:,}   published {self.published:,}"
@@ -550,10 +595,11 @@ def _request_plan(config: LoadConfig) -> list[int]:
 async def generate_load(config: LoadConfig, *, progress: bool = True) -> LoadSummary:
     """Publish `config.items` WorkItems to the pool subject and collect their results.
 
-    With `rate > 0` request j is published at `start + items_before_j / rate` (a fixed interval
-    rather than Poisson arrivals, so runs are reproducible); a late schedule is caught up in a burst
-    (open loop). Publishing also pauses while `max_in_flight` items are outstanding; if nothing
-    settles for `timeout_s` while paused, publishing stops and the remaining items are unsent.
+    With `rate > 0` request j is published at `start + arrival_offsets(...)[j]`: a fixed interval
+    (`items_before_j / rate`) by default, or seeded Poisson arrivals with `arrival="poisson"`; a late
+    schedule is caught up in a burst (open loop). Publishing also pauses while `max_in_flight` items
+    are outstanding; if nothing settles for `timeout_s` while paused, publishing stops and the
+    remaining items are unsent.
     """
 
     async def _on_client_error(exc: Exception) -> None:  # keep nats-py from logging tracebacks mid-bar
@@ -627,7 +673,7 @@ async def _publish_all(nc: Client, run: _Run) -> int:
     run_prefix = uuid.uuid4().hex[:12]
     plan = _request_plan(config)
     cap = config.max_in_flight
-    interval = 1.0 / config.rate if config.rate > 0 else 0.0
+    offsets = arrival_offsets(plan, config.rate, config.arrival, config.seed)
     start = time.perf_counter()
     items_before = 0
     seq = 0
@@ -640,8 +686,8 @@ async def _publish_all(nc: Client, run: _Run) -> int:
                 await asyncio.wait_for(run.progress_event.wait(), timeout=config.timeout_s)
             except TimeoutError:
                 return config.items - items_before
-        if interval:
-            delay = start + items_before * interval - time.perf_counter()
+        if offsets:
+            delay = start + offsets[request_number] - time.perf_counter()
             if delay > 0:
                 await asyncio.sleep(delay)
                 since_yield = 0
@@ -728,6 +774,7 @@ def _summarize(run: _Run, *, lost: int, unsent: int) -> LoadSummary:
         subject=config.subject,
         router_id=config.router_id,
         rate=config.rate,
+        arrival=config.arrival,
         publish_error_samples=run.publish_error_samples,
     )
 
@@ -767,7 +814,21 @@ def add_loadgen_arguments(parser: argparse.ArgumentParser) -> None:
         "--rate",
         type=float,
         default=defaults.rate,
-        help="items/s on a fixed-interval open-loop schedule; 0 = as fast as possible (default 0)",
+        help="items/s on an open-loop schedule (see --arrival); 0 = as fast as possible (default 0)",
+    )
+    parser.add_argument(
+        "--arrival",
+        choices=ARRIVALS,
+        default=defaults.arrival,
+        help="with --rate: a fixed interval, or Poisson arrivals (exponential gaps, seeded) (default fixed)",
+    )
+    parser.add_argument("--seed", type=int, default=defaults.seed, help="seed for --arrival poisson and --text-words")
+    parser.add_argument(
+        "--text-words",
+        type=_word_range,
+        default=None,
+        metavar="MIN,MAX",
+        help="send generated texts of MIN..MAX words (uniform, seeded) instead of the fixed sample sentences",
     )
     parser.add_argument(
         "--timeout",
@@ -784,8 +845,21 @@ def add_loadgen_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _word_range(text: str) -> tuple[int, int]:
+    """`MIN,MAX` -> (min_words, max_words) with 1 <= MIN <= MAX."""
+    try:
+        low, high = (int(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected MIN,MAX word counts (e.g. 5,120), got {text!r}") from None
+    if not 1 <= low <= high:
+        raise argparse.ArgumentTypeError(f"need 1 <= MIN <= MAX, got {text!r}")
+    return low, high
+
+
 def config_from_args(args: argparse.Namespace) -> LoadConfig:
     """Build the LoadConfig the parsed `loadgen` flags describe."""
+    words: tuple[int, int] | None = getattr(args, "text_words", None)
+    texts = DEFAULT_TEXTS if words is None else varied_texts(min_words=words[0], max_words=words[1], seed=args.seed)
     return LoadConfig(
         nats_url=args.nats_url,
         pool=args.pool,
@@ -796,6 +870,9 @@ def config_from_args(args: argparse.Namespace) -> LoadConfig:
         items=args.items,
         items_per_request=args.items_per_request,
         rate=args.rate,
+        arrival=args.arrival,
+        seed=args.seed,
+        texts=texts,
         timeout_s=args.timeout,
         bundle_config_hash=args.bundle_config_hash,
     )
@@ -818,13 +895,16 @@ async def run_loadgen(args: argparse.Namespace) -> int:
 
 
 __all__ = [
+    "ARRIVALS",
     "DEFAULT_TEXTS",
     "LoadConfig",
     "LoadSummary",
     "LoadgenError",
     "add_loadgen_arguments",
+    "arrival_offsets",
     "build_work_item",
     "config_from_args",
     "generate_load",
     "run_loadgen",
+    "varied_texts",
 ]

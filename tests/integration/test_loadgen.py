@@ -12,6 +12,7 @@ import argparse
 import asyncio
 import contextlib
 import io
+import itertools
 import json
 import socket
 import subprocess
@@ -28,11 +29,15 @@ from nats.js.api import DiscardPolicy, RetentionPolicy, StreamConfig
 
 from sie_sidecar import wire
 from sie_sidecar.loadgen import (
+    DEFAULT_TEXTS,
     LoadConfig,
     LoadgenError,
     add_loadgen_arguments,
+    arrival_offsets,
+    config_from_args,
     generate_load,
     run_loadgen,
+    varied_texts,
 )
 from sie_sidecar.localhost import find_nats_server, free_port
 from sie_sidecar.progress import ProgressBar
@@ -404,6 +409,75 @@ async def test_rate_and_in_flight_cap(_loadgen_nc: Client, _loadgen_nats: str) -
     assert paced.ok and paced.results == 40
     assert paced.elapsed_s >= 39 / 400 * 0.95  # fixed interval: the last item leaves at start + 39/rate
     assert capped.ok and capped.results == 300
+
+
+async def test_poisson_arrivals_with_varied_texts(_loadgen_nc: Client, _loadgen_nats: str) -> None:
+    await _create_pool_stream(_loadgen_nc)
+    texts = varied_texts(64, min_words=5, max_words=120, seed=7)
+    config = _config(_loadgen_nats, items=120, rate=1000.0, arrival="poisson", seed=11, texts=texts)
+    async with Responder(_loadgen_nc) as responder:
+        summary = await generate_load(config, progress=False)
+    assert summary.ok and summary.results == 120 and summary.arrival == "poisson"
+    assert "Poisson arrivals" in summary.format() and summary.to_json()["arrival"] == "poisson"
+    last = arrival_offsets([1] * 120, 1000.0, "poisson", seed=11)[-1]
+    assert last != pytest.approx(0.119, abs=1e-3)  # not the fixed schedule's last departure
+    assert summary.elapsed_s >= last * 0.95  # open loop: the last item leaves at start + its offset
+    sent = [msgpack.unpackb(raw)["item"]["text"] for _, raw in responder.received]
+    assert sorted(sent) == sorted(texts[i % 64] for i in range(120))
+    assert len({len(text.split()) for text in sent}) > 20  # costs vary
+
+
+def test_poisson_offsets_have_the_mean_rate_and_exponential_gaps() -> None:
+    n, rate = 20_000, 1000.0
+    fixed = arrival_offsets([1] * n, rate)
+    assert fixed[:3] == [0.0, 0.001, 0.002] and fixed[-1] == pytest.approx((n - 1) / rate)
+    poisson = arrival_offsets([1] * n, rate, "poisson", seed=3)
+    assert poisson[0] == 0.0 and all(b >= a for a, b in itertools.pairwise(poisson))
+    gaps = [b - a for a, b in itertools.pairwise(poisson)]
+    mean = sum(gaps) / len(gaps)
+    sd = (sum((g - mean) ** 2 for g in gaps) / len(gaps)) ** 0.5
+    assert mean == pytest.approx(1 / rate, rel=0.03)
+    assert sd / mean == pytest.approx(1.0, abs=0.05)  # exponential: coefficient of variation 1 (fixed: 0)
+    assert sum(g < mean for g in gaps) / len(gaps) == pytest.approx(1 - 1 / 2.718281828, abs=0.02)
+    assert arrival_offsets([1] * n, rate, "poisson", seed=3) == poisson  # seeded: reproducible
+    assert arrival_offsets([1] * n, rate, "poisson", seed=4) != poisson
+    fan_out = arrival_offsets([4] * 5000, rate, "poisson", seed=3)
+    assert fan_out[-1] / 4999 == pytest.approx(4 / rate, rel=0.05)  # requests of 4 items: 4x the gap
+    assert arrival_offsets([1] * 10, 0.0, "poisson") == []
+    with pytest.raises(LoadgenError, match="arrival"):
+        arrival_offsets([1], rate, "uniform")
+    with pytest.raises(LoadgenError, match="arrival"):
+        LoadConfig(nats_url="nats://x", arrival="bursty")
+
+
+def test_varied_texts_span_the_word_range() -> None:
+    texts = varied_texts(256, min_words=5, max_words=120, seed=0)
+    words = [len(text.split()) for text in texts]
+    assert len(texts) == 256 and min(words) >= 5 and max(words) <= 120
+    assert min(words) <= 10 and max(words) >= 110 and 50 <= sum(words) / len(words) <= 75
+    assert varied_texts(256, seed=0) == texts and varied_texts(256, seed=1) != texts
+    vocabulary = {word for text in DEFAULT_TEXTS for word in text.split()}
+    assert all(word in vocabulary for text in texts[:8] for word in text.split())
+    assert varied_texts(3, min_words=4, max_words=4) and all(
+        len(t.split()) == 4 for t in varied_texts(3, min_words=4, max_words=4)
+    )
+    with pytest.raises(LoadgenError):
+        varied_texts(1, min_words=10, max_words=5)
+
+
+def test_cli_arrival_seed_and_text_words() -> None:
+    parser = argparse.ArgumentParser()
+    add_loadgen_arguments(parser)
+    config = config_from_args(
+        parser.parse_args(["--rate", "500", "--arrival", "poisson", "--seed", "9", "--text-words", "5,120"])
+    )
+    assert (config.rate, config.arrival, config.seed) == (500.0, "poisson", 9)
+    assert config.texts == varied_texts(min_words=5, max_words=120, seed=9)
+    plain = config_from_args(parser.parse_args([]))
+    assert (plain.arrival, plain.texts) == ("fixed", DEFAULT_TEXTS)
+    for bad in (["--arrival", "uniform"], ["--text-words", "9,3"], ["--text-words", "x"]):
+        with pytest.raises(SystemExit):
+            parser.parse_args(bad)
 
 
 def test_config_validation() -> None:

@@ -15,7 +15,7 @@ import socket
 from collections.abc import Sequence
 
 from .adapter import Adapter
-from .null import NullAdapter
+from .null import DEFAULT_BATCH_TIME_A_MS, DEFAULT_BATCH_TIME_B_US, NullAdapter
 from .server import BackendServer, serve_until_signalled
 
 log = logging.getLogger(__name__)
@@ -48,6 +48,25 @@ def add_backend_arguments(parser: argparse.ArgumentParser) -> None:
     null.add_argument("--batch-delay-s", type=_seconds, default=0.0, help="time every batch takes (default 0)")
     null.add_argument("--batch-budget", type=_non_negative(1), default=64, help="batch_budget reported on ready")
     null.add_argument(
+        "--batch-time",
+        type=_batch_time,
+        nargs="?",
+        default=(0.0, 0.0),
+        const=(DEFAULT_BATCH_TIME_A_MS, DEFAULT_BATCH_TIME_B_US),
+        metavar="A_MS,B_US",
+        help="cost model: a batch occupies one simulated device for A ms + B µs per token"
+        f" (the flag alone: {DEFAULT_BATCH_TIME_A_MS:g},{DEFAULT_BATCH_TIME_B_US:g}; default off)",
+    )
+    null.add_argument(
+        "--tokenizer",
+        default=None,
+        metavar="PATH",
+        help="tokenizer.json the descriptor names (with its SHA-256 id), so the sidecar tokenizes and costs by tokens",
+    )
+    null.add_argument(
+        "--batch-log", default=None, metavar="PATH", help="append one JSON line per cost-model batch to PATH"
+    )
+    null.add_argument(
         "--no-run-batch", dest="supports_run_batch", action="store_false", help="descriptor without RunBatch support"
     )
 
@@ -75,6 +94,17 @@ def _seconds(text: str) -> float:
     return value
 
 
+def _batch_time(text: str) -> tuple[float, float]:
+    """`A_MS,B_US` -> (a in ms, b in µs per token), both finite and >= 0."""
+    parts = text.split(",")
+    if len(parts) != 2:
+        raise argparse.ArgumentTypeError(f"expected A_MS,B_US (e.g. 2,2), got {text!r}")
+    a, b = (_seconds(part.strip()) for part in parts)  # same rule: a finite number >= 0
+    if a == float("inf") or b == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be finite, got {text!r}")
+    return a, b
+
+
 def build_adapter(args: argparse.Namespace) -> Adapter:
     """The adapter the arguments ask for; MiniLM is imported only when chosen (it loads weights)."""
     if args.adapter == "minilm":
@@ -91,6 +121,10 @@ def build_adapter(args: argparse.Namespace) -> Adapter:
         oversized_bytes=args.oversized_bytes,
         crash_after_batches=args.crash_after_batches,
         batch_delay_s=args.batch_delay_s,
+        batch_time_a_ms=args.batch_time[0],
+        batch_time_b_us_per_token=args.batch_time[1],
+        tokenizer_path=args.tokenizer,
+        batch_log=args.batch_log,
         supports_run_batch=args.supports_run_batch,
         batch_budget=args.batch_budget,
         preloaded_models=args.preload,

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 import os
 import struct
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any, Final
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import IO, Any, Final
 
 import msgpack
 import numpy as np
@@ -22,12 +24,18 @@ import numpy.typing as npt
 
 from .. import wire
 from ..ipc_types import FAILED, LOADING_IN_PROGRESS, LOADING_STARTED, READY, RETRY_LATER, ModelDescriptor, ReadyResponse
+from ..prep.tokenize import tokenizer_id_of
 from .adapter import Adapter, outcome_for, unit_counts
 
 #: Redelivery delay for items of a model that is not loaded (the Python backend's SIE_NAK_DELAY_S).
 NOT_LOADED_NAK_MS: Final = 5000
 #: Key of the padding entry `oversized_bytes` adds to a result map.
 PAD_KEY: Final = "_pad"
+#: Tokens the cost model charges an untokenized text on top of its words ([CLS] and [SEP]).
+SPECIAL_TOKENS: Final = 2
+#: The cost model's defaults (issue 4): a batch costs 2 ms plus 2 µs per token.
+DEFAULT_BATCH_TIME_A_MS: Final = 2.0
+DEFAULT_BATCH_TIME_B_US: Final = 2.0
 
 # SplitMix64 constants (Steele, Lea and Flood, 2014); numpy's uint64 array arithmetic wraps modulo 2**64.
 _GOLDEN: Final = np.uint64(0x9E3779B97F4A7C15)
@@ -43,6 +51,12 @@ def _positive_int(name: str, value: int, *, minimum: int = 0) -> int:
     return value
 
 
+def _non_negative_number(name: str, value: float) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0 or value == float("inf"):
+        raise ValueError(f"{name} must be a finite non-negative number, got {value!r}")
+    return float(value)
+
+
 def text_of(item: object) -> str:
     """The text an item carries (`item.text`), "" when there is none."""
     if isinstance(item, Mapping):
@@ -50,6 +64,25 @@ def text_of(item: object) -> str:
         if isinstance(text, str):
             return text
     return ""
+
+
+def _text_tokens(text: str) -> int:
+    return len(text.split()) + SPECIAL_TOKENS
+
+
+def item_tokens(op: str, item: Mapping[str, Any]) -> int:
+    """Tokens the cost model charges one batch item: the sidecar's PreparedTokens when it sent them
+    (the sum of the `input_ids` rows, normally one: the same count the sidecar's scheduler costs the
+    item at), else the whitespace word count plus [CLS]/[SEP] of every text the item carries."""
+    prepared = item.get("prepared_tokens")
+    if isinstance(prepared, Mapping):
+        rows = prepared.get("input_ids")
+        if isinstance(rows, list | tuple) and rows and all(isinstance(row, list | tuple) for row in rows):
+            return sum(len(row) for row in rows)
+    if op == "score":
+        docs = item.get("score_items") or []
+        return _text_tokens(text_of(item.get("query_item"))) + sum(_text_tokens(text_of(doc)) for doc in docs)
+    return _text_tokens(text_of(item.get("item")))
 
 
 class NullAdapter(Adapter):
@@ -63,6 +96,17 @@ class NullAdapter(Adapter):
     response exceeds that size; `crash_after_batches=N` ends the process (`os._exit(1)`) when the
     Nth batch arrives; `batch_delay_s` makes every batch take that long. Items of a model that is
     not loaded are NAKed (`nak_retry`).
+
+    Cost model (for scheduling benchmarks): with `batch_time_a_ms` or `batch_time_b_us_per_token`
+    set, a batch of a loaded model occupies a simulated device for `a + b x (sum of item_tokens)`,
+    and batches run on it one at a time, in arrival order (a GPU runs one forward at a time; two
+    concurrent sleeps would double its capacity under the sidecar's pipelining). The reported
+    `inference_ms` is that device time, so the sidecar's controller calibrates on it. Completion is
+    scheduled on a device timeline rather than after each sleep, so timer overshoot adds latency
+    but does not erode capacity. `tokenizer_path` makes the descriptor name a tokenizer (and its
+    SHA-256 id), so the sidecar tokenizes and costs items by tokens; `batch_log` appends one JSON
+    line per simulated batch (`t_s` monotonic completion time, `items`, `tokens`, `device_ms`,
+    `queued_ms`) for benchmarks that need batch sizes and device utilisation.
     """
 
     def __init__(
@@ -79,7 +123,12 @@ class NullAdapter(Adapter):
         batch_budget: int = 64,
         preloaded_models: Iterable[str] = (),
         batch_delay_s: float = 0.0,
+        batch_time_a_ms: float = 0.0,
+        batch_time_b_us_per_token: float = 0.0,
+        tokenizer_path: str | os.PathLike[str] | None = None,
+        batch_log: str | os.PathLike[str] | None = None,
         clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], Awaitable[object]] = asyncio.sleep,
     ) -> None:
         self.dim = _positive_int("dim", dim, minimum=1)
         if isinstance(load_delay_s, bool) or not isinstance(load_delay_s, int | float) or not load_delay_s >= 0:
@@ -95,7 +144,22 @@ class NullAdapter(Adapter):
         if isinstance(batch_delay_s, bool) or not isinstance(batch_delay_s, int | float) or not batch_delay_s >= 0:
             raise ValueError(f"batch_delay_s must be a non-negative number, got {batch_delay_s!r}")
         self.batch_delay_s = float(batch_delay_s)
+        self.batch_time_a_ms = _non_negative_number("batch_time_a_ms", batch_time_a_ms)
+        self.batch_time_b_us_per_token = _non_negative_number("batch_time_b_us_per_token", batch_time_b_us_per_token)
+        self.tokenizer_path: str | None = None
+        self.tokenizer_id: str | None = None
+        if tokenizer_path is not None:
+            path = Path(tokenizer_path).resolve()
+            self.tokenizer_id = tokenizer_id_of(path.read_bytes())  # fails at start, not on the first ready
+            self.tokenizer_path = str(path)
+        self._batch_log: IO[str] | None = (
+            None if batch_log is None else open(batch_log, "a", buffering=1, encoding="utf-8")  # noqa: SIM115
+        )
         self._clock = clock
+        self._sleep = sleep
+        self._device_free_at = float("-inf")  # when the simulated device finishes its queued batches
+        self.tokens = 0
+        self.device_s = 0.0
         self._loaded: set[str] = set(preloaded_models) - self.retry_later_models - self.failed_models
         self._loading: dict[str, float] = {}
         self.batches = 0
@@ -114,7 +178,48 @@ class NullAdapter(Adapter):
                 self._loaded.add(model)
 
     def descriptor(self, model_id: str) -> ModelDescriptor:
-        return ModelDescriptor(max_seq_len=512, supports_run_batch=self.supports_run_batch)
+        return ModelDescriptor(
+            tokenizer_path=self.tokenizer_path,
+            tokenizer_id=self.tokenizer_id,
+            max_seq_len=512,
+            supports_run_batch=self.supports_run_batch,
+        )
+
+    @property
+    def cost_model(self) -> bool:
+        """Whether batches take simulated device time (`batch_time_a_ms` or `_b_us_per_token` set)."""
+        return self.batch_time_a_ms > 0 or self.batch_time_b_us_per_token > 0
+
+    def batch_time_s(self, tokens: int) -> float:
+        """The cost model's law: a + b x tokens, in seconds."""
+        return self.batch_time_a_ms * 1e-3 + self.batch_time_b_us_per_token * 1e-6 * tokens
+
+    async def _occupy_device(self, op: str, items: list[dict[str, Any]]) -> float:
+        """Queue the batch on the simulated device and sleep until it is done; its device time (ms)."""
+        tokens = sum(item_tokens(op, item) for item in items)
+        busy = self.batch_time_s(tokens)
+        now = self._clock()
+        start = max(now, self._device_free_at)
+        self._device_free_at = done = start + busy
+        self.tokens += tokens
+        self.device_s += busy
+        await self._sleep(done - now)
+        if self._batch_log is not None:
+            record = {
+                "t_s": done,
+                "items": len(items),
+                "tokens": tokens,
+                "device_ms": busy * 1e3,
+                "queued_ms": (start - now) * 1e3,
+            }
+            self._batch_log.write(json.dumps(record, separators=(",", ":")) + "\n")
+        return busy * 1e3
+
+    async def aclose(self) -> None:
+        """Close the batch log (if any) when the server closes."""
+        if self._batch_log is not None:
+            self._batch_log.close()
+            self._batch_log = None
 
     async def ensure_ready(self, model_id: str) -> ReadyResponse:
         if model_id in self.failed_models:
@@ -185,6 +290,7 @@ class NullAdapter(Adapter):
                 outcome_for(item, "nak_retry", nak_delay_ms=NOT_LOADED_NAK_MS, error=f"model {model_id} is not loaded")
                 for item in items
             ]
+        device_ms = await self._occupy_device(op, items) if self.cost_model else None
         started = time.perf_counter()
         if op == "encode":
             results, units = self._encode(items)
@@ -195,7 +301,7 @@ class NullAdapter(Adapter):
             units = [unit_counts(input_tokens=len(text_of(item.get("item")).split())) for item in items]
         else:
             raise ValueError(f"unknown op {op!r}")
-        elapsed_ms = (time.perf_counter() - started) * 1000.0
+        elapsed_ms = (time.perf_counter() - started) * 1000.0 if device_ms is None else device_ms
         outcomes: list[dict[str, Any]] = []
         padded = self.oversized_bytes == 0
         for k, (item, result, unit) in enumerate(zip(items, results, units, strict=True)):
@@ -294,4 +400,14 @@ def pad_result(result: bytes, size: int) -> bytes:
     return b"".join((new_header, result[header:], key, msgpack.packb(bytes(size), use_bin_type=True)))
 
 
-__all__ = ["NOT_LOADED_NAK_MS", "PAD_KEY", "NullAdapter", "pad_result", "text_of"]
+__all__ = [
+    "DEFAULT_BATCH_TIME_A_MS",
+    "DEFAULT_BATCH_TIME_B_US",
+    "NOT_LOADED_NAK_MS",
+    "PAD_KEY",
+    "SPECIAL_TOKENS",
+    "NullAdapter",
+    "item_tokens",
+    "pad_result",
+    "text_of",
+]
