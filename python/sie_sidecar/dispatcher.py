@@ -355,6 +355,7 @@ class Dispatcher:
                     c.max_batch_cost, c.max_batch_wait_ms, env=self._s.controller_env
                 ),
                 cost_cap=c.max_batch_cost,
+                wait_ms=c.max_batch_wait_ms,
                 budget=c.max_batch_cost,
             )
             if self._s.controller_trace_dir:
@@ -583,6 +584,7 @@ class Dispatcher:
                 worker_direct=d.worker_direct,
                 current_hash=self._config.current,
                 f16_slice=f16.get(o.work_item_id),
+                payload_fetch_ms=d.payload_fetch_ms,
             )
             to_publish.append((d, result))
         for queue in waiting.values():

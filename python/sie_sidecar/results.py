@@ -176,6 +176,7 @@ def outcome_result(
     current_hash: str | None,
     f16_slice: tuple[bytes, int, int] | str | None = None,
     now: float | None = None,
+    payload_fetch_ms: float = 0.0,
 ) -> WorkResult:
     """The WorkResult for a publish_* outcome, framing sidecar-side outputs when needed."""
     success = outcome.disposition == "publish_and_ack"
@@ -210,7 +211,7 @@ def outcome_result(
         worker_id=worker_id,
         tokenization_ms=outcome.tokenization_ms,
         postprocessing_ms=outcome.postprocessing_ms,
-        payload_fetch_ms=None,
+        payload_fetch_ms=payload_fetch_ms if payload_fetch_ms > 0 else None,  # §6.1: only if > 0
         units=outcome.units,
         worker_direct=worker_direct,
         executed_bundle_config_hash=executed_hash(item, current_hash),

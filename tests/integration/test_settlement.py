@@ -224,6 +224,9 @@ async def test_offloaded_payloads_resolve_and_bad_refs_fail_alone(nats_server: N
             "referenced payload exceeds the worker size limit",
         )
         assert stack.results_for(inline)[0]["success"] is True
+        assert good["payload_fetch_ms"] > 0  # §6.1: only when a payload was fetched
+        assert stack.results_for(inline)[0]["payload_fetch_ms"] is None
+        assert escape["payload_fetch_ms"] is None  # a pre-execution error carries no timings
 
 
 async def test_score_and_extract_items(nats_server: NatsServer, tmp_path: Path) -> None:

@@ -30,6 +30,7 @@ class D:
 
     item: WorkItem
     worker_direct: bool = False
+    payload_fetch_ms: float = 0.0
 
 
 def work_item(i: int, **kw: Any) -> WorkItem:
@@ -67,7 +68,13 @@ def general_path(ds: list[D], outs: list[Any], *, current_hash: str | None) -> b
         if not d.item.reply_subject.strip():
             continue
         result = outcome_result(
-            d.item, o, worker_id="w-1", worker_direct=d.worker_direct, current_hash=current_hash, now=NOW
+            d.item,
+            o,
+            worker_id="w-1",
+            worker_direct=d.worker_direct,
+            current_hash=current_hash,
+            now=NOW,
+            payload_fetch_ms=d.payload_fetch_ms,
         )
         plan = wire.plan_reply(result, accepts_result_chunks=False, max_payload=MAX_PAYLOAD)
         assert plan.mode == "single"
@@ -154,7 +161,7 @@ _opt_ms = st.one_of(st.none(), st.floats(min_value=0, max_value=1e6, allow_nan=F
 
 
 @st.composite
-def batches(draw: st.DrawFn) -> tuple[list[dict[str, Any]], list[tuple[dict[str, Any], bool]], str | None]:
+def batches(draw: st.DrawFn) -> tuple[list[dict[str, Any]], list[tuple[dict[str, Any], bool, float]], str | None]:
     n = draw(st.integers(min_value=0, max_value=6))
     current = draw(st.one_of(st.none(), st.sampled_from(["h1", "h2"])))
     maps, items = [], []
@@ -182,7 +189,7 @@ def batches(draw: st.DrawFn) -> tuple[list[dict[str, Any]], list[tuple[dict[str,
             "timestamp": draw(st.sampled_from([0.0, NOW - 3.0, NOW + 3.0])),
             "item_index": draw(st.integers(0, 2**32)),
         }
-        items.append((item_kw, draw(st.booleans())))
+        items.append((item_kw, draw(st.booleans()), draw(st.sampled_from([0.0, 0.25, 12.5]))))
     return maps, items, current
 
 
@@ -190,10 +197,18 @@ def batches(draw: st.DrawFn) -> tuple[list[dict[str, Any]], list[tuple[dict[str,
 def test_native_twin_and_general_path_agree(batch: Any) -> None:
     native, twin = load_impl("native"), load_impl("py")
     maps, items, current = batch
-    ds = [D(work_item(i, **kw), worker_direct=direct) for i, (kw, direct) in enumerate(items)]
+    ds = [D(work_item(i, **kw), worker_direct=direct, payload_fetch_ms=ms) for i, (kw, direct, ms) in enumerate(items)]
     expected = general_path(ds, outcomes(twin, maps), current_hash=current)
     for impl in (native, twin):
         framed = frame(impl, ds, outcomes(impl, maps), current_hash=current)
         assert framed is not None
         assert framed.buffer == expected
         assert framed.messages == len(ds)
+
+
+def test_payload_fetch_ms_is_written_only_when_a_payload_was_fetched(impl: ModuleType) -> None:
+    """§6.1: `payload_fetch_ms` only if > 0 (nil otherwise)."""
+    ds = [D(work_item(0), payload_fetch_ms=3.5), D(work_item(1))]
+    framed = frame(impl, ds, outcomes(impl, [success(0), success(1)]))
+    first, second = (msgpack.unpackb(p) for p in _payloads(framed.buffer))
+    assert (first["payload_fetch_ms"], second["payload_fetch_ms"]) == (3.5, None)

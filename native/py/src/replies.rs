@@ -88,6 +88,7 @@ struct Planned<'py> {
     item: ItemFields,
     success: bool,
     worker_direct: bool,
+    payload_fetch_ms: Option<f64>,
     units: Option<[Option<u64>; 5]>,
     size: usize,
 }
@@ -125,7 +126,7 @@ impl Planned<'_> {
             worker_id: Some(worker_id),
             tokenization_ms: o.tokenization_ms,
             postprocessing_ms: o.postprocessing_ms,
-            payload_fetch_ms: None,
+            payload_fetch_ms: self.payload_fetch_ms,
             units: self.units,
             worker_direct: self.worker_direct,
             executed_bundle_config_hash: current_hash
@@ -180,11 +181,17 @@ pub fn frame_outcome_replies(
         }
         let units = read_units(o.units.as_ref().map(|u| u.bind(py)))?;
         let worker_direct = delivery.getattr(intern!(py, "worker_direct"))?.extract()?;
+        // §6.1: written only when a payload was actually fetched for this item.
+        let fetch_ms: f64 = match delivery.getattr(intern!(py, "payload_fetch_ms")) {
+            Ok(v) => v.extract()?,
+            Err(_) => 0.0,
+        };
         let mut p = Planned {
             outcome,
             item,
             success,
             worker_direct,
+            payload_fetch_ms: (fetch_ms > 0.0).then_some(fetch_ms),
             units,
             size: 0,
         };

@@ -30,6 +30,12 @@ class FramedReplies:
     payload_bytes: int
 
 
+def _fetch_ms(delivery: Any) -> float | None:
+    """§6.1: `payload_fetch_ms` only when a payload was fetched (> 0)."""
+    ms = float(getattr(delivery, "payload_fetch_ms", 0.0))
+    return ms if ms > 0 else None
+
+
 def _queue_ms(timestamp: float, now: float) -> float:
     return 0.0 if timestamp <= 0 else max(0.0, (now - timestamp) * 1000.0)
 
@@ -80,6 +86,7 @@ def frame_outcome_replies(
                 worker_id=worker_id,
                 tokenization_ms=o.tokenization_ms,
                 postprocessing_ms=o.postprocessing_ms,
+                payload_fetch_ms=_fetch_ms(delivery),
                 units=o.units,
                 worker_direct=bool(delivery.worker_direct),
                 executed_bundle_config_hash=executed,
