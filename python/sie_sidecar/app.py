@@ -57,13 +57,11 @@ async def _pull_loop(
     backend is busy, so an idle worker takes what is there at once.
     """
     slots = asyncio.Semaphore(max(1, inflight))
-    if idle_bypass:
 
-        def stop_early() -> bool:
-            return not tasks and (busy is None or not busy())
+    def idle() -> bool:
+        return not tasks and (busy is None or not busy())
 
-    else:
-        stop_early = None  # type: ignore[assignment]
+    stop_early = idle if idle_bypass else None
 
     def finished(t: asyncio.Task[None]) -> None:
         tasks.discard(t)

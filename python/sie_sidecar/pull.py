@@ -365,8 +365,7 @@ class PullConsumer:
             if self._accept(msg, gen):
                 return
             # Delivered on a retired inbox or after stop(): hand it straight back to the server.
-            with contextlib.suppress(NatsError):
-                await msg.nak()
+            await self._nak_quietly(msg)
 
         return on_msg
 

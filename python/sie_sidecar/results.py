@@ -3,12 +3,12 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from . import wire
 from .errors import ShapeError
+from .result_fields import executed_hash, queue_ms
 from .types import WorkResult
 from .workitem import WorkItem
 
@@ -55,20 +55,6 @@ def caller_item_id(item: WorkItem) -> str | None:
         except UnicodeDecodeError:
             return None
     return None
-
-
-def executed_hash(item: WorkItem, current_hash: str | None) -> str | None:
-    """The item's hash when it is non-empty and equals the worker's current hash at publish time."""
-    if item.bundle_config_hash and current_hash is not None and item.bundle_config_hash == current_hash:
-        return item.bundle_config_hash
-    return None
-
-
-def queue_ms(item: WorkItem, now: float | None = None) -> float:
-    """Wall time from the gateway's publish to now, in ms (≥ 0; 0 without a timestamp)."""
-    if item.timestamp <= 0:
-        return 0.0
-    return max(0.0, ((time.time() if now is None else now) - item.timestamp) * 1000.0)
 
 
 def error_result(

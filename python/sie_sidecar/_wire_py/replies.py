@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ..result_fields import executed_hash, queue_ms
 from ..types import WorkResult
 from .envelopes import ItemOutcome
 from .results import encode_work_result
@@ -34,10 +35,6 @@ def _fetch_ms(delivery: Any) -> float | None:
     """§6.1: `payload_fetch_ms` only when a payload was fetched (> 0)."""
     ms = float(getattr(delivery, "payload_fetch_ms", 0.0))
     return ms if ms > 0 else None
-
-
-def _queue_ms(timestamp: float, now: float) -> float:
-    return 0.0 if timestamp <= 0 else max(0.0, (now - timestamp) * 1000.0)
 
 
 def frame_outcome_replies(
@@ -68,9 +65,6 @@ def frame_outcome_replies(
             return None
         if not item.reply_subject.strip():
             continue
-        executed = (
-            item.bundle_config_hash if item.bundle_config_hash and item.bundle_config_hash == current_hash else None
-        )
         encoded = encode_work_result(
             WorkResult(
                 work_item_id=item.work_item_id,
@@ -81,7 +75,7 @@ def frame_outcome_replies(
                 error=None if success else o.error,
                 error_code=None if success else o.error_code,
                 inference_ms=o.inference_ms,
-                queue_ms=_queue_ms(item.timestamp, now),
+                queue_ms=queue_ms(item, now),
                 processing_ms=0.0,
                 worker_id=worker_id,
                 tokenization_ms=o.tokenization_ms,
@@ -89,7 +83,7 @@ def frame_outcome_replies(
                 payload_fetch_ms=_fetch_ms(delivery),
                 units=o.units,
                 worker_direct=bool(delivery.worker_direct),
-                executed_bundle_config_hash=executed,
+                executed_bundle_config_hash=executed_hash(item, current_hash),
             )
         )
         if len(encoded) > max_payload:
