@@ -90,10 +90,15 @@ TIE_FRACTION = 0.01  # static runs within 1% of the best throughput count as tie
 
 @dataclass(frozen=True)
 class Knobs:
-    """One scheduler configuration: static (wait and cost cap pinned) or the adaptive default (both None)."""
+    """One scheduler configuration: static (wait and cost cap pinned) or the adaptive default (both None).
+
+    The adaptive default is the whole adaptive scheduler: the controller and just-in-time dispatch. A
+    static configuration has neither, unless `jit` (shown as "+jit", to tell which part of a gain is
+    which)."""
 
     wait_ms: float | None = None
     cost: int | None = None
+    jit: bool = False
 
     @property
     def adaptive(self) -> bool:
@@ -101,7 +106,9 @@ class Knobs:
 
     @property
     def name(self) -> str:
-        return "adaptive" if self.adaptive else f"static w={self.wait_ms:g} c={self.cost}"
+        if self.adaptive:
+            return "adaptive"
+        return f"static w={self.wait_ms:g} c={self.cost}" + (" +jit" if self.jit else "")
 
     def env(self) -> dict[str, str]:
         """The sidecar environment: caps for the formers, and the controller pinned by min = max = initial."""
@@ -110,7 +117,9 @@ class Knobs:
         wait, cost = f"{self.wait_ms:g}", str(self.cost)
         pinned = {f"SIE_ADAPTIVE_BATCH_{k}_WAIT_MS": wait for k in ("MIN", "MAX", "INITIAL")}
         pinned |= {f"SIE_ADAPTIVE_BATCH_{k}_COST": cost for k in ("MIN", "MAX", "INITIAL")}
-        return {**COMMON_ENV, "SIE_BATCHER_MAX_BATCH_WAIT_MS": wait, "SIE_BATCHER_MAX_BATCH_COST": cost, **pinned}
+        jit = {"SIE_BATCHER_JIT_DISPATCH_ENABLED": "1" if self.jit else "0"}
+        caps = {"SIE_BATCHER_MAX_BATCH_WAIT_MS": wait, "SIE_BATCHER_MAX_BATCH_COST": cost}
+        return {**COMMON_ENV, **caps, **pinned, **jit}
 
 
 @dataclass
@@ -443,6 +452,7 @@ def verdict(runs: list[RunResult]) -> dict[str, Any]:
     p99 = statistics.median(_p99(r) for r in adaptive)
     static_thr = statistics.median(r.throughput for r in static)
     static_p99 = statistics.median(_p99(r) for r in static)
+    with_jit = [r for r in runs if r.knobs == Knobs(best.knobs.wait_ms, best.knobs.cost, jit=True)]
     return {
         "best_static": best.knobs.name,
         "best_static_sweep_throughput": best.throughput,
@@ -457,6 +467,9 @@ def verdict(runs: list[RunResult]) -> dict[str, Any]:
         "throughput_met": thr >= 0.9 * static_thr,
         "p99_met": p99 <= static_p99,
         "p99_met_against_sweep_run": p99 <= _p99(best),
+        "best_static_jit_runs_p99_ms": [r.p99_ms for r in with_jit],
+        "best_static_jit_p99_ms": statistics.median(_p99(r) for r in with_jit) if with_jit else None,
+        "best_static_jit_throughput": statistics.median(r.throughput for r in with_jit) if with_jit else None,
     }
 
 
@@ -479,6 +492,9 @@ def print_table(load: float, rate: float, runs: list[RunResult]) -> None:
     runs_p99 = ", ".join(_ms(x) for x in v["best_static_runs_p99_ms"])
     adaptive_p99 = ", ".join(_ms(x) for x in v["adaptive_runs_p99_ms"])
     print(f"p99 per run (ms): {v['best_static']}: {runs_p99}; adaptive: {adaptive_p99}")
+    if v["best_static_jit_runs_p99_ms"]:
+        jit_p99 = ", ".join(_ms(x) for x in v["best_static_jit_runs_p99_ms"])
+        print(f"p99 per run (ms), the best static configuration with just-in-time dispatch: {jit_p99}")
     print(
         f"best static (medians over its runs): {v['best_static']} ({v['best_static_throughput']:,.0f} items/s, p99"
         f" {_ms(v['best_static_p99_ms'])} ms); adaptive {v['adaptive_throughput']:,.0f} items/s ="
@@ -564,9 +580,13 @@ async def load_level(
     for knobs in [Knobs(), *sweep]:
         await one(knobs, "sweep")
     best = best_static(runs).knobs
-    for round_no in range(args.confirm_rounds):  # alternating, so drift hits both alike
-        for knobs in (best, Knobs()) if round_no % 2 else (Knobs(), best):
-            await one(knobs, "confirm")
+    with_jit = Knobs(best.wait_ms, best.cost, jit=True)
+    for round_no in range(args.confirm_rounds + 1):  # alternating, so drift hits all alike
+        if round_no < args.confirm_rounds:
+            for knobs in (best, Knobs()) if round_no % 2 else (Knobs(), best):
+                await one(knobs, "confirm")
+        if args.jit_rounds > round_no:
+            await one(with_jit, "confirm")
     return runs
 
 
@@ -681,6 +701,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--loads", type=_floats, default=[0.5, 0.9], help="fractions of capacity (default 0.5,0.9)")
     parser.add_argument("--duration-s", type=float, default=12.0, help="measured phase per run (default 12)")
     parser.add_argument("--warmup-s", type=float, default=2.0, help="warm-up per run at the same rate (default 2)")
+    parser.add_argument(
+        "--jit-rounds",
+        type=int,
+        default=0,
+        help="runs of the best static configuration with just-in-time dispatch on (attribution only)",
+    )
     parser.add_argument("--waits", type=_floats, default=[2.0, 5.0, 15.0, 30.0], help="static waits, ms")
     parser.add_argument("--costs", type=_ints, default=[2048, 8192, 32768], help="static cost caps, tokens")
     parser.add_argument(

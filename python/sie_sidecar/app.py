@@ -105,6 +105,7 @@ def _dispatch_settings(settings: Settings) -> DispatchSettings:
             coalesce_ratio=settings.batcher_coalesce_ratio,
             pipeline_depth=settings.pipeline_depth,
             idle_bypass=settings.batcher_idle_bypass_enabled,
+            jit_dispatch=settings.batcher_jit_dispatch_enabled,
             drain_deadline_s=settings.scheduler_drain_deadline_ms / 1000.0,
         ),
         wave_cadence=settings.wave_cadence,

@@ -273,6 +273,8 @@ class Settings:
     pipeline_depth: int = 2
     wave_cadence: bool = True
     batcher_idle_bypass_enabled: bool = True
+    #: Just-in-time dispatch while the backend is busy (our extension; `SIE_BATCHER_JIT_DISPATCH_ENABLED`).
+    batcher_jit_dispatch_enabled: bool = True
     batcher_max_batch_wait_ms: float = 15.0
     batcher_max_batch_cost: int = 16384
     batcher_max_batch_requests: int = 12
@@ -654,6 +656,8 @@ class _Builder:
             pipeline_depth=min(8, max(1, self.env_uint("SIE_RUST_PIPELINE_DEPTH", 2, lambda n: True))),
             wave_cadence=not self.env_flag("SIE_RUST_WAVE_CADENCE", default=False, true=_WAVE_OFF),
             batcher_idle_bypass_enabled=(self._environ.get("SIE_BATCHER_IDLE_BYPASS_ENABLED") or "").strip().lower()
+            not in _FALSY,
+            batcher_jit_dispatch_enabled=(self._environ.get("SIE_BATCHER_JIT_DISPATCH_ENABLED") or "").strip().lower()
             not in _FALSY,
             **self._quantum(),
             **self._batcher(),

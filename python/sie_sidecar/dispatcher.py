@@ -398,19 +398,21 @@ class Dispatcher:
             costs = [1] * len(ds)
         lane.scheduler.submit(op, lora, ds, costs)
 
-    async def _dispatch_formed(self, model: str, formed: Formed[Delivery]) -> None:
-        """One formed batch: execute it, then feed the model's controller (§4.1, §4.6)."""
+    async def _dispatch_formed(self, model: str, formed: Formed[Delivery]) -> float | None:
+        """One formed batch: execute it, then feed the model's controller (§4.1, §4.6). Returns the
+        batch's reported `inference_ms` (the scheduler's device-time estimate learns from it)."""
         lane = self._lanes[model]
         started = time.monotonic()
         outcome = await self._execute(
             model, formed.op, formed.lora, formed.items, formed.total_cost, supports_run_batch=lane.supports_run_batch
         )
         if outcome is None:
-            return
+            return None
         finished = time.monotonic()
+        reported = outcome.outcomes[0].inference_ms if outcome.outcomes else None
         successes = [o for o in outcome.outcomes if o.disposition == "publish_and_ack"]
         if not successes:
-            return  # an all-error batch feeds nothing and does not step the controller
+            return reported  # an all-error batch feeds nothing and does not step the controller
         enqueued: dict[str, float] = {}
         for d, at in zip(formed.items, formed.enqueued_at, strict=True):
             if d.item is not None:
@@ -421,8 +423,7 @@ class Dispatcher:
                 lane.latency.push((finished - since) * 1000.0)
         ctl = lane.controller
         if not ctl.calibrated:
-            first = outcome.outcomes[0].inference_ms if outcome.outcomes else None
-            inference_ms = first if first is not None else (finished - started) * 1000.0
+            inference_ms = reported if reported is not None else (finished - started) * 1000.0
             ctl.record_inference(inference_ms)
             if lane.trace is not None:
                 lane.trace.inference(inference_ms)
@@ -436,6 +437,7 @@ class Dispatcher:
             if cost != lane.cost_cap or wait_ms != lane.wait_ms:
                 lane.cost_cap, lane.wait_ms = cost, wait_ms
                 lane.scheduler.update_limits(cost, wait_ms)
+        return reported
 
     async def close_schedulers(self, deadline_s: float) -> None:
         """Shutdown: flush every model's queued work (bounded), then NAK what is left so it returns at once."""

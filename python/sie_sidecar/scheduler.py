@@ -8,10 +8,17 @@ before extracting (so pending work stays mutable while the pipeline is full), fl
 (with the idle bypass when the worker was idle), then drain what was pending for the same key when
 the next slot opens, as a wave.
 
-One deliberate difference from v0.7.1: the idle bypass also applies whenever no batch of this model
-is in flight (and the loop is woken when the last one finishes), not only after a wave of single
-items. v0.7.1 would hold a batch for its wait (15 ms and up) while the backend sits idle; here the
-triggers only decide while the backend is busy, which is when coalescing pays.
+Two deliberate differences from v0.7.1:
+
+- The idle bypass also applies whenever no batch of this model is in flight (and the loop is woken
+  when the last one finishes), not only after a wave of single items. v0.7.1 would hold a batch for
+  its wait (15 ms and up) while the backend sits idle; here the triggers only decide while the
+  backend is busy, which is when coalescing pays.
+- Just-in-time dispatch (`SIE_BATCHER_JIT_DISPATCH_ENABLED`, on by default): while a batch is in
+  flight, the next one is sent when the device is estimated to free (`DeviceClock`), not when a
+  slot opens or a former's wait runs out, so it does not wait in the backend's queue while newer
+  items miss it. A former that reaches its count or cost cap still goes at once, and a backend
+  that runs batches concurrently (dispatch width over 1) is never held.
 """
 
 from __future__ import annotations
@@ -26,6 +33,7 @@ from dataclasses import dataclass, field
 from typing import Final, Generic, Literal, TypeVar
 
 from .batcher import Batcher, FormedBatch
+from .device_clock import DeviceClock
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +42,8 @@ Role = Literal["primary", "drain"]
 Key = tuple[str, str]  # (operation, LoRA key; "" is the base weights)
 
 FINAL_DRAIN_POLL_S: Final = 0.025
+#: Flush reasons that mean the batch is as big as it may get: just-in-time dispatch never holds it.
+_FULL: Final = frozenset({"cost_cap", "count_cap", "single_oversize"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +57,7 @@ class SchedulerConfig:
     coalesce_ratio: float = 0.5
     pipeline_depth: int = 2
     idle_bypass: bool = True
+    jit_dispatch: bool = True
     drain_deadline_s: float = 10.0
 
 
@@ -63,7 +74,8 @@ class Formed(Generic[T]):
     enqueued_at: list[float] = field(default_factory=list)
 
 
-Dispatch = Callable[[Formed[T]], Awaitable[None]]
+#: Runs one batch; may return the backend's `inference_ms` for it (the device-time estimate's input).
+Dispatch = Callable[[Formed[T]], Awaitable[float | None]]
 
 
 class ModelScheduler(Generic[T]):
@@ -92,10 +104,15 @@ class ModelScheduler(Generic[T]):
         self._width = 1  # the backend's dispatch width (descriptor.max_concurrent_dispatch)
         self._costs: dict[int, int] = {}
         self._in_flight: set[asyncio.Task[None]] = set()
+        self._device = DeviceClock()
+        self._sent = itertools.count()
         self._closing = False
         self._loop_task: asyncio.Task[None] | None = None
         #: Formed batches by flush reason (telemetry and tests).
         self.flushes: dict[str, int] = {}
+        #: Batches held for the device (just-in-time dispatch), and those sent because it was about to free.
+        self.jit_holds = 0
+        self.jit_releases = 0
 
     # -- state ---------------------------------------------------------------------------------------
 
@@ -117,12 +134,22 @@ class ModelScheduler(Generic[T]):
 
     # -- submit --------------------------------------------------------------------------------------
 
-    def submit(self, op: str, lora: str, items: Sequence[T], costs: Sequence[int]) -> None:
-        """Queue a group of one (op, LoRA) with their costs; one native call for the whole group."""
+    def submit(
+        self,
+        op: str,
+        lora: str,
+        items: Sequence[T],
+        costs: Sequence[int],
+        hard_caps: Sequence[int | None] | None = None,
+    ) -> None:
+        """Queue a group of one (op, LoRA) with their costs; one native call for the whole group.
+
+        `hard_caps` (one per item, None for none) lower the cap of any batch the item is pending
+        with, e.g. 720,000 ms for extract items carrying decoded audio (§2.3)."""
         if self._closing:
             raise RuntimeError("scheduler is closing")
-        if len(items) != len(costs):
-            raise ValueError("items and costs must have the same length")
+        if len(items) != len(costs) or (hard_caps is not None and len(hard_caps) != len(items)):
+            raise ValueError("items, costs and hard_caps must have the same length")
         if not items:
             return
         key = (op, "" if op == "score" else lora)  # score always runs on the base weights (§1.1)
@@ -141,7 +168,7 @@ class ModelScheduler(Generic[T]):
         for i, item, cost in zip(ids, items, costs, strict=True):
             self._items[i] = (item, now)
             self._costs[i] = cost
-        former.submit_many(ids, list(costs), now)
+        former.submit_many(ids, list(costs), now, None if hard_caps is None else list(hard_caps))
         self._new_item.set()
         if self._loop_task is None:
             self._loop_task = asyncio.create_task(self._run(), name=f"scheduler:{self.model}")
@@ -181,6 +208,7 @@ class ModelScheduler(Generic[T]):
 
     async def _consume_next(self, immediate: bool) -> tuple[Key, FormedBatch] | None:
         """FCFS: commit to the former with the oldest pending item and wait for its trigger."""
+        held = False  # a triggered batch is being held for the device (counted once)
         while True:
             self._new_item.clear()
             pick = self._oldest()
@@ -193,6 +221,19 @@ class ModelScheduler(Generic[T]):
             now = self._clock()
             # Work-conserving: nothing in flight means the backend is idle, so waiting only adds latency.
             bypass = immediate or (self.config.idle_bypass and not self._in_flight)
+            release = None if bypass else self._release_at()
+            if release is not None:
+                if now >= release:  # the device is about to free: whatever is pending goes now
+                    batch = former.try_get_batch(now, True)
+                    if batch is not None:
+                        self.jit_releases += 1
+                        return key, batch
+                elif former.flush_reason(now, False) not in _FULL:  # hold: it would only queue
+                    if not held and former.flush_reason(now, False) is not None:
+                        self.jit_holds += 1
+                        held = True
+                    await self._sleep_until(release)
+                    continue
             batch = former.try_get_batch(now, bypass)
             if batch is not None:
                 return key, batch
@@ -202,6 +243,35 @@ class ModelScheduler(Generic[T]):
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(None if wait_ms is None else wait_ms / 1000.0):
                     await self._new_item.wait()
+
+    def _release_at(self) -> float | None:
+        """Just-in-time dispatch: when the next batch should go (None: at once / by the triggers)."""
+        if not self.config.jit_dispatch or self._width > 1 or not self._in_flight:
+            return None
+        return self._device.release_at()
+
+    async def _sleep_until(self, at: float) -> None:
+        """Until `at`, a new item or a finished batch, whichever comes first."""
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(max(0.0, at - self._clock())):
+                await self._new_item.wait()
+
+    async def _hold_for_device(self, former: Batcher) -> None:
+        """Before a wave's drain: while the device is busy and the former is not full, wait for the
+        just-in-time release (or for the backend to go idle)."""
+        held = False
+        while not self._closing:
+            release = self._release_at()
+            now = self._clock()
+            if release is None or now >= release or former.flush_reason(now, False) in _FULL:
+                if held and release is not None and now >= release:
+                    self.jit_releases += 1
+                return
+            if not held and len(former):
+                self.jit_holds += 1
+                held = True
+            self._new_item.clear()
+            await self._sleep_until(release)
 
     def _take(self, key: Key, batch: FormedBatch, role: Role) -> Formed[T]:
         self.flushes[batch.reason] = self.flushes.get(batch.reason, 0) + 1
@@ -235,23 +305,29 @@ class ModelScheduler(Generic[T]):
         self._start(self._take(key, batch, role))
 
     def _start(self, formed: Formed[T], *, holds_slot: bool = True) -> None:
-        task = asyncio.create_task(self._run_dispatch(formed, holds_slot=holds_slot))
+        alone = not self._in_flight
+        token = next(self._sent)
+        self._device.sent(token, self._clock(), formed.total_cost)
+        task = asyncio.create_task(self._run_dispatch(formed, token, alone, holds_slot=holds_slot))
         self._in_flight.add(task)
         task.add_done_callback(self._finished)
 
-    async def _run_dispatch(self, formed: Formed[T], *, holds_slot: bool = True) -> None:
+    async def _run_dispatch(self, formed: Formed[T], token: int, alone: bool, *, holds_slot: bool = True) -> None:
+        inference_ms: float | None = None
         try:
-            await self._dispatch(formed)
+            reported = await self._dispatch(formed)
+            inference_ms = reported if isinstance(reported, float | int) else None
         except Exception:  # the dispatch function settles its own items; this only keeps the loop alive
             log.exception("batch dispatch failed", extra={"model": self.model, "items": len(formed.items)})
         finally:
+            self._device.done(token, self._clock(), inference_ms, alone=alone)
             if holds_slot:
                 self._slots.release()
 
     def _finished(self, task: asyncio.Task[None]) -> None:
         self._in_flight.discard(task)
-        if not self._in_flight:
-            self._new_item.set()  # the backend went idle: what is pending may go at once
+        if not self._in_flight or self.config.jit_dispatch:
+            self._new_item.set()  # the backend went idle (or the device estimate moved): look again
         if self._on_idle is not None and self.idle():
             self._on_idle()
 
@@ -304,6 +380,7 @@ class ModelScheduler(Generic[T]):
                 await spawn(key, batch, "primary")
                 await reserve()  # the continuation slot: the wave is sized when it opens
                 former = self._formers[key]
+                await self._hold_for_device(former)
                 budget = len(former)
                 drained = False
                 while budget > 0:

@@ -129,6 +129,7 @@ DEFAULTS: list[tuple[str, object]] = [
     ("pipeline_depth", 2),
     ("wave_cadence", True),
     ("batcher_idle_bypass_enabled", True),
+    ("batcher_jit_dispatch_enabled", True),
     ("batcher_max_batch_wait_ms", 15.0),
     ("batcher_max_batch_cost", 16384),
     ("batcher_max_batch_requests", 12),
@@ -663,6 +664,7 @@ ENV_ONLY_VARS = [
     "SIE_RUST_PIPELINE_DEPTH",
     "SIE_RUST_WAVE_CADENCE",
     "SIE_BATCHER_IDLE_BYPASS_ENABLED",
+    "SIE_BATCHER_JIT_DISPATCH_ENABLED",
     "SIE_BATCHER_MAX_BATCH_WAIT_MS",
     "SIE_BATCHER_MAX_BATCH_COST",
     "SIE_BATCHER_MAX_BATCH_REQUESTS",
@@ -1015,6 +1017,12 @@ def test_quantum_controller_settings(env: dict[str, str], expected: tuple[float,
 @pytest.mark.parametrize(("value", "expected"), [("0", False), ("off", False), ("No", False), ("1", True), ("x", True)])
 def test_idle_bypass_flag(value: str, expected: bool) -> None:
     assert build(SIE_BATCHER_IDLE_BYPASS_ENABLED=value).batcher_idle_bypass_enabled is expected
+
+
+@pytest.mark.parametrize(("value", "expected"), [("0", False), ("OFF", False), ("false", False), ("1", True), ("", True)])
+def test_jit_dispatch_flag(value: str, expected: bool) -> None:
+    """Our extension: just-in-time dispatch is on unless switched off like the idle bypass."""
+    assert build(SIE_BATCHER_JIT_DISPATCH_ENABLED=value).batcher_jit_dispatch_enabled is expected
 
 
 def test_queue_ms_in_quantum_samples_is_opt_in() -> None:

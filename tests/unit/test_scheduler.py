@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -37,7 +38,7 @@ class Recorder:
             self.running -= 1
 
 
-async def settle(scheduler: ModelScheduler[str], timeout: float = 5.0) -> None:
+async def settle(scheduler: ModelScheduler[Any], timeout: float = 5.0) -> None:
     async with asyncio.timeout(timeout):
         while not scheduler.idle():
             await asyncio.sleep(0.002)
@@ -233,3 +234,117 @@ async def test_without_a_width_extract_batches_stay_whole() -> None:
     s.submit("extract", "", ["x0", "x1"], [1, 1])
     await settle(s)
     assert [len(b.items) for b in rec.batches] == [2] and s.depth == 2
+
+
+# -- just-in-time dispatch (our extension) --------------------------------------------------------
+
+
+class Device:
+    """A simulated device behind the backend's queue: one batch at a time for a + b x cost seconds,
+    reporting that time as `inference_ms`, and recording how long each batch queued for it."""
+
+    def __init__(self, a_s: float, b_s: float = 0.0) -> None:
+        self.a_s, self.b_s = a_s, b_s
+        self.lock = asyncio.Lock()
+        self.queued_s: list[float] = []
+        self.batches: list[Formed[float]] = []
+        self.finished_at: list[float] = []
+
+    async def __call__(self, formed: Formed[float]) -> float:
+        loop = asyncio.get_running_loop()
+        sent = loop.time()
+        async with self.lock:
+            self.queued_s.append(loop.time() - sent)
+            service = self.a_s + self.b_s * formed.total_cost
+            await asyncio.sleep(service)
+        self.batches.append(formed)
+        self.finished_at.append(loop.time())
+        return service * 1000.0
+
+
+async def run_load(jit: bool) -> tuple[Device, ModelScheduler[float]]:
+    """Ten lone items (the device idles between them), then one item every 3 ms for 0.45 s while
+    each batch takes 30 ms: the device is always busy and a second batch is always waiting."""
+    device = Device(0.030)
+    s: ModelScheduler[float] = ModelScheduler(
+        "m", device, SchedulerConfig(max_batch_wait_ms=5.0, max_batch_requests=64, jit_dispatch=jit)
+    )
+    loop = asyncio.get_running_loop()
+    for _ in range(10):
+        s.submit("encode", "", [loop.time()], [1])
+        await asyncio.sleep(0.045)
+    await settle(s)
+    for _ in range(150):
+        s.submit("encode", "", [loop.time()], [1])
+        await asyncio.sleep(0.003)
+    await settle(s)
+    return device, s
+
+
+def busy_phase(device: Device) -> tuple[list[float], list[float]]:
+    """Queue waits and item latencies (submit -> batch finished) of the busy phase's batches."""
+    queued = device.queued_s[10:]
+    latencies = [
+        done - at for b, done in zip(device.batches[10:], device.finished_at[10:], strict=True) for at in b.items
+    ]
+    return queued, latencies
+
+
+async def test_just_in_time_dispatch_sends_the_next_batch_as_the_device_frees() -> None:
+    """Without it a triggered batch sits in the backend's queue for most of the running batch's
+    time; with it, it goes just before the device frees, carrying the items that arrived meanwhile."""
+    held, s_held = await run_load(jit=True)
+    eager, s_eager = await run_load(jit=False)
+    for device in (held, eager):  # every item once, nothing lost
+        assert sorted(at for b in device.batches for at in b.items) == sorted(
+            {at for b in device.batches for at in b.items}
+        )
+        assert sum(len(b.items) for b in device.batches) == 160
+    assert s_held.jit_holds > 0 and s_held.jit_releases > 0
+    assert s_eager.jit_holds == 0
+    queued_held, latency_held = busy_phase(held)
+    queued_eager, latency_eager = busy_phase(eager)
+    median = sorted(queued_held)[len(queued_held) // 2]
+    median_eager = sorted(queued_eager)[len(queued_eager) // 2]
+    assert median < 0.010
+    assert median_eager > 0.015
+    # Fewer, fuller batches and a lower mean latency for the same items.
+    assert len(held.batches) <= len(eager.batches)
+    assert sum(latency_held) / len(latency_held) < sum(latency_eager) / len(latency_eager)
+
+
+async def test_a_full_former_is_not_held_for_the_device() -> None:
+    device = Device(0.040)
+    s: ModelScheduler[float] = ModelScheduler("m", device, SchedulerConfig(max_batch_requests=4))
+    loop = asyncio.get_running_loop()
+    for _ in range(10):  # teach the estimate (each batch alone)
+        s.submit("encode", "", [loop.time()], [1])
+        await asyncio.sleep(0.05)
+    await settle(s)
+    s.submit("encode", "", [loop.time()], [1])  # goes alone; the device is now busy for 40 ms
+    await asyncio.sleep(0.005)
+    s.submit("encode", "", [loop.time() for _ in range(4)], [1] * 4)  # a full batch: sent at once
+    await asyncio.sleep(0.015)
+    assert len(device.batches) == 10 and device.lock.locked()
+    assert s.in_flight == 2  # the full batch is already queued behind the running one
+    await settle(s)
+    assert [len(b.items) for b in device.batches[10:]] == [1, 4]
+
+
+async def test_no_hold_without_reported_inference_times_or_with_a_dispatch_width() -> None:
+    rec = Recorder(hold_s=0.02)  # reports nothing: no estimate, the triggers decide
+    s: ModelScheduler[str] = ModelScheduler("m", rec)
+    for n in range(30):
+        s.submit("encode", "", [f"i{n}"], [1])
+        await asyncio.sleep(0.004)
+    await settle(s)
+    assert s.jit_holds == 0
+    device = Device(0.02)
+    wide: ModelScheduler[float] = ModelScheduler("m", device)
+    wide.widen(2)  # a continuous-batching backend runs batches side by side: never held
+    loop = asyncio.get_running_loop()
+    for _ in range(30):
+        wide.submit("encode", "", [loop.time()], [1])
+        await asyncio.sleep(0.004)
+    await settle(wide)
+    assert wide.jit_holds == 0 and sum(len(b.items) for b in device.batches) == 30
