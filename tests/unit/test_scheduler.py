@@ -18,14 +18,15 @@ from sie_sidecar.scheduler import Formed, ModelScheduler, SchedulerConfig
 class Recorder:
     """A dispatch function that records batches and can be held open to fill the pipeline."""
 
-    def __init__(self, hold_s: float = 0.0) -> None:
+    def __init__(self, hold_s: float = 0.0, reports_ms: float | None = None) -> None:
         self.batches: list[Formed[str]] = []
         self.hold_s = hold_s
+        self.reports_ms = reports_ms  # the inference_ms it reports (just-in-time dispatch learns from it)
         self.running = 0
         self.most_running = 0
         self.gate: asyncio.Event | None = None
 
-    async def __call__(self, formed: Formed[str]) -> None:
+    async def __call__(self, formed: Formed[str]) -> float | None:
         self.running += 1
         self.most_running = max(self.most_running, self.running)
         try:
@@ -36,6 +37,7 @@ class Recorder:
             self.batches.append(formed)
         finally:
             self.running -= 1
+        return self.reports_ms
 
 
 async def settle(scheduler: ModelScheduler[Any], timeout: float = 5.0) -> None:
@@ -153,12 +155,15 @@ async def test_update_limits_wakes_a_queue_that_became_flushable() -> None:
     ),
     depth=st.integers(1, 3),
     requests=st.integers(1, 16),
+    timed=st.booleans(),
 )
 def test_every_item_is_dispatched_once_within_the_caps(
-    groups: list[tuple[str, str, int]], depth: int, requests: int
+    groups: list[tuple[str, str, int]], depth: int, requests: int, timed: bool
 ) -> None:
+    """`timed`: the backend reports inference times, so just-in-time dispatch holds batches too."""
+
     async def run() -> None:
-        rec = Recorder()
+        rec = Recorder(hold_s=0.002, reports_ms=2.0) if timed else Recorder()
         s: ModelScheduler[str] = ModelScheduler(
             "m", rec, SchedulerConfig(pipeline_depth=depth, max_batch_requests=requests, max_batch_cost=40)
         )
