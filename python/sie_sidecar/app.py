@@ -23,6 +23,7 @@ from .health import HealthIdentity, Readiness, health_payload, heartbeat, start_
 from .ipc_client import IpcClient
 from .outbound import FramedWriter
 from .payloads import PayloadStore, PayloadStoreConfigError
+from .prep.audio import configure_permits as configure_audio_permits
 from .publisher import Publisher
 from .pull import PullConsumer
 from .quantum import LatencyWindow, QuantumController
@@ -162,6 +163,7 @@ async def run(settings: Settings, *, stop: asyncio.Event | None = None, started:
     log.info("starting", extra={"settings": settings.redacted()})
     for warning in settings.warnings:
         log.warning(warning)
+    configure_audio_permits(settings.audio_prep_permits)  # concurrent audio decodes (§7.3)
 
     try:
         payloads = PayloadStore.from_settings(settings)

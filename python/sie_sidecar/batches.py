@@ -81,8 +81,11 @@ def score_item(item: WorkItem, payload_fetch_ms: float = 0.0) -> dict[str, Any]:
     }
 
 
-def extract_item(item: WorkItem, payload_fetch_ms: float = 0.0) -> dict[str, Any]:
-    """ExtractBatchItem."""
+def extract_item(
+    item: WorkItem, payload_fetch_ms: float = 0.0, prepared_audio: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    """ExtractBatchItem; `prepared_audio` is the PreparedAudioPcm16 the sidecar decoded (the item map
+    it goes with no longer carries `audio`: audio preparation removed it)."""
     return {
         **_common(item),
         "item": item.item,
@@ -93,7 +96,7 @@ def extract_item(item: WorkItem, payload_fetch_ms: float = 0.0) -> dict[str, Any
         "profile_id": item.profile_id or None,
         "bundle_config_hash": item.bundle_config_hash or None,
         "payload_fetch_ms": float(payload_fetch_ms),
-        "prepared_audio": None,
+        "prepared_audio": prepared_audio,
     }
 
 
@@ -105,11 +108,15 @@ def _bodies(
     items: Sequence[WorkItem],
     payload_fetch_ms: Sequence[float] | None,
     prepared_tokens: Sequence[Mapping[str, Any] | None] | None,
+    prepared_audio: Sequence[Mapping[str, Any] | None] | None = None,
 ) -> list[dict[str, Any]]:
-    """The per-op item maps; encode items carry their PreparedTokens (score and extract never do)."""
+    """The per-op item maps; encode items carry their PreparedTokens, extract items their
+    PreparedAudioPcm16 (score items neither)."""
     fetch_ms = payload_fetch_ms if payload_fetch_ms is not None else [0.0] * len(items)
     if op == "encode" and prepared_tokens is not None:
         return [encode_item(i, ms, p) for i, ms, p in zip(items, fetch_ms, prepared_tokens, strict=True)]
+    if op == "extract" and prepared_audio is not None:
+        return [extract_item(i, ms, a) for i, ms, a in zip(items, fetch_ms, prepared_audio, strict=True)]
     build = _BUILDERS[op]
     return [build(i, ms) for i, ms in zip(items, fetch_ms, strict=True)]
 
@@ -123,6 +130,7 @@ def run_batch_body(
     *,
     payload_fetch_ms: Sequence[float] | None = None,
     prepared_tokens: Sequence[Mapping[str, Any] | None] | None = None,
+    prepared_audio: Sequence[Mapping[str, Any] | None] | None = None,
 ) -> bytes:
     """An encoded RunBatchRequest: one op, one LoRA key, items wrapped as tagged RunBatchItems."""
     wrapped = [
@@ -137,7 +145,7 @@ def run_batch_body(
             "traceparent": item.traceparent,
             "tracestate": item.tracestate,
         }
-        for item, body in zip(items, _bodies(op, items, payload_fetch_ms, prepared_tokens), strict=True)
+        for item, body in zip(items, _bodies(op, items, payload_fetch_ms, prepared_tokens, prepared_audio), strict=True)
     ]
     body = {
         "model_id": model_id,
@@ -156,9 +164,14 @@ def per_op_body(
     items: Sequence[WorkItem],
     payload_fetch_ms: Sequence[float] | None = None,
     prepared_tokens: Sequence[Mapping[str, Any] | None] | None = None,
+    *,
+    prepared_audio: Sequence[Mapping[str, Any] | None] | None = None,
 ) -> bytes:
     """An encoded Process{Encode,Score,Extract}BatchRequest, for backends without RunBatch."""
-    body: dict[str, Any] = {"model_id": model_id, "items": _bodies(op, items, payload_fetch_ms, prepared_tokens)}
+    body: dict[str, Any] = {
+        "model_id": model_id,
+        "items": _bodies(op, items, payload_fetch_ms, prepared_tokens, prepared_audio),
+    }
     if op == "encode":
         body["accepts_batched_f16_multivectors"] = True
     return bytes(msgpack.packb(body, use_bin_type=True))

@@ -267,6 +267,7 @@ class Settings:
     pull_loop_inflight: int = 4
     pull_loop_max_outstanding: int = 64
     max_concurrent_batches: int = 4
+    #: Concurrent audio decodes per process (scheduler-and-prep §7.3), each on a worker thread.
     audio_prep_permits: int = 1
     nak_delay_ms: int = 5000
     scheduler_drain_deadline_ms: int = 10000

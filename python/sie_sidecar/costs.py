@@ -1,6 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """Item costs for the batch former (scheduler-and-prep §2): tokens for encode, a character proxy for
-score, 1 for extract. Computed once at enqueue, never sent over IPC (except as RunBatch.total_cost)."""
+score, audio milliseconds for extract (1 without decoded audio). Computed once at enqueue, never
+sent over IPC (except as RunBatch.total_cost)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
 SCORE_MEDIA_COST: Final = 1024
+#: The non-adaptive cost ceiling of any batch formed while a prepared-audio extract item is pending
+#: (§2.3, §1.2 step 5): 12 minutes of audio, in milliseconds.
+AUDIO_HARD_BATCH_COST_CAP: Final = 720_000
 _U64_MAX: Final = (1 << 64) - 1
 _MEDIA_KEYS: Final = ("audio", "video", "document")
 
@@ -52,4 +56,14 @@ def score_cost(query: Any, documents: Sequence[Any] | None) -> int:
     return max(1, min(_U64_MAX, sum(q + side_cost(d) for d in documents)))
 
 
-__all__ = ["SCORE_MEDIA_COST", "score_cost", "side_cost"]
+def extract_cost(prepared_audio: Mapping[str, Any] | None) -> int:
+    """§2.3: the decoded audio's `duration_ms` when the sidecar prepared audio for the item, else 1."""
+    if prepared_audio is None:
+        return 1
+    duration = prepared_audio.get("duration_ms")
+    if isinstance(duration, bool) or not isinstance(duration, int) or duration < 1:
+        return 1
+    return duration
+
+
+__all__ = ["AUDIO_HARD_BATCH_COST_CAP", "SCORE_MEDIA_COST", "extract_cost", "score_cost", "side_cost"]

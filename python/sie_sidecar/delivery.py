@@ -55,6 +55,8 @@ class Delivery:
     payload_fetch_ms: float = 0.0
     #: PreparedTokens for an encode item the sidecar tokenized (sent in the RunBatch item).
     prepared_tokens: Mapping[str, Any] | None = None
+    #: PreparedAudioPcm16 for an extract item whose audio the sidecar decoded (scheduler-and-prep §7.3).
+    prepared_audio: Mapping[str, Any] | None = None
     #: Gives the pull consumer that delivered this message its capacity back.
     release: Callable[[int], None] | None = None
 

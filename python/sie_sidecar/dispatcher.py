@@ -26,14 +26,15 @@ from .controller import (
     PercentileWindow,
 )
 from .controller_trace import ControllerTrace
-from .costs import score_cost
+from .costs import AUDIO_HARD_BATCH_COST_CAP, extract_cost, score_cost
 from .delivery import Delivery, Settler
 from .errors import IpcServerError
 from .ipc_types import ReadyResponse
-from .media import check_extract_work_item
+from .media import INVALID_REQUEST, check_extract_work_item
 from .payloads import PayloadStore, resolve_items
 from .payloads.resolve import payload_ref_of
 from .prep import RegisteredTokenizer, TokenizerRegistry, encode_cost
+from .prep.audio import prepare_items
 from .prep.offload import prepare_off_loop
 from .publisher import Publisher, Reply
 from .quantum import QuantumController
@@ -377,7 +378,8 @@ class Dispatcher:
     async def _enqueue(
         self, lane: _ModelLane, op: str, lora: str, ds: list[Delivery], tokenizer: RegisteredTokenizer | None
     ) -> None:
-        """Payloads, media checks and tokenization for one (op, LoRA) group, then into the scheduler."""
+        """Payloads, media checks, tokenization and audio decoding for one (op, LoRA) group, then into
+        the scheduler."""
         ds = await self._drop_cancelled(ds)  # before_payload_fetch
         ds = await self._resolve_payloads(ds)
         ds = await self._drop_cancelled(ds)  # after_payload_fetch
@@ -395,8 +397,33 @@ class Dispatcher:
         elif op == "score":
             costs = [score_cost(item.query_item, item.score_items) for item in items]
         else:
-            costs = [1] * len(ds)
+            await self._enqueue_extract(lane, op, lora, ds)
+            return
         lane.scheduler.submit(op, lora, ds, costs)
+
+    async def _enqueue_extract(self, lane: _ModelLane, op: str, lora: str, ds: list[Delivery]) -> None:
+        """Audio preparation (scheduler-and-prep §7.3, §2.3): decoded audio replaces `audio` in the
+        item map and costs its duration in ms, under a 720,000 ms hard cap; a refused item gets its
+        own `invalid_request` error and ACK, and the rest go on."""
+        preps = await prepare_items([d.item.item for d in ds if d.item is not None])
+        refused: dict[str, list[Delivery]] = defaultdict(list)
+        kept: list[Delivery] = []
+        for d, prep in zip([d for d in ds if d.item is not None], preps, strict=True):
+            if prep.error is not None:
+                refused[prep.error].append(d)
+            elif d.item is not None:
+                d.item.item, d.prepared_audio = prep.item, prep.prepared
+                kept.append(d)
+        for message, group in refused.items():
+            await self._publish_errors(group, INVALID_REQUEST, message, nak_on_failure=True)
+        if kept:
+            lane.scheduler.submit(
+                op,
+                lora,
+                kept,
+                [extract_cost(d.prepared_audio) for d in kept],
+                [AUDIO_HARD_BATCH_COST_CAP if d.prepared_audio is not None else None for d in kept],
+            )
 
     async def _dispatch_formed(self, model: str, formed: Formed[Delivery]) -> float | None:
         """One formed batch: execute it, then feed the model's controller (§4.1, §4.6). Returns the
@@ -465,16 +492,24 @@ class Dispatcher:
         items = [d.item for d in ds if d.item is not None]
         fetch_ms = [d.payload_fetch_ms for d in ds]
         prepared = [d.prepared_tokens for d in ds] if op == "encode" else None
+        audio = [d.prepared_audio for d in ds] if op == "extract" else None
         try:
             if supports_run_batch:
                 outcome = await self._backend.run_batch(
                     run_batch_body(
-                        model, op, items, lora, total_cost, payload_fetch_ms=fetch_ms, prepared_tokens=prepared
+                        model,
+                        op,
+                        items,
+                        lora,
+                        total_cost,
+                        payload_fetch_ms=fetch_ms,
+                        prepared_tokens=prepared,
+                        prepared_audio=audio,
                     )
                 )
             else:
                 outcome = await self._backend.process_batch(
-                    PER_OP_METHOD[op], per_op_body(model, op, items, fetch_ms, prepared)
+                    PER_OP_METHOD[op], per_op_body(model, op, items, fetch_ms, prepared, prepared_audio=audio)
                 )
         except IpcServerError as exc:
             self._ready_cache.pop(model, None)

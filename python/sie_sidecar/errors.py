@@ -52,7 +52,13 @@ class SubjectError(WireError, ValueError):
     """A lane token or subject is not acceptable."""
 
 
+class AudioPrepError(ValueError):
+    """An extract item's audio was refused by preparation (scheduler-and-prep §7.3); the message
+    names the rule (sizes, rates, container names, never the audio or the declared format)."""
+
+
 __all__ = [
+    "AudioPrepError",
     "BudgetExceeded",
     "ChunkProtocolError",
     "DecodeError",

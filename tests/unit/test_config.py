@@ -1019,7 +1019,9 @@ def test_idle_bypass_flag(value: str, expected: bool) -> None:
     assert build(SIE_BATCHER_IDLE_BYPASS_ENABLED=value).batcher_idle_bypass_enabled is expected
 
 
-@pytest.mark.parametrize(("value", "expected"), [("0", False), ("OFF", False), ("false", False), ("1", True), ("", True)])
+@pytest.mark.parametrize(
+    ("value", "expected"), [("0", False), ("OFF", False), ("false", False), ("1", True), ("", True)]
+)
 def test_jit_dispatch_flag(value: str, expected: bool) -> None:
     """Our extension: just-in-time dispatch is on unless switched off like the idle bypass."""
     assert build(SIE_BATCHER_JIT_DISPATCH_ENABLED=value).batcher_jit_dispatch_enabled is expected

@@ -2,6 +2,7 @@
 //! `sie_sidecar._native.wire` (subjects and tombstones).
 
 mod assembler;
+mod audio;
 mod batcher;
 mod buffers;
 mod controller;
@@ -59,6 +60,9 @@ mod _native {
     #[pymodule_export]
     use crate::workitem::decode_work_item;
 
+    #[pymodule_export]
+    use crate::audio::{prepare_audio, PreparedAudio};
+
     #[allow(non_upper_case_globals)]
     #[pymodule_export]
     const __version__: &str = env!("CARGO_PKG_VERSION");
@@ -68,6 +72,10 @@ mod _native {
         m.add(
             "PRODUCTION_LIMITS",
             crate::assembler::production_limits(m.py())?,
+        )?;
+        m.add(
+            "AudioPrepError",
+            m.py().get_type::<crate::audio::AudioPrepError>(),
         )?;
         let origin = m.filename().ok().map(|f| f.to_string());
         let wire = crate::cython::load(

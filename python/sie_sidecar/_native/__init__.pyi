@@ -7,12 +7,14 @@ from typing import Any, Final, Self, final
 
 from typing_extensions import Buffer
 
+from sie_sidecar.errors import AudioPrepError as AudioPrepError
 from sie_sidecar.types import WorkResult
 
 __all__ = [
     "PRODUCTION_LIMITS",
     "AdaptiveController",
     "AssembledResponse",
+    "AudioPrepError",
     "BatchOutcome",
     "BatchedF16Multivector",
     "Batcher",
@@ -25,6 +27,7 @@ __all__ = [
     "IpcResponseChunk",
     "ItemOutcome",
     "PercentileWindow",
+    "PreparedAudio",
     "ReplyPlan",
     "ResponseBudget",
     "ResponseEnvelope",
@@ -49,6 +52,7 @@ __all__ = [
     "frame_sparse",
     "nd_sentinel_raw",
     "plan_reply",
+    "prepare_audio",
     "replay_controller",
     "response_body",
     "response_budget",
@@ -312,6 +316,28 @@ def frame_score(scores: Any, item_ids: Sequence[str]) -> bytes: ...
 def f32_to_f16(values: Any) -> bytes: ...
 def nd_sentinel_raw(type_code: str, shape: Sequence[int], data: Buffer) -> bytes: ...
 def decode_work_item(data: Buffer, cls: type[Any]) -> Any: ...
+
+@final
+class PreparedAudio:
+    @property
+    def pcm_s16le(self) -> bytes: ...
+    @property
+    def sample_rate(self) -> int: ...
+    @property
+    def sample_count(self) -> int: ...
+    @property
+    def duration_ms(self) -> int: ...
+    @property
+    def source_sample_rate(self) -> int: ...
+    @property
+    def source_sample_count(self) -> int: ...
+    @property
+    def source_channels(self) -> int: ...
+    @property
+    def container(self) -> str: ...
+    def to_wire(self) -> dict[str, Any]: ...
+
+def prepare_audio(data: Buffer, format: str | None = None, sample_rate: int | None = None) -> PreparedAudio: ...
 
 @final
 class FormedBatch:

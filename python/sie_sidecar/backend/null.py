@@ -298,7 +298,10 @@ class NullAdapter(Adapter):
             results, units = self._score(items)
         elif op == "extract":
             results = [wire.frame_extract({"entities": []}, _item_id(item)) for item in items]
-            units = [unit_counts(input_tokens=len(text_of(item.get("item")).split())) for item in items]
+            units = [
+                unit_counts(input_tokens=len(text_of(item.get("item")).split()), audio_ms=_audio_ms(item))
+                for item in items
+            ]
         else:
             raise ValueError(f"unknown op {op!r}")
         elapsed_ms = (time.perf_counter() - started) * 1000.0 if device_ms is None else device_ms
@@ -358,6 +361,16 @@ def _caller_id(item: object) -> str | None:
 
 def _item_id(item: Mapping[str, Any]) -> str:
     return _caller_id(item.get("item")) or str(item.get("work_item_id", ""))
+
+
+def _audio_ms(item: Mapping[str, Any]) -> int | None:
+    """The accepted audio milliseconds of an extract item the sidecar prepared audio for."""
+    prepared = item.get("prepared_audio")
+    if isinstance(prepared, Mapping):
+        ms = prepared.get("duration_ms")
+        if isinstance(ms, int) and not isinstance(ms, bool):
+            return ms
+    return None
 
 
 def _lora(item: Mapping[str, Any]) -> str:

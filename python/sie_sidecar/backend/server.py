@@ -25,7 +25,8 @@ from .. import wire
 from ..errors import DecodeError, FrameTooLarge
 from ..ipc_types import PingResponse, ReadyResponse
 from ..limits import IPC_VERSION
-from .adapter import OPS, Adapter, item_outcome
+from .adapter import OPS, Adapter, item_outcome, outcome_for
+from .audio import prepared_audio_error
 
 log = logging.getLogger(__name__)
 
@@ -440,6 +441,10 @@ class BackendServer:
                 rejected.append(_reject(identity, message, "run_batch_invalid_item"))
                 continue
             _check_payload(op, payload, f"items[{i}].{op}")
+            bad_audio = prepared_audio_error(payload) if op == "extract" else None
+            if bad_audio is not None:
+                rejected.append(_reject(identity, bad_audio, "INVALID_INPUT"))
+                continue
             valid.append(_with_lora(payload, lora_key) if op != "score" and lora_key else payload)
         outcomes = await self._adapter.run_batch(model_id, ops[0], valid, lora_key) if valid else []
         return {"outcomes": [*outcomes, *rejected], "batched_f16_multivectors": []}
@@ -450,10 +455,17 @@ class BackendServer:
         items = _req_list(body, "items")
         if op == "encode":
             _opt_bool(body, "accepts_batched_f16_multivectors")
+        valid: list[dict[str, Any]] = []
+        rejected: list[dict[str, Any]] = []
         for i, item in enumerate(items):
             _check_payload(op, item, f"items[{i}]")
-        outcomes = await self._adapter.run_batch(model_id, op, list(items), "") if items else []
-        return {"outcomes": outcomes, "batched_f16_multivectors": []}
+            bad_audio = prepared_audio_error(item) if op == "extract" else None
+            if bad_audio is None:
+                valid.append(item)
+            else:
+                rejected.append(outcome_for(item, "publish_error_and_ack", error=bad_audio, error_code="INVALID_INPUT"))
+        outcomes = await self._adapter.run_batch(model_id, op, valid, "") if valid else []
+        return {"outcomes": [*outcomes, *rejected], "batched_f16_multivectors": []}
 
     async def _process_encode_batch(self, body: Body) -> Body:
         return await self._process_batch("encode", body)
