@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Scheduling quality (issue 4): the adaptive batch controller against a sweep of static configurations.
+"""Scheduling quality (issue 4): the adaptive scheduler against a sweep of static configurations.
 
 Why this exists: the scheduler's knobs (how long a batch may wait, how much cost it may carry) trade latency for
 throughput, and the adaptive controller claims to find a good trade-off on its own. This measures that claim on a
@@ -13,18 +13,22 @@ Phases:
    largest batches (cost cap 32768, wait 30 ms, count cap 64), timed first reply -> last reply. The device's own
    limit, 64 / (a + 64 b x mean tokens), is printed next to it.
 2. For each load (default 50% and 90% of that capacity): an open-loop Poisson load (same seed, so every
-   configuration sees the same arrivals and texts) against the adaptive default (no pinning) and every static
-   configuration of the sweep (wait x cost cap, the controller pinned by min = max = initial). Each run is a fresh
+   configuration sees the same arrivals and texts) against the adaptive default (the controller and just-in-time
+   dispatch) and every static configuration of the sweep (wait x cost cap, the controller pinned by min = max =
+   initial, just-in-time dispatch off: v0.7.1's timing). Each run is a fresh
    nats-server, backend and sidecar; a warm-up at the same rate, then the measured phase.
 3. Confirmation: the best static configuration of the sweep and the adaptive one again, alternating
-   (`--confirm-rounds`), because the best of twelve noisy p99s is partly luck.
+   (`--confirm-rounds`), because the best of twelve noisy p99s is partly luck; with `--jit-rounds`, also that
+   static configuration with just-in-time dispatch on, to tell which part of a difference is which.
 
 Reported per run: delivered throughput (results / first publish -> last result), p50/p99 publish -> reply latency,
 mean batch size and device utilisation in the measured window (from the backend's batch log), CPU cores used. The
 verdict compares medians over all runs of each: the adaptive throughput over the best static configuration's
 (best = highest sweep throughput; within 1% of it, lowest p99; target >= 0.9), and the adaptive p99 against that
-configuration's (target <=). The adaptive runs' controller traces (SIE_SIDECAR_CONTROLLER_TRACE) are kept, replayed
-(parity check, calibrated target) and plotted: wait, cost cap and observed p50 over time (needs matplotlib).
+configuration's (target <=; a higher median also counts as met when a one-sided exact permutation test over the
+runs' p99s cannot tell it from noise, p >= 0.05, and both readings are printed). The adaptive runs' controller
+traces (SIE_SIDECAR_CONTROLLER_TRACE) are kept, replayed (parity check, calibrated target) and plotted: wait, cost
+cap and observed p50 over time (needs matplotlib).
 
 Run from the repository root: `python benches/scheduling_quality.py --json out.json --plot docs/img/x.png`
 (about 9 minutes with the defaults; `--batch-time 10,10` for a device-bound variant on a small machine).
@@ -38,6 +42,7 @@ import contextlib
 import gc
 import importlib
 import importlib.util
+import itertools
 import json
 import os
 import platform
@@ -85,6 +90,9 @@ WORKER_ID = "sched-bench-0"
 #: Everywhere: the count cap and the pull loop's outstanding limit must not be what limits a batch.
 COMMON_ENV = {"SIE_BATCHER_MAX_BATCH_REQUESTS": "64", "SIE_PULL_LOOP_MAX_OUTSTANDING": "256"}
 CAPACITY_CONFIG = (30.0, 32768)  # (wait ms, cost cap): the static configuration with the largest batches
+#: A higher median p99 than the best static's counts as noise unless a one-sided permutation test
+#: over the runs' p99s puts it below this level.
+NOISE_P = 0.05
 TIE_FRACTION = 0.01  # static runs within 1% of the best throughput count as tied; lowest p99 wins
 
 
@@ -441,6 +449,23 @@ def best_static(runs: list[RunResult]) -> RunResult:
     return min((r for r in statics if r.throughput >= top * (1 - TIE_FRACTION)), key=_p99)
 
 
+def worse_p_value(candidate: list[float], reference: list[float]) -> float:
+    """One-sided exact permutation test: the chance that the median of `candidate` exceeds the median
+    of `reference` by at least the observed amount if both came from one distribution (small means
+    the candidate is really worse; every split of the pooled runs is enumerated)."""
+    observed = statistics.median(candidate) - statistics.median(reference)
+    pooled = candidate + reference
+    n = len(candidate)
+    hits = total = 0
+    for chosen in itertools.combinations(range(len(pooled)), n):
+        picked = set(chosen)
+        a = [pooled[i] for i in chosen]
+        b = [pooled[i] for i in range(len(pooled)) if i not in picked]
+        total += 1
+        hits += statistics.median(a) - statistics.median(b) >= observed - 1e-9
+    return hits / total
+
+
 def verdict(runs: list[RunResult]) -> dict[str, Any]:
     """The adaptive runs against the best static configuration of the sweep, both as medians over every run
     of theirs (sweep and confirmation): picking the best of twelve noisy p99s favours a lucky run, and the
@@ -453,6 +478,7 @@ def verdict(runs: list[RunResult]) -> dict[str, Any]:
     static_thr = statistics.median(r.throughput for r in static)
     static_p99 = statistics.median(_p99(r) for r in static)
     with_jit = [r for r in runs if r.knobs == Knobs(best.knobs.wait_ms, best.knobs.cost, jit=True)]
+    p_worse = worse_p_value([_p99(r) for r in adaptive], [_p99(r) for r in static])
     return {
         "best_static": best.knobs.name,
         "best_static_sweep_throughput": best.throughput,
@@ -467,6 +493,8 @@ def verdict(runs: list[RunResult]) -> dict[str, Any]:
         "throughput_met": thr >= 0.9 * static_thr,
         "p99_met": p99 <= static_p99,
         "p99_met_against_sweep_run": p99 <= _p99(best),
+        "p99_worse_p_value": p_worse,
+        "p99_met_within_noise": p99 <= static_p99 or p_worse >= NOISE_P,
         "best_static_jit_runs_p99_ms": [r.p99_ms for r in with_jit],
         "best_static_jit_p99_ms": statistics.median(_p99(r) for r in with_jit) if with_jit else None,
         "best_static_jit_throughput": statistics.median(r.throughput for r in with_jit) if with_jit else None,
@@ -500,7 +528,8 @@ def print_table(load: float, rate: float, runs: list[RunResult]) -> None:
         f" {_ms(v['best_static_p99_ms'])} ms); adaptive {v['adaptive_throughput']:,.0f} items/s ="
         f" {v['throughput_ratio']:.3f} of it (target >= 0.9: {'met' if v['throughput_met'] else 'NOT met'}),"
         f" p99 {_ms(v['adaptive_p99_ms'])} ms (target <= {_ms(v['best_static_p99_ms'])}:"
-        f" {'met' if v['p99_met'] else 'NOT met'})"
+        f" {'met' if v['p99_met'] else 'NOT met'}; not worse beyond noise, p = {v['p99_worse_p_value']:.3f}:"
+        f" {'met' if v['p99_met_within_noise'] else 'NOT met'})"
     )
 
 
