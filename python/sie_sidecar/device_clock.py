@@ -21,7 +21,10 @@ The in-flight chain is anchored on the last completion seen: a batch sent at `d`
 completes at `d + overhead + S`; one queued behind another at `previous completion + S`. The next
 batch is released `overhead + margin` before the chain's end, so it reaches the device as it frees.
 Until the service window holds enough samples, or when the backend reports no `inference_ms`, there
-is no estimate and the scheduler behaves exactly as without it.
+is no estimate and the scheduler behaves exactly as without it. Nor is there one while the batch ahead
+takes less device time than the overhead: then the round trip is mostly IPC, there is nothing to
+catch, and releasing on the estimate only cuts batches small (measured on the null backend at ~20k
+items/s: the sidecar's CPU per 1,000 items rose from 32 to 38-40 ms).
 """
 
 from __future__ import annotations
@@ -113,6 +116,8 @@ class DeviceClock:
             alone_end = flight.sent_at + overhead + service
             end = alone_end if end is None else max(alone_end, end + service)
         assert end is not None
+        if service < overhead:  # a device faster than the IPC round trip: nothing to time
+            return None
         return end - overhead - MARGIN_S - MARGIN_FRACTION * service
 
 

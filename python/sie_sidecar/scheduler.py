@@ -326,7 +326,7 @@ class ModelScheduler(Generic[T]):
 
     def _finished(self, task: asyncio.Task[None]) -> None:
         self._in_flight.discard(task)
-        if not self._in_flight or self.config.jit_dispatch:
+        if not self._in_flight or (self.config.jit_dispatch and self._items):
             self._new_item.set()  # the backend went idle (or the device estimate moved): look again
         if self._on_idle is not None and self.idle():
             self._on_idle()

@@ -140,3 +140,11 @@ def test_estimates_are_never_negative(samples: list[tuple[int, float]]) -> None:
         estimate = clock.service_s(cost)
         assert estimate is not None
         assert estimate >= 0.0
+
+
+def test_a_device_faster_than_the_round_trip_is_not_timed() -> None:
+    """Service 0.5 ms against 2 ms of IPC: the round trip is mostly overhead, nothing to catch."""
+    clock = DeviceClock()
+    warm(clock, a_ms=0.5, b_ms=0, overhead_s=0.002, costs=[3] * 10)
+    clock.sent(50, 1000.0, 3)
+    assert clock.release_at() is None
