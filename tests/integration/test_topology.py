@@ -180,7 +180,10 @@ async def test_conservative_cleanup_keeps_active_durable(nc: Client) -> None:
     body = json.dumps({"batch": 1, "expires": 1_000_000_000}).encode()
     await nc.publish(f"$JS.API.CONSUMER.MSG.NEXT.{POOL_STREAM}.active-stale", body, reply=inbox)
     await nc.flush()
-    assert (await js.consumer_info(POOL_STREAM, "active-stale")).num_waiting == 1
+    # JetStream registers the pull asynchronously after the PUB is processed: wait for it (bounded).
+    async with asyncio.timeout(5):
+        while (await js.consumer_info(POOL_STREAM, "active-stale")).num_waiting != 1:
+            await asyncio.sleep(0.01)
 
     # The kept consumer still overlaps ours, so the WorkQueue stream refuses our durable: ensure fails (fatal at
     # startup, retried by the reconciler) and the active consumer survives.
