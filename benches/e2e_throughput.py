@@ -36,6 +36,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Callable, Coroutine
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from types import FrameType
@@ -811,17 +812,26 @@ def _terminate(signum: int, frame: FrameType | None) -> None:
     raise SystemExit(128 + signum)  # unwinds through every finally, so the children are stopped
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
+def run_with_children(
+    bench: Callable[[Processes], Coroutine[Any, Any, dict[str, Any]]], json_path: str | None
+) -> dict[str, Any]:
+    """Run one benchmark with every child process stopped on any exit (SIGTERM included), then write
+    its raw numbers to `json_path` when given. Shared with the scheduling-quality benchmark."""
     signal.signal(signal.SIGTERM, _terminate)
     procs = Processes()
     try:
-        result = asyncio.run(run_bench(args, procs))
+        result = asyncio.run(bench(procs))
     finally:
         procs.stop_all()
-    if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
-        print(f"raw numbers written to {args.json}")
+    if json_path:
+        Path(json_path).write_text(json.dumps(result, indent=2) + "\n")
+        print(f"raw numbers written to {json_path}")
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    result = run_with_children(lambda procs: run_bench(args, procs), args.json)
     lost = sum(r["lost"] + r["duplicates"] for r in result["throughput_runs"])
     return 0 if lost == 0 else 1
 

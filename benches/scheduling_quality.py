@@ -37,7 +37,6 @@ Run from the repository root: `python benches/scheduling_quality.py --json out.j
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
 import gc
 import importlib
@@ -47,7 +46,6 @@ import json
 import os
 import platform
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
@@ -73,10 +71,10 @@ from benches.e2e_throughput import (
     _log_problems,
     _nats_server_binary,
     _tail,
-    _terminate,
     _wait_done,
     _wait_until,
     preload,
+    run_with_children,
 )
 from sie_sidecar.backend.minilm import find_model_dir
 from sie_sidecar.config import Settings
@@ -776,15 +774,7 @@ def main(argv: list[str] | None = None) -> int:
             raise SystemExit("--replot needs --plot PNG")
         replot(args.replot, Path(args.plot))
         return 0
-    signal.signal(signal.SIGTERM, _terminate)
-    procs = Processes()
-    try:
-        result = asyncio.run(run_bench(args, procs))
-    finally:
-        procs.stop_all()
-    if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
-        print(f"raw numbers written to {args.json}")
+    result = run_with_children(lambda procs: run_bench(args, procs), args.json)
     lost = sum(r["lost"] + r["duplicates"] for r in result["runs"])
     return 0 if lost == 0 else 1
 

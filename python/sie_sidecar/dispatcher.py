@@ -405,14 +405,15 @@ class Dispatcher:
         """Audio preparation (scheduler-and-prep §7.3, §2.3): decoded audio replaces `audio` in the
         item map and costs its duration in ms, under a 720,000 ms hard cap; a refused item gets its
         own `invalid_request` error and ACK, and the rest go on."""
-        preps = await prepare_items([d.item.item for d in ds if d.item is not None])
+        decoded = [(d, d.item) for d in ds if d.item is not None]
+        preps = await prepare_items([item.item for _, item in decoded])
         refused: dict[str, list[Delivery]] = defaultdict(list)
         kept: list[Delivery] = []
-        for d, prep in zip([d for d in ds if d.item is not None], preps, strict=True):
+        for (d, item), prep in zip(decoded, preps, strict=True):
             if prep.error is not None:
                 refused[prep.error].append(d)
-            elif d.item is not None:
-                d.item.item, d.prepared_audio = prep.item, prep.prepared
+            else:
+                item.item, d.prepared_audio = prep.item, prep.prepared
                 kept.append(d)
         for message, group in refused.items():
             await self._publish_errors(group, INVALID_REQUEST, message, nak_on_failure=True)

@@ -228,11 +228,11 @@ class ModelScheduler(Generic[T]):
                     if batch is not None:
                         self.jit_releases += 1
                         return key, batch
-                elif former.flush_reason(now, False) not in _FULL:  # hold: it would only queue
-                    if not held and former.flush_reason(now, False) is not None:
+                elif (reason := former.flush_reason(now, False)) not in _FULL:  # hold: it would only queue
+                    if not held and reason is not None:
                         self.jit_holds += 1
                         held = True
-                    await self._sleep_until(release)
+                    await self._wait_for_news(release - now)
                     continue
             batch = former.try_get_batch(now, bypass)
             if batch is not None:
@@ -240,9 +240,7 @@ class ModelScheduler(Generic[T]):
             wait_ms = former.time_until_next_trigger_ms(now)
             if wait_ms is not None and wait_ms <= 0:
                 continue
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(None if wait_ms is None else wait_ms / 1000.0):
-                    await self._new_item.wait()
+            await self._wait_for_news(None if wait_ms is None else wait_ms / 1000.0)
 
     def _release_at(self) -> float | None:
         """Just-in-time dispatch: when the next batch should go (None: at once / by the triggers)."""
@@ -250,10 +248,10 @@ class ModelScheduler(Generic[T]):
             return None
         return self._device.release_at()
 
-    async def _sleep_until(self, at: float) -> None:
-        """Until `at`, a new item or a finished batch, whichever comes first."""
+    async def _wait_for_news(self, timeout_s: float | None) -> None:
+        """Until a new item, a finished batch or `timeout_s` (None: no limit), whichever comes first."""
         with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(max(0.0, at - self._clock())):
+            async with asyncio.timeout(None if timeout_s is None else max(0.0, timeout_s)):
                 await self._new_item.wait()
 
     async def _hold_for_device(self, former: Batcher) -> None:
@@ -271,7 +269,7 @@ class ModelScheduler(Generic[T]):
                 self.jit_holds += 1
                 held = True
             self._new_item.clear()
-            await self._sleep_until(release)
+            await self._wait_for_news(release - now)
 
     def _take(self, key: Key, batch: FormedBatch, role: Role) -> Formed[T]:
         self.flushes[batch.reason] = self.flushes.get(batch.reason, 0) + 1
