@@ -405,7 +405,10 @@ class Dispatcher:
         """Audio preparation (scheduler-and-prep §7.3, §2.3): decoded audio replaces `audio` in the
         item map and costs its duration in ms, under a 720,000 ms hard cap; a refused item gets its
         own `invalid_request` error and ACK, and the rest go on."""
-        decoded = [(d, d.item) for d in ds if d.item is not None]
+        decoded: list[tuple[Delivery, WorkItem]] = []
+        for d in ds:
+            assert d.item is not None  # intake decoded every delivery that reaches a scheduler
+            decoded.append((d, d.item))
         preps = await prepare_items([item.item for _, item in decoded])
         refused: dict[str, list[Delivery]] = defaultdict(list)
         kept: list[Delivery] = []
