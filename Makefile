@@ -1,7 +1,7 @@
 # sie-sidecar developer tasks. Every target bootstraps .venv on a fresh machine.
 .DEFAULT_GOAL := help
 SHELL := /bin/bash
-.PHONY: help install build demo test test-py test-rust lint format bench fuzz wheel sdist-check clean docker
+.PHONY: help install build demo test test-py test-rust lint format bench fuzz wheel sdist-check clean docker diagrams
 
 PYTHON ?= python3
 VENV := .venv
@@ -72,6 +72,9 @@ wheel: $(DEPS_STAMP) ## manylinux wheel for this machine's architecture into dis
 
 sdist-check: $(DEPS_STAMP) ## the sdist must rebuild (catches missing include entries)
 	rm -rf dist/sdist && $(VENV)/bin/maturin sdist -o dist/sdist && $(PY) -m pip wheel -q dist/sdist/*.tar.gz -w dist/sdist --no-deps
+
+diagrams: ## regenerate docs/img/*.svg from their .dot sources (needs graphviz: apt-get install graphviz)
+	for f in docs/img/*.dot; do dot -Tsvg "$$f" -o "$${f%.dot}.svg"; done
 
 clean: ## remove build artefacts
 	rm -rf target dist python/sie_sidecar/*.so .pytest_cache .mypy_cache .ruff_cache .benchmarks .hypothesis

@@ -12,5 +12,5 @@ import pytest
 @pytest.fixture(params=["native", "py"])
 def impl(request: pytest.FixtureRequest) -> ModuleType:
     """The implementation under measurement; reports group them so ratios come from one run."""
-    name = "sie_sidecar._wire_native" if request.param == "native" else "sie_sidecar._wire_py"
+    name = "sie_sidecar.wire._native_api" if request.param == "native" else "sie_sidecar._twins.wire"
     return importlib.import_module(name)

@@ -48,10 +48,10 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 
 from sie_sidecar import wire
+from sie_sidecar.bus.topology import TopologySpec, ensure_topology
 from sie_sidecar.config import Settings
-from sie_sidecar.loadgen import LoadConfig, build_work_item, generate_load
-from sie_sidecar.localhost import find_nats_server, free_port, port_open
-from sie_sidecar.topology import TopologySpec, ensure_topology
+from sie_sidecar.tools.loadgen import LoadConfig, build_work_item, generate_load
+from sie_sidecar.tools.localhost import find_nats_server, free_port, port_open
 
 HERE = Path(__file__).resolve().parent
 NAIVE_LOOP = HERE / "naive_loop.py"

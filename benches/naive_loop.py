@@ -23,12 +23,12 @@ import nats
 from nats.errors import TimeoutError as NatsTimeoutError
 
 from sie_sidecar import wire
-from sie_sidecar.batches import run_batch_body
+from sie_sidecar.bus.topology import TopologySpec, ensure_topology
 from sie_sidecar.config import ConfigError, Settings
-from sie_sidecar.ipc_client import IpcClient
-from sie_sidecar.topology import TopologySpec, ensure_topology
-from sie_sidecar.types import WorkResult
-from sie_sidecar.workitem import decode_work_item
+from sie_sidecar.ipc.client import IpcClient
+from sie_sidecar.ipc.requests import run_batch_body
+from sie_sidecar.wire.types import WorkResult
+from sie_sidecar.wire.workitem import decode_work_item
 
 FETCH_BATCH = 64
 FETCH_TIMEOUT_S = 5.0

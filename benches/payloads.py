@@ -8,7 +8,7 @@ import hashlib
 import msgpack
 import numpy as np
 
-from sie_sidecar import _wire_py
+from sie_sidecar._twins import wire as _wire_py
 
 MiB = 1024 * 1024
 

@@ -77,11 +77,11 @@ from benches.e2e_throughput import (
     run_with_children,
 )
 from sie_sidecar.backend.minilm import find_model_dir
+from sie_sidecar.bus.topology import TopologySpec, ensure_topology
 from sie_sidecar.config import Settings
-from sie_sidecar.controller import AdaptiveController, replay_controller
-from sie_sidecar.loadgen import LoadConfig, generate_load, varied_texts
-from sie_sidecar.localhost import free_port, port_open
-from sie_sidecar.topology import TopologySpec, ensure_topology
+from sie_sidecar.sched.controller import AdaptiveController, replay_controller
+from sie_sidecar.tools.loadgen import LoadConfig, generate_load, varied_texts
+from sie_sidecar.tools.localhost import free_port, port_open
 
 MODEL = "null/vectors"
 WORKER_ID = "sched-bench-0"

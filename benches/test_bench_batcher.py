@@ -14,8 +14,8 @@ from types import ModuleType
 import pytest
 from pytest_benchmark.fixture import BenchmarkFixture
 
-from sie_sidecar import _batcher_py
 from sie_sidecar import _native as native_mod
+from sie_sidecar._twins import batcher as _batcher_py
 
 ITEMS = 1024
 GROUP = 64

@@ -23,7 +23,8 @@ _INPUTS = [(25.0 + (i * 7 % 11), 0.6 + (i * 3 % 5) * 0.1, 1 + (i * 5 % 16), i * 
 @pytest.fixture(params=["native", "py"])
 def controller_impl(request: pytest.FixtureRequest) -> ModuleType:
     """The controller under measurement; one run holds both, so ratios are side by side."""
-    return importlib.import_module("sie_sidecar._native" if request.param == "native" else "sie_sidecar._sched_py")
+    name = "sie_sidecar._native" if request.param == "native" else "sie_sidecar._twins.controller"
+    return importlib.import_module(name)
 
 
 def _steps(impl: ModuleType, update_interval: int) -> int:

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from pytest_benchmark.fixture import BenchmarkFixture
 
-from sie_sidecar.ipc_types import ModelDescriptor
+from sie_sidecar.ipc.types import ModelDescriptor
 from sie_sidecar.prep import RegisteredTokenizer, TokenizerRegistry
 
 pytestmark = pytest.mark.skipif(

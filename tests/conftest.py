@@ -20,7 +20,7 @@ IMPLEMENTATIONS = ("native", "py")
 
 def load_impl(name: str) -> ModuleType:
     """Import one implementation by its short name."""
-    return importlib.import_module("sie_sidecar._wire_native" if name == "native" else "sie_sidecar._wire_py")
+    return importlib.import_module("sie_sidecar.wire._native_api" if name == "native" else "sie_sidecar._twins.wire")
 
 
 @pytest.fixture(params=IMPLEMENTATIONS)

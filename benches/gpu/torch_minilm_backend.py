@@ -44,8 +44,8 @@ import numpy.typing as npt
 from sie_sidecar import wire
 from sie_sidecar.backend.adapter import Adapter, item_outcome, outcome_for, unit_counts
 from sie_sidecar.backend.server import BackendServer, serve_until_signalled
-from sie_sidecar.ipc_types import READY, RETRY_LATER, ModelDescriptor, ReadyResponse
-from sie_sidecar.loadgen import DEFAULT_TEXTS
+from sie_sidecar.ipc.types import READY, RETRY_LATER, ModelDescriptor, ReadyResponse
+from sie_sidecar.tools.loadgen import DEFAULT_TEXTS
 
 log = logging.getLogger("torch_minilm_backend")
 

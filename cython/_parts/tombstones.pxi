@@ -13,7 +13,7 @@ from posix.time cimport CLOCK_MONOTONIC, clock_gettime, timespec
 import time as _tomb_time
 from collections import OrderedDict as _TombOrderedDict
 
-from sie_sidecar.limits import (
+from sie_sidecar.wire.limits import (
     BATCH_TOMBSTONE_TTL_S as _BATCH_TOMBSTONE_TTL_S,
     TOMBSTONE_CAPACITY as _TOMBSTONE_CAPACITY,
     TOMBSTONE_TTL_S as _TOMBSTONE_TTL_S,

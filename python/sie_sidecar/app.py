@@ -8,87 +8,33 @@ import asyncio
 import contextlib
 import logging
 import signal
-from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
-import nats
-from nats.aio.client import Client as NatsClient
-from nats.aio.msg import Msg
-
 from . import wire
+from .bus.connect import connect
+from .bus.control import cancel_handlers
+from .bus.health import HealthIdentity, health_payload, publish_health
+from .bus.outbound import FramedWriter
+from .bus.publisher import Publisher
+from .bus.pull import PullConsumer
+from .bus.topology import TopologySpec, ensure_topology, reconcile_forever
 from .config import Settings
-from .delivery import Settler
-from .dispatcher import ConfigState, Dispatcher, DispatchSettings
-from .health import HealthIdentity, Readiness, health_payload, heartbeat, start_probes
-from .ipc_client import IpcClient
-from .outbound import FramedWriter
+from .ipc.client import IpcClient
 from .payloads import PayloadStore, PayloadStoreConfigError
+from .pipeline.delivery import Settler
+from .pipeline.dispatcher import ConfigState, Dispatcher, DispatchSettings
+from .pipeline.feed import feed
+from .pipeline.readiness import Readiness, heartbeat
 from .prep.audio import configure_permits as configure_audio_permits
-from .publisher import Publisher
-from .pull import PullConsumer
-from .quantum import LatencyWindow, QuantumController
-from .scheduler import SchedulerConfig
-from .topology import TopologySpec, ensure_topology, reconcile_forever
+from .probes import start_probes
+from .sched.quantum import LatencyWindow, QuantumController
+from .sched.scheduler import SchedulerConfig
 
 log = logging.getLogger(__name__)
 
 TASK_JOIN_S = 10.0
 HEALTH_TOMBSTONE_WAIT_S = 2.0
 BACKEND_DRAIN_MS = 15_000
-
-
-async def _pull_loop(
-    consumer: PullConsumer,
-    handle: Callable[[list[Msg], Callable[[int], None]], Coroutine[Any, Any, None]],
-    *,
-    budget: int,
-    inflight: int,
-    stop: asyncio.Event,
-    tasks: set[asyncio.Task[None]],
-    quantum: QuantumController,
-    idle_bypass: bool = True,
-    on_idle: Callable[[], None] | None = None,
-    busy: Callable[[], bool] | None = None,
-) -> None:
-    """Take coalesced batches from one long-lived pull and hand each to the dispatcher (§5.1).
-
-    The quantum comes from the controller for every batch. With `idle_bypass`, coalescing ends as
-    soon as no batch is being handled (`tasks` is shared by every pull loop) and `busy()` (the
-    schedulers have work queued or in flight) is false: waiting for more messages only pays while the
-    backend is busy, so an idle worker takes what is there at once.
-    """
-    slots = asyncio.Semaphore(max(1, inflight))
-
-    def idle() -> bool:
-        return not tasks and (busy is None or not busy())
-
-    stop_early = idle if idle_bypass else None
-
-    def finished(t: asyncio.Task[None]) -> None:
-        tasks.discard(t)
-        slots.release()
-        if not tasks and on_idle is not None:
-            on_idle()
-
-    stopped = asyncio.ensure_future(stop.wait())  # one waiter for the whole loop, not one per batch
-    try:
-        while not stopped.done():
-            next_batch = asyncio.ensure_future(consumer.next_batch(budget, quantum.quantum_s(), stop_early))
-            await asyncio.wait({next_batch, stopped}, return_when=asyncio.FIRST_COMPLETED)
-            if not next_batch.done():
-                next_batch.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await next_batch
-                break
-            batch = next_batch.result()
-            if not batch:
-                continue
-            await slots.acquire()
-            task: asyncio.Task[None] = asyncio.create_task(handle(batch, consumer.settled))
-            tasks.add(task)
-            task.add_done_callback(finished)
-    finally:
-        stopped.cancel()
 
 
 def _dispatch_settings(settings: Settings) -> DispatchSettings:
@@ -114,42 +60,6 @@ def _dispatch_settings(settings: Settings) -> DispatchSettings:
         controller_trace_dir=settings.controller_trace_dir,
         cost_pinned=settings.batcher_cost_pinned,
     )
-
-
-def _cancel_handlers(dispatcher: Dispatcher, worker_id: str) -> tuple[Callable[[Msg], Awaitable[None]], ...]:
-    async def on_work_cancel(msg: Msg) -> None:
-        parsed = wire.parse_work_cancel(msg.subject)
-        if parsed is not None:
-            dispatcher.tombstones.record(*parsed)
-
-    async def on_batch_cancel(msg: Msg) -> None:
-        request_id = wire.parse_batch_cancel(msg.subject, worker_id)
-        if request_id is not None:
-            dispatcher.batch_tombstones.record(request_id)
-
-    return on_work_cancel, on_batch_cancel
-
-
-async def _health_publisher(
-    nc: NatsClient,
-    identity: HealthIdentity,
-    readiness: Readiness,
-    *,
-    config: ConfigState,
-    interval_ms: int,
-    stop: asyncio.Event,
-) -> None:
-    subject = wire.health_subject(identity.worker_id)
-    failures = 0
-    while not stop.is_set():
-        try:
-            await nc.publish(subject, health_payload(identity, readiness, bundle_config_hash=config.current or ""))
-        except Exception as exc:  # logged on counts 1, 5, 30, every 120 (§10)
-            failures += 1
-            if failures in (1, 5, 30) or failures % 120 == 0:
-                log.warning("health publish failed", extra={"failures": failures, "error": repr(exc)})
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stop.wait(), interval_ms / 1000.0)
 
 
 async def run(settings: Settings, *, stop: asyncio.Event | None = None, started: asyncio.Event | None = None) -> int:
@@ -187,13 +97,7 @@ async def run(settings: Settings, *, stop: asyncio.Event | None = None, started:
         for consumer in consumers:
             consumer.on_reconnected()
 
-    nc = await nats.connect(
-        servers=settings.nats_servers,
-        reconnected_cb=on_reconnected,
-        max_reconnect_attempts=-1,
-        reconnect_time_wait=0.5,
-        name=f"sie-sidecar {settings.worker_id}",
-    )
+    nc = await connect(settings, on_reconnected=on_reconnected)
     js = nc.jetstream()
     spec = TopologySpec.from_settings(settings)
     await ensure_topology(js, spec)  # failure is fatal (§2.1)
@@ -218,7 +122,7 @@ async def run(settings: Settings, *, stop: asyncio.Event | None = None, started:
         quantum=quantum,
         payloads=payloads,
     )
-    on_work_cancel, on_batch_cancel = _cancel_handlers(dispatcher, settings.worker_id)
+    on_work_cancel, on_batch_cancel = cancel_handlers(dispatcher, settings.worker_id)
     subs = [
         await nc.subscribe("work_cancel.>", cb=on_work_cancel),
         await nc.subscribe("batch_cancel.>", cb=on_batch_cancel),
@@ -247,7 +151,7 @@ async def run(settings: Settings, *, stop: asyncio.Event | None = None, started:
     if settings.health_publish_enabled:
         background.append(
             asyncio.create_task(
-                _health_publisher(
+                publish_health(
                     nc,
                     identity,
                     readiness,
@@ -293,7 +197,7 @@ async def run(settings: Settings, *, stop: asyncio.Event | None = None, started:
         await consumer.start()
         loops.append(
             asyncio.create_task(
-                _pull_loop(
+                feed(
                     consumer,
                     dispatcher.handle,
                     budget=settings.nats_fetch_budget,

@@ -45,12 +45,12 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         add_backend_arguments(backend)
     loadgen = commands.add_parser("loadgen", help="act as the gateway: publish WorkItems, collect results")
     if command in (None, "loadgen"):
-        from .loadgen import add_loadgen_arguments
+        from .tools.loadgen import add_loadgen_arguments
 
         add_loadgen_arguments(loadgen)
     replay = commands.add_parser("replay", help="replay a controller trace (JSONL) and print or plot the knobs")
     if command in (None, "replay"):
-        from .replay import add_replay_arguments
+        from .tools.replay import add_replay_arguments
 
         add_replay_arguments(replay)
     demo = commands.add_parser("demo", help="run the whole pipeline locally and print a summary")
@@ -94,17 +94,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         configure_logging(os.environ.get("RUST_LOG", "info"))
         return asyncio.run(run_backend(args))
     if args.command == "loadgen":
-        from .loadgen import run_loadgen
+        from .tools.loadgen import run_loadgen
 
         return asyncio.run(run_loadgen(args))
     if args.command == "replay":
-        from .replay import run_replay
+        from .tools.replay import run_replay
 
         return run_replay(args)
     if args.command == "demo":
-        from .demo import run_demo
+        from .tools.demo import run_demo
 
         return run_demo(adapter=args.adapter, items=args.items)
-    from .tour import run_tour
+    from .tools.tour import run_tour
 
     return run_tour(items=args.items, dim=args.dim, chunked_mib=args.chunked_mib)

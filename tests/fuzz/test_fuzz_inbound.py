@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from nats.aio.msg import Msg
 
 from sie_sidecar._native.wire import scan_direct_msgs
-from sie_sidecar.inbound import scan_direct_msgs_py
+from sie_sidecar.bus.inbound import scan_direct_msgs_py
 
 pytestmark = pytest.mark.fuzz
 

@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sie_sidecar.errors import WireError
-from sie_sidecar.types import WorkResult
+from sie_sidecar.wire.types import WorkResult
 
 pytestmark = pytest.mark.fuzz
 

@@ -14,7 +14,7 @@ import nats
 import pytest
 from nats.aio.client import Client
 
-from sie_sidecar.localhost import find_nats_server, free_port
+from sie_sidecar.tools.localhost import find_nats_server, free_port
 
 logger = logging.getLogger(__name__)
 

@@ -23,7 +23,7 @@ from sie_sidecar.app import run
 from sie_sidecar.backend.null import NullAdapter
 from sie_sidecar.backend.server import BackendServer
 from sie_sidecar.config import Settings
-from sie_sidecar.localhost import free_port
+from sie_sidecar.tools.localhost import free_port
 
 from .conftest import NatsServer
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import aiohttp
 
-from sie_sidecar.health import Readiness
+from sie_sidecar.pipeline.readiness import Readiness
 
 from .conftest import NatsServer
 from .stack import BUNDLE, MODEL, POOL, PROFILE, WORKER, running_stack

@@ -35,9 +35,9 @@ from sie_sidecar.errors import (
     IpcServerError,
     ProtocolError,
 )
-from sie_sidecar.ipc_client import IpcClient, IpcTimeout, IpcTransportError
-from sie_sidecar.ipc_types import ModelDescriptor, PingResponse, ReadyResponse
-from sie_sidecar.limits import MAX_FRAME, MiB
+from sie_sidecar.ipc.client import IpcClient, IpcTimeout, IpcTransportError
+from sie_sidecar.ipc.types import ModelDescriptor, PingResponse, ReadyResponse
+from sie_sidecar.wire.limits import MAX_FRAME, MiB
 
 MODEL = "null/model"
 NOT_NEGOTIATED = "IPC response exceeds the legacy frame limit; response chunking v1 was not negotiated"

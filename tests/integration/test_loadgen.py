@@ -28,7 +28,7 @@ from nats.aio.client import Client
 from nats.js.api import DiscardPolicy, RetentionPolicy, StreamConfig
 
 from sie_sidecar import wire
-from sie_sidecar.loadgen import (
+from sie_sidecar.tools.loadgen import (
     DEFAULT_TEXTS,
     LoadConfig,
     LoadgenError,
@@ -39,9 +39,9 @@ from sie_sidecar.loadgen import (
     run_loadgen,
     varied_texts,
 )
-from sie_sidecar.localhost import find_nats_server, free_port
-from sie_sidecar.progress import ProgressBar
-from sie_sidecar.types import WorkResult
+from sie_sidecar.tools.localhost import find_nats_server, free_port
+from sie_sidecar.tools.progress import ProgressBar
+from sie_sidecar.wire.types import WorkResult
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -12,7 +12,7 @@ import pytest
 from nats import errors as nats_errors
 from nats.aio.client import Client
 
-from sie_sidecar.outbound import FramedWriter, frame_pubs
+from sie_sidecar.bus.outbound import FramedWriter, frame_pubs
 
 from .conftest import NatsServer
 
@@ -113,8 +113,8 @@ async def test_falls_back_to_publish_without_the_internals() -> None:
 
 async def test_the_publisher_flushes_only_for_chunked_transfers(nc: Client) -> None:
     """§6.2: chunks, then one flush as barrier, then the ACK; single replies go out without one."""
-    from sie_sidecar.publisher import Publisher, Reply
-    from sie_sidecar.types import WorkResult
+    from sie_sidecar.bus.publisher import Publisher
+    from sie_sidecar.wire.types import Reply, WorkResult
 
     flushes = 0
     real_flush = nc.flush

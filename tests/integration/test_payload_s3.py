@@ -20,7 +20,6 @@ import obstore
 import pytest
 from obstore.store import S3Store
 
-from sie_sidecar.localhost import free_port, port_open
 from sie_sidecar.payloads import (
     InvalidPayloadRef,
     ObjectStoreError,
@@ -32,7 +31,8 @@ from sie_sidecar.payloads import (
     resolve_items,
 )
 from sie_sidecar.payloads.s3 import parse_store_url
-from sie_sidecar.workitem import WorkItem
+from sie_sidecar.tools.localhost import free_port, port_open
+from sie_sidecar.wire.workitem import WorkItem
 
 BUCKET = "payloads"
 PREFIX = "gw/offload"

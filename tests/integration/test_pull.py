@@ -16,8 +16,8 @@ from nats.errors import Error as NatsError
 from nats.js import JetStreamContext
 from nats.js import api as js_api
 
-from sie_sidecar.pull import PullConsumer, _DirectQueue, direct_delivery_supported
-from sie_sidecar.topology import TopologySpec, ensure_topology, reconcile_forever
+from sie_sidecar.bus.pull import PullConsumer, _DirectQueue, direct_delivery_supported
+from sie_sidecar.bus.topology import TopologySpec, ensure_topology, reconcile_forever
 
 from .conftest import NatsServer
 

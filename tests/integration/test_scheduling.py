@@ -84,7 +84,7 @@ async def test_the_live_controller_trace_replays_to_the_same_knobs(nats_server: 
     replaying the file with its recorded config reproduces every knob value."""
     import json
 
-    from sie_sidecar.controller import replay_controller
+    from sie_sidecar.sched.controller import replay_controller
 
     trace_dir = tmp_path / "trace"
     env = {"SIE_SIDECAR_CONTROLLER_TRACE": str(trace_dir), "SIE_BATCHER_MAX_BATCH_REQUESTS": "2"}

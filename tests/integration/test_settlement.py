@@ -307,10 +307,10 @@ async def test_every_item_ends_with_one_final_reply_or_stays_in_the_stream(
 async def test_malformed_subject_is_naked(nats_server: NatsServer, tmp_path: Path) -> None:
     """A subject with fewer than six tokens can not reach the pool stream, so the dispatcher is fed
     from a stream of its own here (real JetStream messages, real NAKs)."""
-    from sie_sidecar.delivery import Settler
-    from sie_sidecar.dispatcher import Dispatcher, DispatchSettings
-    from sie_sidecar.publisher import Publisher
-    from sie_sidecar.pull import PullConsumer
+    from sie_sidecar.bus.publisher import Publisher
+    from sie_sidecar.bus.pull import PullConsumer
+    from sie_sidecar.pipeline.delivery import Settler
+    from sie_sidecar.pipeline.dispatcher import Dispatcher, DispatchSettings
 
     async with running_stack(nats_server, tmp_path) as stack:
         await stack.js.add_stream(name="SHORT", subjects=["short.>"])

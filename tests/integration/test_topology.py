@@ -15,7 +15,7 @@ from nats.js import JetStreamContext
 from nats.js import api as js_api
 from nats.js.errors import APIError, NotFoundError
 
-from sie_sidecar.topology import TopologySpec, ensure_topology, reconcile_forever
+from sie_sidecar.bus.topology import TopologySpec, ensure_topology, reconcile_forever
 
 # TV-S4 lane: pool `default`, profile `rtx6000`, bundle `sglang`, worker `pod-0.svc`.
 SPEC = TopologySpec(pool="default", machine_profile="rtx6000", bundle="sglang", worker_id="pod-0.svc")
@@ -108,7 +108,7 @@ async def test_second_ensure_is_idempotent(nc: Client, caplog: pytest.LogCapture
         "gen": await js.consumer_info(WORKER_STREAM, WORKER_CONSUMER),
     }
     caplog.clear()
-    with caplog.at_level(logging.INFO, logger="sie_sidecar.topology"):
+    with caplog.at_level(logging.INFO, logger="sie_sidecar.bus.topology"):
         await ensure_topology(js, SPEC)
     assert not caplog.records  # nothing created, reconciled, deleted or warned about
     assert (await js.stream_info(POOL_STREAM)).config == before["pool"].config
@@ -126,7 +126,7 @@ async def test_existing_stream_subjects_and_max_age_reconciled(nc: Client, caplo
         max_age=60,
         max_msgs=5,
     )
-    with caplog.at_level(logging.WARNING, logger="sie_sidecar.topology"):
+    with caplog.at_level(logging.WARNING, logger="sie_sidecar.bus.topology"):
         await ensure_topology(js, SPEC)
     cfg = (await js.stream_info(POOL_STREAM)).config
     assert cfg.subjects == ["sie.work.default.*.*.*"]
@@ -243,7 +243,7 @@ async def test_pool_consumer_setting_mismatch_is_only_warned(nc: Client, caplog:
     js = nc.jetstream()
     await _create_pool_stream(js)
     await _add_durable(js, POOL_DURABLE, POOL_FILTER, ack_wait=10.0, max_deliver=5, max_ack_pending=7)
-    with caplog.at_level(logging.WARNING, logger="sie_sidecar.topology"):
+    with caplog.at_level(logging.WARNING, logger="sie_sidecar.bus.topology"):
         await ensure_topology(js, SPEC)
     cfg = (await js.consumer_info(POOL_STREAM, POOL_DURABLE)).config
     assert (cfg.ack_wait, cfg.max_deliver, cfg.max_ack_pending) == (10, 5, 7)

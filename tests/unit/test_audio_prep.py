@@ -16,13 +16,13 @@ import pytest
 
 from sie_sidecar._native import PreparedAudio, prepare_audio
 from sie_sidecar.backend.audio import MAX_SAMPLE_COUNT, prepared_audio_error
-from sie_sidecar.batches import extract_item, per_op_body, run_batch_body
-from sie_sidecar.costs import AUDIO_HARD_BATCH_COST_CAP, extract_cost
 from sie_sidecar.errors import AudioPrepError
-from sie_sidecar.media import DupDict
+from sie_sidecar.ipc.requests import extract_item, per_op_body, run_batch_body
 from sie_sidecar.prep import audio as audio_prep
 from sie_sidecar.prep.audio import PREPARED_AUDIO_KEYS, AudioPermits, classify, prepare_items, without_audio
-from sie_sidecar.workitem import WorkItem
+from sie_sidecar.prep.media import DupDict
+from sie_sidecar.sched.costs import AUDIO_HARD_BATCH_COST_CAP, extract_cost
+from sie_sidecar.wire.workitem import WorkItem
 
 from ..audio_samples import encoded, encoded_av, frames_of, pcm, tone, wav_float, wav_pcm
 

@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sie_sidecar import _batcher_py
 from sie_sidecar import _native as native_mod
+from sie_sidecar._twins import batcher as _batcher_py
 
 IMPLS = {"native": native_mod, "py": _batcher_py}
 

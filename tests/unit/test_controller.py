@@ -22,8 +22,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sie_sidecar import controller as facade
-from sie_sidecar import replay as replay_cli
+from sie_sidecar.sched import controller as facade
+from sie_sidecar.tools import replay as replay_cli
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 TRACE = DATA / "controller_trace.jsonl"
@@ -55,7 +55,7 @@ MODULE_DEFAULTS: dict[str, Any] = {
 
 
 def load(name: str) -> ModuleType:
-    return importlib.import_module("sie_sidecar._native" if name == "native" else "sie_sidecar._sched_py")
+    return importlib.import_module("sie_sidecar._native" if name == "native" else "sie_sidecar._twins.controller")
 
 
 @pytest.fixture(params=["native", "py"])
@@ -199,7 +199,7 @@ def test_env_overrides(impl: ModuleType, env: dict[str, str], check: dict[str, A
 
 
 def test_env_warnings_are_logged(impl: ModuleType, caplog: pytest.LogCaptureFixture) -> None:
-    with caplog.at_level(logging.WARNING, logger="sie_sidecar.controller"):
+    with caplog.at_level(logging.WARNING, logger="sie_sidecar.sched.controller"):
         impl.AdaptiveController.production(16384, env={"SIE_ADAPTIVE_BATCH_MAX_COST": "lots", "OTHER": "x"})
     assert [r.getMessage() for r in caplog.records if "SIE_ADAPTIVE_BATCH_MAX_COST" in r.getMessage()]
     assert len(caplog.records) == 1
@@ -835,7 +835,7 @@ def test_replay_cli_file(implementation: str, capsys: pytest.CaptureFixture[str]
 
 def test_replay_cli_stdin_subprocess() -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "sie_sidecar.replay"],
+        [sys.executable, "-m", "sie_sidecar.tools.replay"],
         input=TRACE.read_text(),
         capture_output=True,
         text=True,
@@ -877,7 +877,7 @@ def test_facade_exports() -> None:
 
 
 def test_facade_honours_no_extensions() -> None:
-    code = "from sie_sidecar import controller as c; print(c.IMPLEMENTATION)"
+    code = "from sie_sidecar.sched import controller as c; print(c.IMPLEMENTATION)"
     for env, name in (({"SIE_SIDECAR_NO_EXTENSIONS": "1"}, "py"), ({"SIE_SIDECAR_NO_EXTENSIONS": "0"}, "native")):
         done = subprocess.run(
             [sys.executable, "-c", code],

@@ -6,7 +6,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sie_sidecar.costs import score_cost, side_cost
+from sie_sidecar.sched.costs import score_cost, side_cost
 
 
 def test_spec_examples() -> None:

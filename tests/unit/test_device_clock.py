@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sie_sidecar.device_clock import (
+from sie_sidecar.sched.device_clock import (
     DEFAULT_OVERHEAD_S,
     MARGIN_FRACTION,
     MARGIN_S,

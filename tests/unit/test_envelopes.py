@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sie_sidecar import errors
-from sie_sidecar.limits import MAX_FRAME
+from sie_sidecar.wire.limits import MAX_FRAME
 
 FIXTURE = settings(suppress_health_check=[HealthCheck.function_scoped_fixture])
 

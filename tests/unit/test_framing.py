@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sie_sidecar import errors
-from sie_sidecar.limits import MAX_FRAME
+from sie_sidecar.wire.limits import MAX_FRAME
 
 TV_I1_BODY = bytes.fromhex(
     "85a776657273696f6e01aa726571756573745f6964a7722d736d616c6ca26f6bc3a4626f647981a576616c756593010203a56572726f72c0"

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from nats.aio.msg import Msg
 
 from sie_sidecar._native.wire import scan_direct_msgs
-from sie_sidecar.inbound import scan_direct_msgs_py
+from sie_sidecar.bus.inbound import scan_direct_msgs_py
 
 SCANNERS = {"native": scan_direct_msgs, "py": scan_direct_msgs_py}
 DIRECT_SIDS = (3, 7)

@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sie_sidecar import errors
-from sie_sidecar.limits import (
+from sie_sidecar.wire.limits import (
     DEFAULT_RESPONSE_BUDGET,
     MAX_CHUNK_FRAME,
     MAX_CHUNK_PAYLOAD,

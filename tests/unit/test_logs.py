@@ -223,18 +223,18 @@ def test_trace_enables_debug_records() -> None:
 
 
 def test_rust_log_target_directives() -> None:
-    stream = configured("warn,sie_sidecar::pull=debug")
-    logging.getLogger("sie_sidecar.pull").debug("pull detail")
-    logging.getLogger("sie_sidecar.pull.inner").debug("inherits")
-    logging.getLogger("sie_sidecar.dispatcher").info("filtered")
+    stream = configured("warn,sie_sidecar::bus::pull=debug")
+    logging.getLogger("sie_sidecar.bus.pull").debug("pull detail")
+    logging.getLogger("sie_sidecar.bus.pull.inner").debug("inherits")
+    logging.getLogger("sie_sidecar.pipeline.dispatcher").info("filtered")
     assert [line["msg"] for line in lines(stream)] == ["pull detail", "inherits"]
 
 
 def test_reconfigure_resets_previous_target_levels() -> None:
-    configured("info,sie_sidecar.pull=debug")
-    assert logging.getLogger("sie_sidecar.pull").level == logging.DEBUG
+    configured("info,sie_sidecar.bus.pull=debug")
+    assert logging.getLogger("sie_sidecar.bus.pull").level == logging.DEBUG
     configured("info")
-    assert logging.getLogger("sie_sidecar.pull").level == logging.NOTSET
+    assert logging.getLogger("sie_sidecar.bus.pull").level == logging.NOTSET
 
 
 def test_unknown_directive_is_skipped_with_a_warning() -> None:

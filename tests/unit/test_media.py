@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sie_sidecar.media import (
+from sie_sidecar.prep.media import (
     MAX_AUDIO_BYTES,
     MAX_MEDIA_BYTES,
     DupDict,
@@ -21,7 +21,7 @@ from sie_sidecar.media import (
     validate_audio,
     validate_extract_media,
 )
-from sie_sidecar.workitem import WorkItem
+from sie_sidecar.wire.workitem import WorkItem
 
 MiB = 1024 * 1024
 

@@ -22,7 +22,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sie_sidecar.backend.minilm import MiniLMAdapter, MiniLMModel, accepted_token_rows
-from sie_sidecar.ipc_types import ModelDescriptor
+from sie_sidecar.ipc.types import ModelDescriptor
 from sie_sidecar.prep import PreparedTokens, RegisteredTokenizer, TokenizerRegistry
 
 from .test_minilm import MODEL_ID, decode_dense, encode_item, wait_ready

@@ -114,7 +114,8 @@ def test_typed_inputs_accept_lists_and_strided_arrays(native: ModuleType, twin: 
     st.booleans(),
 )
 def test_dense_batch_parity(matrix: np.ndarray, normalize: bool) -> None:
-    from sie_sidecar import _wire_native, _wire_py
+    from sie_sidecar._twins import wire as _wire_py
+    from sie_sidecar.wire import _native_api as _wire_native
 
     ids = [f"doc-{i}" if i % 2 else None for i in range(matrix.shape[0])]
     batch = _wire_native.frame_dense_batch(matrix, item_ids=ids, normalize=normalize)

@@ -33,7 +33,7 @@ from sie_sidecar.payloads import (
     resolve_items,
 )
 from sie_sidecar.payloads.local import LocalReader, openat2, read_bounded, relative_ref
-from sie_sidecar.workitem import WorkItem
+from sie_sidecar.wire.workitem import WorkItem
 
 LIMIT = 1024
 

@@ -23,7 +23,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from tokenizers import Encoding, Tokenizer, models, pre_tokenizers, processors
 
-from sie_sidecar.ipc_types import ModelDescriptor
+from sie_sidecar.ipc.types import ModelDescriptor
 from sie_sidecar.prep import (
     DEFAULT_MAX_SEQ_LEN,
     PreparedTokens,

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sie_sidecar.quantum import MIN_SAMPLES, WINDOW, LatencyWindow, QuantumController
+from sie_sidecar.sched.quantum import MIN_SAMPLES, WINDOW, LatencyWindow, QuantumController
 
 
 def controller(samples: list[float], **kw: Any) -> QuantumController:

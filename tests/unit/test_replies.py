@@ -15,9 +15,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from sie_sidecar.backend.adapter import item_outcome
-from sie_sidecar.outbound import frame_pubs
-from sie_sidecar.results import outcome_result
-from sie_sidecar.workitem import WorkItem
+from sie_sidecar.bus.outbound import frame_pubs
+from sie_sidecar.pipeline.replies import outcome_result
+from sie_sidecar.wire.workitem import WorkItem
 from tests.conftest import load_impl
 
 NOW = 1_700_000_100.25

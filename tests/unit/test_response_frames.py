@@ -62,7 +62,8 @@ def test_producer_refuses_out_of_bounds(impl: ModuleType, size: int, max_chunks:
 @settings(max_examples=50)
 @given(data=st.binary(min_size=9, max_size=400), step=st.integers(1, 64))
 def test_producer_parity_and_round_trip(data: bytes, step: int) -> None:
-    from sie_sidecar import _wire_native, _wire_py
+    from sie_sidecar._twins import wire as _wire_py
+    from sie_sidecar.wire import _native_api as _wire_native
 
     frames = []
     for mod in (_wire_native, _wire_py):

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from sie_sidecar import wire
-from sie_sidecar.results import (
+from sie_sidecar.pipeline.replies import (
     RAW_OUTPUT_SHAPE_ERROR,
     batched_f16_slices,
     caller_item_id,
@@ -20,7 +20,7 @@ from sie_sidecar.results import (
     outcome_result,
     queue_ms,
 )
-from sie_sidecar.workitem import WorkItem
+from sie_sidecar.wire.workitem import WorkItem
 
 
 @dataclass

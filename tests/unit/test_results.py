@@ -15,8 +15,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sie_sidecar.errors import ChunkProtocolError, PayloadTooLarge, ProtocolError, WireError
-from sie_sidecar.limits import MAX_CHUNKED_RESULT, MAX_RESULT_CHUNKS, RESULT_CHUNK_TARGET
-from sie_sidecar.types import WorkResult
+from sie_sidecar.wire.limits import MAX_CHUNKED_RESULT, MAX_RESULT_CHUNKS, RESULT_CHUNK_TARGET
+from sie_sidecar.wire.types import WorkResult
 
 fixture_ok = settings(suppress_health_check=[HealthCheck.function_scoped_fixture])
 

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sie_sidecar.scheduler import Formed, ModelScheduler, SchedulerConfig
+from sie_sidecar.sched.scheduler import Formed, ModelScheduler, SchedulerConfig
 
 
 class Recorder:

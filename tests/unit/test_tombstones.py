@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sie_sidecar.limits import BATCH_TOMBSTONE_TTL_S, TOMBSTONE_CAPACITY, TOMBSTONE_TTL_S
+from sie_sidecar.wire.limits import BATCH_TOMBSTONE_TTL_S, TOMBSTONE_CAPACITY, TOMBSTONE_TTL_S
 
 fixture_ok = settings(suppress_health_check=[HealthCheck.function_scoped_fixture])
 

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sie_sidecar.workitem import REQUIRED, WorkItem, WorkItemError, decode_work_item_py
+from sie_sidecar.wire.workitem import REQUIRED, WorkItem, WorkItemError, decode_work_item_py
 
 try:
     from sie_sidecar._native import decode_work_item as _native_decode

@@ -155,7 +155,7 @@ impl AdaptiveController {
             if !warnings.is_empty() {
                 let log = py
                     .import("logging")?
-                    .call_method1("getLogger", ("sie_sidecar.controller",))?;
+                    .call_method1("getLogger", ("sie_sidecar.sched.controller",))?;
                 for w in warnings {
                     log.call_method1("warning", ("%s", w))?;
                 }

@@ -8,7 +8,7 @@ from typing import Any, Final, Self, final
 from typing_extensions import Buffer
 
 from sie_sidecar.errors import AudioPrepError as AudioPrepError
-from sie_sidecar.types import WorkResult
+from sie_sidecar.wire.types import WorkResult
 
 __all__ = [
     "PRODUCTION_LIMITS",

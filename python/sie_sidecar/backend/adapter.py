@@ -12,7 +12,7 @@ import abc
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
-from ..ipc_types import ModelDescriptor, ReadyResponse
+from ..ipc.types import ModelDescriptor, ReadyResponse
 
 #: The operations a RunBatch may carry (wire-protocol §4.2).
 OPS: Final = ("encode", "score", "extract")

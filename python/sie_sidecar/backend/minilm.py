@@ -30,7 +30,7 @@ import numpy.typing as npt
 from tokenizers import Tokenizer
 
 from .. import wire
-from ..ipc_types import FAILED, LOADING_IN_PROGRESS, LOADING_STARTED, READY, RETRY_LATER, ModelDescriptor, ReadyResponse
+from ..ipc.types import FAILED, LOADING_IN_PROGRESS, LOADING_STARTED, READY, RETRY_LATER, ModelDescriptor, ReadyResponse
 from ..prep.text import transform_text
 from ..prep.tokenize import tokenizer_id_of
 from .adapter import Adapter, outcome_for, unit_counts

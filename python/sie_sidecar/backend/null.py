@@ -23,7 +23,7 @@ import numpy as np
 import numpy.typing as npt
 
 from .. import wire
-from ..ipc_types import FAILED, LOADING_IN_PROGRESS, LOADING_STARTED, READY, RETRY_LATER, ModelDescriptor, ReadyResponse
+from ..ipc.types import FAILED, LOADING_IN_PROGRESS, LOADING_STARTED, READY, RETRY_LATER, ModelDescriptor, ReadyResponse
 from ..prep.tokenize import tokenizer_id_of
 from .adapter import Adapter, outcome_for, unit_counts
 
@@ -327,7 +327,7 @@ class NullAdapter(Adapter):
             )
         return outcomes
 
-    def _encode(self, items: list[dict[str, Any]]) -> tuple[Sequence[Any], list[dict[str, int | None]]]:
+    def _encode(self, items: list[dict[str, Any]]) -> tuple[Iterable[Any], list[dict[str, int | None]]]:
         texts = [text_of(item.get("item")) for item in items]
         loras = [_lora(item) for item in items]
         matrix = self.vectors(texts, loras)

@@ -23,8 +23,8 @@ import msgpack
 
 from .. import wire
 from ..errors import DecodeError, FrameTooLarge
-from ..ipc_types import PingResponse, ReadyResponse
-from ..limits import IPC_VERSION
+from ..ipc.types import PingResponse, ReadyResponse
+from ..wire.limits import IPC_VERSION
 from .adapter import OPS, Adapter, item_outcome, outcome_for
 from .audio import prepared_audio_error
 

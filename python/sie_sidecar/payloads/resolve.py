@@ -22,13 +22,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
-from sie_sidecar.media import field, unpack_value
+from sie_sidecar.prep.media import field, unpack_value
 
 from .errors import PayloadError
 from .store import PAYLOAD_ENVELOPE_LIMIT, PayloadStore
 
 if TYPE_CHECKING:
-    from sie_sidecar.workitem import WorkItem
+    from sie_sidecar.wire.workitem import WorkItem
 
 log = logging.getLogger(__name__)
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from ..errors import AudioPrepError
-from ..media import field, key_name, validate_audio
+from .media import field, key_name, validate_audio
 
 #: `SIE_AUDIO_PREP_PERMITS` default (sidecar-behaviour §1.2).
 DEFAULT_PERMITS: Final = 1

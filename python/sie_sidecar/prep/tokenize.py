@@ -22,7 +22,7 @@ from typing import Any, Final, TypedDict
 
 from tokenizers import Encoding, Tokenizer
 
-from ..ipc_types import ModelDescriptor
+from ..ipc.types import ModelDescriptor
 from .text import eligible_text, transform_text
 
 __all__ = [

@@ -1,0 +1,129 @@
+# SPDX-License-Identifier: Apache-2.0
+"""IPC length-prefixed framing (wire-protocol §1.1), pure-Python twin.
+
+Every body is copied exactly once out of the caller's read buffer: frames that lie wholly inside
+one ``feed`` share a single ``bytes`` copy of that region, and a frame that straddles reads is
+written into a ``bytearray`` preallocated to its declared length. Bodies are handed out as
+read-only memoryviews over those copies, so nothing is copied again downstream.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ...errors import FrameTooLarge
+from ...wire.limits import MAX_FRAME
+
+if TYPE_CHECKING:
+    from typing_extensions import Buffer
+
+_HEADER = 4
+_EMPTY = memoryview(b"")
+
+
+def _as_bytes_view(data: Buffer) -> memoryview:
+    """A flat unsigned-byte view of any C-contiguous buffer (numpy arrays included)."""
+    view = memoryview(data)
+    if view.format != "B" or view.ndim != 1:
+        view = view.cast("B")
+    return view
+
+
+class FrameSplitter:
+    """Turns a byte stream into frame bodies, whatever the read sizes."""
+
+    __slots__ = ("_body", "_closed", "_filled", "_header", "_max_body")
+
+    def __init__(self, max_body: int = MAX_FRAME) -> None:
+        self._max_body = max_body
+        self._header = bytearray()  # partial length prefix (0..3 bytes) when no body is pending
+        self._body: bytearray | None = None  # preallocated body of a frame that straddles reads
+        self._filled = 0  # bytes of _body written so far
+        self._closed = False
+
+    @property
+    def buffered(self) -> int:
+        """Bytes fed but not yet handed out: a partial header, or a header plus a partial body."""
+        if self._body is not None:
+            return _HEADER + self._filled
+        return len(self._header)
+
+    def _declared(self, length: int) -> int:
+        """Check a declared length; an over-ceiling one closes the splitter for good."""
+        if length > self._max_body:
+            self._closed = True
+            self._header.clear()
+            self._body = None
+            self._filled = 0
+            raise FrameTooLarge(f"declared IPC frame length {length} exceeds the limit of {self._max_body} bytes")
+        return length
+
+    def feed(self, data: Buffer) -> list[memoryview]:
+        """Consume one read; return the bodies it completed, in stream order."""
+        if self._closed:
+            raise FrameTooLarge("frame splitter closed after an oversized frame (stream desynchronised)")
+        view = _as_bytes_view(data)
+        size = len(view)
+        out: list[memoryview] = []
+        pos = 0
+
+        # 1. Finish the frame left pending by earlier reads.
+        if self._body is None and self._header:
+            take = min(_HEADER - len(self._header), size)
+            self._header += view[:take]
+            pos = take
+            if len(self._header) < _HEADER:
+                return out
+            length = self._declared(int.from_bytes(self._header, "big"))
+            self._header.clear()
+            if length == 0:
+                out.append(_EMPTY)
+            else:
+                self._body = bytearray(length)
+                self._filled = 0
+        if self._body is not None:
+            body = self._body
+            take = min(len(body) - self._filled, size - pos)
+            body[self._filled : self._filled + take] = view[pos : pos + take]
+            self._filled += take
+            pos += take
+            if self._filled < len(body):
+                return out
+            out.append(memoryview(body).toreadonly())
+            self._body = None
+            self._filled = 0
+
+        # 2. Walk the frames that lie wholly inside this read, reading headers in place.
+        start = pos
+        spans: list[tuple[int, int]] = []
+        while size - pos >= _HEADER:
+            length = self._declared(int.from_bytes(view[pos : pos + _HEADER], "big"))
+            if size - pos - _HEADER < length:
+                break
+            spans.append((pos + _HEADER, pos + _HEADER + length))
+            pos += _HEADER + length
+        if spans:
+            block = memoryview(bytes(view[start:pos]))  # the single copy shared by these bodies
+            out.extend(block[a - start : b - start] for a, b in spans)
+
+        # 3. Keep the tail: a partial header, or a header plus the start of a body.
+        if pos < size:
+            if size - pos < _HEADER:
+                self._header += view[pos:]
+            else:
+                length = int.from_bytes(view[pos : pos + _HEADER], "big")  # checked in step 2
+                self._body = bytearray(length)
+                self._filled = size - pos - _HEADER
+                self._body[: self._filled] = view[pos + _HEADER :]
+        return out
+
+
+def encode_frame(body: Buffer) -> bytes:
+    """Prefix a body with its 4-byte big-endian length; refuses bodies over the 32 MiB ceiling."""
+    view = _as_bytes_view(body)
+    if len(view) > MAX_FRAME:
+        raise FrameTooLarge(f"IPC frame body of {len(view)} bytes exceeds the limit of {MAX_FRAME} bytes")
+    return b"".join((len(view).to_bytes(_HEADER, "big"), view))
+
+
+__all__ = ["FrameSplitter", "encode_frame"]

@@ -1,0 +1,98 @@
+# SPDX-License-Identifier: Apache-2.0
+"""A whole batch of backend outcomes to one buffer of NATS `PUB` commands (twin of the native
+`frame_outcome_replies`).
+
+The common case of a batch, every outcome in delivery order and either framed by the backend or
+an error, each reply under `max_payload`, is framed here in one call. Anything else returns
+`None` and the dispatcher takes the general per-item path (`results.outcome_result` and
+`plan_reply`), which produces the same bytes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ...wire.result_fields import executed_hash, queue_ms
+from ...wire.types import WorkResult
+from .envelopes import ItemOutcome
+from .results import encode_work_result
+
+
+@dataclass(frozen=True, slots=True)
+class FramedReplies:
+    """The PUB commands of a batch, and per delivery whether one was written (1) or the reply
+    subject was empty, so nothing was sent (0)."""
+
+    buffer: bytes
+    sent: bytes
+    messages: int
+    payload_bytes: int
+
+
+def _fetch_ms(delivery: Any) -> float | None:
+    """§6.1: `payload_fetch_ms` only when a payload was fetched (> 0)."""
+    ms = float(getattr(delivery, "payload_fetch_ms", 0.0))
+    return ms if ms > 0 else None
+
+
+def frame_outcome_replies(
+    deliveries: Sequence[Any],
+    outcomes: Sequence[Any],
+    *,
+    worker_id: str,
+    current_hash: str | None,
+    now: float,
+    max_payload: int,
+) -> FramedReplies | None:
+    """Frame every reply, or `None` when the batch needs the general path. `deliveries` have
+    `.item` (a WorkItem) and `.worker_direct`; `now` is `time.time()` for `queue_ms`."""
+    if len(outcomes) != len(deliveries):
+        return None
+    parts: list[bytes] = []
+    sent = bytearray(len(deliveries))
+    messages = payload_bytes = 0
+    for i, (delivery, o) in enumerate(zip(deliveries, outcomes, strict=True)):
+        item = delivery.item
+        if not isinstance(o, ItemOutcome) or o.work_item_id != item.work_item_id or o.raw_output is not None:
+            return None
+        if o.disposition == "publish_and_ack" and o.result_msgpack:
+            success = True
+        elif o.disposition == "publish_error_and_ack":
+            success = False
+        else:
+            return None
+        if not item.reply_subject.strip():
+            continue
+        encoded = encode_work_result(
+            WorkResult(
+                work_item_id=item.work_item_id,
+                request_id=item.request_id,
+                item_index=item.item_index,
+                success=success,
+                result_msgpack=o.result_msgpack if success else b"",
+                error=None if success else o.error,
+                error_code=None if success else o.error_code,
+                inference_ms=o.inference_ms,
+                queue_ms=queue_ms(item, now),
+                processing_ms=0.0,
+                worker_id=worker_id,
+                tokenization_ms=o.tokenization_ms,
+                postprocessing_ms=o.postprocessing_ms,
+                payload_fetch_ms=_fetch_ms(delivery),
+                units=o.units,
+                worker_direct=bool(delivery.worker_direct),
+                executed_bundle_config_hash=executed_hash(item, current_hash),
+            )
+        )
+        if len(encoded) > max_payload:
+            return None
+        parts += (b"PUB %s %d\r\n" % (item.reply_subject.encode(), len(encoded)), encoded, b"\r\n")
+        sent[i] = 1
+        messages += 1
+        payload_bytes += len(encoded)
+    return FramedReplies(b"".join(parts), bytes(sent), messages, payload_bytes)
+
+
+__all__ = ["FramedReplies", "frame_outcome_replies"]

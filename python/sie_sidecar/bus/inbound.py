@@ -1,0 +1,149 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Inbound fast path: JetStream deliveries for the pull inboxes, parsed a read buffer at a time.
+
+nats-py parses every frame in Python (a regex match, an awaited `_process_msg`, header processing,
+a queue put): several µs a message, which is the largest per-message cost left in the sidecar. A
+parser installed here first hands the complete `MSG` frames of *registered* subscriptions at the
+head of the buffer to `scan_direct_msgs` (Cython: one C loop, a `Msg` per frame, the consumer's
+callback called synchronously), and leaves everything else to nats-py's own parser, unchanged.
+
+It relies on nats-py internals (`Client._ps`, `Parser.buf` / `state`, `AWAITING_CONTROL_LINE`):
+`FastInbound.install` checks them and returns `None` when they changed, and
+tests/integration/test_inbound.py fails if their behaviour does.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Callable
+from typing import Any
+
+from nats.aio.msg import Msg
+from nats.protocol import parser as nats_parser
+
+from ..wire._switch import USING_NATIVE
+
+log = logging.getLogger(__name__)
+
+Deliver = Callable[[Msg], None]
+ScanResult = tuple[int, int, int, bool, BaseException | None]
+
+_TOKEN = rb"[^ \t\r\n\f\v]+"
+_MSG_LINE = re.compile(rb"MSG[ \t]+(%s)[ \t]+(%s)[ \t]+(?:(%s)[ \t]+)?(\d+)[ \t]*\r\n" % (_TOKEN, _TOKEN, _TOKEN))
+_MAX_CONTROL_LINE = 4096
+
+
+def scan_direct_msgs_py(buf: bytearray, direct: dict[int, Deliver], client: Any, msg_cls: Any) -> ScanResult:
+    """Pure-Python twin of the Cython scanner (same results; used by the parity tests)."""
+    pos = count = nbytes = 0
+    while pos < len(buf):
+        if len(buf) - pos < 4:
+            return pos, count, nbytes, buf.startswith(b"M", pos), None
+        if not buf.startswith(b"MSG", pos) or buf[pos + 3] not in b" \t":
+            break
+        line_end = buf.find(b"\r\n", pos + 4, min(len(buf), pos + _MAX_CONTROL_LINE))
+        if line_end < 0:
+            return pos, count, nbytes, min(len(buf), pos + _MAX_CONTROL_LINE) == len(buf), None
+        m = _MSG_LINE.fullmatch(bytes(buf[pos : line_end + 2]))
+        if m is None or len(m.group(2)) > 18 or not m.group(2).isdigit() or len(m.group(4)) > 18:
+            break
+        sid, size = int(m.group(2)), int(m.group(4))
+        deliver = direct.get(sid)
+        if deliver is None:
+            break
+        body = line_end + 2
+        frame_end = body + size + 2
+        if frame_end > len(buf):
+            return pos, count, nbytes, True, None
+        if buf[frame_end - 2 : frame_end] != b"\r\n":
+            break
+        try:
+            subject = m.group(1).decode()
+            reply = m.group(3).decode() if m.group(3) else ""
+        except UnicodeDecodeError:
+            break
+        payload = bytes(buf[body : body + size])
+        pos, count, nbytes = frame_end, count + 1, nbytes + size
+        try:
+            deliver(msg_cls(_client=client, subject=subject, reply=reply, data=payload, headers=None, _sid=sid))
+        except BaseException as exc:  # mirrors the Cython scanner: report, stop after this message
+            return pos, count, nbytes, False, exc
+    return pos, count, nbytes, False, None
+
+
+def _select_scanner() -> Callable[[bytearray, dict[int, Deliver], Any, Any], ScanResult]:
+    if USING_NATIVE:
+        from .._native.wire import scan_direct_msgs
+
+        return scan_direct_msgs
+    return scan_direct_msgs_py
+
+
+scan_direct_msgs = _select_scanner()
+
+
+class _FastParser(nats_parser.Parser):
+    """nats-py's parser with the direct-MSG fast path in front (the instance's class is swapped in
+    place, so its buffer and state carry over and `reset()` on reconnect keeps working)."""
+
+    _direct: dict[int, Deliver]
+    _fast: FastInbound
+
+    async def parse(self, data: bytes = b"") -> None:
+        buf = self.buf
+        if data:
+            buf.extend(data)
+        direct = self._direct
+        if direct and buf and self.state == nats_parser.AWAITING_CONTROL_LINE:
+            consumed, count, nbytes, partial, error = scan_direct_msgs(buf, direct, self.nc, Msg)
+            if consumed:
+                del buf[:consumed]
+                stats = self.nc.stats
+                stats["in_msgs"] += count
+                stats["in_bytes"] += nbytes
+                self._fast.messages += count
+            if error is not None:
+                raise error
+            if partial:
+                return  # a direct frame still arriving: wait for the rest instead of parsing it slowly
+        if buf:
+            await super().parse(b"")
+
+
+class FastInbound:
+    """The fast path of one client; register a subscription's sid with its delivery callback."""
+
+    def __init__(self, parser: _FastParser) -> None:
+        self._parser = parser
+        self.messages = 0  # delivered through the fast path (telemetry and tests)
+
+    @classmethod
+    def install(cls, nc: Any) -> FastInbound | None:
+        """Put the fast path in front of `nc`'s parser (once per client); None if nats-py changed."""
+        existing = getattr(nc, "_sie_fast_inbound", None)
+        if isinstance(existing, FastInbound):
+            return existing
+        ps = getattr(nc, "_ps", None)
+        if type(ps) is not nats_parser.Parser or not isinstance(getattr(ps, "buf", None), bytearray):
+            log.warning("nats-py parser internals changed; inbound fast path off")
+            return None
+        if not hasattr(nats_parser, "AWAITING_CONTROL_LINE") or not hasattr(ps, "state"):
+            log.warning("nats-py parser internals changed; inbound fast path off")
+            return None
+        ps.__class__ = _FastParser
+        fast_ps: _FastParser = ps  # type: ignore[assignment]
+        fast_ps._direct = {}
+        fast = cls(fast_ps)
+        fast_ps._fast = fast
+        nc._sie_fast_inbound = fast
+        return fast
+
+    def register(self, sid: int, deliver: Deliver) -> None:
+        self._parser._direct[sid] = deliver
+
+    def unregister(self, sid: int) -> None:
+        self._parser._direct.pop(sid, None)
+
+
+__all__ = ["Deliver", "FastInbound", "scan_direct_msgs", "scan_direct_msgs_py"]

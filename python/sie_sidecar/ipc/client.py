@@ -1,0 +1,381 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The sidecar's IPC client: a pool of Unix-socket connections to one backend child.
+
+Wire-protocol §1.2 (pool transport), §1.4 (timeouts), §2 (envelopes) and §6 (response chunks).
+Each pooled connection carries one request at a time, so a response is simply the next frame(s) on
+that connection; the ids still have to match, and anything that may have left unread bytes on the
+stream (timeout, decode, frame-size or chunk errors) costs the connection, because the next
+request on it would read the tail of this one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import itertools
+import logging
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Final, Self, TypeVar
+
+import msgpack
+
+from .. import wire
+from ..errors import DecodeError, IpcServerError, ProtocolError
+from ..wire.limits import IPC_VERSION
+from .types import PingResponse, ReadyResponse
+
+if TYPE_CHECKING:
+    from types import TracebackType
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+#: The per-op batch methods `process_batch` may call (wire-protocol §3.10).
+PROCESS_BATCH_METHODS: Final = ("ProcessEncodeBatch", "ProcessScoreBatch", "ProcessExtractBatch")
+
+# StreamReader buffer limit and read size: large enough that a 32 MiB frame or a 128 MiB chunked
+# transfer is read in few wake-ups, small enough to keep backpressure on the socket.
+_READ_LIMIT: Final = 1 << 20
+_READ_SIZE: Final = 4 << 20
+
+# errno values of the transport failures that get the one retry (wire-protocol §1.2): broken pipe,
+# reset, aborted, not connected, would-block, not found, refused.
+_RETRY_ERRNOS: Final = frozenset(
+    {
+        errno.EPIPE,
+        errno.ECONNRESET,
+        errno.ECONNABORTED,
+        errno.ENOTCONN,
+        errno.EAGAIN,
+        errno.EWOULDBLOCK,
+        errno.ENOENT,
+        errno.ECONNREFUSED,
+    }
+)
+
+
+class IpcTransportError(Exception):
+    """The backend could not be reached or dropped the connection (after the one retry)."""
+
+
+class IpcTimeout(Exception):
+    """The exchange (write, response and any reassembly) did not finish in time; the slot was discarded."""
+
+
+class _TransportFailure(Exception):
+    """Internal: one attempt failed at the transport level; `retryable` says whether §1.2 retries it."""
+
+    def __init__(self, cause: BaseException, *, retryable: bool) -> None:
+        super().__init__(str(cause) or type(cause).__name__)
+        self.cause = cause
+        self.retryable = retryable
+
+
+def _is_retryable(exc: BaseException) -> bool:
+    if isinstance(exc, EOFError | asyncio.IncompleteReadError | ConnectionError | FileNotFoundError):
+        return True
+    return isinstance(exc, OSError) and exc.errno in _RETRY_ERRNOS
+
+
+class _Slot:
+    """One pool connection (opened lazily) with its frame splitter and already-split frames."""
+
+    __slots__ = ("index", "pending", "reader", "splitter", "writer")
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+        self.reader: asyncio.StreamReader | None = None
+        self.writer: asyncio.StreamWriter | None = None
+        self.splitter = wire.FrameSplitter()
+        self.pending: deque[memoryview] = deque()
+
+    @property
+    def connected(self) -> bool:
+        return self.writer is not None
+
+    def disconnect(self) -> None:
+        """Drop the connection (the transport closes in the background); the slot stays reusable."""
+        writer = self.writer
+        self.reader = self.writer = None
+        self.splitter = wire.FrameSplitter()
+        self.pending.clear()
+        if writer is not None:
+            writer.close()
+
+    async def aclose(self) -> None:
+        writer = self.writer
+        self.disconnect()
+        if writer is not None:
+            with contextlib.suppress(OSError, RuntimeError):
+                await writer.wait_closed()
+
+
+class IpcClient:
+    """Pool transport to one backend socket (wire-protocol §1.2).
+
+    `pool_size` connections, each opened on first use and carrying one request at a time. Request
+    ids are `w-<n>` from 1. A transport error is retried exactly once with the identical bytes,
+    preferring another slot; nothing else is retried. Each timeout covers one exchange: connecting,
+    writing, reading the response and reassembling a chunked one (waiting for a free slot is not
+    counted).
+    """
+
+    def __init__(
+        self,
+        socket_path: str,
+        *,
+        pool_size: int = 4,
+        request_timeout_s: float = 60.0,
+        model_ready_timeout_s: float = 900.0,
+        budget: wire.ResponseBudget | None = None,
+    ) -> None:
+        if isinstance(pool_size, bool) or not isinstance(pool_size, int) or pool_size < 1:
+            raise ValueError(f"pool_size must be a positive integer, got {pool_size!r}")
+        for name, value in (("request_timeout_s", request_timeout_s), ("model_ready_timeout_s", model_ready_timeout_s)):
+            if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+                raise ValueError(f"{name} must be a positive number of seconds, got {value!r}")
+        self._path = socket_path
+        self._pool_size = pool_size
+        self._request_timeout_s = float(request_timeout_s)
+        self._model_ready_timeout_s = float(model_ready_timeout_s)
+        self._budget = budget
+        self._ids = itertools.count(1)
+        self._slots = [_Slot(i) for i in range(pool_size)]
+        # LIFO: the most recently used (warm) connection goes out first; the rest stay unopened.
+        self._idle: asyncio.LifoQueue[_Slot] = asyncio.LifoQueue()
+        for slot in reversed(self._slots):
+            self._idle.put_nowait(slot)
+        self._closed = False
+
+    # -- properties ---------------------------------------------------------------------------
+
+    @property
+    def socket_path(self) -> str:
+        return self._path
+
+    @property
+    def pool_size(self) -> int:
+        return self._pool_size
+
+    @property
+    def open_connections(self) -> int:
+        """Connections currently open (idle or busy); for metrics and tests."""
+        return sum(1 for slot in self._slots if slot.connected)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    # -- typed calls --------------------------------------------------------------------------
+
+    async def call(self, method: str, body: bytes, *, timeout_s: float | None = None) -> bytes:
+        """Send `body` (an encoded msgpack map) and return the response body map's raw bytes."""
+        return await self._request(method, body, self._timeout_for(method, timeout_s), bytes)
+
+    async def ping(self, *, timestamp_ms: float | None = None) -> PingResponse:
+        """Heartbeat; `timestamp_ms` defaults to the wall clock in milliseconds."""
+        ts = time.time() * 1000.0 if timestamp_ms is None else float(timestamp_ms)
+        body = _pack({"timestamp_ms": ts})
+        return await self._request("Ping", body, self._request_timeout_s, _typed(PingResponse.from_body))
+
+    async def ensure_model_ready(self, model_id: str) -> ReadyResponse:
+        """Ask the backend to make `model_id` ready; bounded by `model_ready_timeout_s`."""
+        if not isinstance(model_id, str):
+            raise TypeError("model_id must be a str")
+        body = _pack({"model_id": model_id})
+        return await self._request(
+            "EnsureModelReady", body, self._model_ready_timeout_s, _typed(ReadyResponse.from_body)
+        )
+
+    async def run_batch(self, body: bytes) -> wire.BatchOutcome:
+        """RunBatch with an already-encoded RunBatchRequest."""
+        return await self._request("RunBatch", body, self._request_timeout_s, wire.decode_batch_outcome)
+
+    async def process_batch(self, method: str, body: bytes) -> wire.BatchOutcome:
+        """One of the per-op batch methods, for backends whose descriptor lacks `supports_run_batch`."""
+        if method not in PROCESS_BATCH_METHODS:
+            raise ValueError(f"process_batch method must be one of {', '.join(PROCESS_BATCH_METHODS)}, got {method!r}")
+        return await self._request(method, body, self._request_timeout_s, wire.decode_batch_outcome)
+
+    async def drain(self, deadline_ms: int = 15000) -> bool:
+        """Tell the backend to stop taking batch work; returns its `acknowledged` flag."""
+        if isinstance(deadline_ms, bool) or not isinstance(deadline_ms, int) or deadline_ms < 0:
+            raise ValueError(f"deadline_ms must be a non-negative integer, got {deadline_ms!r}")
+        body = _pack({"deadline_ms": deadline_ms})
+        return await self._request("Drain", body, self._request_timeout_s, _typed(_acknowledged))
+
+    async def close(self) -> None:
+        """Close idle connections now and busy ones when their request ends; later calls fail."""
+        self._closed = True
+        idle: list[_Slot] = []
+        while not self._idle.empty():
+            idle.append(self._idle.get_nowait())
+        await asyncio.gather(*(slot.aclose() for slot in idle))
+        for slot in reversed(idle):
+            self._idle.put_nowait(slot)
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.close()
+
+    # -- the exchange -------------------------------------------------------------------------
+
+    def _timeout_for(self, method: str, timeout_s: float | None) -> float:
+        if timeout_s is not None:
+            if isinstance(timeout_s, bool) or not isinstance(timeout_s, int | float) or not timeout_s > 0:
+                raise ValueError(f"timeout_s must be a positive number of seconds, got {timeout_s!r}")
+            return float(timeout_s)
+        return self._model_ready_timeout_s if method == "EnsureModelReady" else self._request_timeout_s
+
+    async def _acquire(self) -> _Slot:
+        if self._closed:
+            raise IpcTransportError(f"IPC client for {self._path} is closed")
+        slot = await self._idle.get()
+        if self._closed:
+            self._release(slot)
+            raise IpcTransportError(f"IPC client for {self._path} is closed")
+        return slot
+
+    async def _acquire_other(self, failed: _Slot) -> _Slot:
+        """For the retry: another idle slot if there is one, else whichever frees first (maybe
+        `failed` itself, reconnected). `failed` is released either way."""
+        try:
+            other = self._idle.get_nowait()
+        except asyncio.QueueEmpty:
+            self._release(failed)
+            return await self._acquire()
+        self._release(failed)
+        if self._closed:
+            self._release(other)
+            raise IpcTransportError(f"IPC client for {self._path} is closed")
+        return other
+
+    def _release(self, slot: _Slot) -> None:
+        if self._closed:
+            slot.disconnect()
+        self._idle.put_nowait(slot)
+
+    async def _request(self, method: str, body: bytes, timeout_s: float, decode: Callable[[memoryview], T]) -> T:
+        request_id = f"w-{next(self._ids)}"
+        frame = wire.encode_request(method, request_id, body, True)  # FrameTooLarge: nothing written
+        slot: _Slot | None = await self._acquire()
+        try:
+            assert slot is not None
+            try:
+                return await self._attempt(slot, frame, request_id, timeout_s, decode)
+            except _TransportFailure as first:
+                if not first.retryable:
+                    raise IpcTransportError(f"{method} {request_id} to {self._path}: {first}") from first.cause
+                log.warning(
+                    "IPC transport error; retrying once",
+                    extra={"method": method, "request_id": request_id, "error": str(first)},
+                )
+                failed, slot = slot, None
+                slot = await self._acquire_other(failed)
+            try:
+                return await self._attempt(slot, frame, request_id, timeout_s, decode)
+            except _TransportFailure as second:
+                raise IpcTransportError(
+                    f"{method} {request_id} to {self._path} failed after one retry: {second}"
+                ) from second.cause
+        finally:
+            if slot is not None:
+                self._release(slot)
+
+    async def _attempt(
+        self, slot: _Slot, frame: bytes, request_id: str, timeout_s: float, decode: Callable[[memoryview], T]
+    ) -> T:
+        """One write and the response(s) on one slot; the slot is disconnected unless `keep`."""
+        assembler = wire.IpcChunkAssembler(request_id, self._budget)
+        keep = False
+        try:
+            try:
+                async with asyncio.timeout(timeout_s):
+                    writer = await self._connect(slot)
+                    writer.write(frame)
+                    await writer.drain()
+                    while True:
+                        assembled = assembler.feed(wire.decode_response(await self._read_frame(slot)))
+                        if assembled is not None:
+                            break
+            except TimeoutError:
+                raise IpcTimeout(f"IPC request {request_id} timed out after {timeout_s:g} s") from None
+            except (OSError, EOFError) as exc:
+                raise _TransportFailure(exc, retryable=_is_retryable(exc)) from exc
+            try:
+                env = assembled.decode()
+                try:
+                    raw = wire.response_body(env, request_id)
+                except IpcServerError:
+                    keep = True  # a logical error; the stream is in step
+                    raise
+                except ProtocolError:
+                    keep = env.version != IPC_VERSION and env.request_id == request_id  # §1.2: kept
+                    raise
+                result = decode(raw)
+                keep = True
+                return result
+            finally:
+                assembled.release()  # only after the typed decode: the reservation covers the bytes
+        finally:
+            if not keep:
+                assembler.abort()
+                slot.disconnect()
+
+    async def _connect(self, slot: _Slot) -> asyncio.StreamWriter:
+        writer = slot.writer
+        if writer is not None and slot.reader is not None and (slot.reader.at_eof() or writer.is_closing()):
+            slot.disconnect()  # the backend closed this idle connection; reconnecting is not a retry
+            writer = None
+        if writer is None:
+            reader, writer = await asyncio.open_unix_connection(self._path, limit=_READ_LIMIT)
+            slot.reader, slot.writer = reader, writer
+        return writer
+
+    @staticmethod
+    async def _read_frame(slot: _Slot) -> memoryview:
+        """The next complete frame body on this connection (FrameTooLarge past 32 MiB)."""
+        while not slot.pending:
+            reader = slot.reader
+            if reader is None:
+                raise EOFError("connection was closed")
+            data = await reader.read(_READ_SIZE)
+            if not data:
+                raise EOFError("backend closed the connection before the response was complete")
+            slot.pending.extend(slot.splitter.feed(data))
+        return slot.pending.popleft()
+
+
+def _pack(body: dict[str, Any]) -> bytes:
+    return bytes(msgpack.packb(body, use_bin_type=True))
+
+
+def _typed(from_body: Callable[[Any], T]) -> Callable[[memoryview], T]:
+    """Generic decode of the body map, then the typed decoder (both raise DecodeError)."""
+
+    def decode(raw: memoryview) -> T:
+        return from_body(wire.decode_body(raw))
+
+    return decode
+
+
+def _acknowledged(body: Any) -> bool:
+    if not isinstance(body, dict):
+        raise DecodeError("DrainResponse must be a map")
+    value = body.get("acknowledged")
+    if value is None:
+        return False
+    if not isinstance(value, bool):
+        raise DecodeError("DrainResponse 'acknowledged' must be a bool")
+    return value
+
+
+__all__ = ["PROCESS_BATCH_METHODS", "IpcClient", "IpcTimeout", "IpcTransportError"]

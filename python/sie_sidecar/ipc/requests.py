@@ -1,0 +1,189 @@
+# SPDX-License-Identifier: Apache-2.0
+"""RunBatch and Process*Batch request bodies from WorkItems (wire-protocol §3.10, §4.1-4.3)."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import msgpack
+
+from ..wire.workitem import WorkItem
+
+_batch_ids = itertools.count()
+
+PER_OP_METHOD = {
+    "encode": "ProcessEncodeBatch",
+    "score": "ProcessScoreBatch",
+    "extract": "ProcessExtractBatch",
+}
+
+
+def next_batch_id() -> int:
+    """Process-wide monotonic batch id starting at 0 (log correlation only)."""
+    return next(_batch_ids)
+
+
+def lora_key(item: WorkItem) -> str:
+    """The LoRA adapter an encode/extract item asks for; score always runs on base weights."""
+    if item.operation == "score" or not item.options:
+        return ""
+    lora = item.options.get("lora")
+    return lora if isinstance(lora, str) else ""
+
+
+def _common(item: WorkItem) -> dict[str, Any]:
+    return {
+        "work_item_id": item.work_item_id,
+        "request_id": item.request_id,
+        "item_index": item.item_index,
+        "total_items": item.total_items,
+        "timestamp": float(item.timestamp),
+    }
+
+
+def encode_item(
+    item: WorkItem, payload_fetch_ms: float = 0.0, prepared_tokens: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    """EncodeBatchItem, every key written (nil for absent optionals), in the v0.7.1 order.
+
+    One dict literal (not `_common` merged in): this runs for every encode item of every batch."""
+    return {
+        "work_item_id": item.work_item_id,
+        "request_id": item.request_id,
+        "item_index": item.item_index,
+        "total_items": item.total_items,
+        "timestamp": float(item.timestamp),
+        "item": item.item,
+        "output_types": item.output_types,
+        "instruction": item.instruction,
+        "is_query": item.is_query,
+        "options": item.options,
+        "profile_id": item.profile_id or None,
+        "bundle_config_hash": item.bundle_config_hash or None,
+        "payload_fetch_ms": float(payload_fetch_ms),
+        "prepared_tokens": prepared_tokens,
+    }
+
+
+def score_item(item: WorkItem, payload_fetch_ms: float = 0.0) -> dict[str, Any]:
+    """ScoreBatchItem (v0.7.1 has no bundle_config_hash key)."""
+    return {
+        **_common(item),
+        "query_item": item.query_item,
+        "score_items": item.score_items if item.score_items is not None else [],
+        "instruction": item.instruction,
+        "options": item.options,
+        "profile_id": item.profile_id or None,
+        "payload_fetch_ms": float(payload_fetch_ms),
+        "prepared_tokens": None,
+    }
+
+
+def extract_item(
+    item: WorkItem, payload_fetch_ms: float = 0.0, prepared_audio: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    """ExtractBatchItem; `prepared_audio` is the PreparedAudioPcm16 the sidecar decoded (the item map
+    it goes with no longer carries `audio`: audio preparation removed it)."""
+    return {
+        **_common(item),
+        "item": item.item,
+        "labels": item.labels,
+        "output_schema": item.output_schema,
+        "instruction": item.instruction,
+        "options": item.options,
+        "profile_id": item.profile_id or None,
+        "bundle_config_hash": item.bundle_config_hash or None,
+        "payload_fetch_ms": float(payload_fetch_ms),
+        "prepared_audio": prepared_audio,
+    }
+
+
+_BUILDERS = {"encode": encode_item, "score": score_item, "extract": extract_item}
+
+
+def _bodies(
+    op: str,
+    items: Sequence[WorkItem],
+    payload_fetch_ms: Sequence[float] | None,
+    prepared_tokens: Sequence[Mapping[str, Any] | None] | None,
+    prepared_audio: Sequence[Mapping[str, Any] | None] | None = None,
+) -> list[dict[str, Any]]:
+    """The per-op item maps; encode items carry their PreparedTokens, extract items their
+    PreparedAudioPcm16 (score items neither)."""
+    fetch_ms = payload_fetch_ms if payload_fetch_ms is not None else [0.0] * len(items)
+    if op == "encode" and prepared_tokens is not None:
+        return [encode_item(i, ms, p) for i, ms, p in zip(items, fetch_ms, prepared_tokens, strict=True)]
+    if op == "extract" and prepared_audio is not None:
+        return [extract_item(i, ms, a) for i, ms, a in zip(items, fetch_ms, prepared_audio, strict=True)]
+    build = _BUILDERS[op]
+    return [build(i, ms) for i, ms in zip(items, fetch_ms, strict=True)]
+
+
+def run_batch_body(
+    model_id: str,
+    op: str,
+    items: Sequence[WorkItem],
+    lora: str,
+    total_cost: int,
+    *,
+    payload_fetch_ms: Sequence[float] | None = None,
+    prepared_tokens: Sequence[Mapping[str, Any] | None] | None = None,
+    prepared_audio: Sequence[Mapping[str, Any] | None] | None = None,
+) -> bytes:
+    """An encoded RunBatchRequest: one op, one LoRA key, items wrapped as tagged RunBatchItems."""
+    wrapped = [
+        {
+            "op": op,
+            "work_item_id": item.work_item_id,
+            "request_id": item.request_id,
+            "item_index": item.item_index,
+            "encode": body if op == "encode" else None,
+            "score": body if op == "score" else None,
+            "extract": body if op == "extract" else None,
+            "traceparent": item.traceparent,
+            "tracestate": item.tracestate,
+        }
+        for item, body in zip(items, _bodies(op, items, payload_fetch_ms, prepared_tokens, prepared_audio), strict=True)
+    ]
+    body = {
+        "model_id": model_id,
+        "batch_id": next_batch_id(),
+        "lora_key": lora,
+        "total_cost": total_cost,
+        "items": wrapped,
+        "accepts_batched_f16_multivectors": True,
+    }
+    return bytes(msgpack.packb(body, use_bin_type=True))
+
+
+def per_op_body(
+    model_id: str,
+    op: str,
+    items: Sequence[WorkItem],
+    payload_fetch_ms: Sequence[float] | None = None,
+    prepared_tokens: Sequence[Mapping[str, Any] | None] | None = None,
+    *,
+    prepared_audio: Sequence[Mapping[str, Any] | None] | None = None,
+) -> bytes:
+    """An encoded Process{Encode,Score,Extract}BatchRequest, for backends without RunBatch."""
+    body: dict[str, Any] = {
+        "model_id": model_id,
+        "items": _bodies(op, items, payload_fetch_ms, prepared_tokens, prepared_audio),
+    }
+    if op == "encode":
+        body["accepts_batched_f16_multivectors"] = True
+    return bytes(msgpack.packb(body, use_bin_type=True))
+
+
+__all__ = [
+    "PER_OP_METHOD",
+    "encode_item",
+    "extract_item",
+    "lora_key",
+    "next_batch_id",
+    "per_op_body",
+    "run_batch_body",
+    "score_item",
+]

@@ -1,0 +1,136 @@
+# SPDX-License-Identifier: Apache-2.0
+"""One JetStream delivery and the rule that it is settled exactly once (sidecar-behaviour §4)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from ..wire.workitem import WorkItem
+from .source import SettleHandle
+
+log = logging.getLogger(__name__)
+
+
+class AckWriter(Protocol):
+    """Writes many ACKs in one framed write (`bus.outbound.FramedWriter`)."""
+
+    async def ack_many(self, reply_subjects: Sequence[str]) -> None: ...
+
+
+@dataclass(slots=True)
+class SettleCounts:
+    """How deliveries ended; `settled` counts every final state, `left_unacked` included."""
+
+    acked: int = 0
+    dropped: int = 0
+    naked: int = 0
+    left_unacked: int = 0
+    progress: int = 0
+    settle_errors: int = 0
+
+    @property
+    def settled(self) -> int:
+        return self.acked + self.dropped + self.naked + self.left_unacked
+
+
+@dataclass(slots=True)
+class Delivery:
+    """A pulled message, its decoded WorkItem (once intake decoded it) and its settlement state."""
+
+    msg: SettleHandle
+    worker_direct: bool
+    item: WorkItem | None = None
+    model: str = ""
+    settled: bool = field(default=False)
+    #: Time spent fetching an offloaded payload for this item (0 when it was inline).
+    payload_fetch_ms: float = 0.0
+    #: PreparedTokens for an encode item the sidecar tokenized (sent in the RunBatch item).
+    prepared_tokens: Mapping[str, Any] | None = None
+    #: PreparedAudioPcm16 for an extract item whose audio the sidecar decoded (scheduler-and-prep §7.3).
+    prepared_audio: Mapping[str, Any] | None = None
+    #: Gives the pull consumer that delivered this message its capacity back.
+    release: Callable[[int], None] | None = None
+
+
+class Settler:
+    """Settles deliveries exactly once and tells the pull loop that capacity came back.
+
+    ACK/NAK/progress failures are logged and otherwise ignored (§4): JetStream redelivers an
+    un-ACKed message after ack_wait, which is the safe outcome.
+    """
+
+    def __init__(self, writer: AckWriter | None = None) -> None:
+        self.counts = SettleCounts()
+        self._writer = writer
+
+    def _finish(self, d: Delivery) -> bool:
+        if d.settled:
+            log.error("delivery settled twice", extra={"subject": d.msg.subject})
+            return False
+        d.settled = True
+        if d.release is not None:
+            d.release(1)
+        return True
+
+    async def ack(self, d: Delivery) -> None:
+        """Final ACK after the result was published (or there was nothing to publish)."""
+        if self._finish(d):
+            self.counts.acked += 1
+            await self._call(d, d.msg.ack())
+
+    async def ack_many(self, ds: Sequence[Delivery]) -> None:
+        """ACK a batch of deliveries with one framed write (one `ack` each without a writer)."""
+        if self._writer is None:
+            for d in ds:
+                await self.ack(d)
+            return
+        subjects = [d.msg.reply for d in ds if self._finish(d)]
+        self.counts.acked += len(subjects)
+        try:
+            await self._writer.ack_many(subjects)
+        except Exception as exc:  # logged and ignored, per §4: un-ACKed work is redelivered
+            self.counts.settle_errors += len(subjects)
+            log.warning("batch ack failed", extra={"acks": len(subjects), "error": repr(exc)})
+
+    async def drop(self, d: Delivery) -> None:
+        """ACK-drop: nothing is published (cancelled work, unsafe reply subject)."""
+        if self._finish(d):
+            self.counts.dropped += 1
+            await self._call(d, d.msg.ack())
+
+    async def nak(self, d: Delivery, delay_ms: int) -> None:
+        """NAK for redelivery after `delay_ms`."""
+        if self._finish(d):
+            self.counts.naked += 1
+            await self._call(d, d.msg.nak(delay=max(0, delay_ms) / 1000.0))
+
+    def leave(self, d: Delivery) -> None:
+        """Publishing failed: leave the message un-ACKed so it is redelivered after ack_wait."""
+        if self._finish(d):
+            self.counts.left_unacked += 1
+
+    async def progress(self, d: Delivery) -> bool:
+        """Progress-ACK (in_progress) a delivery that is still being worked on."""
+        if d.settled:
+            return True
+        try:
+            await d.msg.in_progress()
+        except Exception as exc:  # any failure means the lease could not be extended
+            self.counts.settle_errors += 1
+            log.warning("progress ack failed", extra={"subject": d.msg.subject, "error": repr(exc)})
+            return False
+        self.counts.progress += 1
+        return True
+
+    async def _call(self, d: Delivery, op: object) -> None:
+        try:
+            await op  # type: ignore[misc]
+        except Exception as exc:  # logged and ignored, per §4
+            self.counts.settle_errors += 1
+            log.warning("settle failed", extra={"subject": d.msg.subject, "error": repr(exc)})
+
+
+__all__ = ["AckWriter", "Delivery", "SettleCounts", "Settler"]

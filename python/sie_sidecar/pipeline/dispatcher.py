@@ -1,0 +1,664 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The dispatcher: intake, grouping by model, readiness, the config barrier, batch RPCs and the
+settlement of every delivery (sidecar-behaviour §4.1-4.3, §5.2-5.3; v0.7.1 rules).
+
+Until the scheduler lands (issue 4), a batch is what one pull brought, per model, operation and
+LoRA key, capped at the model's batch budget.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import Counter, defaultdict, deque
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from .. import wire
+from ..errors import IpcServerError
+from ..ipc.requests import PER_OP_METHOD, encode_item, lora_key, per_op_body, run_batch_body
+from ..ipc.types import ReadyResponse
+from ..payloads import PayloadStore, resolve_items
+from ..payloads.resolve import payload_ref_of
+from ..prep import RegisteredTokenizer, TokenizerRegistry, encode_cost
+from ..prep.audio import prepare_items
+from ..prep.media import INVALID_REQUEST, check_extract_work_item
+from ..prep.offload import prepare_off_loop
+from ..sched.costs import AUDIO_HARD_BATCH_COST_CAP, extract_cost, score_cost
+from ..sched.lane import BatchReport, LaneSettings, ModelLane
+from ..sched.quantum import QuantumController
+from ..sched.scheduler import Formed, SchedulerConfig
+from ..wire.types import Reply, WorkResult
+from ..wire.workitem import WorkItem, WorkItemError, decode_work_item
+from .delivery import Delivery, Settler
+from .replies import batched_f16_slices, error_result, outcome_result, queue_ms
+
+log = logging.getLogger(__name__)
+
+OVERFLOW_NAK_MS = 100
+DRAINING_NAK_MS = 100
+SHUTDOWN_NAK_MS = 100
+LOADING_RECHECK_CAP_MS = 15_000
+#: How long a `ready` answer is reused for later groups of the same model. Any IPC failure or
+#: `nak_retry` outcome forgets it, so a backend that unloaded the model is asked again at once.
+READY_CACHE_S = 1.0
+KNOWN_OPS = ("encode", "score", "extract")
+#: Subjects whose model token is remembered (cleared when full; subjects are few per worker).
+SUBJECT_CACHE_SIZE = 4096
+_ACCEPT, _NAK, _DROP = object(), object(), object()  # intake verdicts
+
+
+class BackendClient(Protocol):
+    """The IPC calls the dispatcher makes (`ipc_client.IpcClient`)."""
+
+    async def ensure_model_ready(self, model_id: str) -> ReadyResponse: ...
+    async def run_batch(self, body: bytes) -> Any: ...
+    async def process_batch(self, method: str, body: bytes) -> Any: ...
+
+
+class ReplySink(Protocol):
+    """Where replies go (`bus.publisher.Publisher` on NATS): whole batches, never one message at a time."""
+
+    @property
+    def framed(self) -> bool: ...
+    @property
+    def max_payload(self) -> int: ...
+    async def publish_framed(self, replies: wire.FramedReplies) -> bool: ...
+    async def publish_batch(self, replies: list[Reply]) -> list[bool]: ...
+
+
+class ConfigState:
+    """The worker's advertised bundle-config hash; `None` until one is known (then every hash passes)."""
+
+    def __init__(self, initial: str = "") -> None:
+        self.current: str | None = initial or None
+
+    def accepts(self, item_hash: str) -> bool:
+        """An empty (legacy) hash always passes; otherwise it must equal the current one."""
+        return not item_hash or self.current is None or item_hash == self.current
+
+    def adopt(self, backend_hash: str) -> None:
+        """Take the backend's hash when the worker has none yet (first ready Ping)."""
+        if self.current is None and backend_hash:
+            self.current = backend_hash
+
+
+@dataclass(frozen=True, slots=True)
+class DispatchSettings:
+    """What the dispatcher reads from `Settings`."""
+
+    worker_id: str
+    nak_delay_ms: int = 5000
+    fetch_budget: int = 64
+    max_concurrent_batches: int = 4
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    #: Step the controller once per wave (primary batch) rather than on every batch (§4.6).
+    wave_cadence: bool = True
+    #: `SIE_ADAPTIVE_BATCH_*` overrides for every model's controller (None: production defaults).
+    controller_env: Mapping[str, str] | None = None
+    #: Directory for one replayable controller trace per model (`SIE_SIDECAR_CONTROLLER_TRACE`).
+    controller_trace_dir: str | None = None
+    #: SIE_BATCHER_MAX_BATCH_COST was set: reported `max_batch_tokens` budgets are ignored (§3.7).
+    cost_pinned: bool = False
+
+
+class Dispatcher:
+    """Turns pulled batches into backend calls and published results."""
+
+    def __init__(
+        self,
+        settings: DispatchSettings,
+        backend: BackendClient,
+        publisher: ReplySink,
+        settler: Settler,
+        *,
+        config: ConfigState | None = None,
+        tombstones: Any = None,
+        batch_tombstones: Any = None,
+        shutdown: asyncio.Event | None = None,
+        quantum: QuantumController | None = None,
+        payloads: PayloadStore | None = None,
+    ) -> None:
+        self._s = settings
+        self._backend = backend
+        self._publisher = publisher
+        self._settler = settler
+        self._config = config or ConfigState()
+        self._tombstones = tombstones if tombstones is not None else wire.TombstoneSet()
+        self._batch_tombstones = batch_tombstones if batch_tombstones is not None else wire.BatchTombstones()
+        self._shutdown = shutdown or asyncio.Event()
+        self._quantum = quantum
+        self._payloads = payloads
+        self._group_slots = asyncio.Semaphore(max(1, settings.max_concurrent_batches))
+        #: Items per backend batch call, for the shutdown summary and the demo.
+        self.batch_sizes: Counter[int] = Counter()
+        #: model → (when, ready response): saves an EnsureModelReady round trip per batch at load.
+        self._ready_cache: dict[str, tuple[float, ReadyResponse]] = {}
+        self._subject_models: dict[str, str | None] = {}
+        self._lanes: dict[str, ModelLane[Delivery]] = {}
+        self._lane_settings = LaneSettings(
+            scheduler=settings.scheduler,
+            wave_cadence=settings.wave_cadence,
+            controller_env=dict(settings.controller_env) if settings.controller_env is not None else None,
+            controller_trace_dir=settings.controller_trace_dir,
+            cost_pinned=settings.cost_pinned,
+        )
+        self._supports_run_batch: dict[str, bool] = {}
+        self._tokenizers = TokenizerRegistry()
+        self._on_idle: Callable[[], None] | None = None
+
+    @property
+    def config(self) -> ConfigState:
+        return self._config
+
+    @property
+    def tombstones(self) -> Any:
+        return self._tombstones
+
+    @property
+    def batch_tombstones(self) -> Any:
+        return self._batch_tombstones
+
+    # -- intake ------------------------------------------------------------------------------
+
+    async def handle(self, messages: Sequence[Any], release: Callable[[int], None] | None = None) -> None:
+        """Settle every message of one pulled batch exactly once; `release` returns pull capacity."""
+        groups: dict[str, list[Delivery]] = defaultdict(list)
+        intake = self._intake
+        for msg in messages:
+            d, verdict = intake(msg, release)
+            if verdict is _ACCEPT:
+                groups[d.model].append(d)
+            elif verdict is _NAK:
+                await self._settler.nak(d, self._s.nak_delay_ms)
+            else:
+                await self._settler.drop(d)
+        if groups:
+            await asyncio.gather(*(self._run_group(model, ds) for model, ds in groups.items()))
+
+    def _model_of(self, subject: str) -> str | None:
+        """The model token of a work subject, remembered per subject (a worker sees few of them)."""
+        cache = self._subject_models
+        try:
+            return cache[subject]
+        except KeyError:
+            pass
+        model = wire.model_from_subject(subject)
+        if len(cache) >= SUBJECT_CACHE_SIZE:
+            cache.clear()
+        cache[subject] = model
+        return model
+
+    def _intake(self, msg: Any, release: Callable[[int], None] | None) -> tuple[Delivery, object]:
+        """§4.1 checks for one message, without awaiting: the verdict says how `handle` settles it."""
+        subject: str = msg.subject
+        d = Delivery(msg=msg, worker_direct=wire.is_worker_direct_subject(subject), release=release)
+        model = self._model_of(subject)
+        if model is None:
+            return d, _NAK
+        try:
+            d.item = item = decode_work_item(msg.data)
+        except WorkItemError as exc:
+            log.warning("undecodable WorkItem", extra={"subject": subject, "error": str(exc)})
+            return d, _NAK
+        if not wire.is_safe_reply_subject(item.reply_subject):
+            log.warning("unsafe reply subject; dropped", extra={"item": item.work_item_id})
+            return d, _DROP
+        if item.operation != "generate" and self._any_tombstones() and self._cancelled(d):
+            return d, _DROP
+        if item.model_id != model:
+            log.warning("payload model differs from the subject; the subject wins", extra={"item": item.work_item_id})
+            item.model_id = model
+        d.model = model
+        return d, _ACCEPT
+
+    def _any_tombstones(self) -> bool:
+        """False while both sets are empty (the usual case), so no item needs a lookup."""
+        return bool(len(self._tombstones) or len(self._batch_tombstones))
+
+    def _cancelled(self, d: Delivery) -> bool:
+        item = d.item
+        assert item is not None
+        if self._tombstones.is_cancelled(item.router_id, item.request_id):
+            return True
+        return d.worker_direct and bool(self._batch_tombstones.is_cancelled(item.request_id))
+
+    async def _drop_cancelled(self, ds: list[Delivery]) -> list[Delivery]:
+        if not self._any_tombstones():
+            return ds
+        live = []
+        for d in ds:
+            if self._cancelled(d):
+                await self._settler.drop(d)
+            else:
+                live.append(d)
+        return live
+
+    # -- model group -------------------------------------------------------------------------
+
+    async def _run_group(self, model: str, ds: list[Delivery]) -> None:
+        async with self._group_slots:
+            try:
+                await self._group(model, ds)
+            except Exception:
+                log.exception("model group failed; NAKing what is left", extra={"model": model})
+                for d in ds:
+                    if not d.settled:
+                        await self._settler.nak(d, self._s.nak_delay_ms)
+
+    async def _group(self, model: str, ds: list[Delivery]) -> None:
+        base = self._s.nak_delay_ms
+        ds = await self._drop_cancelled(ds)
+        if not ds:
+            return
+        if any(not self._config.accepts(d.item.bundle_config_hash) for d in ds if d.item):
+            await self._nak_all(ds, base)
+            return
+        ready = await self._wait_ready(model, ds)
+        if ready is None:
+            return
+        ds = await self._drop_cancelled(ds)
+        budget = ready.batch_budget or self._s.fetch_budget
+        if len(ds) > budget:
+            await self._nak_all(ds[budget:], OVERFLOW_NAK_MS)
+            ds = ds[:budget]
+        by_op: dict[tuple[str, str], list[Delivery]] = defaultdict(list)
+        unknown: list[Delivery] = []
+        for d in ds:
+            assert d.item is not None
+            if d.item.operation in KNOWN_OPS:
+                by_op[(d.item.operation, lora_key(d.item))].append(d)
+            else:
+                unknown.append(d)
+        if unknown:
+            await self._publish_errors(unknown, "bad_operation", "unknown operation", nak_on_failure=True)
+        lane = self._lane(model)
+        self._supports_run_batch[model] = bool(ready.descriptor is not None and ready.descriptor.supports_run_batch)
+        lane.describe(
+            max_concurrent_dispatch=ready.descriptor.max_concurrent_dispatch if ready.descriptor is not None else None,
+            max_batch_tokens=ready.max_batch_tokens,
+        )
+        tokenizer = (
+            await self._tokenizers.register_async(model, ready.descriptor)
+            if "encode" in {op for op, _ in by_op}
+            else None
+        )
+        await asyncio.gather(*(self._enqueue(lane, op, lora, part, tokenizer) for (op, lora), part in by_op.items()))
+
+    async def _wait_ready(self, model: str, ds: list[Delivery]) -> ReadyResponse | None:
+        """The v0.7.1 readiness loop: progress-ACK and re-probe while the model loads."""
+        base = self._s.nak_delay_ms
+        while True:
+            live = await self._drop_cancelled([d for d in ds if not d.settled])
+            ds[:] = live
+            if not ds:
+                return None
+            cached = self._ready_cache.get(model)
+            if cached is not None and time.monotonic() - cached[0] < READY_CACHE_S:
+                return cached[1]
+            try:
+                ready = await self._backend.ensure_model_ready(model)
+            except Exception as exc:  # any IPC failure (transport, timeout, server, decode): NAK the group
+                log.warning("EnsureModelReady failed", extra={"model": model, "error": repr(exc)})
+                await self._nak_all(ds, base)
+                return None
+            if ready.state == "ready":
+                self._ready_cache[model] = (time.monotonic(), ready)
+                return ready
+            if ready.state == "failed":
+                await self._publish_errors(
+                    ds, "MODEL_LOAD_FAILED", f"Model '{model}' failed to load permanently.", nak_on_failure=True
+                )
+                return None
+            if ready.state not in ("loading_started", "loading_in_progress"):
+                await self._nak_all(ds, base)  # retry_later, or a state this version does not know
+                return None
+            for d in ds:
+                if not await self._settler.progress(d):
+                    await self._nak_all(ds, base)
+                    return None
+            wait_ms = base if ready.state == "loading_started" else 2 * base
+            try:
+                await asyncio.wait_for(self._shutdown.wait(), min(wait_ms, LOADING_RECHECK_CAP_MS) / 1000.0)
+            except TimeoutError:
+                continue
+            await self._nak_all(ds, SHUTDOWN_NAK_MS)
+            return None
+
+    # -- batches -------------------------------------------------------------------------------
+
+    def set_on_idle(self, on_idle: Callable[[], None] | None) -> None:
+        """Called whenever a model's scheduler has nothing pending or running (the pull loop's bypass)."""
+        self._on_idle = on_idle
+
+    def idle(self) -> bool:
+        """No model has items queued in its scheduler or batches in flight."""
+        return all(lane.scheduler.idle() for lane in self._lanes.values())
+
+    def _lane(self, model: str) -> ModelLane[Delivery]:
+        lane = self._lanes.get(model)
+        if lane is None:
+            lane = self._lanes[model] = ModelLane(
+                model,
+                lambda formed: self._execute_formed(model, formed),
+                self._lane_settings,
+                on_idle=lambda: self._on_idle() if self._on_idle is not None else None,
+            )
+        return lane
+
+    async def _enqueue(
+        self, lane: ModelLane[Delivery], op: str, lora: str, ds: list[Delivery], tokenizer: RegisteredTokenizer | None
+    ) -> None:
+        """Payloads, media checks, tokenization and audio decoding for one (op, LoRA) group, then into
+        the scheduler."""
+        ds = await self._drop_cancelled(ds)  # before_payload_fetch
+        ds = await self._resolve_payloads(ds)
+        ds = await self._drop_cancelled(ds)  # after_payload_fetch
+        if not ds:
+            return
+        items = [d.item for d in ds if d.item is not None]
+        if op == "encode":
+            if tokenizer is not None:
+                prepared = await prepare_off_loop(tokenizer, [encode_item(item) for item in items])
+                for d, p in zip(ds, prepared, strict=True):
+                    d.prepared_tokens = p
+                costs = [encode_cost(p) for p in prepared]
+            else:
+                costs = [1] * len(ds)
+        elif op == "score":
+            costs = [score_cost(item.query_item, item.score_items) for item in items]
+        else:
+            await self._enqueue_extract(lane, op, lora, ds)
+            return
+        lane.scheduler.submit(op, lora, ds, costs)
+
+    async def _enqueue_extract(self, lane: ModelLane[Delivery], op: str, lora: str, ds: list[Delivery]) -> None:
+        """Audio preparation (scheduler-and-prep §7.3, §2.3): decoded audio replaces `audio` in the
+        item map and costs its duration in ms, under a 720,000 ms hard cap; a refused item gets its
+        own `invalid_request` error and ACK, and the rest go on."""
+        decoded: list[tuple[Delivery, WorkItem]] = []
+        for d in ds:
+            assert d.item is not None  # intake decoded every delivery that reaches a scheduler
+            decoded.append((d, d.item))
+        preps = await prepare_items([item.item for _, item in decoded])
+        refused: dict[str, list[Delivery]] = defaultdict(list)
+        kept: list[Delivery] = []
+        for (d, item), prep in zip(decoded, preps, strict=True):
+            if prep.error is not None:
+                refused[prep.error].append(d)
+            else:
+                item.item, d.prepared_audio = prep.item, prep.prepared
+                kept.append(d)
+        for message, group in refused.items():
+            await self._publish_errors(group, INVALID_REQUEST, message, nak_on_failure=True)
+        if kept:
+            lane.scheduler.submit(
+                op,
+                lora,
+                kept,
+                [extract_cost(d.prepared_audio) for d in kept],
+                [AUDIO_HARD_BATCH_COST_CAP if d.prepared_audio is not None else None for d in kept],
+            )
+
+    async def _execute_formed(self, model: str, formed: Formed[Delivery]) -> BatchReport | None:
+        """One formed batch: execute it and report what the model's lane learns from (§4.1, §4.6):
+        the reported `inference_ms`, the call's time, and each succeeded request's latency."""
+        started = time.monotonic()
+        outcome = await self._execute(
+            model,
+            formed.op,
+            formed.lora,
+            formed.items,
+            formed.total_cost,
+            supports_run_batch=self._supports_run_batch.get(model, True),
+        )
+        if outcome is None:
+            return None
+        finished = time.monotonic()
+        reported = outcome.outcomes[0].inference_ms if outcome.outcomes else None
+        successes = [o for o in outcome.outcomes if o.disposition == "publish_and_ack"]
+        enqueued: dict[str, float] = {}
+        if successes:
+            for d, at in zip(formed.items, formed.enqueued_at, strict=True):
+                if d.item is not None:
+                    enqueued.setdefault(d.item.request_id, at)
+        latencies = []
+        for rid in dict.fromkeys(o.request_id for o in successes):
+            since = enqueued.get(rid)
+            if since is not None and finished > since:
+                latencies.append((finished - since) * 1000.0)
+        return BatchReport(reported, (finished - started) * 1000.0, finished, latencies)
+
+    async def close_schedulers(self, deadline_s: float) -> None:
+        """Shutdown: flush every model's queued work (bounded), then NAK what is left so it returns at once."""
+        results = await asyncio.gather(*(lane.close(deadline_s) for lane in self._lanes.values()))
+        for left in results:
+            await self._nak_all(left, SHUTDOWN_NAK_MS)
+
+    async def _execute(
+        self, model: str, op: str, lora: str, ds: list[Delivery], total_cost: int, *, supports_run_batch: bool
+    ) -> Any:
+        """Cancellation, the config barrier, one batch RPC and the settlement of every item; returns
+        the decoded outcome, or None when the batch never reached the backend or failed there."""
+        base = self._s.nak_delay_ms
+        ds = await self._drop_cancelled(ds)  # before_ipc
+        if not ds:
+            return None
+        # The config barrier, right before execution: any non-empty hash must still be current.
+        if any(not self._config.accepts(d.item.bundle_config_hash) for d in ds if d.item):
+            await self._nak_all(ds, base)
+            return None
+        items = [d.item for d in ds if d.item is not None]
+        fetch_ms = [d.payload_fetch_ms for d in ds]
+        prepared = [d.prepared_tokens for d in ds] if op == "encode" else None
+        audio = [d.prepared_audio for d in ds] if op == "extract" else None
+        try:
+            if supports_run_batch:
+                outcome = await self._backend.run_batch(
+                    run_batch_body(
+                        model,
+                        op,
+                        items,
+                        lora,
+                        total_cost,
+                        payload_fetch_ms=fetch_ms,
+                        prepared_tokens=prepared,
+                        prepared_audio=audio,
+                    )
+                )
+            else:
+                outcome = await self._backend.process_batch(
+                    PER_OP_METHOD[op], per_op_body(model, op, items, fetch_ms, prepared, prepared_audio=audio)
+                )
+        except IpcServerError as exc:
+            self._ready_cache.pop(model, None)
+            delay = DRAINING_NAK_MS if exc.message == "draining" else base
+            log.warning("batch RPC refused", extra={"model": model, "error": exc.message})
+            await self._nak_all(ds, delay)
+            return None
+        except Exception as exc:  # transport, timeout, decode: the whole batch goes back
+            self._ready_cache.pop(model, None)
+            log.warning("batch RPC failed", extra={"model": model, "error": repr(exc)})
+            await self._nak_all(ds, base)
+            return None
+        self.batch_sizes[len(items)] += 1
+        await self._apply_outcomes(ds, outcome)
+        return outcome
+
+    def batch_summary(self) -> dict[str, float]:
+        """Count, mean, p50 and max of the items per backend batch so far."""
+        sizes = sorted(self.batch_sizes.elements())
+        if not sizes:
+            return {"batches": 0, "mean": 0.0, "p50": 0.0, "max": 0.0}
+        return {
+            "batches": len(sizes),
+            "mean": round(sum(sizes) / len(sizes), 2),
+            "p50": float(sizes[len(sizes) // 2]),
+            "max": float(sizes[-1]),
+        }
+
+    async def _resolve_payloads(self, ds: list[Delivery]) -> list[Delivery]:
+        """Inline offloaded payloads and check extract media (§4.2, §12; scheduler-and-prep §7.1).
+
+        Each refused item gets its own error result (PAYLOAD_TOO_LARGE, payload_error or the media
+        code) and is ACKed once that is published; the rest of the batch goes on.
+        """
+        refused: list[tuple[Delivery, str, str]] = []
+        checked: list[Delivery] = []
+        for d in ds:  # inline extract media is checked before any fetch
+            assert d.item is not None
+            bad = check_extract_work_item(d.item) if d.item.operation == "extract" else None
+            if bad is None:
+                checked.append(d)
+            else:
+                refused.append((d, bad.code, bad.message))
+        offloaded = [d for d in checked if d.item is not None and payload_ref_of(d.item) is not None]
+        if offloaded:
+            if self._payloads is None:
+                refused += [(d, "payload_error", "failed to resolve item") for d in offloaded]
+            else:
+                outcomes = await resolve_items(self._payloads, [d.item for d in offloaded if d.item is not None])
+                for d, r in zip(offloaded, outcomes, strict=True):
+                    if not r.ok:
+                        log.warning("payload fetch failed", extra={"item": r.item.work_item_id, "reason": r.reason})
+                        refused.append((d, r.code, r.message))
+                        continue
+                    d.item, d.payload_fetch_ms = r.item, r.fetch_ms
+                    bad = check_extract_work_item(r.item) if r.item.operation == "extract" else None
+                    if bad is not None:
+                        refused.append((d, bad.code, bad.message))
+        if not refused:
+            return checked
+        for code in dict.fromkeys(code for _, code, _ in refused):
+            group = [(d, message) for d, c, message in refused if c == code]
+            for message in dict.fromkeys(m for _, m in group):
+                await self._publish_errors([d for d, m in group if m == message], code, message, nak_on_failure=True)
+        gone = {id(d) for d, _, _ in refused}
+        return [d for d in checked if id(d) not in gone]
+
+    async def _apply_outcomes(self, ds: list[Delivery], outcome: Any) -> None:
+        """Bind outcomes to deliveries by work_item_id (FIFO for duplicates), publish, then settle."""
+        if not outcome.batched_f16_multivectors and self._publisher.framed:
+            framed = wire.frame_outcome_replies(
+                ds,
+                outcome.outcomes,
+                worker_id=self._s.worker_id,
+                current_hash=self._config.current,
+                now=time.time(),
+                max_payload=self._publisher.max_payload,
+            )
+            if framed is not None:  # the common case: every reply framed natively in one call
+                if await self._settle_framed(ds, framed):
+                    self._observe(
+                        (d.item, o.inference_ms, o.postprocessing_ms)
+                        for d, o, sent in zip(ds, outcome.outcomes, framed.sent, strict=True)
+                        if sent and o.disposition == "publish_and_ack" and d.item is not None
+                    )
+                return
+        base = self._s.nak_delay_ms
+        waiting: dict[str, deque[Delivery]] = defaultdict(deque)
+        for d in ds:
+            assert d.item is not None
+            waiting[d.item.work_item_id].append(d)
+        f16 = batched_f16_slices(outcome.batched_f16_multivectors)
+        to_publish: list[tuple[Delivery, WorkResult]] = []
+        for o in outcome.outcomes:
+            queue = waiting.get(o.work_item_id)
+            if not queue:
+                log.warning("outcome for an unknown work item; ignored", extra={"item": o.work_item_id})
+                continue
+            d = queue.popleft()
+            assert d.item is not None
+            if o.disposition == "nak_retry":
+                self._ready_cache.pop(d.model, None)  # e.g. the model was unloaded mid-batch
+                await self._settler.nak(d, o.nak_delay_ms if o.nak_delay_ms is not None else base)
+                continue
+            result = outcome_result(
+                d.item,
+                o,
+                worker_id=self._s.worker_id,
+                worker_direct=d.worker_direct,
+                current_hash=self._config.current,
+                f16_slice=f16.get(o.work_item_id),
+                payload_fetch_ms=d.payload_fetch_ms,
+            )
+            to_publish.append((d, result))
+        for queue in waiting.values():
+            for d in queue:
+                await self._settler.nak(d, base)  # no outcome for this item
+        await self._publish_and_settle(to_publish, nak_on_failure=False)
+
+    # -- publication and settlement ----------------------------------------------------------
+
+    def _observe(self, items: Iterable[tuple[WorkItem, float | None, float | None]]) -> None:
+        """Feed the quantum controller one latency sample per published `publish_and_ack` item."""
+        q = self._quantum
+        if q is None:
+            return
+        now = time.time()
+        for item, inference_ms, postprocessing_ms in items:
+            q.observe(inference_ms, postprocessing_ms, queue_ms(item, now) if q.include_queue_ms else None)
+
+    async def _settle_framed(self, ds: list[Delivery], framed: wire.FramedReplies) -> bool:
+        """Publish a natively framed batch, flush, then ACK; on failure leave what was sent un-ACKed."""
+        if await self._publisher.publish_framed(framed):
+            await self._settler.ack_many(ds)
+            return True
+        sent = framed.sent
+        await self._settler.ack_many([d for d, s in zip(ds, sent, strict=True) if not s])  # no reply subject
+        for d, s in zip(ds, sent, strict=True):
+            if s:
+                self._settler.leave(d)
+        return False
+
+    async def _publish_errors(self, ds: Iterable[Delivery], code: str, message: str, *, nak_on_failure: bool) -> None:
+        results = []
+        for d in ds:
+            assert d.item is not None
+            results.append(
+                (
+                    d,
+                    error_result(
+                        d.item,
+                        code=code,
+                        message=message,
+                        worker_id=self._s.worker_id,
+                        worker_direct=d.worker_direct,
+                        current_hash=self._config.current,
+                    ),
+                )
+            )
+        await self._publish_and_settle(results, nak_on_failure=nak_on_failure)
+
+    async def _publish_and_settle(self, results: list[tuple[Delivery, WorkResult]], *, nak_on_failure: bool) -> None:
+        """Publish, flush, then ACK what went out. A failed publish of a backend outcome is left
+        un-ACKed (redelivered after ack_wait); a failed sidecar error is NAKed with the base delay."""
+        if not results:
+            return
+        replies = [
+            Reply(subject=d.item.reply_subject, result=r, accepts_result_chunks=d.item.accepts_result_chunks)
+            for d, r in results
+            if d.item is not None
+        ]
+        sent = await self._publisher.publish_batch(replies)
+        published = []
+        for (d, r), ok in zip(results, sent, strict=True):
+            if ok:
+                published.append(d)
+                if r.success and self._quantum is not None and d.item is not None and d.item.reply_subject.strip():
+                    self._observe(((d.item, r.inference_ms, r.postprocessing_ms),))
+            elif nak_on_failure:
+                await self._settler.nak(d, self._s.nak_delay_ms)
+            else:
+                self._settler.leave(d)
+        await self._settler.ack_many(published)  # after the flush, in one framed write
+
+    async def _nak_all(self, ds: Iterable[Delivery], delay_ms: int) -> None:
+        for d in ds:
+            if not d.settled:
+                await self._settler.nak(d, delay_ms)
+
+
+__all__ = ["BackendClient", "ConfigState", "DispatchSettings", "Dispatcher", "ReplySink"]

@@ -1,0 +1,69 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The pull loop of sidecar-behaviour §5.1, over any `Source`: batches in, one handling task each, bounded."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable, Coroutine, Sequence
+from typing import Any
+
+from ..sched.quantum import QuantumController
+from .source import SettleHandle, Source
+
+
+async def feed(
+    source: Source,
+    handle: Callable[[Sequence[SettleHandle], Callable[[int], None]], Coroutine[Any, Any, None]],
+    *,
+    budget: int,
+    inflight: int,
+    stop: asyncio.Event,
+    tasks: set[asyncio.Task[None]],
+    quantum: QuantumController,
+    idle_bypass: bool = True,
+    on_idle: Callable[[], None] | None = None,
+    busy: Callable[[], bool] | None = None,
+) -> None:
+    """Take coalesced batches from one source and hand each to the dispatcher (§5.1 pull loop).
+
+    The quantum comes from the controller for every batch. With `idle_bypass`, coalescing ends as
+    soon as no batch is being handled (`tasks` is shared by every pull loop) and `busy()` (the
+    schedulers have work queued or in flight) is false: waiting for more messages only pays while the
+    backend is busy, so an idle worker takes what is there at once.
+    """
+    slots = asyncio.Semaphore(max(1, inflight))
+
+    def idle() -> bool:
+        return not tasks and (busy is None or not busy())
+
+    stop_early = idle if idle_bypass else None
+
+    def finished(t: asyncio.Task[None]) -> None:
+        tasks.discard(t)
+        slots.release()
+        if not tasks and on_idle is not None:
+            on_idle()
+
+    stopped = asyncio.ensure_future(stop.wait())  # one waiter for the whole loop, not one per batch
+    try:
+        while not stopped.done():
+            next_batch = asyncio.ensure_future(source.next_batch(budget, quantum.quantum_s(), stop_early))
+            await asyncio.wait({next_batch, stopped}, return_when=asyncio.FIRST_COMPLETED)
+            if not next_batch.done():
+                next_batch.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await next_batch
+                break
+            batch = next_batch.result()
+            if not batch:
+                continue
+            await slots.acquire()
+            task: asyncio.Task[None] = asyncio.create_task(handle(batch, source.settled))
+            tasks.add(task)
+            task.add_done_callback(finished)
+    finally:
+        stopped.cancel()
+
+
+__all__ = ["feed"]

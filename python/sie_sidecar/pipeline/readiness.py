@@ -1,0 +1,74 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Readiness (sidecar-behaviour §10): what the IPC heartbeat learnt about the backend, which the probes,
+the health heartbeat and the pull gate read."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class Readiness:
+    """What `/readyz` and the health heartbeat report."""
+
+    ping_interval_ms: int = 2000
+    stale_mult: int = 3
+    draining: bool = False
+    last_ping_ok: float | None = None  # time.monotonic() of the last successful heartbeat
+    loaded_models: list[str] = field(default_factory=list)
+    ready_children: int = 0
+
+    def reason(self, now: float | None = None) -> str | None:
+        """None when ready, else the `not ready: <reason>` text."""
+        if self.draining:
+            return "draining"
+        if self.last_ping_ok is None:
+            return "handshake pending"
+        age_ms = ((time.monotonic() if now is None else now) - self.last_ping_ok) * 1000.0
+        threshold = self.ping_interval_ms * (self.stale_mult or 3)
+        if age_ms > threshold:
+            return f"heartbeat stale ({age_ms:.0f} ms ago, threshold {threshold} ms)"
+        return None
+
+    @property
+    def ready(self) -> bool:
+        return self.reason() is None
+
+
+class PingClient(Protocol):
+    async def ping(self) -> Any: ...
+
+
+class ConfigSink(Protocol):
+    def adopt(self, backend_hash: str) -> None: ...
+
+
+async def heartbeat(clients: list[PingClient], readiness: Readiness, config: ConfigSink, stop: asyncio.Event) -> None:
+    """Ping every backend child each interval (first tick at once); record success and models."""
+    failures = 0
+    while not stop.is_set():
+        replies = await asyncio.gather(*(c.ping() for c in clients), return_exceptions=True)
+        ready = [r for r in replies if not isinstance(r, BaseException) and getattr(r, "ready", False)]
+        readiness.ready_children = len(ready)
+        if ready:
+            failures = 0
+            readiness.last_ping_ok = time.monotonic()
+            config.adopt(ready[0].bundle_config_hash)
+            readiness.loaded_models = sorted({m for r in ready for m in r.loaded_models})
+        else:
+            failures += 1
+            if failures in (1, 5, 30) or failures % 120 == 0:
+                errors = [repr(r) for r in replies if isinstance(r, BaseException)]
+                log.warning("backend heartbeat failed", extra={"failures": failures, "errors": errors[:3]})
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), readiness.ping_interval_ms / 1000.0)
+
+
+__all__ = ["PingClient", "Readiness", "heartbeat"]

@@ -1,0 +1,23 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The wire core's public API: the compiled core, or the pure-Python twin when
+`SIE_SIDECAR_NO_EXTENSIONS=1` (see docs/api.md).
+
+Import names from here, not from `_wire_native` or `_wire_py`: both expose the same API, and this
+module is where the choice is made once per process.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ._switch import USING_NATIVE, wire_impl
+
+if TYPE_CHECKING:
+    # Type checkers see the twin's signatures; the native stubs declare the same API.
+    from ._native_api import *  # noqa: F403
+    from ._native_api import __all__ as _names
+else:
+    _names = list(wire_impl.__all__)
+    globals().update({name: getattr(wire_impl, name) for name in _names})
+
+__all__ = [*_names, "USING_NATIVE"]  # noqa: PLE0604

@@ -1,0 +1,47 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The one place that chooses the compiled core or the pure-Python twins (`SIE_SIDECAR_NO_EXTENSIONS=1`).
+
+Every facade (`wire`, `sched.batcher`, `sched.controller`) asks here; nothing else in the runtime
+imports `_twins`. The native core is mandatory unless the twin is asked for: a wheel without its
+extension is a broken install, and silently running 3-10x slower would hide that.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from types import ModuleType
+
+NO_EXTENSIONS_ENV = "SIE_SIDECAR_NO_EXTENSIONS"
+
+
+def wants_twin() -> bool:
+    """Whether this process runs the pure-Python twins."""
+    return os.environ.get(NO_EXTENSIONS_ENV, "").strip().lower() in {"1", "true", "yes", "on"}
+
+
+def twin(name: str) -> ModuleType:
+    """A twin module by its name under `_twins` (`wire`, `batcher`, `controller`), whatever the selection:
+    for the tools that compare both implementations side by side."""
+    return importlib.import_module(f"sie_sidecar._twins.{name}")
+
+
+def native_wire() -> ModuleType:
+    """The compiled wire core (Rust + Cython names under one namespace), whatever the selection."""
+    return importlib.import_module("sie_sidecar.wire._native_api")
+
+
+def load_wire() -> ModuleType:
+    """The wire implementation this process uses."""
+    return twin("wire") if wants_twin() else native_wire()
+
+
+def load(name: str) -> ModuleType:
+    """The implementation of one scheduler part (`batcher`, `controller`): its twin, or the extension."""
+    return twin(name) if wants_twin() else importlib.import_module("sie_sidecar._native")
+
+
+wire_impl = load_wire()
+USING_NATIVE: bool = wire_impl.IMPLEMENTATION == "native"
+
+__all__ = ["NO_EXTENSIONS_ENV", "USING_NATIVE", "load", "load_wire", "native_wire", "twin", "wants_twin", "wire_impl"]
