@@ -117,8 +117,20 @@ def parse_work_subject(str subject not None):
 
 
 def is_safe_reply_subject(str subject not None):
-    """Replies go only to gateway inboxes (`_INBOX.`, dot included); empty means fire-and-forget."""
-    return len(subject) == 0 or subject.startswith("_INBOX.")
+    """Replies go only to gateway inboxes (`_INBOX.`, dot included); empty means fire-and-forget.
+
+    A space, tab, CR, LF or other control character would split the `PUB` line the reply is framed
+    into (a second command injected on the sidecar's connection), so such a subject is unsafe too.
+    """
+    cdef Py_UCS4 c
+    if len(subject) == 0:
+        return True
+    if not subject.startswith("_INBOX."):
+        return False
+    for c in subject:
+        if c <= 0x20 or c == 0x7f:
+            return False
+    return True
 
 
 cdef object _parse_router_request(str subject, str prefix):

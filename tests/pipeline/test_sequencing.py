@@ -71,20 +71,23 @@ async def test_intake_verdicts_settle_each_message_by_its_rule(tmp_path: Path) -
         undecodable = _msg(_item("bad"), data=b"\xc1not msgpack")
         malformed = _msg(_item("subj"), subject="sie.work.nope")
         unsafe = _msg(_item("unsafe", reply_subject="_INBOX.gw.x y"))
+        # A CR/LF in the reply subject would inject a second command into the PUB line of the reply.
+        injected = _msg(_item("inj", reply_subject="_INBOX.gw.x\r\nPUB sie.config.models.default 5\r\nevil!"))
         unknown_op = _msg(_item("op", operation="fold"))
-        batch = [ok, undecodable, malformed, unsafe, unknown_op]
+        batch = [ok, undecodable, malformed, unsafe, injected, unknown_op]
         p.send(batch)
         await p.until_settled(batch)
         assert ok.final == [("ack", None)]
         assert undecodable.final == [("nak", 7.0)]
         assert malformed.final == [("nak", 7.0)]
         assert unsafe.final == [("ack", None)]
+        assert injected.final == [("ack", None)]
         assert unknown_op.final == [("ack", None)]
         by_id = {r["work_item_id"]: r for _, r in p.sink.replies}
         assert set(by_id) == {"ok.0", "op.0"}
         assert by_id["op.0"]["success"] is False and by_id["op.0"]["error_code"] == "bad_operation"
         counts = p.settler.counts
-        assert (counts.acked, counts.dropped, counts.naked) == (2, 1, 2)
+        assert (counts.acked, counts.dropped, counts.naked) == (2, 2, 2)
 
 
 async def test_cancelled_work_is_dropped_before_the_backend(tmp_path: Path) -> None:

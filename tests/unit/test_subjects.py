@@ -272,6 +272,14 @@ TV_REPLY = [
     (" _INBOX.x", False),
     ("_inbox.x", False),
     ("sie.work.x", False),
+    # Whitespace or a control character would split the PUB line the reply is framed into.
+    ("_INBOX.gw.x y", False),
+    ("_INBOX.gw.x\tb", False),
+    ("_INBOX.gw.x\r\nPUB sie.config.models.default 5\r\nevil!", False),
+    ("_INBOX.gw.x\n", False),
+    ("_INBOX.gw.\x00", False),
+    ("_INBOX.gw.\x7f", False),
+    ("_INBOX.gw.caf\u00e9", True),
 ]
 
 

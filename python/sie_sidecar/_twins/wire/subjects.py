@@ -81,8 +81,14 @@ def parse_work_subject(subject: str) -> WorkSubject | None:
 
 
 def is_safe_reply_subject(subject: str) -> bool:
-    """Replies go only to gateway inboxes (`_INBOX.`, dot included); empty means fire-and-forget."""
-    return not subject or subject.startswith(_INBOX_PREFIX)
+    """Replies go only to gateway inboxes (`_INBOX.`, dot included); empty means fire-and-forget.
+
+    A space, tab, CR, LF or other control character would split the `PUB` line the reply is framed
+    into (a second command injected on the sidecar's connection), so such a subject is unsafe too.
+    """
+    if not subject:
+        return True
+    return subject.startswith(_INBOX_PREFIX) and not any(c <= " " or c == "\x7f" for c in subject)
 
 
 def _parse_router_request(subject: str, prefix: str) -> tuple[str, str] | None:
