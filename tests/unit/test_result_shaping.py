@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from sie_sidecar import wire
+from sie_sidecar.errors import RAW_OUTPUT_SHAPE_ERROR
 from sie_sidecar.pipeline.replies import (
-    RAW_OUTPUT_SHAPE_ERROR,
     batched_f16_slices,
     caller_item_id,
     error_result,

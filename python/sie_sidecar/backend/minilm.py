@@ -30,6 +30,7 @@ import numpy.typing as npt
 from tokenizers import Tokenizer
 
 from .. import wire
+from ..errors import INFERENCE_ERROR, INVALID_INPUT
 from ..ipc.types import FAILED, LOADING_IN_PROGRESS, LOADING_STARTED, READY, RETRY_LATER, ModelDescriptor, ReadyResponse
 from ..prep.text import transform_text
 from ..prep.tokenize import tokenizer_id_of
@@ -532,13 +533,13 @@ class MiniLMAdapter(Adapter):
         """RunBatch: one ItemOutcome map per EncodeBatchItem; all valid texts run as one batch."""
         error = "publish_error_and_ack"
         if op != "encode":
-            return [outcome_for(it, error, error="unsupported operation", error_code="inference_error") for it in items]
+            return [outcome_for(it, error, error="unsupported operation", error_code=INFERENCE_ERROR) for it in items]
         if not self.serves(model_id):
             message = f"model {model_id!r} is not served by this backend"
-            return [outcome_for(it, error, error=message, error_code="inference_error") for it in items]
+            return [outcome_for(it, error, error=message, error_code=INFERENCE_ERROR) for it in items]
         no_lora = "all-MiniLM-L6-v2 has no LoRA adapters"
         if lora_key:
-            return [outcome_for(it, error, error=no_lora, error_code="inference_error") for it in items]
+            return [outcome_for(it, error, error=no_lora, error_code=INFERENCE_ERROR) for it in items]
 
         outcomes: list[dict[str, Any]] = [{} for _ in items]
         texts: list[str] = []
@@ -549,11 +550,11 @@ class MiniLMAdapter(Adapter):
             payload = item.get("item")
             text = payload.get("text") if isinstance(payload, Mapping) else None
             if not isinstance(payload, Mapping) or not isinstance(text, str):
-                outcomes[pos] = outcome_for(item, error, error="item has no 'text' string", error_code="INVALID_INPUT")
+                outcomes[pos] = outcome_for(item, error, error="item has no 'text' string", error_code=INVALID_INPUT)
                 continue
             options = item.get("options")
             if isinstance(options, Mapping) and options.get("lora"):
-                outcomes[pos] = outcome_for(item, error, error=no_lora, error_code="inference_error")
+                outcomes[pos] = outcome_for(item, error, error=no_lora, error_code=INFERENCE_ERROR)
                 continue
             caller_id = payload.get("id")
             texts.append(transform_text(item, text, None, None))  # MiniLM declares no default templates
@@ -570,7 +571,7 @@ class MiniLMAdapter(Adapter):
                 log.exception("all-MiniLM-L6-v2 batch of %d texts failed", len(texts))
                 for pos in slots:
                     outcomes[pos] = outcome_for(
-                        items[pos], error, error=f"inference failed: {exc}", error_code="inference_error"
+                        items[pos], error, error=f"inference failed: {exc}", error_code=INFERENCE_ERROR
                     )
             else:
                 for pos, result, count in zip(slots, results, tokens, strict=True):

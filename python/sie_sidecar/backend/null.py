@@ -23,6 +23,7 @@ import numpy as np
 import numpy.typing as npt
 
 from .. import wire
+from ..errors import INFERENCE_ERROR
 from ..ipc.types import FAILED, LOADING_IN_PROGRESS, LOADING_STARTED, READY, RETRY_LATER, ModelDescriptor, ReadyResponse
 from ..prep.tokenize import tokenizer_id_of
 from .adapter import Adapter, outcome_for, unit_counts
@@ -314,7 +315,7 @@ class NullAdapter(Adapter):
                         item,
                         "publish_error_and_ack",
                         error="null adapter: injected inference error",
-                        error_code="inference_error",
+                        error_code=INFERENCE_ERROR,
                     )
                 )
                 continue

@@ -22,7 +22,7 @@ from typing import Any, Final
 import msgpack
 
 from .. import wire
-from ..errors import DecodeError, FrameTooLarge
+from ..errors import INVALID_INPUT, RUN_BATCH_INVALID_ITEM, RUN_BATCH_MIXED_OP, DecodeError, FrameTooLarge
 from ..ipc.types import PingResponse, ReadyResponse
 from ..wire.limits import IPC_VERSION
 from .adapter import OPS, Adapter, item_outcome, outcome_for
@@ -430,7 +430,7 @@ class BackendServer:
         ops = sorted({op for op, _, _ in wrappers})
         if len(ops) > 1:
             message = f"RunBatch mixes operations ({', '.join(ops)}); one request must carry one op"
-            outcomes = [_reject(identity, message, "run_batch_mixed_op") for _, identity, _ in wrappers]
+            outcomes = [_reject(identity, message, RUN_BATCH_MIXED_OP) for _, identity, _ in wrappers]
             return {"outcomes": outcomes, "batched_f16_multivectors": []}
 
         valid: list[dict[str, Any]] = []
@@ -438,12 +438,12 @@ class BackendServer:
         for i, (op, identity, payload) in enumerate(wrappers):
             if payload is None:
                 message = f"RunBatch item has op {op!r} but no {op} payload"
-                rejected.append(_reject(identity, message, "run_batch_invalid_item"))
+                rejected.append(_reject(identity, message, RUN_BATCH_INVALID_ITEM))
                 continue
             _check_payload(op, payload, f"items[{i}].{op}")
             bad_audio = prepared_audio_error(payload) if op == "extract" else None
             if bad_audio is not None:
-                rejected.append(_reject(identity, bad_audio, "INVALID_INPUT"))
+                rejected.append(_reject(identity, bad_audio, INVALID_INPUT))
                 continue
             valid.append(_with_lora(payload, lora_key) if op != "score" and lora_key else payload)
         outcomes = await self._adapter.run_batch(model_id, ops[0], valid, lora_key) if valid else []
@@ -463,7 +463,7 @@ class BackendServer:
             if bad_audio is None:
                 valid.append(item)
             else:
-                rejected.append(outcome_for(item, "publish_error_and_ack", error=bad_audio, error_code="INVALID_INPUT"))
+                rejected.append(outcome_for(item, "publish_error_and_ack", error=bad_audio, error_code=INVALID_INPUT))
         outcomes = await self._adapter.run_batch(model_id, op, valid, "") if valid else []
         return {"outcomes": [*outcomes, *rejected], "batched_f16_multivectors": []}
 

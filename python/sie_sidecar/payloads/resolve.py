@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
+from sie_sidecar.errors import PAYLOAD_ERROR, PAYLOAD_TOO_LARGE
 from sie_sidecar.prep.media import field, unpack_value
 
 from .errors import PayloadError
@@ -32,9 +33,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-TOO_LARGE_CODE = "PAYLOAD_TOO_LARGE"
+TOO_LARGE_CODE = PAYLOAD_TOO_LARGE
 TOO_LARGE_MESSAGE = "referenced payload exceeds the worker size limit"
-PAYLOAD_ERROR_CODE = "payload_error"
+PAYLOAD_ERROR_CODE = PAYLOAD_ERROR
 PAYLOAD_ERROR_MESSAGE = "failed to resolve item"
 DEFAULT_CONCURRENCY = 8  # fetches in flight per call: 8 x 35 MiB bounds the memory one batch can pin
 

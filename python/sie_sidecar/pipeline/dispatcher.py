@@ -17,14 +17,14 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from .. import wire
-from ..errors import IpcServerError
+from ..errors import BAD_OPERATION, INVALID_REQUEST, MODEL_LOAD_FAILED, PAYLOAD_ERROR, IpcServerError
 from ..ipc.requests import PER_OP_METHOD, encode_item, lora_key, per_op_body, run_batch_body
 from ..ipc.types import ReadyResponse
 from ..payloads import PayloadStore, resolve_items
 from ..payloads.resolve import payload_ref_of
 from ..prep import RegisteredTokenizer, TokenizerRegistry, encode_cost
 from ..prep.audio import prepare_items
-from ..prep.media import INVALID_REQUEST, check_extract_work_item
+from ..prep.media import check_extract_work_item
 from ..prep.offload import prepare_off_loop
 from ..sched.costs import AUDIO_HARD_BATCH_COST_CAP, extract_cost, score_cost
 from ..sched.lane import BatchReport, LaneSettings, ModelLane
@@ -273,7 +273,7 @@ class Dispatcher:
             else:
                 unknown.append(d)
         if unknown:
-            await self._publish_errors(unknown, "bad_operation", "unknown operation", nak_on_failure=True)
+            await self._publish_errors(unknown, BAD_OPERATION, "unknown operation", nak_on_failure=True)
         lane = self._lane(model)
         self._supports_run_batch[model] = bool(ready.descriptor is not None and ready.descriptor.supports_run_batch)
         lane.describe(
@@ -309,7 +309,7 @@ class Dispatcher:
                 return ready
             if ready.state == "failed":
                 await self._publish_errors(
-                    ds, "MODEL_LOAD_FAILED", f"Model '{model}' failed to load permanently.", nak_on_failure=True
+                    ds, MODEL_LOAD_FAILED, f"Model '{model}' failed to load permanently.", nak_on_failure=True
                 )
                 return None
             if ready.state not in ("loading_started", "loading_in_progress"):
@@ -517,7 +517,7 @@ class Dispatcher:
         offloaded = [d for d in checked if d.item is not None and payload_ref_of(d.item) is not None]
         if offloaded:
             if self._payloads is None:
-                refused += [(d, "payload_error", "failed to resolve item") for d in offloaded]
+                refused += [(d, PAYLOAD_ERROR, "failed to resolve item") for d in offloaded]
             else:
                 outcomes = await resolve_items(self._payloads, [d.item for d in offloaded if d.item is not None])
                 for d, r in zip(offloaded, outcomes, strict=True):

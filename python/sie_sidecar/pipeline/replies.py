@@ -7,15 +7,13 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from .. import wire
-from ..errors import ShapeError
+from ..errors import RAW_OUTPUT_SHAPE_ERROR, ShapeError
 from ..wire.result_fields import executed_hash, queue_ms
 from ..wire.types import WorkResult
 from ..wire.workitem import WorkItem
 
 if TYPE_CHECKING:
     import numpy as np
-
-RAW_OUTPUT_SHAPE_ERROR = "raw_output_shape_error"
 
 
 class Outcome(Protocol):
@@ -205,7 +203,6 @@ def outcome_result(
 
 
 __all__ = [
-    "RAW_OUTPUT_SHAPE_ERROR",
     "Outcome",
     "batched_f16_slices",
     "caller_item_id",

@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING, Any
 
 import msgpack
 
+from sie_sidecar.errors import INVALID_INPUT, INVALID_REQUEST
+
 if TYPE_CHECKING:
     from sie_sidecar.wire.workitem import WorkItem
 
@@ -27,8 +29,6 @@ MAX_MEDIA_BYTES = 16 * 1024 * 1024  # images + document of one item, summed
 MAX_AUDIO_BYTES = 24 * 1024 * 1024  # compressed
 MAX_AUDIO_FORMAT = 32  # bytes of UTF-8
 MAX_SAMPLE_RATE = 2**32 - 1
-INVALID_INPUT = "INVALID_INPUT"  # image / document shape (§4.2 "Extract media shape invalid")
-INVALID_REQUEST = "invalid_request"  # audio rejected (§4.2 "Extract audio prep rejected")
 AUDIO_FIELDS = ("data", "format", "sample_rate")
 
 
@@ -208,8 +208,6 @@ def check_extract_work_item(work: WorkItem) -> MediaError | None:
 
 
 __all__ = [
-    "INVALID_INPUT",
-    "INVALID_REQUEST",
     "MAX_AUDIO_BYTES",
     "MAX_IMAGES",
     "MAX_MEDIA_BYTES",

@@ -16,7 +16,7 @@ from typing import Any
 
 import msgpack
 
-from ...errors import ChunkProtocolError, PayloadTooLarge
+from ...errors import PAYLOAD_TOO_LARGE, ChunkProtocolError, PayloadTooLarge
 from ...wire.limits import (
     DIGEST_LEN,
     MAX_CHUNKED_RESULT,
@@ -73,7 +73,7 @@ _K_CHUNK_COUNT = _pack_str("chunk_count")
 _K_TOTAL_BYTES = _pack_str("total_bytes")
 _K_PAYLOAD = _pack_str("payload")
 
-_COMPACT_ERROR_CODE = "PAYLOAD_TOO_LARGE"
+_COMPACT_ERROR_CODE = PAYLOAD_TOO_LARGE
 
 
 def _opt_str(value: str | None) -> bytes:

@@ -1,0 +1,35 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Every WorkResult error code is named once, in `errors.py`: no module spells one as a literal."""
+
+from __future__ import annotations
+
+import ast
+
+from sie_sidecar import errors
+
+from .imports import PACKAGE_DIR
+
+CODES = {
+    value
+    for name, value in vars(errors).items()
+    if name.isupper() and isinstance(value, str) and not name.startswith("_")
+}
+
+
+def literal_codes() -> list[str]:
+    found = []
+    for path in sorted(PACKAGE_DIR.rglob("*.py")):
+        if path == PACKAGE_DIR / "errors.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Constant) and node.value in CODES:
+                found.append(f"{path.relative_to(PACKAGE_DIR)}:{node.lineno} {node.value!r}")
+    return found
+
+
+def test_the_codes_are_known() -> None:
+    assert {"bad_operation", "MODEL_LOAD_FAILED", "payload_error", "PAYLOAD_TOO_LARGE", "invalid_request"} <= CODES
+
+
+def test_no_error_code_is_spelled_outside_errors_py() -> None:
+    assert literal_codes() == []
