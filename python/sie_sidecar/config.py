@@ -639,13 +639,14 @@ class _Builder:
 
     # -- §1.1 typed values: malformed = startup error
 
-    def uint(self, env: str, default: int) -> int:
+    def uint(self, env: str, default: int, *, limit: bool = True) -> int:
         value = self.text(env)
         if value is None:
             return default
         if not _UINT_RE.fullmatch(value):
             self.fail(env, f"expected a non-negative integer, got {value!r}")
-        self.within_limit(env, int(value))
+        if limit:
+            self.within_limit(env, int(value))
         return int(value)
 
     def seconds_to_ms(self, env: str, default_s: float, floor_ms: int) -> int:
@@ -897,8 +898,8 @@ class _Builder:
         return float(budget)
 
     def _port(self, env: str, default: int) -> int:
-        value = self.uint(env, default)
-        if not 1 <= value <= 65535:
+        value = self.uint(env, default, limit=False)
+        if not 1 <= value <= LIMITS[env]:
             self.fail(env, f"port {value} is out of range 1..65535")
         return value
 
