@@ -16,6 +16,8 @@ from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from nats.errors import Error as NatsError
+from nats.errors import NoRespondersError
+from nats.js.errors import ServiceUnavailableError
 
 from . import connection, wire
 from .config import ConfigError, Settings
@@ -236,6 +238,9 @@ async def _start(settings: Settings, stop: asyncio.Event, resources: contextlib.
     spec = TopologySpec.from_settings(settings)
     try:
         await ensure_topology(js, spec)  # failure is fatal (§2.1)
+    except (ServiceUnavailableError, NoRespondersError) as exc:  # nobody answers the JetStream API
+        reason = f"JetStream is not enabled on the server ({events.describe(exc)})"
+        raise StartupError("NATS topology", reason) from None
     except (NatsError, TimeoutError, OSError) as exc:
         raise StartupError("NATS topology", events.describe(exc)) from None
 

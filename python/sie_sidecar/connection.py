@@ -73,8 +73,9 @@ class NatsEvents:
 
     def describe(self, exc: BaseException) -> str:
         """One redacted line: the type and the message (nats-py's messages may carry the URL)."""
+        name = type(exc).__name__
         text = str(exc).strip() or "no detail"
-        return self._redact(" ".join(f"{type(exc).__name__}: {text}".split()))
+        return self._redact(" ".join((text if name in text else f"{name}: {text}").split()))
 
     def refusal(self) -> asyncio.Future[str]:
         """Resolves with the reason when the server or TLS refuses the first connection."""
@@ -145,9 +146,10 @@ async def connect(nc: NatsClient, settings: Settings, events: NatsEvents) -> Non
     if refusal.done():
         raise ConnectError(f"NATS at {where} refused the connection: {refusal.result()}")
     if attempt.cancelled():
+        n = events.failures
         detail = f"; last error: {events.last_error}" if events.last_error else ""
         raise ConnectError(
-            f"no connection to NATS at {where} within {deadline_s:g} s ({events.failures} failed attempts{detail})"
+            f"no connection to NATS at {where} within {deadline_s:g} s ({n} failed attempt{'s' * (n != 1)}{detail})"
         )
     exc = attempt.exception()
     if exc is not None:

@@ -352,6 +352,8 @@ async def test_a_failed_start_up_step_exits_with_one_line_and_leaves_nothing_ope
     assert len(errors) == 1 and "\n" not in errors[0].getMessage()
     assert errors[0].getMessage().startswith(f"start-up failed: {step.partition(' (')[0]}")
     assert errors[0].exc_info is None
+    if "no JetStream" in step:
+        assert "JetStream is not enabled" in errors[0].getMessage()
     left = asyncio.all_tasks() - tasks_before
     if left:  # tasks being cancelled finish within a few loop turns; a leaked one would not
         _, pending = await asyncio.wait(left, timeout=2)
