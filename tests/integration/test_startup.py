@@ -362,6 +362,25 @@ async def test_a_failed_start_up_step_exits_with_one_line_and_leaves_nothing_ope
     assert _port_is_free(probe_port)
 
 
+async def test_run_refuses_a_setting_this_build_lacks_before_opening_anything(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """`app.run` called directly (the CLI refuses earlier) says so in one line and exits 2."""
+    port = free_port()
+    env = {
+        "SIE_NATS_URL": f"nats://127.0.0.1:{free_port()}",
+        "SIE_POOL": POOL,
+        "SIE_BUNDLE": BUNDLE,
+        "SIE_MACHINE_PROFILE": PROFILE,
+        "SIE_WORKER_PROBE_PORT": str(port),
+        "SIE_IPC_MUX": "1",
+    }
+    assert await asyncio.wait_for(run(Settings.from_env(env), stop=asyncio.Event()), 10) == 2
+    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert errors == ["start-up failed: configuration: SIE_IPC_MUX is not supported yet"]
+    assert not any(r.getMessage().startswith("NATS") for r in caplog.records)
+
+
 async def test_a_probe_port_in_use_is_logged_and_the_sidecar_serves(
     nats_server: NatsServer, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
