@@ -16,11 +16,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import sie_sidecar
-from sie_sidecar import cli
+from sie_sidecar import cli, config
 from sie_sidecar.config import CHECKED_ONLY, INT64_MAX, LIMITS, NOT_YET, ConfigError, Settings
 
 PACKAGE = Path(sie_sidecar.__file__).resolve().parent
-CONFIG = PACKAGE / "config.py"
+CONFIG = Path(config.__file__).resolve()  # wherever the settings module lives
 BASE = {
     "SIE_NATS_URL": "nats://127.0.0.1:4222",
     "SIE_POOL": "default",
