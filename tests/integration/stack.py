@@ -140,10 +140,12 @@ async def start_stack(
     adapter: NullAdapter | None = None,
     env: dict[str, str] | None = None,
     external_backend: str | None = None,
+    gateway_options: dict[str, Any] | None = None,
 ) -> Stack:
     """Start backend, sidecar and the gateway client; return once the sidecar is running.
 
-    `external_backend` is the socket of a backend the test runs itself (a subprocess that may crash).
+    `external_backend` is the socket of a backend the test runs itself (a subprocess that may crash);
+    `gateway_options` go to the gateway client's `nats.connect` (credentials, a TLS context).
     """
     adapter = adapter or NullAdapter(dim=8, preloaded_models=[MODEL])
     sock = external_backend or str(tmp_path / "backend.sock")
@@ -165,7 +167,9 @@ async def start_stack(
         **(env or {}),
     }
     settings = Settings.from_env(environ)
-    nc = await nats.connect(nats_server.url, max_reconnect_attempts=-1, reconnect_time_wait=0.1)
+    nc = await nats.connect(
+        nats_server.url, max_reconnect_attempts=-1, reconnect_time_wait=0.1, **(gateway_options or {})
+    )
     stack_replies: list[dict[str, Any]] = []
     raw: list[bytes] = []
 

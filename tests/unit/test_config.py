@@ -145,6 +145,10 @@ DEFAULTS: list[tuple[str, object]] = [
     ("health_publish_enabled", True),
     ("generate_ipc_frame_timeout_s", 300),
     ("ipc_mux", False),
+    ("nats_connect_timeout_s", 30.0),
+    ("metrics_enabled", False),
+    ("tracing_enabled", False),
+    ("work_deadline_enforce", False),
     ("log_filter", "info"),
     ("warnings", ()),
 ]
@@ -424,8 +428,9 @@ def test_probe_port_explicit() -> None:
     assert build(SIE_WORKER_PROBE_PORT="8080").worker_probe_port == 8080
 
 
-def test_probe_port_out_of_range_is_a_startup_error() -> None:
-    assert config_error(SIE_WORKER_PROBE_PORT="70000").startswith("SIE_WORKER_PROBE_PORT")
+@pytest.mark.parametrize("value", ["0", "65536", "70000", "99999999999999999999"])
+def test_probe_port_out_of_range_is_a_startup_error(value: str) -> None:
+    assert config_error(SIE_WORKER_PROBE_PORT=value).startswith("SIE_WORKER_PROBE_PORT")
 
 
 def test_worker_id_explicit_is_not_trimmed() -> None:
@@ -683,7 +688,13 @@ ENV_ONLY_VARS = [
 
 @given(var=st.sampled_from(ENV_ONLY_VARS), value=st.text(max_size=12))
 def test_env_only_tuning_never_fails_startup(var: str, value: str) -> None:
-    settings = Settings.from_env(env_with(**{var: value}))
+    """Malformed values fall back with a warning; only a number beyond what the server or protocol
+    takes (`LIMITS`) stops start-up, with a ConfigError naming the variable."""
+    try:
+        settings = Settings.from_env(env_with(**{var: value}))
+    except ConfigError as exc:
+        assert str(exc).startswith(f"{var}: ") and "is out of range (at most" in str(exc)
+        return
     assert settings.nak_delay_ms >= 0
     assert 1 <= settings.nats_pull_expires_s <= 29
     assert 1 <= settings.pipeline_depth <= 8
@@ -867,7 +878,7 @@ STARTUP_ERRORS: list[tuple[dict[str, str | None], str]] = [
     ),
     (
         {"SIE_WORKER_PROBE_PORT": "65536"},
-        "SIE_WORKER_PROBE_PORT (--worker-probe-port): port 65536 is out of range 0..65535",
+        "SIE_WORKER_PROBE_PORT (--worker-probe-port): port 65536 is out of range 1..65535",
     ),
     ({"SIE_GPU_COUNT": "two"}, "SIE_GPU_COUNT (--gpu-count): expected a non-negative integer, got 'two'"),
     (

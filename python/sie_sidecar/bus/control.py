@@ -4,10 +4,13 @@ that the pipeline's intake and execute stages consult."""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Awaitable, Callable
 from typing import Protocol
 
+from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
 
 from .. import wire
 
@@ -35,4 +38,21 @@ def cancel_handlers(dispatcher: TombstoneSink, worker_id: str) -> tuple[Callable
     return on_work_cancel, on_batch_cancel
 
 
-__all__ = ["TombstoneSink", "cancel_handlers"]
+async def subscribe_cancels(nc: NatsClient, sink: TombstoneSink, worker_id: str, subs: list[Subscription]) -> None:
+    """Subscribe `work_cancel.>` and `batch_cancel.>` (appended to `subs` as they exist) and flush: a SUB
+    only sits in the client's buffer until flushed, and the server must have the cancel subscriptions
+    before the first pull, or a cancel sent at start-up would go unseen (§2.1 order)."""
+    on_work_cancel, on_batch_cancel = cancel_handlers(sink, worker_id)
+    subs.append(await nc.subscribe("work_cancel.>", cb=on_work_cancel))
+    subs.append(await nc.subscribe("batch_cancel.>", cb=on_batch_cancel))
+    await nc.flush()
+
+
+async def unsubscribe_all(subs: list[Subscription]) -> None:
+    """Drop the cancel subscriptions; idempotent (the drain and the exit stack both call it)."""
+    while subs:
+        with contextlib.suppress(Exception):
+            await subs.pop().unsubscribe()
+
+
+__all__ = ["Subscription", "TombstoneSink", "cancel_handlers", "subscribe_cancels", "unsubscribe_all"]

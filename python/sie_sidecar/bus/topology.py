@@ -11,12 +11,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from nats.errors import Error as NatsError
+from nats.errors import NoRespondersError
 from nats.js import JetStreamContext
 from nats.js import api as js_api
-from nats.js.errors import APIError, NotFoundError
+from nats.js.errors import APIError, NotFoundError, ServiceUnavailableError
 
 from .. import wire
 
@@ -90,6 +93,23 @@ class TopologySpec:
     def worker_max_age_s(self) -> float:
         """Direct work must outlive every redelivery of its consumer (300 s per delivery)."""
         return max(self.stream_max_age_s, _WORKER_AGE_PER_DELIVERY_S * self.max_deliver)
+
+
+class TopologyError(Exception):
+    """The topology could not be established at start-up; the message is one redacted line."""
+
+
+async def establish_topology(
+    js: JetStreamContext, spec: TopologySpec, describe: Callable[[BaseException], str]
+) -> None:
+    """`ensure_topology` for start-up: any failure becomes one `TopologyError` line (`describe` redacts),
+    and a server that does not answer the JetStream API is named as such."""
+    try:
+        await ensure_topology(js, spec)
+    except (ServiceUnavailableError, NoRespondersError) as exc:  # nobody answers the JetStream API
+        raise TopologyError(f"JetStream is not enabled on the server ({describe(exc)})") from None
+    except (NatsError, TimeoutError, OSError) as exc:
+        raise TopologyError(describe(exc)) from None
 
 
 async def ensure_topology(js: JetStreamContext, spec: TopologySpec) -> None:

@@ -1,0 +1,326 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Every setting is either read by the module that owns it or refused at start-up (`NOT_YET`), and
+every number is held to what the server and the protocol take (`LIMITS`): no silent no-ops, no
+value that passes here and fails later with a traceback."""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import math
+import os
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+import sie_sidecar
+from sie_sidecar import cli, config
+from sie_sidecar.config import CHECKED_ONLY, INT64_MAX, LIMITS, NOT_YET, ConfigError, Settings
+
+PACKAGE = Path(sie_sidecar.__file__).resolve().parent
+CONFIG = Path(config.__file__).resolve()  # wherever the settings module lives
+BASE = {
+    "SIE_NATS_URL": "nats://127.0.0.1:4222",
+    "SIE_POOL": "default",
+    "SIE_BUNDLE": "default",
+    "SIE_MACHINE_PROFILE": "l4",
+    "HOSTNAME": "pod-0",
+}
+FIELDS = [f.name for f in dataclasses.fields(Settings)]
+REFUSED = {name: env for name, env in NOT_YET}
+
+
+def _attributes_read(path: Path) -> set[str]:
+    return {node.attr for node in ast.walk(ast.parse(path.read_text())) if isinstance(node, ast.Attribute)}
+
+
+def _read_outside_config() -> set[str]:
+    """Attribute names read anywhere in the package but config.py, plus the fields behind each
+    `Settings` property read there (`settings.nats_servers` reads `nats_url`)."""
+    outside: set[str] = set()
+    for path in PACKAGE.rglob("*.py"):
+        if path != CONFIG:
+            outside |= _attributes_read(path)
+    tree = ast.parse(CONFIG.read_text())
+    settings_class = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Settings")
+    for node in settings_class.body:
+        if not isinstance(node, ast.FunctionDef):
+            continue
+        is_property = any(isinstance(d, ast.Name) and d.id == "property" for d in node.decorator_list)
+        if is_property and node.name in outside:
+            outside |= {
+                n.attr
+                for n in ast.walk(node)
+                if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name) and n.value.id == "self"
+            }
+    return outside
+
+
+READ = _read_outside_config()
+
+
+@pytest.mark.parametrize("name", FIELDS)
+def test_every_setting_is_read_or_refused(name: str) -> None:
+    """A field nobody reads must be in NOT_YET (refused when set) or CHECKED_ONLY (its whole effect is
+    a start-up check); a refused field that something reads has landed and must leave NOT_YET."""
+    if name in REFUSED:
+        assert name not in READ, f"{name} is read outside config.py: remove it from NOT_YET"
+    elif name in CHECKED_ONLY:
+        assert name not in READ
+    else:
+        assert name in READ, f"Settings.{name} is read nowhere: wire it or add it to NOT_YET"
+
+
+#: A value that differs from the default, for each refused variable.
+NOT_DEFAULT = {
+    "SIE_SIDECAR_INGEST": "local",
+    "SIE_SIDECAR_LOCAL_SOCKET": "/tmp/local-ingest.sock",
+    "SIE_IPC_SOCKET_PATHS": "/tmp/a.sock,/tmp/b.sock",
+    "SIE_GATEWAY_URL": "http://gateway:8080",
+    "SIE_GATEWAY_API_KEY": "gw-key-0xDEADBEEF",
+    "SIE_POOL_ADMISSION_ENABLED": "false",
+    "SIE_POOL_ADMISSION_CHECK_INTERVAL_S": "10",
+    "SIE_POOL_ADMISSION_PAUSE_S": "2",
+    "SIE_POOL_ADMISSION_STALE_AFTER_S": "60",
+    "SIE_CONFIG_SERVICE_URL": "http://sie-config:8080",
+    "SIE_CONFIG_SERVICE_TOKEN": "cfg-token-0xFACADE",
+    "SIE_ADMIN_TOKEN": "admin-token-0xC0FFEE",
+    "SIE_WORKER_CONFIG_POLL_INTERVAL_MS": "60000",
+    "SIE_WORKER_CONFIG_FULL_EXPORT_INTERVAL_MS": "0",
+    "SIE_NATS_CONFIG_TRUSTED_PRODUCERS": "sie-config,other",
+    "SIE_NATS_CONFIG_TRUST_ANY_PRODUCER": "true",
+    "SIE_STREAM_REPLICAS": "3",
+    "SIE_GENERATE_IPC_FRAME_TIMEOUT_S": "60",
+    "SIE_IPC_MUX": "1",
+    "SIE_METRICS_ENABLED": "true",
+    "SIE_TRACING_ENABLED": "1",
+    "SIE_WORK_DEADLINE_ENFORCE": "on",
+}
+#: The same variables at their defaults: accepted (a harmless carried value is not refused).
+AT_DEFAULT = {
+    "SIE_SIDECAR_INGEST": "nats",
+    "SIE_IPC_SOCKET_PATHS": "/tmp/sie-ipc.sock",
+    "SIE_POOL_ADMISSION_ENABLED": "true",
+    "SIE_POOL_ADMISSION_CHECK_INTERVAL_S": "5",
+    "SIE_WORKER_CONFIG_POLL_INTERVAL_MS": "30000",
+    "SIE_NATS_CONFIG_TRUSTED_PRODUCERS": "sie-config",
+    "SIE_NATS_CONFIG_TRUST_ANY_PRODUCER": "false",
+    "SIE_STREAM_REPLICAS": "1",
+    "SIE_GENERATE_IPC_FRAME_TIMEOUT_S": "300",
+    "SIE_IPC_MUX": "0",
+    "SIE_METRICS_ENABLED": "false",
+    "SIE_TRACING_ENABLED": "0",
+    "SIE_WORK_DEADLINE_ENFORCE": "off",
+}
+
+
+def test_the_refusal_table_covers_every_refused_variable() -> None:
+    assert set(NOT_DEFAULT) == set(REFUSED.values())
+
+
+def run_cli(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], env: dict[str, str]
+) -> tuple[int, str]:
+    """`sie-sidecar run` in-process; the sidecar itself is replaced by a stub that reports being reached
+    (exit code 99), so only the refusal in front of it is under test."""
+    for key in [k for k in os.environ if k.startswith("SIE_")]:
+        monkeypatch.delenv(key)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+
+    async def reached(settings: Settings) -> int:
+        return 99
+
+    monkeypatch.setattr("sie_sidecar.app.run", reached)
+    monkeypatch.setattr("sie_sidecar.logs.configure_logging", lambda *a, **k: None)
+    code = cli.main(["run"])
+    return code, capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("env", "value"), sorted(NOT_DEFAULT.items()))
+def test_a_setting_this_build_lacks_stops_start_up(
+    env: str, value: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    extra = {"SIE_SIDECAR_LOCAL_SOCKET": "/tmp/local.sock"} if env == "SIE_SIDECAR_INGEST" else {}
+    code, err = run_cli(monkeypatch, capsys, {**BASE, **extra, env: value})
+    assert code == 2
+    assert err.splitlines() == [f"sie-sidecar: {env} is not supported yet"]  # no value: some are tokens
+
+
+@pytest.mark.parametrize("scheme", ["gs", "oss", "abfs", "abfss"])
+def test_a_payload_store_this_build_lacks_stops_start_up(
+    scheme: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, err = run_cli(monkeypatch, capsys, {**BASE, "SIE_PAYLOAD_STORE_URL": f"{scheme}://bucket/prefix"})
+    assert code == 2
+    assert err.splitlines() == [f"sie-sidecar: SIE_PAYLOAD_STORE_URL is not supported yet for {scheme}:// stores"]
+
+
+@pytest.mark.parametrize(("env", "value"), sorted(AT_DEFAULT.items()))
+def test_a_lacking_setting_at_its_default_is_accepted(env: str, value: str) -> None:
+    Settings.from_env({**BASE, env: value}).require_supported()
+
+
+@pytest.mark.parametrize("url", [None, "", "s3://bucket/prefix", "file:///srv/payloads", "/srv/payloads"])
+def test_supported_payload_stores_are_accepted(url: str | None) -> None:
+    env = dict(BASE) if url is None else {**BASE, "SIE_PAYLOAD_STORE_URL": url}
+    Settings.from_env(env).require_supported()
+
+
+def test_the_checked_only_setting_is_checked() -> None:
+    assert sorted(CHECKED_ONLY) == ["worker_liveness_budget_s"]
+    with pytest.raises(ConfigError, match="SIE_WORKER_LIVENESS_BUDGET_S"):
+        Settings.from_env({**BASE, "SIE_WORKER_LIVENESS_BUDGET_S": "60"})
+    assert Settings.from_env({**BASE, "SIE_WORKER_LIVENESS_BUDGET_S": "901"}).worker_liveness_budget_s == 901
+
+
+# ------------------------------------------------------------------------------------------------ ranges
+
+#: Every numeric variable; `LIMITS` must name each (and nothing else).
+NUMERIC = [
+    "SIE_IPC_POOL_SIZE",
+    "SIE_IPC_REQUEST_TIMEOUT_S",
+    "SIE_MODEL_READY_TIMEOUT_S",
+    "SIE_WORKER_LIVENESS_BUDGET_S",
+    "SIE_POOL_ADMISSION_CHECK_INTERVAL_S",
+    "SIE_POOL_ADMISSION_PAUSE_S",
+    "SIE_POOL_ADMISSION_STALE_AFTER_S",
+    "SIE_WORKER_PROBE_PORT",
+    "SIE_WORKER_PING_INTERVAL_MS",
+    "SIE_WORKER_READYZ_STALE_MULT",
+    "SIE_GPU_COUNT",
+    "SIE_WORKER_CONFIG_POLL_INTERVAL_MS",
+    "SIE_WORKER_CONFIG_FULL_EXPORT_INTERVAL_MS",
+    "SIE_HEALTH_PUBLISH_INTERVAL_MS",
+    "SIE_MAX_DELIVER",
+    "SIE_MAX_ACK_PENDING",
+    "SIE_STREAM_MAX_AGE_S",
+    "SIE_STREAM_REPLICAS",
+    "SIE_NATS_CONSUMER_RECONCILE_INTERVAL_MS",
+    "SIE_NATS_FETCH_BUDGET",
+    "SIE_NATS_PULL_EXPIRES_S",
+    "SIE_NATS_CONNECT_TIMEOUT_S",
+    "SIE_PULL_LOOP_INFLIGHT",
+    "SIE_PULL_LOOP_MAX_OUTSTANDING",
+    "SIE_MAX_CONCURRENT_BATCHES",
+    "SIE_AUDIO_PREP_PERMITS",
+    "SIE_NAK_DELAY_S",
+    "SIE_SCHEDULER_DRAIN_DEADLINE_MS",
+    "SIE_RUST_PIPELINE_DEPTH",
+    "SIE_BATCHER_MAX_BATCH_WAIT_MS",
+    "SIE_BATCHER_MAX_BATCH_COST",
+    "SIE_BATCHER_MAX_BATCH_REQUESTS",
+    "SIE_BATCHER_COALESCE_MS",
+    "SIE_BATCHER_COALESCE_RATIO",
+    "SIE_ADAPTIVE_MIN_QUANTUM_MS",
+    "SIE_ADAPTIVE_MAX_QUANTUM_MS",
+    "SIE_ADAPTIVE_TARGET_P50_MS",
+    "SIE_GENERATE_IPC_FRAME_TIMEOUT_S",
+]
+BOUNDED = [env for env in NUMERIC if math.isfinite(LIMITS[env])]
+#: The smallest value that is a valid setting (below it the spec's own rule applies), and what else
+#: the variable needs to be valid.
+LOWEST = {
+    "SIE_WORKER_PROBE_PORT": 1,
+    "SIE_WORKER_LIVENESS_BUDGET_S": 2,
+    # Timer periods: 0 would spin a timer loop, so it is refused.
+    "SIE_WORKER_PING_INTERVAL_MS": 1,
+    "SIE_HEALTH_PUBLISH_INTERVAL_MS": 1,
+}
+NEEDS = {"SIE_WORKER_LIVENESS_BUDGET_S": {"SIE_MODEL_READY_TIMEOUT_S": "1"}}
+
+
+def test_limits_name_every_numeric_variable() -> None:
+    assert set(LIMITS) == set(NUMERIC)
+
+
+def test_the_reported_defect_is_a_config_error() -> None:
+    """Defect 6: this passed validation and crashed at topology creation with a raw traceback."""
+    with pytest.raises(ConfigError) as info:
+        Settings.from_env({**BASE, "SIE_MAX_ACK_PENDING": "99999999999999999999"})
+    assert str(info.value) == "SIE_MAX_ACK_PENDING: 99999999999999999999 is out of range (at most 9223372036854775807)"
+
+
+@given(env=st.sampled_from(BOUNDED), data=st.data())
+def test_a_number_beyond_its_limit_is_a_config_error_naming_the_variable(env: str, data: st.DataObject) -> None:
+    limit = int(LIMITS[env])
+    value = data.draw(st.integers(min_value=limit + 1, max_value=max(10**30, limit * 10)))
+    with pytest.raises(ConfigError) as info:
+        Settings.from_env({**BASE, **NEEDS.get(env, {}), env: str(value)})
+    assert str(info.value).startswith(env)
+    assert "\n" not in str(info.value)
+
+
+@given(env=st.sampled_from(BOUNDED), data=st.data())
+def test_a_number_within_its_limit_is_accepted(env: str, data: st.DataObject) -> None:
+    limit = int(LIMITS[env])
+    value = data.draw(st.integers(min_value=LOWEST.get(env, 0), max_value=limit) | st.just(limit))
+    Settings.from_env({**BASE, **NEEDS.get(env, {}), env: str(value)})
+
+
+@given(
+    env=st.sampled_from(NUMERIC),
+    value=st.text(max_size=24) | st.from_regex(r"-?[0-9]{1,40}(\.[0-9]{0,5})?(e[0-9]{1,3})?", fullmatch=True),
+)
+def test_any_text_is_a_setting_or_a_config_error(env: str, value: str) -> None:
+    """Whatever a numeric variable holds, start-up gets Settings or a ConfigError, never another exception."""
+    try:
+        Settings.from_env({**BASE, env: value})
+    except ConfigError as exc:
+        assert str(exc).startswith(env) and "\n" not in str(exc)
+
+
+@pytest.mark.parametrize(
+    ("env", "value"),
+    [
+        ("SIE_ADAPTIVE_BATCH_MAX_WAIT_MS", "1e20"),
+        ("SIE_ADAPTIVE_BATCH_MAX_COST", str(INT64_MAX + 1)),
+    ],
+)
+def test_adaptive_overrides_beyond_their_limit_are_config_errors(env: str, value: str) -> None:
+    with pytest.raises(ConfigError, match=f"^{env}: "):
+        Settings.from_env({**BASE, env: value})
+
+
+def test_adaptive_overrides_within_range_are_carried() -> None:
+    s = Settings.from_env({**BASE, "SIE_ADAPTIVE_BATCH_MAX_WAIT_MS": "40", "SIE_ADAPTIVE_BATCH_MAX_COST": "x"})
+    assert dict(s.adaptive_batch_env) == {"SIE_ADAPTIVE_BATCH_MAX_WAIT_MS": "40", "SIE_ADAPTIVE_BATCH_MAX_COST": "x"}
+
+
+def test_derived_durations_fit_their_wire_fields() -> None:
+    """The worker-direct max_age (300 s x max_deliver) and the readiness window stay valid durations."""
+    top = Settings.from_env(
+        {**BASE, "SIE_MAX_DELIVER": str(int(LIMITS["SIE_MAX_DELIVER"])), "SIE_STREAM_MAX_AGE_S": "1"}
+    )
+    assert top.worker_stream_max_age_s * 1_000_000_000 <= INT64_MAX
+    window = Settings.from_env(
+        {
+            **BASE,
+            "SIE_WORKER_PING_INTERVAL_MS": str(int(LIMITS["SIE_WORKER_PING_INTERVAL_MS"])),
+            "SIE_WORKER_READYZ_STALE_MULT": str(int(LIMITS["SIE_WORKER_READYZ_STALE_MULT"])),
+        }
+    )
+    assert window.readyz_stale_ms * 1_000_000 <= INT64_MAX
+
+
+def test_the_concurrency_limits_come_from_their_variables() -> None:
+    """The limits are named once; each reflects its own variable (and nothing else)."""
+    env = {
+        "SIE_PULL_LOOP_MAX_OUTSTANDING": "301",
+        "SIE_PULL_LOOP_INFLIGHT": "7",
+        "SIE_MAX_CONCURRENT_BATCHES": "5",
+        "SIE_RUST_PIPELINE_DEPTH": "3",
+        "SIE_IPC_POOL_SIZE": "6",
+        "SIE_AUDIO_PREP_PERMITS": "2",
+    }
+    limits = Settings.from_env({**BASE, **env}).concurrency
+    assert (
+        limits.pull_outstanding,
+        limits.pull_batches,
+        limits.model_groups,
+        limits.pipeline_depth,
+        limits.ipc_connections,
+        limits.audio_decodes,
+    ) == (301, 7, 5, 3, 6, 2)
