@@ -19,7 +19,7 @@ from . import wire
 from .config import Settings
 from .delivery import Settler
 from .dispatcher import ConfigState, Dispatcher, DispatchSettings
-from .health import HealthIdentity, Readiness, health_payload, heartbeat, start_probes
+from .health import HealthIdentity, HealthReporter, Readiness, heartbeat, start_probes
 from .ipc_client import IpcClient
 from .outbound import FramedWriter
 from .payloads import PayloadStore, PayloadStoreConfigError
@@ -28,6 +28,7 @@ from .publisher import Publisher
 from .pull import PullConsumer
 from .quantum import LatencyWindow, QuantumController
 from .scheduler import SchedulerConfig
+from .telemetry import Registry
 from .topology import TopologySpec, ensure_topology, reconcile_forever
 
 log = logging.getLogger(__name__)
@@ -132,18 +133,19 @@ def _cancel_handlers(dispatcher: Dispatcher, worker_id: str) -> tuple[Callable[[
 
 async def _health_publisher(
     nc: NatsClient,
-    identity: HealthIdentity,
-    readiness: Readiness,
+    reporter: HealthReporter,
     *,
     config: ConfigState,
     interval_ms: int,
     stop: asyncio.Event,
 ) -> None:
-    subject = wire.health_subject(identity.worker_id)
+    """The NATS heartbeat (§10): first beat at once, then every interval; the load fields and
+    `saturated` come from the telemetry registry the schedulers record into."""
+    subject = wire.health_subject(reporter.identity.worker_id)
     failures = 0
     while not stop.is_set():
         try:
-            await nc.publish(subject, health_payload(identity, readiness, bundle_config_hash=config.current or ""))
+            await nc.publish(subject, reporter.payload(config.current or ""))
         except Exception as exc:  # logged on counts 1, 5, 30, every 120 (§10)
             failures += 1
             if failures in (1, 5, 30) or failures % 120 == 0:
@@ -206,6 +208,7 @@ async def run(settings: Settings, *, stop: asyncio.Event | None = None, started:
         include_queue_ms=settings.pull_quantum_include_queue_ms,
     )
     config = ConfigState(settings.bundle_config_hash)
+    telemetry = Registry()
     settler = Settler(FramedWriter(nc))
     publisher = Publisher(nc)
     dispatcher = Dispatcher(
@@ -217,6 +220,7 @@ async def run(settings: Settings, *, stop: asyncio.Event | None = None, started:
         shutdown=stop,
         quantum=quantum,
         payloads=payloads,
+        telemetry=telemetry,
     )
     on_work_cancel, on_batch_cancel = _cancel_handlers(dispatcher, settings.worker_id)
     subs = [
@@ -243,14 +247,14 @@ async def run(settings: Settings, *, stop: asyncio.Event | None = None, started:
         bundle=settings.bundle,
         gpu_count=settings.gpu_count,
     )
+    reporter = HealthReporter(identity, readiness, telemetry, max_concurrent_batches=settings.max_concurrent_batches)
     health_stop = asyncio.Event()
     if settings.health_publish_enabled:
         background.append(
             asyncio.create_task(
                 _health_publisher(
                     nc,
-                    identity,
-                    readiness,
+                    reporter,
                     config=config,
                     interval_ms=settings.health_publish_interval_ms,
                     stop=health_stop,
@@ -338,7 +342,7 @@ async def run(settings: Settings, *, stop: asyncio.Event | None = None, started:
     health_stop.set()
     if settings.health_publish_enabled:
         with contextlib.suppress(Exception):
-            tombstone = health_payload(identity, readiness, bundle_config_hash=config.current or "", terminated=True)
+            tombstone = reporter.payload(config.current or "", terminated=True)
             await nc.publish(wire.health_subject(settings.worker_id), tombstone)
             await nc.flush(timeout=round(HEALTH_TOMBSTONE_WAIT_S))
     for task in background:

@@ -40,6 +40,7 @@ from .publisher import Publisher, Reply
 from .quantum import QuantumController
 from .results import batched_f16_slices, error_result, outcome_result, queue_ms
 from .scheduler import Formed, ModelScheduler, SchedulerConfig
+from .telemetry import BATCH_COST, BATCH_SIZE, Registry
 from .types import WorkResult
 from .workitem import WorkItem, WorkItemError, decode_work_item
 
@@ -132,8 +133,12 @@ class Dispatcher:
         shutdown: asyncio.Event | None = None,
         quantum: QuantumController | None = None,
         payloads: PayloadStore | None = None,
+        telemetry: Registry | None = None,
     ) -> None:
         self._s = settings
+        #: What the schedulers and batch calls record (queue depth, pending cost, batches in flight,
+        #: batch sizes); the health heartbeat reads it.
+        self.telemetry = telemetry if telemetry is not None else Registry()
         self._backend = backend
         self._publisher = publisher
         self._settler = settler
@@ -351,6 +356,7 @@ class Dispatcher:
                     lambda formed: self._dispatch_formed(model, formed),
                     c,
                     on_idle=lambda: self._on_idle() if self._on_idle is not None else None,
+                    telemetry=self.telemetry,
                 ),
                 controller=AdaptiveController.production(
                     c.max_batch_cost, c.max_batch_wait_ms, env=self._s.controller_env
@@ -527,6 +533,9 @@ class Dispatcher:
             await self._nak_all(ds, base)
             return None
         self.batch_sizes[len(items)] += 1
+        attrs = (("operation", op),)
+        self.telemetry.histogram(BATCH_SIZE, attrs).record(len(items))
+        self.telemetry.histogram(BATCH_COST, attrs).record(total_cost)
         await self._apply_outcomes(ds, outcome)
         return outcome
 
