@@ -674,7 +674,9 @@ async def _publish_all(nc: Client, run: _Run) -> int:
     plan = _request_plan(config)
     cap = config.max_in_flight
     offsets = arrival_offsets(plan, config.rate, config.arrival, config.seed)
-    start = time.perf_counter()
+    # The schedule is anchored at the first publish (offset 0), so request j leaves no earlier than
+    # first_publish + offsets[j] and `elapsed_s` covers the whole schedule however late the first was.
+    start = 0.0
     items_before = 0
     seq = 0
     since_yield = 0
@@ -686,7 +688,7 @@ async def _publish_all(nc: Client, run: _Run) -> int:
                 await asyncio.wait_for(run.progress_event.wait(), timeout=config.timeout_s)
             except TimeoutError:
                 return config.items - items_before
-        if offsets:
+        if offsets and run.first_publish is not None:
             delay = start + offsets[request_number] - time.perf_counter()
             if delay > 0:
                 await asyncio.sleep(delay)
@@ -710,7 +712,7 @@ async def _publish_all(nc: Client, run: _Run) -> int:
             now = time.perf_counter()
             run.sent_at[key] = now
             if run.first_publish is None:
-                run.first_publish = now
+                run.first_publish = start = now
             run.sent += 1
             try:
                 await nc.publish(subject, data, reply=f"{ack_prefix}.{seq}")

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import io
 import itertools
 import json
@@ -201,13 +200,21 @@ def replies_for(item: dict[str, Any], mode: str) -> list[bytes]:
 
 
 class Responder:
-    """A stand-in sidecar: pull, reply per policy, flush, then ACK (the §9.3 order)."""
+    """A stand-in sidecar: pull, reply per policy, flush, then ACK (the §9.3 order).
+
+    It stops on an event, checked between fetches (each at most `FETCH_S`), not by cancelling its
+    task: on Python 3.11 a cancel that lands as a message arrives is swallowed inside nats-py's
+    `next_msg` (its `asyncio.wait_for` returns the message instead), and a loop that was only ever
+    stopped by cancellation then runs until the test times out."""
+
+    FETCH_S = 0.2
 
     def __init__(self, nc: Client, policy: Policy | None = None) -> None:
         self.nc = nc
         self.policy: Policy = policy or (lambda item: "single")
         self.received: list[tuple[str, bytes]] = []
         self._task: asyncio.Task[None] | None = None
+        self._stop = asyncio.Event()
 
     async def __aenter__(self) -> Responder:
         psub = await self.nc.jetstream().pull_subscribe(
@@ -218,14 +225,13 @@ class Responder:
 
     async def __aexit__(self, *exc: object) -> None:
         assert self._task is not None
-        self._task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self._task
+        self._stop.set()
+        await asyncio.wait_for(self._task, timeout=10 * self.FETCH_S + 5)
 
     async def _serve(self, psub: Any) -> None:
-        while True:
+        while not self._stop.is_set():
             try:
-                msgs = await psub.fetch(batch=256, timeout=0.2)
+                msgs = await psub.fetch(batch=256, timeout=self.FETCH_S)
             except TimeoutError:
                 continue
             for msg in msgs:
@@ -407,7 +413,7 @@ async def test_rate_and_in_flight_cap(_loadgen_nc: Client, _loadgen_nats: str) -
         paced = await generate_load(_config(_loadgen_nats, items=40, rate=400.0), progress=False)
         capped = await generate_load(_config(_loadgen_nats, items=300, max_in_flight=8), progress=False)
     assert paced.ok and paced.results == 40
-    assert paced.elapsed_s >= 39 / 400 * 0.95  # fixed interval: the last item leaves at start + 39/rate
+    assert paced.elapsed_s >= 39 / 400  # fixed interval: the last item leaves at first publish + 39/rate
     assert capped.ok and capped.results == 300
 
 
@@ -421,7 +427,7 @@ async def test_poisson_arrivals_with_varied_texts(_loadgen_nc: Client, _loadgen_
     assert "Poisson arrivals" in summary.format() and summary.to_json()["arrival"] == "poisson"
     last = arrival_offsets([1] * 120, 1000.0, "poisson", seed=11)[-1]
     assert last != pytest.approx(0.119, abs=1e-3)  # not the fixed schedule's last departure
-    assert summary.elapsed_s >= last * 0.95  # open loop: the last item leaves at start + its offset
+    assert summary.elapsed_s >= last  # open loop: the last item leaves at first publish + its offset
     sent = [msgpack.unpackb(raw)["item"]["text"] for _, raw in responder.received]
     assert sorted(sent) == sorted(texts[i % 64] for i in range(120))
     assert len({len(text.split()) for text in sent}) > 20  # costs vary
