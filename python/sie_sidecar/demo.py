@@ -30,12 +30,15 @@ from .loadgen import LoadConfig, LoadgenError, LoadSummary, generate_load
 from .localhost import find_nats_server, free_port, port_open
 
 MODEL = "sentence-transformers/all-MiniLM-L6-v2"
-#: Items of the capacity burst: four full batches of the default 12-item cap for MiniLM on a CPU,
-#: a few hundred milliseconds' worth for the null backend.
-WARMUP_ITEMS: Final = {"minilm": 48, "null": 4000}
+#: Items of each capacity burst: three full batches of the default 12-item cap for MiniLM on a CPU
+#: (about 3 s each on a busy 2-core machine), a few hundred milliseconds' worth for the null backend.
+WARMUP_ITEMS: Final = {"minilm": 36, "null": 4000}
+WARMUP_BURSTS: Final = 2
 FIRST_CONTACT_ITEMS: Final = 4  # the model loads on the first items: not part of any timing
-UTILISATION: Final = 0.7  # the load phase offers this share of the measured capacity
-LOAD_S: Final = 8.0  # and lasts about this long
+#: The load phase offers this share of the measured capacity: below it, with room for a shared
+#: machine's speed to vary and for the smaller batches an open-loop load forms.
+UTILISATION: Final = 0.6
+LOAD_S: Final = 6.0  # and lasts about this long
 MIN_ITEMS: Final = 20
 PAIRS = (
     ("a cat sits on the mat", "a kitten rests on a rug"),
@@ -251,14 +254,19 @@ async def _phases(url: str, adapter: str, items: int | None, out: DemoRun) -> No
         out.sent += len({t for pair in PAIRS for t in pair})
     print(f"  first items  answered {time.monotonic() - began:.1f} s after start-up (the sidecar up, the model loaded)")
     burst = WARMUP_ITEMS[adapter]
-    out.warmup = await generate_load(_config(url, out.model, burst, timeout_s=60.0), progress=False)
-    out.sent += out.warmup.sent
-    out.capacity = out.warmup.items_per_s
+    rates = []
+    for _ in range(WARMUP_BURSTS):  # the slower burst counts: a shared machine's speed varies
+        out.warmup = await generate_load(_config(url, out.model, burst, timeout_s=60.0), progress=False)
+        out.sent += out.warmup.sent
+        if not out.warmup.ok:
+            return
+        rates.append(out.warmup.items_per_s)
+    out.capacity = min(rates)
     print(
-        f"  warm-up      {burst:,} items at once, answered in {out.warmup.elapsed_s:.1f} s:"
-        f" this machine serves about {out.capacity:,.0f} items/s now (its capacity)"
+        f"  warm-up      {WARMUP_BURSTS} bursts of {burst:,} items at once, answered at"
+        f" {' and '.join(f'{r:,.0f}' for r in rates)} items/s: the capacity is taken as {out.capacity:,.0f} items/s"
     )
-    if not out.warmup.ok or out.capacity <= 0:
+    if out.capacity <= 0:
         return
     out.rate = UTILISATION * out.capacity
     count = items if items is not None else max(MIN_ITEMS, round(out.rate * LOAD_S))
@@ -344,7 +352,7 @@ def run_demo(*, adapter: str = "minilm", items: int | None = None) -> int:
     """Run the demo; returns a process exit code (0 when every item was answered).
 
     The load is sized to this machine: a warm-up burst measures what the backend sustains, and the
-    load phase offers 70 % of that for about LOAD_S seconds (or `items`), so the latency figures
+    load phase offers 60 % of that for about LOAD_S seconds (or `items`), so the latency figures
     describe a working pipeline rather than a queue. The run's logs are kept when it fails."""
     started = time.monotonic()
     model = MODEL if adapter == "minilm" else "null/vectors"
