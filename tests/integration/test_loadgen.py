@@ -412,7 +412,7 @@ async def test_a_late_answer_is_late_not_lost(_loadgen_nc: Client, _loadgen_nats
     items, capacity = 12, 100.0
     limits = deadlines(items, capacity, 30.0)
     assert limits.due_s is not None and limits.stall_s == STALL_MIN_S
-    late_s = limits.due_s + 0.8  # well past the due time, well inside the stall window
+    late_s = limits.due_s + 0.8  # well past the latest possible due time, well inside the stall window
 
     def policy(item: dict[str, Any]) -> str:
         return {10: "late", 11: "none"}.get(_request_number(item), "single")
@@ -424,7 +424,10 @@ async def test_a_late_answer_is_late_not_lost(_loadgen_nc: Client, _loadgen_nats
         )
         waited = time.monotonic() - started
     assert (summary.results, summary.successes, summary.late, summary.lost) == (11, 11, 1, 1)
-    assert summary.due_s == pytest.approx(limits.due_s) and not summary.ok
+    # Due time from what was outstanding at the last publish: the two held back at least, all 12 at most.
+    fewest = deadlines(2, capacity, 30.0).due_s
+    assert summary.due_s is not None and fewest is not None and not summary.ok
+    assert fewest <= summary.due_s <= limits.due_s
     assert late_s + STALL_MIN_S <= waited < late_s + STALL_MIN_S + 5  # the stall rule ended it, not 30 s
     assert "late       1 answered more than" in summary.format() and summary.to_json()["late"] == 1
 
