@@ -211,7 +211,7 @@ backend_flags=()
 [[ $best_mode == graph ]] && backend_flags+=(--backend-flag=--cuda-graph)
 echo "backend mode for the e2e: $best_mode"
 
-# 2. The full e2e, driven from Python (sie_sidecar.loadgen building blocks and benches/e2e_throughput.py helpers).
+# 2. The full e2e, driven from Python (sie_sidecar.tools.loadgen building blocks and benches/e2e_throughput.py helpers).
 cat >"$WORK/e2e_driver.py" <<'EOF'
 """gpu_e2e.sh's driver: nats-server + torch backend, preload, `sie-sidecar run`, time to the last reply."""
 
@@ -245,13 +245,13 @@ from benches.e2e_throughput import (  # noqa: E402
     preload,
 )
 from benches.gpu.torch_minilm_backend import MODEL_ID, bench_texts  # noqa: E402
-from sie_sidecar.localhost import free_port, port_open  # noqa: E402
+from sie_sidecar.tools.localhost import free_port, port_open  # noqa: E402
 from nats.js import api as js_api  # noqa: E402
 
 from sie_sidecar import wire  # noqa: E402
 from sie_sidecar.config import Settings  # noqa: E402
-from sie_sidecar.loadgen import LoadConfig  # noqa: E402
-from sie_sidecar.topology import STREAM_MAX_MSGS, TopologySpec, ensure_topology  # noqa: E402
+from sie_sidecar.tools.loadgen import LoadConfig  # noqa: E402
+from sie_sidecar.bus.topology import STREAM_MAX_MSGS, TopologySpec, ensure_topology  # noqa: E402
 
 SIDECAR_DEFAULTS = {
     "SIE_POOL": "default",

@@ -16,7 +16,7 @@ from . import wire
 from .bus import connect as connection
 from .bus.connect import NATS_FAILURES, NatsClient
 from .bus.control import Subscription, subscribe_cancels, unsubscribe_all
-from .bus.health import HealthIdentity, health_payload, publish_health
+from .bus.health import HealthIdentity, HealthReporter, publish_health
 from .bus.outbound import FramedWriter
 from .bus.publisher import Publisher
 from .bus.pull import PullConsumer
@@ -32,6 +32,7 @@ from .prep.audio import configure_permits as configure_audio_permits
 from .probes import start_probes
 from .sched.quantum import LatencyWindow, QuantumController
 from .sched.scheduler import SchedulerConfig
+from .telemetry import Registry
 
 log = logging.getLogger(__name__)
 
@@ -88,7 +89,7 @@ class _Running:
     settler: Settler
     publisher: Publisher
     config: ConfigState
-    identity: HealthIdentity
+    reporter: HealthReporter
     consumers: list[PullConsumer]
     loops: list[asyncio.Task[None]]
     tasks: set[asyncio.Task[None]]
@@ -153,6 +154,7 @@ async def _start(settings: Settings, stop: asyncio.Event, resources: contextlib.
         include_queue_ms=settings.pull_quantum_include_queue_ms,
     )
     config = ConfigState(settings.bundle_config_hash)
+    telemetry = Registry()
     settler = Settler(FramedWriter(nc))
     publisher = Publisher(nc)
     dispatcher = Dispatcher(
@@ -164,6 +166,7 @@ async def _start(settings: Settings, stop: asyncio.Event, resources: contextlib.
         shutdown=stop,
         quantum=quantum,
         payloads=payloads,
+        telemetry=telemetry,
     )
     subs: list[Subscription] = []
     resources.push_async_callback(unsubscribe_all, subs)
@@ -190,13 +193,13 @@ async def _start(settings: Settings, stop: asyncio.Event, resources: contextlib.
         bundle=settings.bundle,
         gpu_count=settings.gpu_count,
     )
+    reporter = HealthReporter(identity, readiness, telemetry, max_concurrent_batches=limits.model_groups)
     if settings.health_publish_enabled:
         background.append(
             asyncio.create_task(
                 publish_health(
                     nc,
-                    identity,
-                    readiness,
+                    reporter,
                     config=config,
                     interval_ms=settings.health_publish_interval_ms,
                     stop=health_stop,
@@ -266,7 +269,7 @@ async def _start(settings: Settings, stop: asyncio.Event, resources: contextlib.
         settler=settler,
         publisher=publisher,
         config=config,
-        identity=identity,
+        reporter=reporter,
         consumers=consumers,
         loops=loops,
         tasks=tasks,
@@ -305,9 +308,7 @@ async def _drain(r: _Running) -> None:
     r.health_stop.set()
     if settings.health_publish_enabled:
         with contextlib.suppress(Exception):
-            tombstone = health_payload(
-                r.identity, r.readiness, bundle_config_hash=r.config.current or "", terminated=True
-            )
+            tombstone = r.reporter.payload(r.config.current or "", terminated=True)
             await r.nc.publish(wire.health_subject(settings.worker_id), tombstone)
             await r.nc.flush(timeout=round(HEALTH_TOMBSTONE_WAIT_S))
     await _end_tasks(r.background)

@@ -11,10 +11,11 @@ from typing import Any
 
 import aiohttp
 
+from sie_sidecar.backend.null import NullAdapter
 from sie_sidecar.pipeline.readiness import Readiness
 
 from .conftest import NatsServer
-from .stack import BUNDLE, MODEL, POOL, PROFILE, WORKER, running_stack
+from .stack import BUNDLE, MODEL, POOL, PROFILE, WORKER, running_stack, work_item
 
 HEALTH_KEYS = [
     "name",
@@ -88,3 +89,46 @@ def test_readiness_reasons() -> None:
     assert str(r.reason(now=r.last_ping_ok + 1.0)).startswith("heartbeat stale (1000 ms ago, threshold 300 ms)")
     r.draining = True
     assert r.reason() == "draining"
+
+
+async def test_health_heartbeat_reports_the_load_under_a_burst(nats_server: NatsServer, tmp_path: Path) -> None:
+    """A burst at a slow backend shows up in the heartbeat as queued items, their cost, batches in
+    flight and `saturated`; once every item is answered the fields are zero and `saturated` false."""
+    beats: list[dict[str, Any]] = []
+    burst, depth = 40, 2
+    adapter = NullAdapter(dim=8, preloaded_models=[MODEL], batch_delay_s=0.3)
+    env = {"SIE_HEALTH_PUBLISH_INTERVAL_MS": "50", "SIE_RUST_PIPELINE_DEPTH": str(depth)}
+    async with running_stack(nats_server, tmp_path, adapter=adapter, env=env) as stack:
+
+        async def on_beat(msg: Any) -> None:
+            beats.append(json.loads(msg.data))
+
+        await stack.nc.subscribe(f"sie.health.{WORKER}", cb=on_beat)
+        await stack.wait_for(lambda: any(b["ready"] for b in beats), timeout=10)
+        idle = [b for b in beats if b["ready"]][-1]
+        assert (idle["queue_depth"], idle["pending_cost"], idle["inflight_batches"], idle["saturated"]) == (
+            0,
+            0,
+            0,
+            False,
+        )
+        items = [work_item(text=f"burst {i}") for i in range(burst)]
+        await asyncio.gather(*(stack.publish(item) for item in items))
+
+        def loaded(b: dict[str, Any]) -> bool:
+            return bool(b["queue_depth"] > 0 and b["inflight_batches"] > 0)
+
+        await stack.wait_for(lambda: any(loaded(b) for b in beats), timeout=10)
+        busy = next(b for b in beats if loaded(b))
+        # Encode items without a tokenizer cost 1 each; at most `depth` batches run at once, and
+        # what runs is no longer queued. One ready slot x 4 concurrent batches: saturated from 4.
+        assert busy["pending_cost"] == busy["queue_depth"] <= burst - 1
+        assert 1 <= busy["inflight_batches"] <= depth
+        assert busy["saturated"] is True
+        await stack.wait_for(lambda: len(stack.replies) == burst, timeout=30)
+        assert all(r["success"] for r in stack.replies)
+        # The last batch task ends just after its replies went out: wait (bounded) for a quiet beat.
+        await stack.wait_for(lambda: beats[-1]["queue_depth"] == beats[-1]["inflight_batches"] == 0, timeout=10)
+        after = beats[-1]
+        assert (after["pending_cost"], after["saturated"]) == (0, False)
+        assert all(b["inflight_batches"] <= depth for b in beats)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import io
 import itertools
 import json
@@ -30,11 +29,16 @@ from nats.js.api import DiscardPolicy, RetentionPolicy, StreamConfig
 from sie_sidecar import wire
 from sie_sidecar.tools.loadgen import (
     DEFAULT_TEXTS,
+    LATE_FACTOR,
+    LATE_SLACK_S,
+    STALL_ITEMS,
+    STALL_MIN_S,
     LoadConfig,
     LoadgenError,
     add_loadgen_arguments,
     arrival_offsets,
     config_from_args,
+    deadlines,
     generate_load,
     run_loadgen,
     varied_texts,
@@ -201,13 +205,23 @@ def replies_for(item: dict[str, Any], mode: str) -> list[bytes]:
 
 
 class Responder:
-    """A stand-in sidecar: pull, reply per policy, flush, then ACK (the §9.3 order)."""
+    """A stand-in sidecar: pull, reply per policy, flush, then ACK (the §9.3 order).
 
-    def __init__(self, nc: Client, policy: Policy | None = None) -> None:
+    It stops on an event, checked between fetches (each at most `FETCH_S`), not by cancelling its
+    task: on Python 3.11 a cancel that lands as a message arrives is swallowed inside nats-py's
+    `next_msg` (its `asyncio.wait_for` returns the message instead), and a loop that was only ever
+    stopped by cancellation then runs until the test times out."""
+
+    FETCH_S = 0.2
+
+    def __init__(self, nc: Client, policy: Policy | None = None, *, late_s: float = 0.0) -> None:
         self.nc = nc
         self.policy: Policy = policy or (lambda item: "single")
+        self.late_s = late_s  # how long a "late" item's single reply is held back
         self.received: list[tuple[str, bytes]] = []
         self._task: asyncio.Task[None] | None = None
+        self._stop = asyncio.Event()
+        self._later: set[asyncio.Task[None]] = set()
 
     async def __aenter__(self) -> Responder:
         psub = await self.nc.jetstream().pull_subscribe(
@@ -218,23 +232,37 @@ class Responder:
 
     async def __aexit__(self, *exc: object) -> None:
         assert self._task is not None
-        self._task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self._task
+        self._stop.set()
+        await asyncio.wait_for(self._task, timeout=10 * self.FETCH_S + 5)
+        for task in self._later:
+            task.cancel()
+        await asyncio.gather(*self._later, return_exceptions=True)
+
+    async def _reply_later(self, item: dict[str, Any], msg: Any) -> None:
+        await asyncio.sleep(self.late_s)
+        await self.nc.publish(item["reply_subject"], wire.encode_work_result(_result(item)))
+        await self.nc.flush()
+        await msg.ack()
 
     async def _serve(self, psub: Any) -> None:
-        while True:
+        while not self._stop.is_set():
             try:
-                msgs = await psub.fetch(batch=256, timeout=0.2)
+                msgs = await psub.fetch(batch=256, timeout=self.FETCH_S)
             except TimeoutError:
                 continue
+            now = []
             for msg in msgs:
                 self.received.append((msg.subject, msg.data))
                 item = msgpack.unpackb(msg.data)
-                for reply in replies_for(item, self.policy(item)):
+                mode = self.policy(item)
+                if mode == "late":
+                    self._later.add(asyncio.create_task(self._reply_later(item, msg)))
+                    continue
+                now.append(msg)
+                for reply in replies_for(item, mode):
                     await self.nc.publish(item["reply_subject"], reply)
             await self.nc.flush()
-            for msg in msgs:
+            for msg in now:
                 await msg.ack()
 
 
@@ -364,6 +392,46 @@ async def test_unanswered_item_is_lost_and_the_cli_fails(
     assert data["publish_errors"] == 0 and data["router_id"].startswith("loadgen-")
 
 
+def test_deadlines_follow_the_backlog_at_the_measured_capacity() -> None:
+    fixed = deadlines(500, 0.0, 60.0)  # capacity unknown: the fixed timeout, nothing is ever late
+    assert (fixed.due_s, fixed.stall_s, fixed.give_up_s) == (None, None, 60.0)
+    slow, fast = deadlines(500, 50.0, 60.0), deadlines(500, 5000.0, 60.0)
+    assert slow.due_s == pytest.approx(LATE_FACTOR * 500 / 50 + LATE_SLACK_S)  # 21 s for 500 items at 50/s
+    assert fast.due_s == pytest.approx(LATE_FACTOR * 500 / 5000 + LATE_SLACK_S)
+    assert slow.stall_s == max(STALL_MIN_S, STALL_ITEMS / 50) and fast.stall_s == STALL_MIN_S
+    assert deadlines(0, 50.0, 60.0).due_s == LATE_SLACK_S
+    with pytest.raises(LoadgenError, match="capacity"):
+        LoadConfig(nats_url="nats://x", capacity=-1.0)
+
+
+async def test_a_late_answer_is_late_not_lost(_loadgen_nc: Client, _loadgen_nats: str) -> None:
+    """With a measured capacity, an answer after the due time counts as late (it is a result), the
+    wait goes on while answers come, and only an item nothing answers is lost: here the stall rule
+    (STALL_MIN_S without an answer past the due time) ends the wait, long before the 30 s timeout."""
+    await _create_pool_stream(_loadgen_nc)
+    items, capacity = 12, 100.0
+    limits = deadlines(items, capacity, 30.0)
+    assert limits.due_s is not None and limits.stall_s == STALL_MIN_S
+    late_s = limits.due_s + 0.8  # well past the latest possible due time, well inside the stall window
+
+    def policy(item: dict[str, Any]) -> str:
+        return {10: "late", 11: "none"}.get(_request_number(item), "single")
+
+    async with Responder(_loadgen_nc, policy, late_s=late_s):
+        started = time.monotonic()
+        summary = await generate_load(
+            _config(_loadgen_nats, items=items, capacity=capacity, timeout_s=30.0), progress=False
+        )
+        waited = time.monotonic() - started
+    assert (summary.results, summary.successes, summary.late, summary.lost) == (11, 11, 1, 1)
+    # Due time from what was outstanding at the last publish: the two held back at least, all 12 at most.
+    fewest = deadlines(2, capacity, 30.0).due_s
+    assert summary.due_s is not None and fewest is not None and not summary.ok
+    assert fewest <= summary.due_s <= limits.due_s
+    assert late_s + STALL_MIN_S <= waited < late_s + STALL_MIN_S + 5  # the stall rule ended it, not 30 s
+    assert "late       1 answered more than" in summary.format() and summary.to_json()["late"] == 1
+
+
 async def test_bad_replies_are_counted_not_fatal(_loadgen_nc: Client, _loadgen_nats: str) -> None:
     await _create_pool_stream(_loadgen_nc)
     modes = {
@@ -407,7 +475,7 @@ async def test_rate_and_in_flight_cap(_loadgen_nc: Client, _loadgen_nats: str) -
         paced = await generate_load(_config(_loadgen_nats, items=40, rate=400.0), progress=False)
         capped = await generate_load(_config(_loadgen_nats, items=300, max_in_flight=8), progress=False)
     assert paced.ok and paced.results == 40
-    assert paced.elapsed_s >= 39 / 400 * 0.95  # fixed interval: the last item leaves at start + 39/rate
+    assert paced.elapsed_s >= 39 / 400  # fixed interval: the last item leaves at first publish + 39/rate
     assert capped.ok and capped.results == 300
 
 
@@ -421,7 +489,7 @@ async def test_poisson_arrivals_with_varied_texts(_loadgen_nc: Client, _loadgen_
     assert "Poisson arrivals" in summary.format() and summary.to_json()["arrival"] == "poisson"
     last = arrival_offsets([1] * 120, 1000.0, "poisson", seed=11)[-1]
     assert last != pytest.approx(0.119, abs=1e-3)  # not the fixed schedule's last departure
-    assert summary.elapsed_s >= last * 0.95  # open loop: the last item leaves at start + its offset
+    assert summary.elapsed_s >= last  # open loop: the last item leaves at first publish + its offset
     sent = [msgpack.unpackb(raw)["item"]["text"] for _, raw in responder.received]
     assert sorted(sent) == sorted(texts[i % 64] for i in range(120))
     assert len({len(text.split()) for text in sent}) > 20  # costs vary

@@ -16,10 +16,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from sie_sidecar.config import (
+    NOT_YET_FLAGS,
     REDACTED,
     RUN_FLAGS,
     ConfigError,
     Settings,
+    _help_text,  # the secret rendering, while no secret flag is shown
     add_run_arguments,
     build_run_parser,
     redact_url_userinfo,
@@ -952,11 +954,24 @@ def test_help_never_shows_secret_values() -> None:
     text = " ".join(parser.format_help().split())  # undo argparse's line wrapping
     assert not any(value in text for value in SECRET_VALUES)
     for spec in RUN_FLAGS:
-        assert spec.env in text
+        assert (spec.env in text) is (spec.env not in NOT_YET_FLAGS)
     assert "default 9095" in text
-    assert "(env SIE_GATEWAY_API_KEY; secret)" in text
-    assert "(env SIE_ADMIN_TOKEN; secret)" in text
-    assert "(env SIE_CONFIG_SERVICE_TOKEN; secret)" in text
+    secret = [spec for spec in RUN_FLAGS if spec.secret]
+    assert {spec.env for spec in secret} == {"SIE_GATEWAY_API_KEY", "SIE_ADMIN_TOKEN", "SIE_CONFIG_SERVICE_TOKEN"}
+    for spec in secret:  # hidden until their features work, and even then without a default or value
+        assert _help_text(spec) == f"{spec.help} (env {spec.env}; secret)"
+
+
+def test_help_offers_only_what_works_and_points_to_the_env_only_tuning() -> None:
+    parser = argparse.ArgumentParser(prog="sie-sidecar run")
+    add_run_arguments(parser)
+    text = " ".join(parser.format_help().split())
+    for hidden in ("--gateway-url", "--pool-admission-enabled", "--config-service-url", "--sidecar-ingest"):
+        assert hidden not in text
+    assert "gs://" not in text and "oss://" not in text and "s3://" in text
+    assert "docs/operations.md" in text and "SIE_NAK_DELAY_S" in text
+    # Hidden flags still parse, so a value given is not silently taken for a typo'd positional.
+    assert parser.parse_args(["--gateway-url", "http://gw"]).gateway_url == "http://gw"
 
 
 def test_help_after_parsing_secret_flags_still_hides_them() -> None:

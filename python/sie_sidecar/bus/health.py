@@ -15,6 +15,7 @@ from nats.aio.client import Client as NatsClient
 
 from .. import wire
 from ..pipeline.readiness import Readiness
+from ..telemetry import GPU_SLOTS, INFLIGHT_BATCHES, PENDING_COST, PENDING_ITEMS, SATURATED, Registry
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +39,37 @@ class HealthIdentity:
     backend_children: int = 1
 
 
+#: Saturation thresholds in percent of capacity (§10): entered at 90, left below 70.
+SATURATE_PCT = 90
+DESATURATE_PCT = 70
+
+
+@dataclass(slots=True)
+class Saturation:
+    """The `saturated` flag with its hysteresis (§10): capacity = ready slots x max concurrent
+    batches (at least 1), load = queue depth + in-flight batches; saturated once load reaches 90 %
+    of capacity, and it stays so until load falls below 70 %. No ready slot: not saturated."""
+
+    max_concurrent_batches: int = 4
+    saturated: bool = False
+
+    def update(self, load: int, ready_slots: int) -> bool:
+        if ready_slots <= 0:
+            self.saturated = False
+            return False
+        capacity = max(1, ready_slots * self.max_concurrent_batches)
+        threshold = DESATURATE_PCT if self.saturated else SATURATE_PCT
+        self.saturated = load * 100 >= capacity * threshold
+        return self.saturated
+
+
+def gpu_slots(identity: HealthIdentity, readiness: Readiness, *, terminated: bool = False) -> tuple[bool, int, int]:
+    """(ready, total GPU slots, ready GPU slots) as the heartbeat reports them."""
+    ready = readiness.ready and not terminated
+    total = max(identity.backend_children, identity.gpu_count, 1)
+    return ready, total, (min(readiness.ready_children, total) if ready else 0)
+
+
 def health_payload(
     identity: HealthIdentity,
     readiness: Readiness,
@@ -46,18 +78,18 @@ def health_payload(
     queue_depth: int = 0,
     pending_cost: int = 0,
     inflight_batches: int = 0,
+    saturated: bool = False,
     terminated: bool = False,
 ) -> bytes:
     """The v0.7.1 heartbeat JSON, fields in order (sidecar-behaviour §10)."""
-    ready = readiness.ready and not terminated
-    total = max(identity.backend_children, identity.gpu_count, 1)
+    ready, total, ready_slots = gpu_slots(identity, readiness, terminated=terminated)
     body = {
         "name": identity.worker_id,
         "ready": ready,
         "terminated": terminated,
         "gpu_count": identity.gpu_count,
         "total_gpu_slots": total,
-        "ready_gpu_slots": min(readiness.ready_children, total) if ready else 0,
+        "ready_gpu_slots": ready_slots,
         "machine_profile": identity.machine_profile,
         "pool_name": identity.pool_name,
         "bundle": identity.bundle,
@@ -66,26 +98,64 @@ def health_payload(
         "queue_depth": queue_depth,
         "pending_cost": pending_cost,
         "inflight_batches": inflight_batches,
-        "saturated": False,
+        "saturated": saturated,
     }
     return json.dumps(body, separators=(",", ":")).encode()
 
 
+class HealthReporter:
+    """Builds each heartbeat from the telemetry registry the schedulers record into (queued items,
+    their cost, batches in flight) and keeps the saturation state between beats."""
+
+    def __init__(
+        self, identity: HealthIdentity, readiness: Readiness, telemetry: Registry, *, max_concurrent_batches: int = 4
+    ) -> None:
+        self.identity = identity
+        self.readiness = readiness
+        self.saturation = Saturation(max_concurrent_batches)
+        self._queued = telemetry.gauge(PENDING_ITEMS)
+        self._queued_cost = telemetry.gauge(PENDING_COST)
+        self._running = telemetry.gauge(INFLIGHT_BATCHES)
+        self._saturated = telemetry.gauge(SATURATED)
+        self._total_slots = telemetry.gauge(GPU_SLOTS, (("state", "total"),))
+        self._ready_slots = telemetry.gauge(GPU_SLOTS, (("state", "ready"),))
+
+    def payload(self, bundle_config_hash: str, *, terminated: bool = False) -> bytes:
+        """The next heartbeat (or, with `terminated`, the shutdown tombstone)."""
+        _, total, ready_slots = gpu_slots(self.identity, self.readiness, terminated=terminated)
+        depth = max(0, int(self._queued.value))
+        inflight = max(0, int(self._running.value))
+        saturated = self.saturation.update(depth + inflight, ready_slots)
+        self._saturated.set(1 if saturated else 0)
+        self._total_slots.set(total)
+        self._ready_slots.set(ready_slots)
+        return health_payload(
+            self.identity,
+            self.readiness,
+            bundle_config_hash=bundle_config_hash,
+            queue_depth=depth,
+            pending_cost=max(0, int(self._queued_cost.value)),
+            inflight_batches=inflight,
+            saturated=saturated,
+            terminated=terminated,
+        )
+
+
 async def publish_health(
     nc: NatsClient,
-    identity: HealthIdentity,
-    readiness: Readiness,
+    reporter: HealthReporter,
     *,
     config: ConfigSource,
     interval_ms: int,
     stop: asyncio.Event,
 ) -> None:
-    """Publish the heartbeat every interval until `stop`; failures are logged on counts 1, 5, 30, every 120."""
-    subject = wire.health_subject(identity.worker_id)
+    """The NATS heartbeat (§10): first beat at once, then every interval until `stop`; the load fields
+    and `saturated` come from the telemetry registry. Failures are logged on counts 1, 5, 30, every 120."""
+    subject = wire.health_subject(reporter.identity.worker_id)
     failures = 0
     while not stop.is_set():
         try:
-            await nc.publish(subject, health_payload(identity, readiness, bundle_config_hash=config.current or ""))
+            await nc.publish(subject, reporter.payload(config.current or ""))
         except Exception as exc:  # logged on counts 1, 5, 30, every 120 (§10)
             failures += 1
             if failures in (1, 5, 30) or failures % 120 == 0:
@@ -94,4 +164,12 @@ async def publish_health(
             await asyncio.wait_for(stop.wait(), interval_ms / 1000.0)
 
 
-__all__ = ["ConfigSource", "HealthIdentity", "health_payload", "publish_health"]
+__all__ = [
+    "ConfigSource",
+    "HealthIdentity",
+    "HealthReporter",
+    "Saturation",
+    "gpu_slots",
+    "health_payload",
+    "publish_health",
+]

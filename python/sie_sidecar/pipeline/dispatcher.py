@@ -30,6 +30,7 @@ from ..sched.costs import AUDIO_HARD_BATCH_COST_CAP, extract_cost, score_cost
 from ..sched.lane import BatchReport, LaneSettings, ModelLane
 from ..sched.quantum import QuantumController
 from ..sched.scheduler import Formed, SchedulerConfig
+from ..telemetry import BATCH_COST, BATCH_SIZE, Registry
 from ..wire.types import Reply, WorkResult
 from ..wire.workitem import WorkItem, WorkItemError, decode_work_item
 from .delivery import Delivery, Settler
@@ -120,8 +121,12 @@ class Dispatcher:
         shutdown: asyncio.Event | None = None,
         quantum: QuantumController | None = None,
         payloads: PayloadStore | None = None,
+        telemetry: Registry | None = None,
     ) -> None:
         self._s = settings
+        #: What the schedulers and batch calls record (queue depth, pending cost, batches in flight,
+        #: batch sizes); the health heartbeat reads it.
+        self.telemetry = telemetry if telemetry is not None else Registry()
         self._backend = backend
         self._publisher = publisher
         self._settler = settler
@@ -345,6 +350,7 @@ class Dispatcher:
                 lambda formed: self._execute_formed(model, formed),
                 self._lane_settings,
                 on_idle=lambda: self._on_idle() if self._on_idle is not None else None,
+                telemetry=self.telemetry,
             )
         return lane
 
@@ -484,6 +490,9 @@ class Dispatcher:
             await self._nak_all(ds, base)
             return None
         self.batch_sizes[len(items)] += 1
+        attrs = (("operation", op),)
+        self.telemetry.histogram(BATCH_SIZE, attrs).record(len(items))
+        self.telemetry.histogram(BATCH_COST, attrs).record(total_cost)
         await self._apply_outcomes(ds, outcome)
         return outcome
 

@@ -14,6 +14,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
+from ..telemetry import Registry
 from .controller import EFFICIENCY_WINDOW, LATENCY_MIN_SAMPLES, LATENCY_WINDOW, AdaptiveController, PercentileWindow
 from .scheduler import Formed, ModelScheduler, SchedulerConfig
 from .trace import ControllerTrace
@@ -66,12 +67,13 @@ class ModelLane(Generic[T]):
         settings: LaneSettings,
         *,
         on_idle: Callable[[], None] | None = None,
+        telemetry: Registry | None = None,
     ) -> None:
         self.model = model
         self._execute = execute
         self._s = settings
         c = settings.scheduler
-        self.scheduler: ModelScheduler[T] = ModelScheduler(model, self._run, c, on_idle=on_idle)
+        self.scheduler: ModelScheduler[T] = ModelScheduler(model, self._run, c, on_idle=on_idle, telemetry=telemetry)
         self.controller = AdaptiveController.production(
             c.max_batch_cost, c.max_batch_wait_ms, env=settings.controller_env
         )

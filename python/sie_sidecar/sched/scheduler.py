@@ -32,6 +32,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Final, Generic, Literal, TypeVar
 
+from ..telemetry import INFLIGHT_BATCHES, PENDING_COST, PENDING_ITEMS, Registry
 from .batcher import Batcher, FormedBatch
 from .device_clock import DeviceClock
 
@@ -89,7 +90,10 @@ class ModelScheduler(Generic[T]):
         *,
         clock: Callable[[], float] = time.monotonic,
         on_idle: Callable[[], None] | None = None,
+        telemetry: Registry | None = None,
     ) -> None:
+        """`telemetry`: the worker's registry; every scheduler moves the same three gauges (queued
+        items, their cost, batches in flight) by deltas, once per group or batch."""
         self.model = model
         self.config = config or SchedulerConfig()
         self._dispatch = dispatch
@@ -108,6 +112,10 @@ class ModelScheduler(Generic[T]):
         self._sent = itertools.count()
         self._closing = False
         self._loop_task: asyncio.Task[None] | None = None
+        registry = telemetry if telemetry is not None else Registry()
+        self._queued = registry.gauge(PENDING_ITEMS)
+        self._queued_cost = registry.gauge(PENDING_COST)
+        self._running = registry.gauge(INFLIGHT_BATCHES)
         #: Formed batches by flush reason (telemetry and tests).
         self.flushes: dict[str, int] = {}
         #: Batches held for the device (just-in-time dispatch), and those sent because it was about to free.
@@ -169,6 +177,8 @@ class ModelScheduler(Generic[T]):
             self._items[i] = (item, now)
             self._costs[i] = cost
         former.submit_many(ids, list(costs), now, None if hard_caps is None else list(hard_caps))
+        self._queued.add(len(ids))
+        self._queued_cost.add(sum(costs))
         self._new_item.set()
         if self._loop_task is None:
             self._loop_task = asyncio.create_task(self._run(), name=f"scheduler:{self.model}")
@@ -273,9 +283,11 @@ class ModelScheduler(Generic[T]):
 
     def _take(self, key: Key, batch: FormedBatch, role: Role) -> Formed[T]:
         self.flushes[batch.reason] = self.flushes.get(batch.reason, 0) + 1
-        for i in batch.ids:
-            self._costs.pop(i, None)
+        costs = self._costs
+        taken_cost = sum(costs.pop(i, 0) for i in batch.ids)  # the items' own costs: no drift
         taken = [self._items.pop(i) for i in batch.ids]
+        self._queued.add(-len(taken))
+        self._queued_cost.add(-taken_cost)
         return Formed(
             op=key[0],
             lora=key[1],
@@ -308,6 +320,7 @@ class ModelScheduler(Generic[T]):
         self._device.sent(token, self._clock(), formed.total_cost)
         task = asyncio.create_task(self._run_dispatch(formed, token, alone, holds_slot=holds_slot))
         self._in_flight.add(task)
+        self._running.add(1)
         task.add_done_callback(self._finished)
 
     async def _run_dispatch(self, formed: Formed[T], token: int, alone: bool, *, holds_slot: bool = True) -> None:
@@ -324,6 +337,7 @@ class ModelScheduler(Generic[T]):
 
     def _finished(self, task: asyncio.Task[None]) -> None:
         self._in_flight.discard(task)
+        self._running.add(-1)
         if not self._in_flight or (self.config.jit_dispatch and self._items):
             self._new_item.set()  # the backend went idle (or the device estimate moved): look again
         if self._on_idle is not None and self.idle():
@@ -427,14 +441,20 @@ class ModelScheduler(Generic[T]):
                 await asyncio.sleep(FINAL_DRAIN_POLL_S)
                 continue
             formed = self._take(key, batch, "primary")
+            self._running.add(1)
             try:
                 async with asyncio.timeout(max(0.001, deadline - self._clock())):
                     await self._dispatch(formed)
             except Exception:
                 log.exception("final drain batch failed", extra={"model": self.model, "items": len(formed.items)})
+            finally:
+                self._running.add(-1)
         if self._in_flight:  # e.g. the rest of an items-alone batch started outside the pipeline
             await asyncio.wait(set(self._in_flight), timeout=max(0.001, deadline - self._clock()))
-        return [self._items.pop(i)[0] for former in self._formers.values() for i in former.drain_all()]
+        left = [i for former in self._formers.values() for i in former.drain_all()]
+        self._queued.add(-len(left))
+        self._queued_cost.add(-sum(self._costs.pop(i, 0) for i in left))
+        return [self._items.pop(i)[0] for i in left]
 
 
 __all__ = ["Formed", "ModelScheduler", "SchedulerConfig"]

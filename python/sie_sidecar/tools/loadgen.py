@@ -50,6 +50,14 @@ _STREAM_POLL_S = 0.25
 _PROGRESS_TICK_S = 0.1
 _YIELD_EVERY = 64  # publishes between cooperative yields, so reply callbacks keep up
 _P50_WINDOW = 2048  # recent latencies the progress bar's p50 is taken over
+#: With a known capacity, the answers outstanding at the last publish are due within
+#: LATE_FACTOR x outstanding / capacity + LATE_SLACK_S (twice the time the backlog needs, plus a
+#: second for the last batches' round trips); the wait stops once nothing was answered for
+#: max(STALL_MIN_S, STALL_ITEMS / capacity) after that.
+LATE_FACTOR = 2.0
+LATE_SLACK_S = 1.0
+STALL_MIN_S = 3.0
+STALL_ITEMS = 64
 
 DEFAULT_TEXTS: tuple[str, ...] = (
     "The quick brown fox jumps over the lazy dog.",
@@ -146,6 +154,25 @@ def arrival_offsets(plan: Sequence[int], rate: float, arrival: str = "fixed", se
     return offsets
 
 
+@dataclass(frozen=True, slots=True)
+class Deadlines:
+    """How long the run waits for the answers still outstanding after its last publish."""
+
+    due_s: float | None  # answers later than this (after the last publish) are late; None: none are
+    stall_s: float | None  # after due_s, stop once nothing was answered for this long; None: no such rule
+    give_up_s: float  # never wait longer than this after the last publish
+
+
+def deadlines(outstanding: int, capacity: float, timeout_s: float) -> Deadlines:
+    """The wait for `outstanding` answers at a measured `capacity` (items/s; 0 = unknown: a fixed
+    `timeout_s`). A late answer is still an answer: only one that never comes within the wait
+    (nothing answered for `stall_s` past the due time, or `timeout_s` in all) is missing."""
+    if capacity <= 0:
+        return Deadlines(None, None, timeout_s)
+    due = LATE_FACTOR * outstanding / capacity + LATE_SLACK_S
+    return Deadlines(due, max(STALL_MIN_S, STALL_ITEMS / capacity), timeout_s)
+
+
 def _default_router_id() -> str:
     return f"loadgen-{secrets.token_hex(4)}"
 
@@ -167,7 +194,11 @@ class LoadConfig:
     arrival: str = "fixed"  # "fixed" interval or "poisson" (exponential gaps, seeded by `seed`)
     seed: int = 0
     texts: Sequence[str] = DEFAULT_TEXTS
-    timeout_s: float = 60.0  # wait for outstanding results after the last publish
+    timeout_s: float = 60.0  # wait for outstanding results after the last publish (at most, with `capacity`)
+    #: Items/s the pipeline was measured to sustain (0: unknown). With it the wait after the last
+    #: publish follows the backlog (`deadlines`): answers after the due time are counted late, and
+    #: items are given up on only once answers stop coming.
+    capacity: float = 0.0
     router_id: str = field(default_factory=_default_router_id)
     accepts_result_chunks: bool = True
     bundle_config_hash: str = ""
@@ -187,6 +218,8 @@ class LoadConfig:
             raise LoadgenError(f"arrival must be one of {', '.join(ARRIVALS)}, not {self.arrival!r}")
         if not self.timeout_s >= 0:
             raise LoadgenError("timeout must be >= 0")
+        if not (self.capacity >= 0 and math.isfinite(self.capacity)):
+            raise LoadgenError("capacity must be a finite number >= 0")
         if self.max_in_flight < 1:
             raise LoadgenError("max_in_flight must be >= 1")
         if not self.texts or not all(isinstance(t, str) for t in self.texts):
@@ -225,7 +258,8 @@ class LoadConfig:
 @dataclass
 class LoadSummary:
     """The outcome of one run. Every item ends in exactly one of: a result, a publish error, lost
-    (accepted by the stream but unanswered before the timeout) or unsent (publishing stalled)."""
+    (accepted by the stream but never answered while the run waited: missing) or unsent (publishing
+    stalled). A result that came after the due time is also counted `late`: it is not lost."""
 
     items: int
     sent: int  # handed to the NATS client
@@ -235,7 +269,7 @@ class LoadSummary:
     successes: int
     errors_by_code: dict[str, int]
     duplicates: int  # further results for an item that already had one
-    lost: int
+    lost: int  # missing: never answered while the run waited
     unsent: int
     chunked_results: int  # first results that arrived as ResultChunkV1 transfers
     chunk_errors: int  # ResultChunkV1 validation failures (each fails its item as transport_failure)
@@ -252,6 +286,8 @@ class LoadSummary:
     rate: float = 0.0
     arrival: str = "fixed"
     publish_error_samples: list[str] = field(default_factory=list)
+    late: int = 0  # results that came after the due time (with a known capacity)
+    due_s: float | None = None  # the due time, seconds after the last publish (None: no capacity given)
 
     @property
     def ok(self) -> bool:
@@ -279,7 +315,15 @@ class LoadSummary:
             f"  items      {self.items:,}   sent {self.sent:,}   published {self.published:,}"
             f"   publish errors {self.publish_errors:,}   unsent {self.unsent:,}",
             f"  results    {self.results:,}   successes {self.successes:,}   chunked {self.chunked_results:,}"
-            f"   duplicates {self.duplicates:,}   lost {self.lost:,}",
+            f"   duplicates {self.duplicates:,}   lost {self.lost:,} (never answered)",
+            *(
+                [
+                    f"  late       {self.late:,} answered more than {self.due_s:.1f} s after the last publish"
+                    " (answered, not lost)"
+                ]
+                if self.due_s is not None
+                else []
+            ),
             f"  errors     {errors}   chunk errors {self.chunk_errors:,}"
             f"   unexpected replies {self.unexpected_replies:,}",
             f"  throughput {self.items_per_s:,.0f} items/s over {self.elapsed_s:.3f} s",
@@ -418,6 +462,9 @@ class _Run:
         self.all_done = asyncio.Event()
         self.publishing_done = False
         self.ack_prefix = ""
+        self.late = 0
+        self.due_at: float | None = None  # perf_counter after which a result is late (None: never)
+        self.publish_end: float | None = None
 
     # -- settlement --
 
@@ -442,6 +489,8 @@ class _Run:
             return
         self.results += 1
         self.last_result = now
+        if self.due_at is not None and now > self.due_at:
+            self.late += 1
         self.latencies_ms.append((now - sent) * 1000.0)
         if chunked:
             self.chunked_results += 1
@@ -641,8 +690,7 @@ async def _drive(nc: Client, config: LoadConfig, *, progress: bool) -> LoadSumma
         run.publishing_done = True
         if not run.sent_at:
             run.all_done.set()
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(run.all_done.wait(), timeout=config.timeout_s)
+        await _wait_for_answers(run, deadlines(len(run.sent_at), config.capacity, config.timeout_s))
     finally:
         if ticker is not None:
             ticker.cancel()
@@ -664,6 +712,25 @@ async def _drive(nc: Client, config: LoadConfig, *, progress: bool) -> LoadSumma
     return _summarize(run, lost=lost, unsent=unsent)
 
 
+async def _wait_for_answers(run: _Run, limits: Deadlines) -> None:
+    """Until every item is answered or the wait is over: `give_up_s` after the last publish, or,
+    with a stall rule, once the due time has passed and nothing was answered for `stall_s`."""
+    end = run.publish_end = time.perf_counter()
+    run.due_at = None if limits.due_s is None else end + limits.due_s
+    give_up_at = end + limits.give_up_s
+    while not run.all_done.is_set():
+        limit = give_up_at
+        if run.due_at is not None and limits.stall_s is not None:
+            last = max(end, run.last_result or end)
+            limit = min(limit, max(run.due_at, last + limits.stall_s))
+        remaining = limit - time.perf_counter()
+        if remaining <= 0:
+            return
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(remaining):  # later answers only move the stall limit out
+                await run.all_done.wait()
+
+
 async def _publish_all(nc: Client, run: _Run) -> int:
     """Publish every request; returns how many items were never sent (publishing stalled)."""
     config = run.config
@@ -674,7 +741,9 @@ async def _publish_all(nc: Client, run: _Run) -> int:
     plan = _request_plan(config)
     cap = config.max_in_flight
     offsets = arrival_offsets(plan, config.rate, config.arrival, config.seed)
-    start = time.perf_counter()
+    # The schedule is anchored at the first publish (offset 0), so request j leaves no earlier than
+    # first_publish + offsets[j] and `elapsed_s` covers the whole schedule however late the first was.
+    start = 0.0
     items_before = 0
     seq = 0
     since_yield = 0
@@ -686,7 +755,7 @@ async def _publish_all(nc: Client, run: _Run) -> int:
                 await asyncio.wait_for(run.progress_event.wait(), timeout=config.timeout_s)
             except TimeoutError:
                 return config.items - items_before
-        if offsets:
+        if offsets and run.first_publish is not None:
             delay = start + offsets[request_number] - time.perf_counter()
             if delay > 0:
                 await asyncio.sleep(delay)
@@ -710,7 +779,7 @@ async def _publish_all(nc: Client, run: _Run) -> int:
             now = time.perf_counter()
             run.sent_at[key] = now
             if run.first_publish is None:
-                run.first_publish = now
+                run.first_publish = start = now
             run.sent += 1
             try:
                 await nc.publish(subject, data, reply=f"{ack_prefix}.{seq}")
@@ -776,6 +845,8 @@ def _summarize(run: _Run, *, lost: int, unsent: int) -> LoadSummary:
         rate=config.rate,
         arrival=config.arrival,
         publish_error_samples=run.publish_error_samples,
+        late=run.late,
+        due_s=None if run.due_at is None or run.publish_end is None else run.due_at - run.publish_end,
     )
 
 
@@ -836,6 +907,13 @@ def add_loadgen_arguments(parser: argparse.ArgumentParser) -> None:
         default=defaults.timeout_s,
         help=f"seconds to wait for outstanding results after the last publish (default {defaults.timeout_s:g})",
     )
+    parser.add_argument(
+        "--capacity",
+        type=float,
+        default=defaults.capacity,
+        help="items/s the pipeline sustains, if known: the wait after the last publish then follows the backlog,"
+        " answers after the due time are counted late (not lost), and --timeout only caps it (default 0: unknown)",
+    )
     parser.add_argument("--json", metavar="PATH", default=None, help="also write the summary as JSON to PATH")
     parser.add_argument("--no-progress", action="store_true", help="do not draw the progress bar")
     parser.add_argument(
@@ -874,6 +952,7 @@ def config_from_args(args: argparse.Namespace) -> LoadConfig:
         seed=args.seed,
         texts=texts,
         timeout_s=args.timeout,
+        capacity=args.capacity,
         bundle_config_hash=args.bundle_config_hash,
     )
 
@@ -897,6 +976,7 @@ async def run_loadgen(args: argparse.Namespace) -> int:
 __all__ = [
     "ARRIVALS",
     "DEFAULT_TEXTS",
+    "Deadlines",
     "LoadConfig",
     "LoadSummary",
     "LoadgenError",
@@ -904,6 +984,7 @@ __all__ = [
     "arrival_offsets",
     "build_work_item",
     "config_from_args",
+    "deadlines",
     "generate_load",
     "run_loadgen",
     "varied_texts",

@@ -1,0 +1,214 @@
+# SPDX-License-Identifier: Apache-2.0
+"""One in-process registry the pipeline's stages record into (sidecar-behaviour §13 instruments).
+
+The health heartbeat reads it today (§10: queue depth, pending cost, in-flight batches); an OTLP
+exporter can later export the same instruments without the stages changing. Recording has to stay
+off the per-message path, so:
+
+- stages record per batch (or per group of deliveries), never per message;
+- an instrument is a small object with one number (a histogram: a few); a stage looks it up once
+  (`Registry.gauge(...)` at construction) and then records with one attribute add;
+- keyed lookups (`Registry.add`/`set`/`record`) cost one dict lookup, for stages that record rarely.
+
+Instruments are keyed by name plus an attribute tuple of `(key, value)` pairs. The tuple is taken
+as given (not sorted), so a stage passes its attributes in one fixed order. Everything runs on the
+event loop's thread; there is no locking.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Final, Literal
+
+Attrs = tuple[tuple[str, str], ...]
+Kind = Literal["counter", "gauge", "histogram"]
+
+#: Instrument names the schedulers and the health heartbeat share (§13).
+PENDING_ITEMS: Final = "sie.worker.pending.items"
+PENDING_COST: Final = "sie.worker.pending.cost"
+INFLIGHT_BATCHES: Final = "sie.worker.inflight.batches"
+SATURATED: Final = "sie.worker.saturated"
+GPU_SLOTS: Final = "sie.worker.gpu.slots"
+BATCH_SIZE: Final = "sie.worker.batch.size"
+BATCH_COST: Final = "sie.worker.batch.cost"
+
+#: Default histogram bucket bounds (upper, inclusive): powers of two up to 65,536, enough for items
+#: per batch and batch costs; durations pass their own.
+DEFAULT_BOUNDS: Final[tuple[float, ...]] = tuple(float(2**n) for n in range(17))
+
+
+class Counter:
+    """A monotonically increasing sum."""
+
+    __slots__ = ("attrs", "name", "value")
+    kind: Final = "counter"
+
+    def __init__(self, name: str, attrs: Attrs) -> None:
+        self.name, self.attrs = name, attrs
+        self.value: float = 0
+
+    def add(self, amount: float = 1) -> None:
+        if amount < 0:
+            raise ValueError(f"counter {self.name} cannot decrease (add {amount})")
+        self.value += amount
+
+
+class Gauge:
+    """A current value: set outright, or moved by deltas (an up-down counter)."""
+
+    __slots__ = ("attrs", "name", "value")
+    kind: Final = "gauge"
+
+    def __init__(self, name: str, attrs: Attrs) -> None:
+        self.name, self.attrs = name, attrs
+        self.value: float = 0
+
+    def set(self, value: float) -> None:
+        self.value = value
+
+    def add(self, delta: float) -> None:
+        self.value += delta
+
+
+class Histogram:
+    """Bucket counts over fixed bounds, plus count, sum, min and max (an explicit-bucket histogram)."""
+
+    __slots__ = ("attrs", "bounds", "buckets", "count", "max", "min", "name", "sum")
+    kind: Final = "histogram"
+
+    def __init__(self, name: str, attrs: Attrs, bounds: Sequence[float]) -> None:
+        if list(bounds) != sorted(set(bounds)):
+            raise ValueError(f"histogram {name} bounds must be strictly increasing")
+        self.name, self.attrs = name, attrs
+        self.bounds: tuple[float, ...] = tuple(bounds)
+        self.buckets = [0] * (len(self.bounds) + 1)  # the last one is (bounds[-1], +inf)
+        self.count = 0
+        self.sum = 0.0
+        self.min = math.inf
+        self.max = -math.inf
+
+    def record(self, value: float) -> None:
+        self.buckets[bisect.bisect_left(self.bounds, value)] += 1
+        self.count += 1
+        self.sum += value
+        self.min = min(self.min, value)
+        self.max = max(self.max, value)
+
+
+Instrument = Counter | Gauge | Histogram
+
+
+@dataclass(frozen=True, slots=True)
+class Point:
+    """One instrument's state at snapshot time (what an exporter would send)."""
+
+    name: str
+    kind: Kind
+    attrs: Attrs
+    value: float  # counter/gauge value; a histogram's sum
+    count: int = 0  # histograms only
+    buckets: tuple[int, ...] = ()
+    bounds: tuple[float, ...] = ()
+
+
+class Registry:
+    """Instruments by (name, attributes); one registry per sidecar process (or per test stack)."""
+
+    def __init__(self) -> None:
+        self._instruments: dict[tuple[str, Attrs], Instrument] = {}
+        self._kinds: dict[str, Kind] = {}
+
+    def _claim(self, name: str, kind: Kind) -> None:
+        known = self._kinds.setdefault(name, kind)
+        if known != kind:
+            raise ValueError(f"{name} is a {known}, not a {kind}")
+
+    def counter(self, name: str, attrs: Attrs = ()) -> Counter:
+        found = self._instruments.get((name, attrs))
+        if found is None:
+            self._claim(name, "counter")
+            found = self._instruments[(name, attrs)] = Counter(name, attrs)
+        if not isinstance(found, Counter):
+            raise ValueError(f"{name} is a {found.kind}, not a counter")
+        return found
+
+    def gauge(self, name: str, attrs: Attrs = ()) -> Gauge:
+        found = self._instruments.get((name, attrs))
+        if found is None:
+            self._claim(name, "gauge")
+            found = self._instruments[(name, attrs)] = Gauge(name, attrs)
+        if not isinstance(found, Gauge):
+            raise ValueError(f"{name} is a {found.kind}, not a gauge")
+        return found
+
+    def histogram(self, name: str, attrs: Attrs = (), bounds: Sequence[float] = DEFAULT_BOUNDS) -> Histogram:
+        found = self._instruments.get((name, attrs))
+        if found is None:
+            self._claim(name, "histogram")
+            found = self._instruments[(name, attrs)] = Histogram(name, attrs, bounds)
+        if not isinstance(found, Histogram):
+            raise ValueError(f"{name} is a {found.kind}, not a histogram")
+        return found
+
+    # -- keyed recording (one dict lookup; for stages that record rarely) --
+
+    def add(self, name: str, amount: float = 1, attrs: Attrs = ()) -> None:
+        """Add to a counter."""
+        self.counter(name, attrs).add(amount)
+
+    def set(self, name: str, value: float, attrs: Attrs = ()) -> None:
+        """Set a gauge."""
+        self.gauge(name, attrs).set(value)
+
+    def record(self, name: str, value: float, attrs: Attrs = ()) -> None:
+        """Record into a histogram (default bounds unless it already exists)."""
+        self.histogram(name, attrs).record(value)
+
+    # -- reading --
+
+    def value(self, name: str, attrs: Attrs = ()) -> float:
+        """A counter's or gauge's current value (0 when never recorded); a histogram's sum."""
+        found = self._instruments.get((name, attrs))
+        if found is None:
+            return 0
+        return found.sum if isinstance(found, Histogram) else found.value
+
+    def total(self, name: str) -> float:
+        """A counter's or gauge's value summed over every attribute set."""
+        return sum(
+            (i.sum if isinstance(i, Histogram) else i.value) for (n, _), i in self._instruments.items() if n == name
+        )
+
+    def __iter__(self) -> Iterator[Instrument]:
+        return iter(list(self._instruments.values()))
+
+    def snapshot(self) -> list[Point]:
+        """Every instrument's current state, in registration order."""
+        points = []
+        for i in self._instruments.values():
+            if isinstance(i, Histogram):
+                points.append(Point(i.name, "histogram", i.attrs, i.sum, i.count, tuple(i.buckets), i.bounds))
+            else:
+                points.append(Point(i.name, i.kind, i.attrs, i.value))
+        return points
+
+
+__all__ = [
+    "BATCH_COST",
+    "BATCH_SIZE",
+    "DEFAULT_BOUNDS",
+    "GPU_SLOTS",
+    "INFLIGHT_BATCHES",
+    "PENDING_COST",
+    "PENDING_ITEMS",
+    "SATURATED",
+    "Attrs",
+    "Counter",
+    "Gauge",
+    "Histogram",
+    "Point",
+    "Registry",
+]
