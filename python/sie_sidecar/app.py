@@ -20,8 +20,9 @@ from .bus.health import HealthIdentity, HealthReporter, publish_health
 from .bus.outbound import FramedWriter
 from .bus.publisher import Publisher
 from .bus.pull import PullConsumer
-from .bus.topology import TopologyError, TopologySpec, establish_topology, reconcile_forever
-from .config import ConfigError, Settings
+from .bus.topology import TopologySpec, establish_topology, reconcile_forever
+from .config import Settings
+from .errors import ConfigError, StartupError, TopologyError
 from .ipc.client import IpcClient
 from .payloads import PayloadStore, PayloadStoreConfigError
 from .pipeline.delivery import Settler
@@ -65,16 +66,6 @@ def _dispatch_settings(settings: Settings) -> DispatchSettings:
         controller_trace_dir=settings.controller_trace_dir,
         cost_pinned=settings.batcher_cost_pinned,
     )
-
-
-class StartupError(Exception):
-    """A start-up step failed: `run` logs one line and returns `code` (2 configuration, 1 runtime)."""
-
-    def __init__(self, step: str, reason: str, code: int = 1) -> None:
-        super().__init__(f"{step}: {reason}")
-        self.step = step
-        self.reason = reason
-        self.code = code
 
 
 @dataclass

@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, NoReturn
 
 from sie_sidecar import wire
-from sie_sidecar.errors import SubjectError
+from sie_sidecar.errors import ConfigError, SubjectError
 
 IngestMode = Literal["nats", "local"]
 
@@ -118,14 +118,6 @@ LIMITS: Mapping[str, float] = {
     "SIE_ADAPTIVE_TARGET_P50_MS": MAX_DURATION_MS,
     "SIE_GENERATE_IPC_FRAME_TIMEOUT_S": MAX_DURATION_S,
 }
-
-
-class ConfigError(Exception):
-    """Invalid configuration; the CLI prints `sie-sidecar: <message>` and exits with status 2."""
-
-    def __init__(self, message: str) -> None:
-        super().__init__(message)
-        self.message = message
 
 
 # ------------------------------------------------------------------------------------------ §1.1 flags

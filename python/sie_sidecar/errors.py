@@ -1,7 +1,11 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Typed errors of the wire core, shared by the native core and the pure-Python twin."""
+"""Every exception of the sidecar and every WorkResult error code, in one module at the bottom of the
+import graph: the wire core's typed errors (shared by the native core and the twin, which raise the
+very same classes), start-up and connection failures, IPC and payload failures."""
 
 from __future__ import annotations
+
+from typing import ClassVar, Literal
 
 # ----------------------------------------------------------------------- WorkResult error codes (§4.2, §6)
 # Every `error_code` the sidecar or the reference backend writes, named once. The case follows v0.7.1:
@@ -72,6 +76,111 @@ class AudioPrepError(ValueError):
     names the rule (sizes, rates, container names, never the audio or the declared format)."""
 
 
+class ConfigError(Exception):
+    """Invalid configuration; the CLI prints `sie-sidecar: <message>` and exits with status 2."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class ConnectError(Exception):
+    """The first NATS connection failed; the message is one redacted line."""
+
+
+class TopologyError(Exception):
+    """The topology could not be established at start-up; the message is one redacted line."""
+
+
+class StartupError(Exception):
+    """A start-up step failed: `run` logs one line and returns `code` (2 configuration, 1 runtime)."""
+
+    def __init__(self, step: str, reason: str, code: int = 1) -> None:
+        super().__init__(f"{step}: {reason}")
+        self.step = step
+        self.reason = reason
+        self.code = code
+
+
+class IpcTransportError(Exception):
+    """The backend could not be reached or dropped the connection (after the one retry)."""
+
+
+class IpcTimeout(Exception):
+    """The exchange (write, response and any reassembly) did not finish in time; the slot was discarded."""
+
+
+class WorkItemError(ValueError):
+    """The payload is not a decodable WorkItem (settled as NAK with the base delay)."""
+
+
+# ------------------------------------------------------------------------------------------ payloads (§12)
+
+Reason = Literal["not_found", "permission_denied", "io", "invalid_ref", "unsupported", "object_store", "too_large"]
+
+
+class PayloadStoreConfigError(Exception):
+    """An unusable `SIE_PAYLOAD_STORE_URL`: fatal at start-up (§3), never raised per read."""
+
+
+class PayloadError(Exception):
+    """A payload reference could not be read; `reason` names why in the §13 vocabulary."""
+
+    reason: ClassVar[Reason] = "io"
+
+    @property
+    def too_large(self) -> bool:
+        """Whether the caller answers `PAYLOAD_TOO_LARGE` rather than `payload_error`."""
+        return self.reason == "too_large"
+
+
+class PayloadNotFound(PayloadError):
+    """A local file that does not exist (object stores report a missing key as an invalid ref)."""
+
+    reason: ClassVar[Reason] = "not_found"
+
+
+class PayloadPermissionDenied(PayloadError):
+    """The file exists but this process may not open it."""
+
+    reason: ClassVar[Reason] = "permission_denied"
+
+
+class PayloadIOError(PayloadError):
+    """Any other operating-system error while opening or reading."""
+
+    reason: ClassVar[Reason] = "io"
+
+
+class InvalidPayloadRef(PayloadError):
+    """The reference is malformed, escapes the store, crosses a symlink, or names no object."""
+
+    reason: ClassVar[Reason] = "invalid_ref"
+
+
+class PayloadUnsupported(PayloadError):
+    """The platform cannot open files safely (no `openat2`): refuse rather than fall back."""
+
+    reason: ClassVar[Reason] = "unsupported"
+
+
+class ObjectStoreError(PayloadError):
+    """The object store failed (transport, credentials, throttling, server error)."""
+
+    reason: ClassVar[Reason] = "object_store"
+
+
+class PayloadOversized(PayloadError):
+    """The stored blob is larger than the fetch limit (from metadata or while reading)."""
+
+    reason: ClassVar[Reason] = "too_large"
+
+    def __init__(self, size: int, limit: int) -> None:
+        super().__init__(f"payload of at least {size} bytes exceeds the limit of {limit} bytes")
+        self.size = size
+        self.limit = limit
+
+
 __all__ = [
     "BAD_OPERATION",
     "INFERENCE_ERROR",
@@ -86,12 +195,29 @@ __all__ = [
     "AudioPrepError",
     "BudgetExceeded",
     "ChunkProtocolError",
+    "ConfigError",
+    "ConnectError",
     "DecodeError",
     "FrameTooLarge",
+    "InvalidPayloadRef",
     "IpcServerError",
+    "IpcTimeout",
+    "IpcTransportError",
+    "ObjectStoreError",
+    "PayloadError",
+    "PayloadIOError",
+    "PayloadNotFound",
+    "PayloadOversized",
+    "PayloadPermissionDenied",
+    "PayloadStoreConfigError",
     "PayloadTooLarge",
+    "PayloadUnsupported",
     "ProtocolError",
+    "Reason",
     "ShapeError",
+    "StartupError",
     "SubjectError",
+    "TopologyError",
     "WireError",
+    "WorkItemError",
 ]

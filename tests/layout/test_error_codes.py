@@ -33,3 +33,27 @@ def test_the_codes_are_known() -> None:
 
 def test_no_error_code_is_spelled_outside_errors_py() -> None:
     assert literal_codes() == []
+
+
+#: Rooms with exceptions of their own: the library backends embed, and the user-facing tools.
+OWN_EXCEPTIONS = {"backend", "tools"}
+
+
+def exceptions_outside_errors_py() -> list[str]:
+    """Public exception classes the runtime defines anywhere but errors.py (private ones, `_Name`,
+    are a module's own control flow and stay where they are)."""
+    found = []
+    for path in sorted(PACKAGE_DIR.rglob("*.py")):
+        rel = path.relative_to(PACKAGE_DIR)
+        if path == PACKAGE_DIR / "errors.py" or rel.parts[0] in OWN_EXCEPTIONS:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef) and not node.name.startswith("_"):
+                bases = {ast.unparse(b) for b in node.bases}
+                if any(b.endswith(("Error", "Exception", "Timeout")) for b in bases):
+                    found.append(f"{rel}:{node.lineno} {node.name}")
+    return found
+
+
+def test_every_exception_of_the_runtime_lives_in_errors_py() -> None:
+    assert exceptions_outside_errors_py() == []

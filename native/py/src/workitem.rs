@@ -12,7 +12,7 @@ use sie_core::msgpack::{DecodeError, Reader, Token};
 use crate::buffers::with_bytes;
 use crate::convert;
 
-pyo3::import_exception!(sie_sidecar.wire.workitem, WorkItemError);
+pyo3::import_exception!(sie_sidecar.errors, WorkItemError);
 
 /// The required keys (TV-W1) are the first `REQUIRED` entries of `FIELDS`.
 const REQUIRED: usize = 9;

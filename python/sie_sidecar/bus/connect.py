@@ -23,6 +23,7 @@ from nats.errors import AuthorizationError
 from nats.errors import Error as NatsError
 
 from ..config import Settings, redact_url_userinfo
+from ..errors import ConnectError
 
 log = logging.getLogger(__name__)
 
@@ -34,10 +35,6 @@ _REFUSALS = ("authorization violation", "authentication")
 
 #: What a NATS call can fail with at start-up (the lifecycle catches these without importing nats).
 NATS_FAILURES: tuple[type[BaseException], ...] = (NatsError, TimeoutError, OSError)
-
-
-class ConnectError(Exception):
-    """The first NATS connection failed; the message is one redacted line."""
 
 
 def should_log(failures: int) -> bool:

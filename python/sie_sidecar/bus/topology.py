@@ -22,6 +22,7 @@ from nats.js import api as js_api
 from nats.js.errors import APIError, NotFoundError, ServiceUnavailableError
 
 from .. import wire
+from ..errors import TopologyError
 
 if TYPE_CHECKING:
     from ..config import Settings
@@ -93,10 +94,6 @@ class TopologySpec:
     def worker_max_age_s(self) -> float:
         """Direct work must outlive every redelivery of its consumer (300 s per delivery)."""
         return max(self.stream_max_age_s, _WORKER_AGE_PER_DELIVERY_S * self.max_deliver)
-
-
-class TopologyError(Exception):
-    """The topology could not be established at start-up; the message is one redacted line."""
 
 
 async def establish_topology(

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Final, Self, TypeVar
 import msgpack
 
 from .. import wire
-from ..errors import DecodeError, IpcServerError, ProtocolError
+from ..errors import DecodeError, IpcServerError, IpcTimeout, IpcTransportError, ProtocolError
 from ..wire.limits import IPC_VERSION
 from .types import PingResponse, ReadyResponse
 
@@ -56,14 +56,6 @@ _RETRY_ERRNOS: Final = frozenset(
         errno.ECONNREFUSED,
     }
 )
-
-
-class IpcTransportError(Exception):
-    """The backend could not be reached or dropped the connection (after the one retry)."""
-
-
-class IpcTimeout(Exception):
-    """The exchange (write, response and any reassembly) did not finish in time; the slot was discarded."""
 
 
 class _TransportFailure(Exception):

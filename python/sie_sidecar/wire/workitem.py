@@ -10,6 +10,8 @@ from typing import Any
 
 import msgpack
 
+from ..errors import WorkItemError
+
 OPERATIONS = ("encode", "score", "extract", "generate")
 REQUIRED = (
     "work_item_id",
@@ -22,10 +24,6 @@ REQUIRED = (
     "machine_profile",
     "reply_subject",
 )
-
-
-class WorkItemError(ValueError):
-    """The payload is not a decodable WorkItem (settled as NAK with the base delay)."""
 
 
 @dataclass(slots=True)
