@@ -21,6 +21,7 @@ from .delivery import Settler
 from .dispatcher import ConfigState, Dispatcher, DispatchSettings
 from .health import HealthIdentity, Readiness, health_payload, heartbeat, start_probes
 from .ipc_client import IpcClient
+from .nats_sync import sync_with_server
 from .outbound import FramedWriter
 from .payloads import PayloadStore, PayloadStoreConfigError
 from .prep.audio import configure_permits as configure_audio_permits
@@ -223,9 +224,10 @@ async def run(settings: Settings, *, stop: asyncio.Event | None = None, started:
         await nc.subscribe("work_cancel.>", cb=on_work_cancel),
         await nc.subscribe("batch_cancel.>", cb=on_batch_cancel),
     ]
-    # A SUB only sits in the client's buffer until flushed: make sure the server has the cancel
+    # A SUB only sits in the client's buffer until written: make sure the server has the cancel
     # subscriptions before the first pull, or a cancel sent at start-up would go unseen (§2.1 order).
-    await nc.flush()
+    # Not `nc.flush()`: its PING overtakes the queued SUBs (nats_sync.py).
+    await sync_with_server(nc)
 
     background: list[asyncio.Task[Any]] = []
     hb_stop = asyncio.Event()

