@@ -18,7 +18,7 @@ from nats.aio.msg import Msg
 from . import wire
 from .config import Settings
 from .delivery import Settler
-from .dispatcher import ConfigState, Dispatcher, DispatchSettings
+from .dispatcher import SHUTDOWN_NAK_MS, ConfigState, Dispatcher, DispatchSettings
 from .health import HealthIdentity, Readiness, health_payload, heartbeat, start_probes
 from .ipc_client import IpcClient
 from .nats_sync import sync_with_server
@@ -29,20 +29,22 @@ from .publisher import Publisher
 from .pull import PullConsumer
 from .quantum import LatencyWindow, QuantumController
 from .scheduler import SchedulerConfig
-from .topology import TopologySpec, ensure_topology, reconcile_forever
+from .topology import POOL_ACK_WAIT_S, WORKER_ACK_WAIT_S, TopologySpec, ensure_topology, reconcile_forever
 
 log = logging.getLogger(__name__)
 
 TASK_JOIN_S = 10.0
 HEALTH_TOMBSTONE_WAIT_S = 2.0
 BACKEND_DRAIN_MS = 15_000
+#: An item pending this long goes into the next batch whatever its cost (at most a quarter of ack_wait).
+MAX_ITEM_WAIT_S = 5.0
 
 
 async def _pull_loop(
     consumer: PullConsumer,
     handle: Callable[[list[Msg], Callable[[int], None]], Coroutine[Any, Any, None]],
     *,
-    budget: int,
+    budget: int | Callable[[], int],
     inflight: int,
     stop: asyncio.Event,
     tasks: set[asyncio.Task[None]],
@@ -53,12 +55,14 @@ async def _pull_loop(
 ) -> None:
     """Take coalesced batches from one long-lived pull and hand each to the dispatcher (§5.1).
 
-    The quantum comes from the controller for every batch. With `idle_bypass`, coalescing ends as
+    The quantum comes from the controller for every batch, and `budget` (a number, or a callable
+    read per batch) caps its size. With `idle_bypass`, coalescing ends as
     soon as no batch is being handled (`tasks` is shared by every pull loop) and `busy()` (the
     schedulers have work queued or in flight) is false: waiting for more messages only pays while the
     backend is busy, so an idle worker takes what is there at once.
     """
     slots = asyncio.Semaphore(max(1, inflight))
+    size = budget if callable(budget) else (lambda: budget)
 
     def idle() -> bool:
         return not tasks and (busy is None or not busy())
@@ -74,7 +78,7 @@ async def _pull_loop(
     stopped = asyncio.ensure_future(stop.wait())  # one waiter for the whole loop, not one per batch
     try:
         while not stopped.done():
-            next_batch = asyncio.ensure_future(consumer.next_batch(budget, quantum.quantum_s(), stop_early))
+            next_batch = asyncio.ensure_future(consumer.next_batch(max(1, size()), quantum.quantum_s(), stop_early))
             await asyncio.wait({next_batch, stopped}, return_when=asyncio.FIRST_COMPLETED)
             if not next_batch.done():
                 next_batch.cancel()
@@ -92,8 +96,61 @@ async def _pull_loop(
         stopped.cancel()
 
 
-def _dispatch_settings(settings: Settings) -> DispatchSettings:
-    """The dispatcher's and the schedulers' share of the settings (§1.2 batching and pipelining)."""
+async def _gate_pulls(
+    readiness: Readiness,
+    consumers: list[PullConsumer],
+    stop: asyncio.Event,
+    *,
+    return_delay_s: float,
+    poll_s: float,
+) -> None:
+    """Pull only while the backend can serve (issue 9, law 2): pause every consumer while
+    `readiness.pull_reason()` says why not (handshake pending, heartbeat stale, backend draining) and
+    resume when it clears. The consumers start paused, so nothing is pulled before the first good
+    handshake. One log line per change of state (or of the kind of reason). Checked after every
+    heartbeat round and every `poll_s` (staleness comes with time alone)."""
+    logged: str | None = ""  # the kind of reason last logged; None: pulling; "": nothing logged yet
+    while not stop.is_set():
+        reason = readiness.pull_reason()
+        kind = None if reason is None else reason.split(" (")[0]
+        if reason is None:
+            for consumer in consumers:
+                consumer.resume()
+        else:
+            for consumer in consumers:
+                consumer.pause(reason, return_delay_s=return_delay_s)
+        if kind != logged:
+            if reason is None:
+                log.info("pulling: the backend is ready")
+            else:
+                log.warning("not pulling: the backend cannot serve", extra={"reason": reason})
+            logged = kind
+        readiness.changed.clear()
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(poll_s):
+                await readiness.changed.wait()
+
+
+async def _consumer_ack_wait_s(js: Any, spec: TopologySpec) -> float:
+    """The shortest ack_wait of the consumers this worker pulls from, as the server has them (an
+    operator may have changed the pool durable's; ensure_topology only warns about it)."""
+    waits = []
+    for stream, durable, default in (
+        (spec.pool_stream, spec.pool_durable, POOL_ACK_WAIT_S),
+        (spec.worker_stream, spec.worker_consumer, WORKER_ACK_WAIT_S),
+    ):
+        try:
+            info = await js.consumer_info(stream, durable)
+            waits.append(float(info.config.ack_wait or default))
+        except Exception as exc:  # the configured value is the best guess left
+            log.warning("consumer info unavailable", extra={"consumer": durable, "error": repr(exc)})
+            waits.append(default)
+    return min(waits)
+
+
+def _dispatch_settings(settings: Settings, *, ack_wait_s: float = POOL_ACK_WAIT_S) -> DispatchSettings:
+    """The dispatcher's and the schedulers' share of the settings (§1.2 batching and pipelining);
+    `ack_wait_s` sets the schedulers' progress-ACK interval and their bound on any item's wait."""
     return DispatchSettings(
         worker_id=settings.worker_id,
         nak_delay_ms=settings.nak_delay_ms,
@@ -109,6 +166,8 @@ def _dispatch_settings(settings: Settings) -> DispatchSettings:
             idle_bypass=settings.batcher_idle_bypass_enabled,
             jit_dispatch=settings.batcher_jit_dispatch_enabled,
             drain_deadline_s=settings.scheduler_drain_deadline_ms / 1000.0,
+            max_item_wait_s=min(MAX_ITEM_WAIT_S, ack_wait_s / 4),
+            progress_after_s=ack_wait_s / 2,
         ),
         wave_cadence=settings.wave_cadence,
         controller_env=dict(settings.adaptive_batch_env),
@@ -198,6 +257,7 @@ async def run(settings: Settings, *, stop: asyncio.Event | None = None, started:
     js = nc.jetstream()
     spec = TopologySpec.from_settings(settings)
     await ensure_topology(js, spec)  # failure is fatal (§2.1)
+    ack_wait_s = await _consumer_ack_wait_s(js, spec)
 
     quantum = QuantumController(
         LatencyWindow(),
@@ -210,7 +270,7 @@ async def run(settings: Settings, *, stop: asyncio.Event | None = None, started:
     settler = Settler(FramedWriter(nc))
     publisher = Publisher(nc)
     dispatcher = Dispatcher(
-        _dispatch_settings(settings),
+        _dispatch_settings(settings, ack_wait_s=ack_wait_s),
         ipc,
         publisher,
         settler,
@@ -289,16 +349,26 @@ async def run(settings: Settings, *, stop: asyncio.Event | None = None, started:
 
     dispatcher.set_on_idle(wake_all)
 
+    def shutdown_nak_ms() -> int:
+        # Past the life of our own pull requests: sooner, the server would hand the item straight
+        # back to one of them, and the NAK on arrival would cost another delivery.
+        live_s = max((c.requests_live_s() for c in consumers), default=0.0)
+        return max(SHUTDOWN_NAK_MS, round(live_s * 1000))
+
+    dispatcher.shutdown_nak_ms = shutdown_nak_ms
+    dispatcher.on_draining = lambda: readiness.backend_refused(settings.nak_delay_ms / 1000.0)
+    nats_budget = settings.nats_fetch_budget
+
     pull_stop = asyncio.Event()
     loops = []
     for consumer in consumers:
-        await consumer.start()
+        await consumer.start(paused="handshake pending")  # the gate resumes it once the backend is ready
         loops.append(
             asyncio.create_task(
                 _pull_loop(
                     consumer,
                     dispatcher.handle,
-                    budget=settings.nats_fetch_budget,
+                    budget=lambda: min(nats_budget, dispatcher.intake_limit()),
                     inflight=settings.pull_loop_inflight,
                     stop=pull_stop,
                     tasks=tasks,
@@ -309,6 +379,15 @@ async def run(settings: Settings, *, stop: asyncio.Event | None = None, started:
                 )
             )
         )
+    gate = asyncio.create_task(
+        _gate_pulls(
+            readiness,
+            consumers,
+            pull_stop,
+            return_delay_s=settings.nak_delay_ms / 1000.0,
+            poll_s=settings.worker_ping_interval_ms / 1000.0,
+        )
+    )
     log.info("running", extra={"worker_id": settings.worker_id, "pool": settings.pool})
     if started is not None:
         started.set()
@@ -317,7 +396,8 @@ async def run(settings: Settings, *, stop: asyncio.Event | None = None, started:
     log.info("draining")
     # 1. Stop taking work; finish and settle what is in flight (bounded).
     pull_stop.set()
-    await asyncio.gather(*loops, return_exceptions=True)
+    gate.cancel()
+    await asyncio.gather(*loops, gate, return_exceptions=True)
     for consumer in consumers:
         await consumer.stop()
     if tasks:

@@ -30,6 +30,7 @@ from .costs import AUDIO_HARD_BATCH_COST_CAP, extract_cost, score_cost
 from .delivery import Delivery, Settler
 from .errors import IpcServerError
 from .ipc_types import ReadyResponse
+from .logs import Throttled
 from .media import INVALID_REQUEST, check_extract_work_item
 from .payloads import PayloadStore, resolve_items
 from .payloads.resolve import payload_ref_of
@@ -44,10 +45,14 @@ from .types import WorkResult
 from .workitem import WorkItem, WorkItemError, decode_work_item
 
 log = logging.getLogger(__name__)
+#: Warnings that repeat per batch or per group while a dependency keeps failing, rate-limited.
+_warn = Throttled(log)
 
 OVERFLOW_NAK_MS = 100
-DRAINING_NAK_MS = 100
 SHUTDOWN_NAK_MS = 100
+#: The shortest NAK delay a backend's `nak_retry` outcome may ask for: a backend answering 0 for
+#: work it cannot take would otherwise spend the item's 20 deliveries in a moment (law 2).
+MIN_RETRY_NAK_MS = 1000
 LOADING_RECHECK_CAP_MS = 15_000
 #: How long a `ready` answer is reused for later groups of the same model. Any IPC failure or
 #: `nak_retry` outcome forgets it, so a backend that unloaded the model is asked again at once.
@@ -152,6 +157,12 @@ class Dispatcher:
         self._lanes: dict[str, _ModelLane] = {}
         self._tokenizers = TokenizerRegistry()
         self._on_idle: Callable[[], None] | None = None
+        #: The NAK delay for work handed back at shutdown (the app makes it outlast its pull requests).
+        self.shutdown_nak_ms: Callable[[], int] = lambda: SHUTDOWN_NAK_MS
+        #: Called when the backend refuses a batch as `draining` (the app's pull gate stops pulling).
+        self.on_draining: Callable[[], None] | None = None
+        self._budgets: dict[str, int] = {}
+        self._intake_limit = settings.fetch_budget
 
     @property
     def config(self) -> ConfigState:
@@ -164,6 +175,12 @@ class Dispatcher:
     @property
     def batch_tombstones(self) -> Any:
         return self._batch_tombstones
+
+    def intake_limit(self) -> int:
+        """The most messages one pulled batch should carry: the smallest batch budget a backend has
+        reported (else the fetch budget), so a group never overflows it and nothing is NAKed back
+        only to be pulled again at once."""
+        return self._intake_limit
 
     # -- intake ------------------------------------------------------------------------------
 
@@ -205,7 +222,7 @@ class Dispatcher:
         try:
             d.item = item = decode_work_item(msg.data)
         except WorkItemError as exc:
-            log.warning("undecodable WorkItem", extra={"subject": subject, "error": str(exc)})
+            _warn.warning("undecodable WorkItem", key=subject, extra={"subject": subject, "error": str(exc)})
             return d, _NAK
         if not wire.is_safe_reply_subject(item.reply_subject):
             log.warning("unsafe reply subject; dropped", extra={"item": item.work_item_id})
@@ -265,6 +282,9 @@ class Dispatcher:
             return
         ds = await self._drop_cancelled(ds)
         budget = ready.batch_budget or self._s.fetch_budget
+        if self._budgets.get(model) != budget:
+            self._budgets[model] = budget
+            self._intake_limit = max(1, min(self._s.fetch_budget, *self._budgets.values()))
         if len(ds) > budget:
             await self._nak_all(ds[budget:], OVERFLOW_NAK_MS)
             ds = ds[:budget]
@@ -305,7 +325,7 @@ class Dispatcher:
             try:
                 ready = await self._backend.ensure_model_ready(model)
             except Exception as exc:  # any IPC failure (transport, timeout, server, decode): NAK the group
-                log.warning("EnsureModelReady failed", extra={"model": model, "error": repr(exc)})
+                _warn.warning("EnsureModelReady failed", key=model, extra={"model": model, "error": repr(exc)})
                 await self._nak_all(ds, base)
                 return None
             if ready.state == "ready":
@@ -328,7 +348,7 @@ class Dispatcher:
                 await asyncio.wait_for(self._shutdown.wait(), min(wait_ms, LOADING_RECHECK_CAP_MS) / 1000.0)
             except TimeoutError:
                 continue
-            await self._nak_all(ds, SHUTDOWN_NAK_MS)
+            await self._nak_all(ds, self.shutdown_nak_ms())
             return None
 
     # -- batches -------------------------------------------------------------------------------
@@ -351,6 +371,7 @@ class Dispatcher:
                     lambda formed: self._dispatch_formed(model, formed),
                     c,
                     on_idle=lambda: self._on_idle() if self._on_idle is not None else None,
+                    keepalive=self._keepalive,
                 ),
                 controller=AdaptiveController.production(
                     c.max_batch_cost, c.max_batch_wait_ms, env=self._s.controller_env
@@ -470,11 +491,19 @@ class Dispatcher:
                 lane.scheduler.update_limits(cost, wait_ms)
         return reported
 
+    async def _keepalive(self, ds: list[Delivery]) -> None:
+        """Progress-ACK deliveries a scheduler has held for half the ack_wait (law 3)."""
+        progress = self._settler.progress
+        for d in ds:
+            if not d.settled:
+                await progress(d)
+
     async def close_schedulers(self, deadline_s: float) -> None:
-        """Shutdown: flush every model's queued work (bounded), then NAK what is left so it returns at once."""
+        """Shutdown: flush every model's queued work (bounded), then NAK what is left; it returns as
+        soon as nothing of this process can pull it any more (`shutdown_nak_ms`)."""
         results = await asyncio.gather(*(lane.scheduler.close(deadline_s) for lane in self._lanes.values()))
         for left in results:
-            await self._nak_all(left, SHUTDOWN_NAK_MS)
+            await self._nak_all(left, self.shutdown_nak_ms())
         for lane in self._lanes.values():
             if lane.trace is not None:
                 lane.trace.close()
@@ -516,14 +545,18 @@ class Dispatcher:
                     PER_OP_METHOD[op], per_op_body(model, op, items, fetch_ms, prepared, prepared_audio=audio)
                 )
         except IpcServerError as exc:
+            # `draining` too gets the base delay, as v0.7.1 does in practice (§4.2, last row): a
+            # backend restarting gracefully refuses for seconds, and 100 ms NAKs spent an item's 20
+            # deliveries in 2 s. The readiness gate stops the pulling meanwhile.
             self._ready_cache.pop(model, None)
-            delay = DRAINING_NAK_MS if exc.message == "draining" else base
-            log.warning("batch RPC refused", extra={"model": model, "error": exc.message})
-            await self._nak_all(ds, delay)
+            _warn.warning("batch RPC refused", key=model, extra={"model": model, "error": exc.message})
+            if exc.message == "draining" and self.on_draining is not None:
+                self.on_draining()
+            await self._nak_all(ds, base)
             return None
         except Exception as exc:  # transport, timeout, decode: the whole batch goes back
             self._ready_cache.pop(model, None)
-            log.warning("batch RPC failed", extra={"model": model, "error": repr(exc)})
+            _warn.warning("batch RPC failed", key=model, extra={"model": model, "error": repr(exc)})
             await self._nak_all(ds, base)
             return None
         self.batch_sizes[len(items)] += 1
@@ -565,7 +598,8 @@ class Dispatcher:
                 outcomes = await resolve_items(self._payloads, [d.item for d in offloaded if d.item is not None])
                 for d, r in zip(offloaded, outcomes, strict=True):
                     if not r.ok:
-                        log.warning("payload fetch failed", extra={"item": r.item.work_item_id, "reason": r.reason})
+                        extra = {"item": r.item.work_item_id, "reason": r.reason}
+                        _warn.warning("payload fetch failed", key=r.reason, extra=extra)
                         refused.append((d, r.code, r.message))
                         continue
                     d.item, d.payload_fetch_ms = r.item, r.fetch_ms
@@ -610,13 +644,14 @@ class Dispatcher:
         for o in outcome.outcomes:
             queue = waiting.get(o.work_item_id)
             if not queue:
-                log.warning("outcome for an unknown work item; ignored", extra={"item": o.work_item_id})
+                _warn.warning("outcome for an unknown work item; ignored", extra={"item": o.work_item_id})
                 continue
             d = queue.popleft()
             assert d.item is not None
             if o.disposition == "nak_retry":
                 self._ready_cache.pop(d.model, None)  # e.g. the model was unloaded mid-batch
-                await self._settler.nak(d, o.nak_delay_ms if o.nak_delay_ms is not None else base)
+                delay = base if o.nak_delay_ms is None else max(o.nak_delay_ms, min(base, MIN_RETRY_NAK_MS))
+                await self._settler.nak(d, delay)
                 continue
             result = outcome_result(
                 d.item,

@@ -26,11 +26,14 @@ from . import wire
 from .errors import DecodeError, IpcServerError, ProtocolError
 from .ipc_types import PingResponse, ReadyResponse
 from .limits import IPC_VERSION
+from .logs import Throttled
 
 if TYPE_CHECKING:
     from types import TracebackType
 
 log = logging.getLogger(__name__)
+#: A backend that is gone fails every call (each heartbeat, each batch): one line per method per 10 s.
+_warn = Throttled(log)
 
 T = TypeVar("T")
 
@@ -274,8 +277,9 @@ class IpcClient:
             except _TransportFailure as first:
                 if not first.retryable:
                     raise IpcTransportError(f"{method} {request_id} to {self._path}: {first}") from first.cause
-                log.warning(
+                _warn.warning(
                     "IPC transport error; retrying once",
+                    key=method,
                     extra={"method": method, "request_id": request_id, "error": str(first)},
                 )
                 failed, slot = slot, None
