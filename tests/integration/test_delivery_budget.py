@@ -258,3 +258,19 @@ async def test_chaos_sidecar_restart_and_backend_drain_under_load(nats_server: N
                 await stack.nc.close()
         await gateway.close()
         await backend.close()
+
+
+async def test_a_backend_batch_budget_below_the_fetch_budget_does_not_bounce_work(
+    nats_server: NatsServer, tmp_path: Path
+) -> None:
+    """The group of one pull is cut at the backend's batch budget and the rest NAKed after 100 ms
+    (§4.2); with a budget of 2 under a fetch budget of 64, most of every pull went straight back, over
+    and over. Once the budget is known, pulls are no larger than it: only the first pull overflows."""
+    adapter = NullAdapter(dim=8, preloaded_models=[MODEL], batch_budget=2)
+    async with running_stack(nats_server, tmp_path, adapter=adapter) as stack:
+        ids = [await stack.publish(work_item(text=f"t{i}")) for i in range(300)]
+        await stack.wait_for(lambda: answered_once(stack, ids), timeout=30)
+        await stack.settled_pool()
+        info = await stack.pool_consumer()
+        assert info.delivered.consumer_seq - len(ids) <= stack.settings.nats_fetch_budget  # redeliveries
+        assert stack.max_deliveries == []
