@@ -122,8 +122,9 @@ async def _gate_pulls(
         if kind != logged:
             if reason is None:
                 log.info("pulling: the backend is ready")
-            else:
-                log.warning("not pulling: the backend cannot serve", extra={"reason": reason})
+            else:  # at start-up (before the first heartbeat) this is expected: info, not a warning
+                level = logging.INFO if logged == "" else logging.WARNING
+                log.log(level, "not pulling: the backend cannot serve", extra={"reason": reason})
             logged = kind
         readiness.changed.clear()
         with contextlib.suppress(TimeoutError):
