@@ -20,19 +20,20 @@ from .bus.health import HealthIdentity, HealthReporter, publish_health
 from .bus.outbound import FramedWriter
 from .bus.publisher import Publisher
 from .bus.pull import PullConsumer
-from .bus.topology import TopologySpec, establish_topology, reconcile_forever
+from .bus.topology import POOL_ACK_WAIT_S, TopologySpec, consumer_ack_wait_s, establish_topology, reconcile_forever
 from .config import Settings
 from .errors import ConfigError, StartupError, TopologyError
 from .ipc.client import IpcClient
 from .payloads import PayloadStore, PayloadStoreConfigError
 from .pipeline.delivery import Settler
-from .pipeline.dispatcher import ConfigState, Dispatcher, DispatchSettings
+from .pipeline.dispatcher import SHUTDOWN_NAK_MS, ConfigState, Dispatcher, DispatchSettings
 from .pipeline.feed import feed
+from .pipeline.gate import gate_pulls
 from .pipeline.readiness import Readiness, heartbeat
 from .prep.audio import configure_permits as configure_audio_permits
 from .probes import start_probes
 from .sched.quantum import LatencyWindow, QuantumController
-from .sched.scheduler import SchedulerConfig
+from .sched.scheduler import MAX_ITEM_WAIT_S, SchedulerConfig
 from .telemetry import Registry
 
 log = logging.getLogger(__name__)
@@ -42,8 +43,9 @@ HEALTH_TOMBSTONE_WAIT_S = 2.0
 BACKEND_DRAIN_MS = 15_000
 
 
-def _dispatch_settings(settings: Settings) -> DispatchSettings:
-    """The dispatcher's and the schedulers' share of the settings (§1.2 batching and pipelining)."""
+def _dispatch_settings(settings: Settings, *, ack_wait_s: float = POOL_ACK_WAIT_S) -> DispatchSettings:
+    """The dispatcher's and the schedulers' share of the settings (§1.2 batching and pipelining);
+    `ack_wait_s` sets the schedulers' progress-ACK interval and their bound on any item's wait."""
     limits = settings.concurrency
     return DispatchSettings(
         worker_id=settings.worker_id,
@@ -60,6 +62,8 @@ def _dispatch_settings(settings: Settings) -> DispatchSettings:
             idle_bypass=settings.batcher_idle_bypass_enabled,
             jit_dispatch=settings.batcher_jit_dispatch_enabled,
             drain_deadline_s=settings.scheduler_drain_deadline_ms / 1000.0,
+            max_item_wait_s=min(MAX_ITEM_WAIT_S, ack_wait_s / 4),
+            progress_after_s=ack_wait_s / 2,
         ),
         wave_cadence=settings.wave_cadence,
         controller_env=dict(settings.adaptive_batch_env),
@@ -83,6 +87,7 @@ class _Running:
     reporter: HealthReporter
     consumers: list[PullConsumer]
     loops: list[asyncio.Task[None]]
+    gate: asyncio.Task[None]
     tasks: set[asyncio.Task[None]]
     pull_stop: asyncio.Event
     subs: list[Subscription]
@@ -136,6 +141,7 @@ async def _start(settings: Settings, stop: asyncio.Event, resources: contextlib.
         await establish_topology(js, spec, events.describe)  # failure is fatal (§2.1)
     except TopologyError as exc:
         raise StartupError("NATS topology", str(exc)) from None
+    ack_wait_s = await consumer_ack_wait_s(js, spec)
 
     quantum = QuantumController(
         LatencyWindow(),
@@ -149,7 +155,7 @@ async def _start(settings: Settings, stop: asyncio.Event, resources: contextlib.
     settler = Settler(FramedWriter(nc))
     publisher = Publisher(nc)
     dispatcher = Dispatcher(
-        _dispatch_settings(settings),
+        _dispatch_settings(settings, ack_wait_s=ack_wait_s),
         ipc,
         publisher,
         settler,
@@ -227,19 +233,29 @@ async def _start(settings: Settings, stop: asyncio.Event, resources: contextlib.
 
     dispatcher.set_on_idle(wake_all)
 
+    def shutdown_nak_ms() -> int:
+        # Past the life of our own pull requests: sooner, the server would hand the item straight
+        # back to one of them, and the NAK on arrival would cost another delivery.
+        live_s = max((c.requests_live_s() for c in consumers), default=0.0)
+        return max(SHUTDOWN_NAK_MS, round(live_s * 1000))
+
+    dispatcher.shutdown_nak_ms = shutdown_nak_ms
+    dispatcher.on_draining = lambda: readiness.backend_refused(settings.nak_delay_ms / 1000.0)
+    nats_budget = settings.nats_fetch_budget
+
     pull_stop = asyncio.Event()
     loops: list[asyncio.Task[None]] = []
     for consumer in consumers:
         resources.push_async_callback(consumer.stop)
         try:
-            await consumer.start()
+            await consumer.start(paused="handshake pending")  # the gate resumes it once the backend is ready
         except NATS_FAILURES as exc:
             raise StartupError("pull consumers", events.describe(exc)) from None
         loop = asyncio.create_task(
             feed(
                 consumer,
                 dispatcher.handle,
-                budget=settings.nats_fetch_budget,
+                budget=lambda: min(nats_budget, dispatcher.intake_limit()),
                 inflight=limits.pull_batches,
                 stop=pull_stop,
                 tasks=tasks,
@@ -251,6 +267,16 @@ async def _start(settings: Settings, stop: asyncio.Event, resources: contextlib.
         )
         loops.append(loop)
         resources.push_async_callback(_end_tasks, [loop], pull_stop)  # the loop ends before its consumer stops
+    gate = asyncio.create_task(
+        gate_pulls(
+            readiness,
+            consumers,
+            pull_stop,
+            return_delay_s=settings.nak_delay_ms / 1000.0,
+            poll_s=settings.worker_ping_interval_ms / 1000.0,
+        )
+    )
+    resources.push_async_callback(_end_tasks, [gate], pull_stop)
     return _Running(
         settings=settings,
         nc=nc,
@@ -263,6 +289,7 @@ async def _start(settings: Settings, stop: asyncio.Event, resources: contextlib.
         reporter=reporter,
         consumers=consumers,
         loops=loops,
+        gate=gate,
         tasks=tasks,
         pull_stop=pull_stop,
         subs=subs,
@@ -278,7 +305,8 @@ async def _drain(r: _Running) -> None:
     settings = r.settings
     # 1. Stop taking work; finish and settle what is in flight (bounded).
     r.pull_stop.set()
-    await asyncio.gather(*r.loops, return_exceptions=True)
+    r.gate.cancel()
+    await asyncio.gather(*r.loops, r.gate, return_exceptions=True)
     for consumer in r.consumers:
         await consumer.stop()
     if r.tasks:

@@ -18,6 +18,8 @@ import datetime as _dt
 import json
 import logging
 import sys
+import time
+from collections.abc import Callable, Hashable
 from typing import Any, TextIO
 
 _LEVELS = {
@@ -38,6 +40,8 @@ _RECORD_ATTRS = frozenset(
 
 # Loggers whose level a previous configure_logging call set, so a new call can reset them.
 _configured_targets: set[str] = set()
+#: Distinct (message, key) pairs one `Throttled` remembers before it starts afresh.
+_THROTTLE_KEYS = 1024
 
 
 def parse_log_filter(spec: str) -> tuple[int, dict[str, int], list[str]]:
@@ -116,4 +120,55 @@ def configure_logging(level: str = "info", stream: TextIO | None = None) -> None
         logging.getLogger(__name__).warning("ignoring unknown log filter directive", extra={"directive": directive})
 
 
-__all__ = ["JsonFormatter", "configure_logging", "parse_log_filter"]
+class Throttled:
+    """Rate-limits one repeating log line (a warning per failed batch, per heartbeat, per message).
+
+    The first occurrence of each key is logged at once; repeats within `interval_s` are counted, and
+    the next line after the interval carries `repeats` (how many were folded into it) so the volume
+    stays bounded while a failing dependency keeps failing, and nothing is lost from the count.
+    """
+
+    __slots__ = ("_clock", "_interval_s", "_logger", "_state")
+
+    def __init__(
+        self, logger: logging.Logger, interval_s: float = 10.0, *, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        if not interval_s >= 0:
+            raise ValueError("interval_s must be >= 0")
+        self._logger = logger
+        self._interval_s = interval_s
+        self._clock = clock
+        self._state: dict[Hashable, tuple[float, int]] = {}  # key -> (last emitted at, repeats since)
+
+    def log(self, level: int, msg: str, *, key: Hashable = None, extra: dict[str, Any] | None = None) -> bool:
+        """Log `msg` unless the same key was logged less than `interval_s` ago; True when it was logged."""
+        return self._emit(level, msg, key, extra)
+
+    def warning(self, msg: str, *, key: Hashable = None, extra: dict[str, Any] | None = None) -> bool:
+        return self._emit(logging.WARNING, msg, key, extra)
+
+    def _emit(self, level: int, msg: str, key: Hashable, extra: dict[str, Any] | None) -> bool:
+        if not self._logger.isEnabledFor(level):
+            return False
+        k = (msg, key)
+        now = self._clock()
+        last = self._state.get(k)
+        if last is not None and now - last[0] < self._interval_s:
+            self._state[k] = (last[0], last[1] + 1)
+            return False
+        if len(self._state) >= _THROTTLE_KEYS:
+            self._state.clear()  # keys are few (models, methods); a flood of new ones only costs lines
+        self._state[k] = (now, 0)
+        fields = dict(extra or {})
+        if last is not None and last[1]:
+            fields["repeats"] = last[1]
+        self._logger.log(level, msg, extra=fields, stacklevel=3)  # the caller's file and line
+        return True
+
+    def suppressed(self, msg: str, key: Hashable = None) -> int:
+        """Repeats of (msg, key) counted since its last line (for tests and summaries)."""
+        state = self._state.get((msg, key))
+        return 0 if state is None else state[1]
+
+
+__all__ = ["JsonFormatter", "Throttled", "configure_logging", "parse_log_filter"]

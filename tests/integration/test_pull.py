@@ -443,3 +443,60 @@ async def _has_consumer(js: JetStreamContext, spec: TopologySpec) -> bool:
 
 async def _async_true(value: bool) -> bool:
     return value
+
+
+async def test_deliveries_after_stop_come_back_once_the_pull_requests_expired(nc: Client) -> None:
+    """A message the server delivers after `stop()` (to a pull request still live on it) used to be
+    NAKed with no delay: the server handed it straight back to that same request, 20 times in 15 ms,
+    and its delivery budget was gone. It now waits out our requests and comes back once."""
+    js = nc.jetstream()
+    await ensure_topology(js, SPEC)
+    exhausted: list[bytes] = []
+
+    async def on_advisory(msg: Msg) -> None:
+        exhausted.append(msg.data)
+
+    await nc.subscribe("$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.>", cb=on_advisory)
+    consumer = PullConsumer(nc, SPEC.pool_stream, SPEC.pool_durable, batch=8, expires_s=1.0, max_outstanding=8)
+    await consumer.start()
+    await _eventually(lambda: _async_true(consumer.stats.requests > 0), 5)
+    await nc.flush()  # the pull request is on the server
+    await consumer.stop()
+    await _publish(nc, 3)  # delivered to the still-live request after stop()
+    await _eventually(lambda: _async_true(consumer.stats.stale_naks == 3), 5)
+    async with _consumer(nc, batch=8, expires_s=1.0, max_outstanding=8) as second:
+        got: dict[int, Msg] = {}
+        await _drain(second, got, until=3, timeout=5)
+        assert [m.metadata.num_delivered for m in got.values()] == [2, 2, 2]
+    assert exhausted == []
+
+
+async def test_a_paused_consumer_pulls_nothing_and_hands_back_what_it_holds(nc: Client) -> None:
+    """The readiness gate's lever: started paused, nothing is requested; paused later, the credit is
+    given up, buffered messages go back with the delay, late ones too, and resume pulls again."""
+    js = nc.jetstream()
+    await ensure_topology(js, SPEC)
+    consumer = PullConsumer(nc, SPEC.pool_stream, SPEC.pool_durable, batch=8, expires_s=1.0, max_outstanding=8)
+    await consumer.start(paused="handshake pending")
+    try:
+        assert consumer.paused == "handshake pending"
+        await _publish(nc, 3)
+        await asyncio.sleep(0.3)  # an observation window: nothing may be requested in it
+        assert (consumer.stats.requests, consumer.buffered) == (0, 0)
+        consumer.resume()
+        await _eventually(lambda: _async_true(consumer.buffered == 3), 5)
+        consumer.pause("backend not ready", return_delay_s=0.5)
+        await _eventually(lambda: _async_true(consumer.buffered == 0 and consumer.unsettled == 0), 5)
+        assert consumer.credit == 0 and consumer.stats.paused_naks == 3
+        requests = consumer.stats.requests
+        await _publish(nc, 2, start=3)  # reach the retired inbox's live request: NAKed back, delayed
+        await asyncio.sleep(0.3)
+        assert (consumer.stats.requests, consumer.buffered) == (requests, 0)
+        consumer.resume()
+        got: dict[int, Msg] = {}
+        await _drain(consumer, got, until=5, timeout=10)
+        delivered = sorted(m.metadata.num_delivered for m in got.values())
+        # The three handed back: twice. The late two: twice too if they met the retired request, else once.
+        assert delivered[2:] == [2, 2, 2] and max(delivered) == 2
+    finally:
+        await consumer.stop()

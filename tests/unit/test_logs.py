@@ -251,3 +251,41 @@ def test_parse_log_filter() -> None:
         {"a.b": logging.ERROR, "c": logging.DEBUG},
         ["bogus=7", "x"],
     )
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_throttled_logs_the_first_line_then_one_per_interval_with_the_repeats(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    clock = _Clock()
+    logger = logging.getLogger("sie_sidecar.test_throttled")
+    warn = logs.Throttled(logger, 10.0, clock=clock)
+    with caplog.at_level(logging.WARNING, logger=logger.name):
+        assert warn.warning("batch failed", key="m", extra={"model": "m"}) is True
+        for i in range(1, 1300):  # a failing backend: one call per batch, 1,300 in 13 s
+            clock.now = i / 100
+            warn.warning("batch failed", key="m", extra={"model": "m"})
+        assert warn.suppressed("batch failed", "m") == 299  # since the second line, at 10 s
+        assert warn.warning("batch failed", key="other") is True  # another key has its own budget
+    lines = [r for r in caplog.records if r.getMessage() == "batch failed"]
+    assert len(lines) == 3
+    assert [getattr(r, "repeats", None) for r in lines] == [None, 999, None]
+    assert all(r.funcName == "test_throttled_logs_the_first_line_then_one_per_interval_with_the_repeats" for r in lines)
+
+
+def test_throttled_skips_disabled_levels_and_rejects_a_negative_interval() -> None:
+    logger = logging.getLogger("sie_sidecar.test_throttled_off")
+    logger.setLevel(logging.ERROR)
+    try:
+        assert logs.Throttled(logger).warning("quiet") is False
+    finally:
+        logger.setLevel(logging.NOTSET)
+    with pytest.raises(ValueError):
+        logs.Throttled(logger, -1.0)

@@ -353,3 +353,56 @@ async def test_no_hold_without_reported_inference_times_or_with_a_dispatch_width
         await asyncio.sleep(0.004)
     await settle(wide)
     assert wide.jit_holds == 0 and sum(len(b.items) for b in device.batches) == 30
+
+
+async def test_a_costly_item_goes_into_the_next_batch_once_it_waited_past_the_bound() -> None:
+    """Cost-ascending packing passes the costliest item over while cheaper ones keep arriving; past
+    `max_item_wait_s` it goes next whatever its cost (issue 9: it used to wait out ack_wait)."""
+    loop = asyncio.get_running_loop()
+    sent: list[tuple[list[str], str, float]] = []
+
+    async def dispatch(formed: Formed[str]) -> None:
+        sent.append((formed.items, formed.reason, loop.time()))
+        await asyncio.sleep(0.01)
+
+    config = SchedulerConfig(pipeline_depth=1, max_batch_requests=2, idle_bypass=False, max_item_wait_s=0.1)
+    s: ModelScheduler[str] = ModelScheduler("m", dispatch, config)
+    s.submit("encode", "", ["costly"], [1000])
+    submitted = loop.time()
+    for n in range(100):  # 3 cheap items per 10 ms batch of 2: a backlog that never clears
+        s.submit("encode", "", [f"c{n}a", f"c{n}b", f"c{n}c"], [1, 1, 1])
+        await asyncio.sleep(0.01)
+        if any("costly" in items for items, _, _ in sent):
+            break
+    (batch,) = [(items, reason, at) for items, reason, at in sent if "costly" in items]
+    assert batch[1] == "aged" and batch[2] - submitted < 0.5  # not after the whole second of backlog
+    assert batch[0][0] == "costly"  # the oldest first
+    assert s.aged_items >= 1
+    await s.close(1.0)
+
+
+async def test_held_items_are_progress_acked_each_progress_after_s() -> None:
+    """Nothing held, pending or in flight, goes half an ack_wait without a progress ACK (law 3)."""
+    now = [0.0]
+    kept: list[str] = []
+
+    async def keepalive(items: list[str]) -> None:
+        kept.extend(items)
+
+    rec = Recorder()
+    rec.gate = asyncio.Event()  # the batch in flight does not finish until the gate opens
+    config = SchedulerConfig(pipeline_depth=1, max_batch_requests=1, progress_after_s=0.1, max_item_wait_s=0)
+    s: ModelScheduler[str] = ModelScheduler("m", rec, config, clock=lambda: now[0], keepalive=keepalive)
+    s.submit("encode", "", ["a", "b", "c"], [1, 1, 1])
+    async with asyncio.timeout(5):
+        while s.in_flight != 1:
+            await asyncio.sleep(0.001)
+    for t in (0.05, 0.1, 0.15, 0.2):  # the ticker runs too; together they ACK each item once per 0.1 s
+        now[0] = t
+        await s.progress_held(t)
+    assert Counter(kept) == {"a": 2, "b": 2, "c": 2}
+    rec.gate.set()
+    await settle(s)
+    now[0] = 1.0
+    assert await s.progress_held(1.0) == 0  # settled work is never progress-ACKed
+    await s.close(1.0)

@@ -87,6 +87,10 @@ class BackendServer:
         self._connections: dict[asyncio.Task[Any], _Connection] = {}
         self._heavy: set[asyncio.Task[None]] = set()
         self._draining = False
+        self._ping_ready_while_draining = False
+        self._undrain: asyncio.TimerHandle | None = None
+        #: Batch items refused with `draining` (tests count how much work a sidecar sent meanwhile).
+        self.refused_items = 0
         self._drain_deadline_ms: float | None = None
         self._last_ping: float | None = None
         self._closed = False
@@ -121,6 +125,28 @@ class BackendServer:
     @property
     def draining(self) -> bool:
         return self._draining
+
+    def drain_for(self, seconds: float | None = None, *, ping_ready: bool = False) -> None:
+        """Test hook: refuse batch work with `draining`, as after a `Drain`, for `seconds` (None: until
+        `undrain()`), like a backend restarting gracefully. The heartbeat answers ready=false meanwhile,
+        unless `ping_ready` (a backend whose heartbeat is served apart from its batch workers)."""
+        if self._undrain is not None:
+            self._undrain.cancel()
+            self._undrain = None
+        self._draining = True
+        self._ping_ready_while_draining = ping_ready
+        if seconds is not None:
+            self._undrain = asyncio.get_running_loop().call_later(seconds, self.undrain)
+        log.info("backend draining (test hook)", extra={"seconds": seconds, "ping_ready": ping_ready})
+
+    def undrain(self) -> None:
+        """Test hook: take batch work again (a drained backend restarted, or `drain_for` ran out)."""
+        if self._undrain is not None:
+            self._undrain.cancel()
+            self._undrain = None
+        self._draining = False
+        self._ping_ready_while_draining = False
+        log.info("backend serving again (test hook)")
 
     @property
     def drain_deadline_ms(self) -> float | None:
@@ -191,6 +217,9 @@ class BackendServer:
         if self._closed:
             return
         self._closed = True
+        if self._undrain is not None:
+            self._undrain.cancel()
+            self._undrain = None
         server, self._server = self._server, None
         if server is not None:
             server.close()
@@ -293,6 +322,8 @@ class BackendServer:
             await self._send(conn, request_id, None, f"unknown method {method}", accepts_chunks=False)
         elif method in HEAVY_METHODS:
             if self._draining:
+                items = body.get("items")
+                self.refused_items += len(items) if isinstance(items, list) else 0
                 await self._send(conn, request_id, None, "draining", accepts_chunks=False)
             else:
                 task = asyncio.create_task(
@@ -356,7 +387,7 @@ class BackendServer:
         return PingResponse(
             timestamp_ms=float(timestamp),
             worker_id=self._worker_id,
-            ready=adapter.healthy() and not self._draining,
+            ready=adapter.healthy() and (not self._draining or self._ping_ready_while_draining),
             bundle_config_hash=adapter.bundle_config_hash(),
             loaded_models=tuple(sorted(set(adapter.loaded_models()))),
             loading_models=tuple(sorted(set(adapter.loading_models()))),

@@ -13,6 +13,7 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
 from .. import wire
+from .sync import sync_with_server
 
 
 class TombstoneSink(Protocol):
@@ -39,13 +40,13 @@ def cancel_handlers(dispatcher: TombstoneSink, worker_id: str) -> tuple[Callable
 
 
 async def subscribe_cancels(nc: NatsClient, sink: TombstoneSink, worker_id: str, subs: list[Subscription]) -> None:
-    """Subscribe `work_cancel.>` and `batch_cancel.>` (appended to `subs` as they exist) and flush: a SUB
-    only sits in the client's buffer until flushed, and the server must have the cancel subscriptions
-    before the first pull, or a cancel sent at start-up would go unseen (§2.1 order)."""
+    """Subscribe `work_cancel.>` and `batch_cancel.>` (appended to `subs` as they exist) and wait until the
+    server has them: a SUB only sits in the client's buffer until written, and the server must have the
+    cancel subscriptions before the first pull, or a cancel sent at start-up would go unseen (§2.1)."""
     on_work_cancel, on_batch_cancel = cancel_handlers(sink, worker_id)
     subs.append(await nc.subscribe("work_cancel.>", cb=on_work_cancel))
     subs.append(await nc.subscribe("batch_cancel.>", cb=on_batch_cancel))
-    await nc.flush()
+    await sync_with_server(nc)  # not `nc.flush()`: its PING overtakes the queued SUBs (bus/sync.py)
 
 
 async def unsubscribe_all(subs: list[Subscription]) -> None:

@@ -19,10 +19,13 @@ from typing import Protocol
 
 from .. import wire
 from ..errors import PayloadTooLarge
+from ..logs import Throttled
 from ..wire.types import Reply
 from .outbound import FramedWriter
 
 log = logging.getLogger(__name__)
+#: Publish failures repeat per batch while NATS is away: rate-limited, with a count.
+_warn = Throttled(log)
 
 FLUSH_TIMEOUT_S = 10.0
 
@@ -79,7 +82,7 @@ class Publisher:
             await self._writer.publish_framed(replies.buffer, replies.messages, replies.payload_bytes)
         except Exception as exc:  # nats-py raises its own and OS errors; either way: not published
             self.stats.publish_error += replies.messages
-            log.warning("reply publish failed", extra={"replies": replies.messages, "error": repr(exc)})
+            _warn.warning("reply publish failed", extra={"replies": replies.messages, "error": repr(exc)})
             return False
         self.stats.single += replies.messages
         return True
@@ -89,7 +92,7 @@ class Publisher:
             await self._nc.flush(timeout=max(1, round(self._flush_timeout_s)))
         except Exception as exc:  # a timeout or a lost connection: nothing is known to have arrived
             self.stats.flush_error += 1
-            log.warning("flush after publish failed; replies stay un-ACKed", extra={"error": repr(exc)})
+            _warn.warning("flush after publish failed; replies stay un-ACKed", extra={"error": repr(exc)})
             return False
         return True
 
@@ -125,7 +128,7 @@ class Publisher:
             await self._writer.publish_many(queued)  # one framed write for the whole batch
         except Exception as exc:  # nats-py raises its own and OS errors; either way: not published
             self.stats.publish_error += len(planned)
-            log.warning("reply publish failed", extra={"replies": len(planned), "error": repr(exc)})
+            _warn.warning("reply publish failed", extra={"replies": len(planned), "error": repr(exc)})
             return ok
         for i, mode, messages in planned:
             ok[i] = True

@@ -10,8 +10,13 @@ Invariant: `unsettled + credit <= max_outstanding`, where `unsettled` counts mes
 reported through `settled()`, and `credit` counts messages requested on the current inbox and not yet
 delivered or expired. Whenever the credit becomes unknowable (a reconnect, a 409/503, silence), the inbox is
 rotated: requests made on the old inbox can no longer deliver into the buffer, so forgetting their credit is
-safe. Stragglers that still arrive on a retired inbox are NAKed at once, so they are redelivered without
-waiting for ack_wait.
+safe. Stragglers that still arrive on a retired inbox (or after `stop()`) are NAKed with a delay that outlasts
+every pull request still live on the server: NAKed at once, JetStream would hand them straight back to that
+same request, and each bounce costs a delivery attempt (20 of them went in 15 ms).
+
+`pause()` stops pulling while the backend cannot serve (the app's readiness gate): the credit is given up by
+rotating the inbox, no new request goes out, and what is buffered or still arrives goes back with a delay.
+`resume()` pulls again. A consumer can start paused, so that nothing is pulled before the first handshake.
 """
 
 from __future__ import annotations
@@ -31,9 +36,12 @@ from nats.aio.subscription import Subscription
 from nats.errors import Error as NatsError
 from nats.js import api as js_api
 
+from ..logs import Throttled
 from .inbound import FastInbound
 
 logger = logging.getLogger(__name__)
+#: Failures that repeat every back-off (0.5 s) while NATS is unhappy: rate-limited, with a count.
+_warn = Throttled(logger)
 
 _PENDING_MSGS = "Nats-Pending-Messages"
 _RETIRE_GRACE_S = 1.0
@@ -55,6 +63,7 @@ class PullStats:
     watchdog_resets: int = 0
     reconnect_resets: int = 0
     stale_naks: int = 0  # messages NAKed because they arrived on a retired inbox or after stop()
+    paused_naks: int = 0  # buffered messages NAKed back when the consumer was paused
     excess: int = 0  # messages beyond the known credit (should stay 0)
     request_errors: int = 0
 
@@ -174,6 +183,8 @@ class PullConsumer:
         self._last_activity = 0.0
         self._reset_reason: str | None = None
         self._paused_until = 0.0
+        self._pause_reason: str | None = None  # set by pause(): no pull requests go out
+        self._return_delay_s = 0.0
         self._seen_reconnects = 0
         self._status_streak = 0
         self.stats = PullStats()
@@ -207,12 +218,27 @@ class PullConsumer:
     def inbox(self) -> str:
         return self._inbox
 
-    async def start(self) -> None:
-        """Subscribe the first inbox and start the task that keeps credit topped up."""
+    @property
+    def paused(self) -> str | None:
+        """Why the consumer is not pulling (`pause()`), None while it pulls."""
+        return self._pause_reason
+
+    def requests_live_s(self) -> float:
+        """How long pull requests this consumer sent may still deliver (server-side expiry plus a margin).
+
+        A message NAKed with a shorter delay can be handed straight back to one of them."""
+        left = self._requests_expire_at - time.monotonic()
+        return left + _NAK_MARGIN_S if left > 0 else 0.0
+
+    async def start(self, *, paused: str | None = None) -> None:
+        """Subscribe the first inbox and start the task that keeps credit topped up; with `paused` (a
+        reason) no pull request goes out until `resume()`."""
         if self._started:
             return
         if self._stopped:
             raise RuntimeError("PullConsumer cannot be restarted after stop()")
+        if paused is not None:
+            self._pause_reason = paused
         self._seen_reconnects = self._reconnects()
         await self._rotate("start")
         self._started = True
@@ -315,6 +341,26 @@ class PullConsumer:
         """Wake a coalescing `next_batch` so that it re-checks its `stop_early` condition."""
         self._data.set()
 
+    def pause(self, reason: str, *, return_delay_s: float = 0.0) -> None:
+        """Stop pulling (the backend cannot serve): no new pull requests; the outstanding ones are
+        forgotten by rotating the inbox, so whatever they still deliver, and whatever is buffered and
+        not yet handed out, goes back to the stream with a NAK delayed by at least `return_delay_s` and
+        past the life of those requests. Messages already handed out are the caller's to settle."""
+        if self._stopped:
+            return
+        was = self._pause_reason
+        self._pause_reason = reason
+        self._return_delay_s = max(0.0, return_delay_s)
+        if was is None:
+            self._request_reset(f"paused: {reason}", 0.0)
+
+    def resume(self) -> None:
+        """Pull again after `pause()`."""
+        if self._pause_reason is None:
+            return
+        self._pause_reason = None
+        self._kick.set()
+
     def settled(self, n: int) -> None:
         """Report that `n` handed-out messages were ACKed, NAKed, terminated or dropped; frees their capacity."""
         if n < 0:
@@ -348,24 +394,33 @@ class PullConsumer:
                 logger.exception("pull delivery failed", extra={"stream": self.stream, "consumer": self.durable})
                 accepted = False
             if not accepted:
-                # Delivered on a retired inbox or after stop(): hand it straight back to the server.
-                task = asyncio.ensure_future(self._nak_quietly(msg))
+                # Delivered on a retired inbox or after stop(): hand it back, once our requests are gone.
+                task = asyncio.ensure_future(self._nak_late(msg))
                 self._naks.add(task)
                 task.add_done_callback(self._naks.discard)
 
         return on_msg
 
-    @staticmethod
-    async def _nak_quietly(msg: Msg) -> None:
+    def _late_delay_s(self) -> float:
+        """The NAK delay for a message this consumer will not handle: past the life of every pull
+        request it sent (else the server hands the message straight back to one of them), and while
+        paused at least the pause's return delay."""
+        delay = self.requests_live_s()
+        if self._pause_reason is not None:
+            delay = max(delay, self._return_delay_s)
+        return delay
+
+    async def _nak_late(self, msg: Msg) -> None:
+        delay = self._late_delay_s()
         with contextlib.suppress(NatsError):
-            await msg.nak()
+            await (msg.nak(delay=delay) if delay > 0 else msg.nak())
 
     def _make_cb(self, gen: int) -> Callable[[Msg], Awaitable[None]]:
         async def on_msg(msg: Msg) -> None:
             if self._accept(msg, gen):
                 return
-            # Delivered on a retired inbox or after stop(): hand it straight back to the server.
-            await self._nak_quietly(msg)
+            # Delivered on a retired inbox or after stop(): hand it back, once our requests are gone.
+            await self._nak_late(msg)
 
         return on_msg
 
@@ -445,8 +500,9 @@ class PullConsumer:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
-                logger.warning(
+                _warn.warning(
                     "pull maintenance failed; retrying after a back-off",
+                    key=self.durable,
                     extra={"stream": self.stream, "consumer": self.durable, "error": repr(exc)},
                 )
                 self._paused_until = max(self._paused_until, time.monotonic() + self._backoff_s)
@@ -487,9 +543,27 @@ class PullConsumer:
             except BaseException:
                 self._reset_reason = reason
                 raise
+        if self._pause_reason is not None and self._buffer:
+            await self._return_buffered()
         await self._retire_expired(now)
-        if connected and self._reset_reason is None and time.monotonic() >= self._paused_until:
+        if (
+            connected
+            and self._reset_reason is None
+            and self._pause_reason is None
+            and time.monotonic() >= self._paused_until
+        ):
             await self._top_up()
+
+    async def _return_buffered(self) -> None:
+        """Paused: NAK what is buffered (never handed out) with the late delay, and free its capacity."""
+        leftovers = list(self._buffer)
+        self._buffer.clear()
+        self._unsettled = max(0, self._unsettled - len(leftovers))
+        delay = self._late_delay_s()
+        for msg in leftovers:
+            with contextlib.suppress(NatsError):
+                await (msg.nak(delay=delay) if delay > 0 else msg.nak())
+        self.stats.paused_naks += len(leftovers)
 
     async def _top_up(self) -> None:
         """Re-request when credit falls below half the request size, within the outstanding cap."""
@@ -509,8 +583,9 @@ class PullConsumer:
             self._credit = max(0, self._credit - want)
             self.stats.request_errors += 1
             self._paused_until = time.monotonic() + self._backoff_s
-            logger.warning(
+            _warn.warning(
                 "pull request publish failed",
+                key=self.durable,
                 extra={"stream": self.stream, "consumer": self.durable, "error": repr(exc)},
             )
             return

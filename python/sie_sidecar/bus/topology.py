@@ -109,6 +109,23 @@ async def establish_topology(
         raise TopologyError(describe(exc)) from None
 
 
+async def consumer_ack_wait_s(js: JetStreamContext, spec: TopologySpec) -> float:
+    """The shortest ack_wait of the consumers this worker pulls from, as the server has them (an
+    operator may have changed the pool durable's; ensure_topology only warns about it)."""
+    waits = []
+    for stream, durable, default in (
+        (spec.pool_stream, spec.pool_durable, POOL_ACK_WAIT_S),
+        (spec.worker_stream, spec.worker_consumer, WORKER_ACK_WAIT_S),
+    ):
+        try:
+            info = await js.consumer_info(stream, durable)
+            waits.append(float(info.config.ack_wait or default))
+        except Exception as exc:  # the configured value is the best guess left
+            logger.warning("consumer info unavailable", extra={"consumer": durable, "error": repr(exc)})
+            waits.append(default)
+    return min(waits)
+
+
 async def ensure_topology(js: JetStreamContext, spec: TopologySpec) -> None:
     """Ensure the pool stream and durable, then the worker-direct stream and consumer."""
     await ensure_pool(js, spec)

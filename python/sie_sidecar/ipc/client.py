@@ -24,6 +24,7 @@ import msgpack
 
 from .. import wire
 from ..errors import DecodeError, IpcServerError, IpcTimeout, IpcTransportError, ProtocolError
+from ..logs import Throttled
 from ..wire.limits import IPC_VERSION
 from .types import PingResponse, ReadyResponse
 
@@ -31,6 +32,8 @@ if TYPE_CHECKING:
     from types import TracebackType
 
 log = logging.getLogger(__name__)
+#: A backend that is gone fails every call (each heartbeat, each batch): one line per method per 10 s.
+_warn = Throttled(log)
 
 T = TypeVar("T")
 
@@ -266,8 +269,9 @@ class IpcClient:
             except _TransportFailure as first:
                 if not first.retryable:
                     raise IpcTransportError(f"{method} {request_id} to {self._path}: {first}") from first.cause
-                log.warning(
+                _warn.warning(
                     "IPC transport error; retrying once",
+                    key=method,
                     extra={"method": method, "request_id": request_id, "error": str(first)},
                 )
                 failed, slot = slot, None

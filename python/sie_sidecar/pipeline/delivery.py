@@ -8,10 +8,13 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from ..logs import Throttled
 from ..wire.workitem import WorkItem
 from .source import SettleHandle
 
 log = logging.getLogger(__name__)
+#: Settlement failures come per message while the connection is down: rate-limited, with a count.
+_warn = Throttled(log)
 
 
 class AckWriter(Protocol):
@@ -93,7 +96,7 @@ class Settler:
             await self._writer.ack_many(subjects)
         except Exception as exc:  # logged and ignored, per §4: un-ACKed work is redelivered
             self.counts.settle_errors += len(subjects)
-            log.warning("batch ack failed", extra={"acks": len(subjects), "error": repr(exc)})
+            _warn.warning("batch ack failed", extra={"acks": len(subjects), "error": repr(exc)})
 
     async def drop(self, d: Delivery) -> None:
         """ACK-drop: nothing is published (cancelled work, unsafe reply subject)."""
@@ -120,7 +123,7 @@ class Settler:
             await d.msg.in_progress()
         except Exception as exc:  # any failure means the lease could not be extended
             self.counts.settle_errors += 1
-            log.warning("progress ack failed", extra={"subject": d.msg.subject, "error": repr(exc)})
+            _warn.warning("progress ack failed", extra={"subject": d.msg.subject, "error": repr(exc)})
             return False
         self.counts.progress += 1
         return True
@@ -130,7 +133,7 @@ class Settler:
             await op  # type: ignore[misc]
         except Exception as exc:  # logged and ignored, per §4
             self.counts.settle_errors += 1
-            log.warning("settle failed", extra={"subject": d.msg.subject, "error": repr(exc)})
+            _warn.warning("settle failed", extra={"subject": d.msg.subject, "error": repr(exc)})
 
 
 __all__ = ["AckWriter", "Delivery", "SettleCounts", "Settler"]

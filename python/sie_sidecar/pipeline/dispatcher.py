@@ -20,6 +20,7 @@ from .. import wire
 from ..errors import BAD_OPERATION, INVALID_REQUEST, MODEL_LOAD_FAILED, PAYLOAD_ERROR, IpcServerError
 from ..ipc.requests import PER_OP_METHOD, encode_item, lora_key, per_op_body, run_batch_body
 from ..ipc.types import ReadyResponse
+from ..logs import Throttled
 from ..payloads import PayloadStore, resolve_items
 from ..payloads.resolve import payload_ref_of
 from ..prep import RegisteredTokenizer, TokenizerRegistry, encode_cost
@@ -37,10 +38,14 @@ from .delivery import Delivery, Settler
 from .replies import batched_f16_slices, error_result, outcome_result, queue_ms
 
 log = logging.getLogger(__name__)
+#: Warnings that repeat per batch or per group while a dependency keeps failing, rate-limited.
+_warn = Throttled(log)
 
 OVERFLOW_NAK_MS = 100
-DRAINING_NAK_MS = 100
 SHUTDOWN_NAK_MS = 100
+#: The shortest NAK delay a backend's `nak_retry` outcome may ask for: a backend answering 0 for
+#: work it cannot take would otherwise spend the item's 20 deliveries in a moment (law 2).
+MIN_RETRY_NAK_MS = 1000
 LOADING_RECHECK_CAP_MS = 15_000
 #: How long a `ready` answer is reused for later groups of the same model. Any IPC failure or
 #: `nak_retry` outcome forgets it, so a backend that unloaded the model is asked again at once.
@@ -153,6 +158,12 @@ class Dispatcher:
         self._supports_run_batch: dict[str, bool] = {}
         self._tokenizers = TokenizerRegistry()
         self._on_idle: Callable[[], None] | None = None
+        #: The NAK delay for work handed back at shutdown (the app makes it outlast its pull requests).
+        self.shutdown_nak_ms: Callable[[], int] = lambda: SHUTDOWN_NAK_MS
+        #: Called when the backend refuses a batch as `draining` (the app's pull gate stops pulling).
+        self.on_draining: Callable[[], None] | None = None
+        self._budgets: dict[str, int] = {}
+        self._intake_limit = settings.fetch_budget
 
     @property
     def config(self) -> ConfigState:
@@ -165,6 +176,12 @@ class Dispatcher:
     @property
     def batch_tombstones(self) -> Any:
         return self._batch_tombstones
+
+    def intake_limit(self) -> int:
+        """The most messages one pulled batch should carry: the smallest batch budget a backend has
+        reported (else the fetch budget), so a group never overflows it and nothing is NAKed back
+        only to be pulled again at once."""
+        return self._intake_limit
 
     # -- intake ------------------------------------------------------------------------------
 
@@ -206,7 +223,7 @@ class Dispatcher:
         try:
             d.item = item = decode_work_item(msg.data)
         except WorkItemError as exc:
-            log.warning("undecodable WorkItem", extra={"subject": subject, "error": str(exc)})
+            _warn.warning("undecodable WorkItem", key=subject, extra={"subject": subject, "error": str(exc)})
             return d, _NAK
         if not wire.is_safe_reply_subject(item.reply_subject):
             log.warning("unsafe reply subject; dropped", extra={"item": item.work_item_id})
@@ -266,6 +283,9 @@ class Dispatcher:
             return
         ds = await self._drop_cancelled(ds)
         budget = ready.batch_budget or self._s.fetch_budget
+        if self._budgets.get(model) != budget:
+            self._budgets[model] = budget
+            self._intake_limit = max(1, min(self._s.fetch_budget, *self._budgets.values()))
         if len(ds) > budget:
             await self._nak_all(ds[budget:], OVERFLOW_NAK_MS)
             ds = ds[:budget]
@@ -306,7 +326,7 @@ class Dispatcher:
             try:
                 ready = await self._backend.ensure_model_ready(model)
             except Exception as exc:  # any IPC failure (transport, timeout, server, decode): NAK the group
-                log.warning("EnsureModelReady failed", extra={"model": model, "error": repr(exc)})
+                _warn.warning("EnsureModelReady failed", key=model, extra={"model": model, "error": repr(exc)})
                 await self._nak_all(ds, base)
                 return None
             if ready.state == "ready":
@@ -329,7 +349,7 @@ class Dispatcher:
                 await asyncio.wait_for(self._shutdown.wait(), min(wait_ms, LOADING_RECHECK_CAP_MS) / 1000.0)
             except TimeoutError:
                 continue
-            await self._nak_all(ds, SHUTDOWN_NAK_MS)
+            await self._nak_all(ds, self.shutdown_nak_ms())
             return None
 
     # -- batches -------------------------------------------------------------------------------
@@ -351,6 +371,7 @@ class Dispatcher:
                 self._lane_settings,
                 on_idle=lambda: self._on_idle() if self._on_idle is not None else None,
                 telemetry=self.telemetry,
+                keepalive=self._keepalive,
             )
         return lane
 
@@ -437,11 +458,19 @@ class Dispatcher:
                 latencies.append((finished - since) * 1000.0)
         return BatchReport(reported, (finished - started) * 1000.0, finished, latencies)
 
+    async def _keepalive(self, ds: list[Delivery]) -> None:
+        """Progress-ACK deliveries a scheduler has held for half the ack_wait (law 3)."""
+        progress = self._settler.progress
+        for d in ds:
+            if not d.settled:
+                await progress(d)
+
     async def close_schedulers(self, deadline_s: float) -> None:
-        """Shutdown: flush every model's queued work (bounded), then NAK what is left so it returns at once."""
+        """Shutdown: flush every model's queued work (bounded), then NAK what is left; it returns as
+        soon as nothing of this process can pull it any more (`shutdown_nak_ms`)."""
         results = await asyncio.gather(*(lane.close(deadline_s) for lane in self._lanes.values()))
         for left in results:
-            await self._nak_all(left, SHUTDOWN_NAK_MS)
+            await self._nak_all(left, self.shutdown_nak_ms())
 
     async def _execute(
         self, model: str, op: str, lora: str, ds: list[Delivery], total_cost: int, *, supports_run_batch: bool
@@ -479,14 +508,18 @@ class Dispatcher:
                     PER_OP_METHOD[op], per_op_body(model, op, items, fetch_ms, prepared, prepared_audio=audio)
                 )
         except IpcServerError as exc:
+            # `draining` too gets the base delay, as v0.7.1 does in practice (§4.2, last row): a
+            # backend restarting gracefully refuses for seconds, and 100 ms NAKs spent an item's 20
+            # deliveries in 2 s. The readiness gate stops the pulling meanwhile.
             self._ready_cache.pop(model, None)
-            delay = DRAINING_NAK_MS if exc.message == "draining" else base
-            log.warning("batch RPC refused", extra={"model": model, "error": exc.message})
-            await self._nak_all(ds, delay)
+            _warn.warning("batch RPC refused", key=model, extra={"model": model, "error": exc.message})
+            if exc.message == "draining" and self.on_draining is not None:
+                self.on_draining()
+            await self._nak_all(ds, base)
             return None
         except Exception as exc:  # transport, timeout, decode: the whole batch goes back
             self._ready_cache.pop(model, None)
-            log.warning("batch RPC failed", extra={"model": model, "error": repr(exc)})
+            _warn.warning("batch RPC failed", key=model, extra={"model": model, "error": repr(exc)})
             await self._nak_all(ds, base)
             return None
         self.batch_sizes[len(items)] += 1
@@ -531,7 +564,8 @@ class Dispatcher:
                 outcomes = await resolve_items(self._payloads, [d.item for d in offloaded if d.item is not None])
                 for d, r in zip(offloaded, outcomes, strict=True):
                     if not r.ok:
-                        log.warning("payload fetch failed", extra={"item": r.item.work_item_id, "reason": r.reason})
+                        extra = {"item": r.item.work_item_id, "reason": r.reason}
+                        _warn.warning("payload fetch failed", key=r.reason, extra=extra)
                         refused.append((d, r.code, r.message))
                         continue
                     d.item, d.payload_fetch_ms = r.item, r.fetch_ms
@@ -576,13 +610,14 @@ class Dispatcher:
         for o in outcome.outcomes:
             queue = waiting.get(o.work_item_id)
             if not queue:
-                log.warning("outcome for an unknown work item; ignored", extra={"item": o.work_item_id})
+                _warn.warning("outcome for an unknown work item; ignored", extra={"item": o.work_item_id})
                 continue
             d = queue.popleft()
             assert d.item is not None
             if o.disposition == "nak_retry":
                 self._ready_cache.pop(d.model, None)  # e.g. the model was unloaded mid-batch
-                await self._settler.nak(d, o.nak_delay_ms if o.nak_delay_ms is not None else base)
+                delay = base if o.nak_delay_ms is None else max(o.nak_delay_ms, min(base, MIN_RETRY_NAK_MS))
+                await self._settler.nak(d, delay)
                 continue
             result = outcome_result(
                 d.item,

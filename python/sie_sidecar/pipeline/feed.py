@@ -16,7 +16,7 @@ async def feed(
     source: Source,
     handle: Callable[[Sequence[SettleHandle], Callable[[int], None]], Coroutine[Any, Any, None]],
     *,
-    budget: int,
+    budget: int | Callable[[], int],
     inflight: int,
     stop: asyncio.Event,
     tasks: set[asyncio.Task[None]],
@@ -27,12 +27,14 @@ async def feed(
 ) -> None:
     """Take coalesced batches from one source and hand each to the dispatcher (§5.1 pull loop).
 
-    The quantum comes from the controller for every batch. With `idle_bypass`, coalescing ends as
+    The quantum comes from the controller for every batch, and `budget` (a number, or a callable
+    read per batch) caps its size. With `idle_bypass`, coalescing ends as
     soon as no batch is being handled (`tasks` is shared by every pull loop) and `busy()` (the
     schedulers have work queued or in flight) is false: waiting for more messages only pays while the
     backend is busy, so an idle worker takes what is there at once.
     """
     slots = asyncio.Semaphore(max(1, inflight))
+    size = budget if callable(budget) else (lambda: budget)
 
     def idle() -> bool:
         return not tasks and (busy is None or not busy())
@@ -48,7 +50,7 @@ async def feed(
     stopped = asyncio.ensure_future(stop.wait())  # one waiter for the whole loop, not one per batch
     try:
         while not stopped.done():
-            next_batch = asyncio.ensure_future(source.next_batch(budget, quantum.quantum_s(), stop_early))
+            next_batch = asyncio.ensure_future(source.next_batch(max(1, size()), quantum.quantum_s(), stop_early))
             await asyncio.wait({next_batch, stopped}, return_when=asyncio.FIRST_COMPLETED)
             if not next_batch.done():
                 next_batch.cancel()

@@ -24,6 +24,12 @@ class Readiness:
     last_ping_ok: float | None = None  # time.monotonic() of the last successful heartbeat
     loaded_models: list[str] = field(default_factory=list)
     ready_children: int = 0
+    #: The latest heartbeat was answered, and every answer said "not ready" (a draining backend).
+    backend_refusing: bool = False
+    #: Until then (monotonic) the backend counts as not ready: it refused a batch as draining.
+    refused_until: float = 0.0
+    #: Set after every heartbeat round (the pull gate waits on it).
+    changed: asyncio.Event = field(default_factory=asyncio.Event)
 
     def reason(self, now: float | None = None) -> str | None:
         """None when ready, else the `not ready: <reason>` text."""
@@ -41,6 +47,24 @@ class Readiness:
     def ready(self) -> bool:
         return self.reason() is None
 
+    def pull_reason(self, now: float | None = None) -> str | None:
+        """Why the sidecar must not pull now, None when it may (issue 9, law 2): `/readyz`'s reason,
+        or a backend that answers its heartbeat with "not ready" (draining, say). The probe keeps the
+        v0.7.1 rule (only a stale heartbeat turns it), but pulling stops at the first such answer:
+        every item pulled then would only be refused and NAKed."""
+        reason = self.reason(now)
+        if reason is None and self.backend_refusing:
+            return "backend not ready (it answers the heartbeat with ready=false; draining?)"
+        if reason is None and (time.monotonic() if now is None else now) < self.refused_until:
+            return "backend not ready (it refused a batch as draining)"
+        return reason
+
+    def backend_refused(self, hold_s: float) -> None:
+        """The backend refused a batch as draining: stop pulling now, for `hold_s`, rather than at
+        the next heartbeat (every item pulled meanwhile would be refused too)."""
+        self.refused_until = max(self.refused_until, time.monotonic() + hold_s)
+        self.changed.set()
+
 
 class PingClient(Protocol):
     async def ping(self) -> Any: ...
@@ -55,8 +79,10 @@ async def heartbeat(clients: list[PingClient], readiness: Readiness, config: Con
     failures = 0
     while not stop.is_set():
         replies = await asyncio.gather(*(c.ping() for c in clients), return_exceptions=True)
-        ready = [r for r in replies if not isinstance(r, BaseException) and getattr(r, "ready", False)]
+        answered = [r for r in replies if not isinstance(r, BaseException)]
+        ready = [r for r in answered if getattr(r, "ready", False)]
         readiness.ready_children = len(ready)
+        readiness.backend_refusing = bool(answered) and not ready
         if ready:
             failures = 0
             readiness.last_ping_ok = time.monotonic()
@@ -67,6 +93,7 @@ async def heartbeat(clients: list[PingClient], readiness: Readiness, config: Con
             if failures in (1, 5, 30) or failures % 120 == 0:
                 errors = [repr(r) for r in replies if isinstance(r, BaseException)]
                 log.warning("backend heartbeat failed", extra={"failures": failures, "errors": errors[:3]})
+        readiness.changed.set()
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), readiness.ping_interval_ms / 1000.0)
 

@@ -16,7 +16,7 @@ from typing import Generic, TypeVar
 
 from ..telemetry import Registry
 from .controller import EFFICIENCY_WINDOW, LATENCY_MIN_SAMPLES, LATENCY_WINDOW, AdaptiveController, PercentileWindow
-from .scheduler import Formed, ModelScheduler, SchedulerConfig
+from .scheduler import Formed, Keepalive, ModelScheduler, SchedulerConfig
 from .trace import ControllerTrace
 
 log = logging.getLogger(__name__)
@@ -68,12 +68,15 @@ class ModelLane(Generic[T]):
         *,
         on_idle: Callable[[], None] | None = None,
         telemetry: Registry | None = None,
+        keepalive: Keepalive[T] | None = None,
     ) -> None:
         self.model = model
         self._execute = execute
         self._s = settings
         c = settings.scheduler
-        self.scheduler: ModelScheduler[T] = ModelScheduler(model, self._run, c, on_idle=on_idle, telemetry=telemetry)
+        self.scheduler: ModelScheduler[T] = ModelScheduler(
+            model, self._run, c, on_idle=on_idle, telemetry=telemetry, keepalive=keepalive
+        )
         self.controller = AdaptiveController.production(
             c.max_batch_cost, c.max_batch_wait_ms, env=settings.controller_env
         )

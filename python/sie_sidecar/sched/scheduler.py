@@ -19,6 +19,14 @@ Two deliberate differences from v0.7.1:
   slot opens or a former's wait runs out, so it does not wait in the backend's queue while newer
   items miss it. A former that reaches its count or cost cap still goes at once, and a backend
   that runs batches concurrently (dispatch width over 1) is never held.
+
+Two guarantees v0.7.1 lacks (issue 9, laws 3 and 4). No item starves: the former packs every
+batch cost-ascending, so under a steady backlog the costliest items were passed over until
+JetStream's ack_wait ran out and they ran twice; an item pending longer than `max_item_wait_s` now
+goes into the next batch whatever its cost (the scheduler takes such items out of the former once
+per batch, not per item, and packs them oldest first). And nothing held goes without a lease: every
+item pending or in flight for `progress_after_s` (half the consumer's ack_wait) is progress-ACKed
+through `keepalive`, and again each `progress_after_s` after that.
 """
 
 from __future__ import annotations
@@ -28,12 +36,13 @@ import contextlib
 import itertools
 import logging
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Final, Generic, Literal, TypeVar
+from typing import Final, Generic, Literal, Protocol, TypeVar
 
 from ..telemetry import INFLIGHT_BATCHES, PENDING_COST, PENDING_ITEMS, Registry
-from .batcher import Batcher, FormedBatch
+from .batcher import Batcher
 from .device_clock import DeviceClock
 
 log = logging.getLogger(__name__)
@@ -45,6 +54,36 @@ Key = tuple[str, str]  # (operation, LoRA key; "" is the base weights)
 FINAL_DRAIN_POLL_S: Final = 0.025
 #: Flush reasons that mean the batch is as big as it may get: just-in-time dispatch never holds it.
 _FULL: Final = frozenset({"cost_cap", "count_cap", "single_oversize"})
+#: The longest any item waits for a batch by default; the lifecycle lowers it to a quarter of ack_wait.
+MAX_ITEM_WAIT_S: Final = 5.0
+#: The flush reason of a batch of items that waited past `max_item_wait_s`.
+AGED: Final = "aged"
+#: Progress-ACK sweeps per `progress_after_s` (so a lease is renewed at most a quarter late).
+_KEEPALIVE_TICKS: Final = 4
+
+
+class FormedBatch(Protocol):
+    """What a former hands out (`sched.batcher.FormedBatch`), or an aged batch the scheduler took."""
+
+    @property
+    def ids(self) -> list[int]: ...
+    @property
+    def total_cost(self) -> int: ...
+    @property
+    def reason(self) -> str: ...
+    def __len__(self) -> int: ...
+
+
+@dataclass(frozen=True, slots=True)
+class AgedBatch:
+    """Items that waited past `max_item_wait_s`, taken out of their former oldest first (reason `aged`)."""
+
+    ids: list[int]
+    total_cost: int
+    reason: str
+
+    def __len__(self) -> int:
+        return len(self.ids)
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +99,10 @@ class SchedulerConfig:
     idle_bypass: bool = True
     jit_dispatch: bool = True
     drain_deadline_s: float = 10.0
+    #: An item pending this long goes into the next batch whatever its cost (0: never forced).
+    max_item_wait_s: float = 5.0
+    #: Progress-ACK items held this long (half the consumer's ack_wait; 0: never). Needs `keepalive`.
+    progress_after_s: float = 15.0
 
 
 @dataclass(slots=True)
@@ -73,10 +116,14 @@ class Formed(Generic[T]):
     reason: str
     role: Role
     enqueued_at: list[float] = field(default_factory=list)
+    #: When the keepalive last progress-ACKed this batch's items (None: not yet).
+    progressed_at: float | None = None
 
 
 #: Runs one batch; may return the backend's `inference_ms` for it (the device-time estimate's input).
 Dispatch = Callable[[Formed[T]], Awaitable[float | None]]
+#: Progress-ACKs held items (their lease would otherwise run out and JetStream redeliver them).
+Keepalive = Callable[[list[T]], Awaitable[None]]
 
 
 class ModelScheduler(Generic[T]):
@@ -91,6 +138,7 @@ class ModelScheduler(Generic[T]):
         clock: Callable[[], float] = time.monotonic,
         on_idle: Callable[[], None] | None = None,
         telemetry: Registry | None = None,
+        keepalive: Keepalive[T] | None = None,
     ) -> None:
         """`telemetry`: the worker's registry; every scheduler moves the same three gauges (queued
         items, their cost, batches in flight) by deltas, once per group or batch."""
@@ -99,8 +147,17 @@ class ModelScheduler(Generic[T]):
         self._dispatch = dispatch
         self._clock = clock
         self._on_idle = on_idle
+        self._keepalive = keepalive if self.config.progress_after_s > 0 else None
         self._formers: dict[Key, Batcher] = {}
+        #: Every pending item by handle, with its arrival; insertion order is arrival order.
         self._items: dict[int, tuple[T, float]] = {}
+        #: Items taken out of their former for waiting too long, oldest first (see the module docstring).
+        self._aged: dict[Key, deque[int]] = {}
+        self._aged_count = 0
+        self._caps: dict[int, int] = {}  # hard caps of the items that have one
+        self._progressed: dict[int, float] = {}  # pending items the keepalive progress-ACKed, and when
+        self._running: dict[int, Formed[T]] = {}  # batches in flight by send token
+        self._keepalive_task: asyncio.Task[None] | None = None
         self._ids = itertools.count()
         self._new_item = asyncio.Event()
         self._depth = max(1, self.config.pipeline_depth)
@@ -115,12 +172,15 @@ class ModelScheduler(Generic[T]):
         registry = telemetry if telemetry is not None else Registry()
         self._queued = registry.gauge(PENDING_ITEMS)
         self._queued_cost = registry.gauge(PENDING_COST)
-        self._running = registry.gauge(INFLIGHT_BATCHES)
+        self._inflight_gauge = registry.gauge(INFLIGHT_BATCHES)
         #: Formed batches by flush reason (telemetry and tests).
         self.flushes: dict[str, int] = {}
         #: Batches held for the device (just-in-time dispatch), and those sent because it was about to free.
         self.jit_holds = 0
         self.jit_releases = 0
+        #: Items forced into a batch for waiting past `max_item_wait_s`, and progress-ACKs requested.
+        self.aged_items = 0
+        self.progress_acks = 0
 
     # -- state ---------------------------------------------------------------------------------------
 
@@ -138,7 +198,8 @@ class ModelScheduler(Generic[T]):
 
     def pending_for(self, op: str, lora: str = "") -> int:
         former = self._formers.get((op, lora))
-        return 0 if former is None else len(former)
+        aged = self._aged.get((op, lora))
+        return (0 if former is None else len(former)) + (0 if aged is None else len(aged))
 
     # -- submit --------------------------------------------------------------------------------------
 
@@ -176,12 +237,18 @@ class ModelScheduler(Generic[T]):
         for i, item, cost in zip(ids, items, costs, strict=True):
             self._items[i] = (item, now)
             self._costs[i] = cost
+        if hard_caps is not None:
+            for i, cap in zip(ids, hard_caps, strict=True):
+                if cap is not None:
+                    self._caps[i] = cap
         former.submit_many(ids, list(costs), now, None if hard_caps is None else list(hard_caps))
         self._queued.add(len(ids))
         self._queued_cost.add(sum(costs))
         self._new_item.set()
         if self._loop_task is None:
             self._loop_task = asyncio.create_task(self._run(), name=f"scheduler:{self.model}")
+        if self._keepalive is not None and self._keepalive_task is None:
+            self._keepalive_task = asyncio.create_task(self._keep_alive(), name=f"keepalive:{self.model}")
 
     @property
     def depth(self) -> int:
@@ -216,11 +283,72 @@ class ModelScheduler(Generic[T]):
                 best, best_head = (key, former), head
         return best
 
+    # -- aging (no item starves) ---------------------------------------------------------------------
+
+    def _sweep_aged(self, now: float) -> bool:
+        """Take every item pending longer than `max_item_wait_s` out of its former (one check of each
+        former's oldest arrival per call, i.e. per batch); True when aged items are waiting."""
+        bound = self.config.max_item_wait_s
+        if bound > 0:
+            cutoff = now - bound
+            for key, former in self._formers.items():
+                head = former.head_arrival
+                if head is not None and head <= cutoff:
+                    self._age_out(key, former, cutoff)
+        return self._aged_count > 0
+
+    def _age_out(self, key: Key, former: Batcher, cutoff: float) -> None:
+        """Move the items that arrived by `cutoff` to the aged queue, oldest first; the younger ones go
+        back into the former with their own arrival times (so their triggers are unchanged)."""
+        ids = former.drain_all()  # arrival order
+        items = self._items
+        split = 0
+        while split < len(ids) and items[ids[split]][1] <= cutoff:
+            split += 1
+        queue = self._aged.setdefault(key, deque())
+        queue.extend(ids[:split])
+        self._aged_count += split
+        self.aged_items += split
+        young = ids[split:]
+        start = 0
+        for end in range(1, len(young) + 1):
+            if end == len(young) or items[young[end]][1] != items[young[start]][1]:
+                run = young[start:end]
+                caps = [self._caps.get(i) for i in run] if self._caps else None
+                former.submit_many(run, [self._costs.get(i, 1) for i in run], items[run[0]][1], caps)
+                start = end
+        log.debug("items waited too long; they go next", extra={"model": self.model, "op": key[0], "items": split})
+
+    def _aged_batch(self, now: float) -> tuple[Key, FormedBatch] | None:
+        """The next batch of aged items (oldest first, within the former's count and cost caps), or None."""
+        if not self._sweep_aged(now):
+            return None
+        key = min((k for k, q in self._aged.items() if q), key=lambda k: self._items[self._aged[k][0]][1])
+        queue, former = self._aged[key], self._formers[key]
+        limit, cap = max(1, former.max_batch_requests), former.max_batch_cost
+        ids: list[int] = []
+        cost = 0
+        while queue and len(ids) < limit:
+            i = queue[0]
+            c = self._costs.get(i, 1)
+            item_cap = self._caps.get(i) if self._caps else None
+            new_cap = cap if item_cap is None else min(cap, item_cap)
+            if ids and cost + c > new_cap:
+                break
+            ids.append(queue.popleft())
+            cost, cap = cost + c, new_cap
+        self._aged_count -= len(ids)
+        return key, AgedBatch(ids, cost, AGED)
+
     async def _consume_next(self, immediate: bool) -> tuple[Key, FormedBatch] | None:
-        """FCFS: commit to the former with the oldest pending item and wait for its trigger."""
+        """FCFS: commit to the former with the oldest pending item and wait for its trigger (items
+        that waited past `max_item_wait_s` go first, at once)."""
         held = False  # a triggered batch is being held for the device (counted once)
         while True:
             self._new_item.clear()
+            aged = self._aged_batch(self._clock())
+            if aged is not None:
+                return aged
             pick = self._oldest()
             if pick is None:
                 if self._closing:
@@ -285,6 +413,12 @@ class ModelScheduler(Generic[T]):
         self.flushes[batch.reason] = self.flushes.get(batch.reason, 0) + 1
         costs = self._costs
         taken_cost = sum(costs.pop(i, 0) for i in batch.ids)  # the items' own costs: no drift
+        if self._caps:
+            for i in batch.ids:
+                self._caps.pop(i, None)
+        if self._progressed:
+            for i in batch.ids:
+                self._progressed.pop(i, None)
         taken = [self._items.pop(i) for i in batch.ids]
         self._queued.add(-len(taken))
         self._queued_cost.add(-taken_cost)
@@ -317,10 +451,11 @@ class ModelScheduler(Generic[T]):
     def _start(self, formed: Formed[T], *, holds_slot: bool = True) -> None:
         alone = not self._in_flight
         token = next(self._sent)
+        self._running[token] = formed
         self._device.sent(token, self._clock(), formed.total_cost)
         task = asyncio.create_task(self._run_dispatch(formed, token, alone, holds_slot=holds_slot))
         self._in_flight.add(task)
-        self._running.add(1)
+        self._inflight_gauge.add(1)
         task.add_done_callback(self._finished)
 
     async def _run_dispatch(self, formed: Formed[T], token: int, alone: bool, *, holds_slot: bool = True) -> None:
@@ -331,13 +466,14 @@ class ModelScheduler(Generic[T]):
         except Exception:  # the dispatch function settles its own items; this only keeps the loop alive
             log.exception("batch dispatch failed", extra={"model": self.model, "items": len(formed.items)})
         finally:
+            self._running.pop(token, None)
             self._device.done(token, self._clock(), inference_ms, alone=alone)
             if holds_slot:
                 self._slots.release()
 
     def _finished(self, task: asyncio.Task[None]) -> None:
         self._in_flight.discard(task)
-        self._running.add(-1)
+        self._inflight_gauge.add(-1)
         if not self._in_flight or (self.config.jit_dispatch and self._items):
             self._new_item.set()  # the backend went idle (or the device estimate moved): look again
         if self._on_idle is not None and self.idle():
@@ -396,6 +532,8 @@ class ModelScheduler(Generic[T]):
                 budget = len(former)
                 drained = False
                 while budget > 0:
+                    if self._sweep_aged(self._clock()):
+                        break  # items waited too long: they go first, as the next primary batch
                     more = former.try_drain_up_to(budget)
                     if more is None or not more.ids:
                         break
@@ -411,6 +549,43 @@ class ModelScheduler(Generic[T]):
         finally:
             for _ in range(held):
                 self._slots.release()
+
+    # -- leases (nothing held goes without a progress ACK) ------------------------------------------------
+
+    async def _keep_alive(self) -> None:
+        after = self.config.progress_after_s
+        while True:
+            await asyncio.sleep(after / _KEEPALIVE_TICKS)
+            try:
+                await self.progress_held(self._clock())
+            except Exception:  # the keepalive settles nothing; a failure only costs this sweep
+                log.exception("progress sweep failed", extra={"model": self.model})
+
+    async def progress_held(self, now: float) -> int:
+        """Progress-ACK every item pending or in flight for `progress_after_s` without one; returns how
+        many. Pending items are scanned in arrival order only as far as the held ones reach."""
+        if self._keepalive is None:
+            return 0
+        cutoff = now - self.config.progress_after_s
+        due: list[T] = []
+        progressed = self._progressed
+        for i, (item, at) in self._items.items():
+            if at > cutoff:
+                break
+            if progressed.get(i, at) <= cutoff:
+                due.append(item)
+                progressed[i] = now
+        for formed in self._running.values():
+            since = formed.progressed_at
+            if since is None:
+                since = min(formed.enqueued_at, default=now)
+            if since <= cutoff:
+                due.extend(formed.items)
+                formed.progressed_at = now
+        if due:
+            self.progress_acks += len(due)
+            await self._keepalive(due)
+        return len(due)
 
     # -- shutdown ------------------------------------------------------------------------------------
 
@@ -432,29 +607,45 @@ class ModelScheduler(Generic[T]):
                 async with asyncio.timeout(remaining):
                     await self._slots.acquire()
         while self._items and self._clock() < deadline:  # the pipeline is quiet: one batch at a time
-            pick = self._oldest()
-            if pick is None:
-                break
-            key, former = pick
-            batch = former.try_drain_up_to(len(former))
-            if batch is None:
-                await asyncio.sleep(FINAL_DRAIN_POLL_S)
-                continue
+            got = self._aged_batch(self._clock())
+            if got is None:
+                pick = self._oldest()
+                if pick is None:
+                    break
+                key, former = pick
+                drained = former.try_drain_up_to(len(former))
+                if drained is None:
+                    await asyncio.sleep(FINAL_DRAIN_POLL_S)
+                    continue
+                batch: FormedBatch = drained
+            else:
+                key, batch = got
             formed = self._take(key, batch, "primary")
-            self._running.add(1)
+            token = next(self._sent)
+            self._running[token] = formed  # kept alive by the keepalive like any batch in flight
+            self._inflight_gauge.add(1)
             try:
                 async with asyncio.timeout(max(0.001, deadline - self._clock())):
                     await self._dispatch(formed)
             except Exception:
                 log.exception("final drain batch failed", extra={"model": self.model, "items": len(formed.items)})
             finally:
-                self._running.add(-1)
+                self._running.pop(token, None)
+                self._inflight_gauge.add(-1)
         if self._in_flight:  # e.g. the rest of an items-alone batch started outside the pipeline
             await asyncio.wait(set(self._in_flight), timeout=max(0.001, deadline - self._clock()))
-        left = [i for former in self._formers.values() for i in former.drain_all()]
+        if self._keepalive_task is not None:
+            self._keepalive_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._keepalive_task
+            self._keepalive_task = None
+        left = [i for queue in self._aged.values() for i in queue]
+        self._aged.clear()
+        self._aged_count = 0
+        left += [i for former in self._formers.values() for i in former.drain_all()]
         self._queued.add(-len(left))
         self._queued_cost.add(-sum(self._costs.pop(i, 0) for i in left))
         return [self._items.pop(i)[0] for i in left]
 
 
-__all__ = ["Formed", "ModelScheduler", "SchedulerConfig"]
+__all__ = ["AGED", "Formed", "Keepalive", "ModelScheduler", "SchedulerConfig"]

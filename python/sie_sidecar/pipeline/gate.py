@@ -1,0 +1,64 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The pull gate (issue 9, law 2): a source is pulled from only while the backend can serve.
+
+Every item pulled while the backend is not ready, draining or gone would only be refused and NAKed,
+and each NAK spends one of its `max_deliver` deliveries; so the gate pauses every source while
+`Readiness.pull_reason()` names a reason and resumes it when the reason clears.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Sequence
+from typing import Protocol
+
+from .readiness import Readiness
+
+log = logging.getLogger(__name__)
+
+
+class PausableSource(Protocol):
+    """A source that can stop asking for work (`bus.pull.PullConsumer`)."""
+
+    def pause(self, reason: str, *, return_delay_s: float = 0.0) -> None: ...
+    def resume(self) -> None: ...
+
+
+async def gate_pulls(
+    readiness: Readiness,
+    sources: Sequence[PausableSource],
+    stop: asyncio.Event,
+    *,
+    return_delay_s: float,
+    poll_s: float,
+) -> None:
+    """Pause every source while `readiness.pull_reason()` says why not (handshake pending, heartbeat
+    stale, backend draining) and resume when it clears. Sources start paused, so nothing is pulled
+    before the first good handshake. One log line per change of state (or of the kind of reason).
+    Checked after every heartbeat round and every `poll_s` (staleness comes with time alone)."""
+    logged: str | None = ""  # the kind of reason last logged; None: pulling; "": nothing logged yet
+    while not stop.is_set():
+        reason = readiness.pull_reason()
+        kind = None if reason is None else reason.split(" (")[0]
+        if reason is None:
+            for source in sources:
+                source.resume()
+        else:
+            for source in sources:
+                source.pause(reason, return_delay_s=return_delay_s)
+        if kind != logged:
+            if reason is None:
+                log.info("pulling: the backend is ready")
+            else:  # at start-up (before the first heartbeat) this is expected: info, not a warning
+                level = logging.INFO if logged == "" else logging.WARNING
+                log.log(level, "not pulling: the backend cannot serve", extra={"reason": reason})
+            logged = kind
+        readiness.changed.clear()
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(poll_s):
+                await readiness.changed.wait()
+
+
+__all__ = ["PausableSource", "gate_pulls"]
