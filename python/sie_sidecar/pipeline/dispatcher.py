@@ -11,12 +11,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import Counter, defaultdict, deque
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections import Counter, defaultdict
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from .. import wire
 from ..errors import BAD_OPERATION, INVALID_REQUEST, MODEL_LOAD_FAILED, PAYLOAD_ERROR, IpcServerError
 from ..ipc.requests import PER_OP_METHOD, encode_item, lora_key, per_op_body, run_batch_body
 from ..ipc.types import ReadyResponse
@@ -32,10 +31,11 @@ from ..sched.lane import BatchReport, LaneSettings, ModelLane
 from ..sched.quantum import QuantumController
 from ..sched.scheduler import Formed, SchedulerConfig
 from ..telemetry import BATCH_COST, BATCH_SIZE, Registry
-from ..wire.types import Reply, WorkResult
-from ..wire.workitem import WorkItem, WorkItemError, decode_work_item
+from ..wire.workitem import WorkItem
+from .config_gate import ConfigState
 from .delivery import Delivery, Settler
-from .replies import batched_f16_slices, error_result, outcome_result, queue_ms
+from .intake import ACCEPT, NAK, Intake
+from .outcomes import Outcomes, ReplySink
 
 log = logging.getLogger(__name__)
 #: Warnings that repeat per batch or per group while a dependency keeps failing, rate-limited.
@@ -43,17 +43,11 @@ _warn = Throttled(log)
 
 OVERFLOW_NAK_MS = 100
 SHUTDOWN_NAK_MS = 100
-#: The shortest NAK delay a backend's `nak_retry` outcome may ask for: a backend answering 0 for
-#: work it cannot take would otherwise spend the item's 20 deliveries in a moment (law 2).
-MIN_RETRY_NAK_MS = 1000
 LOADING_RECHECK_CAP_MS = 15_000
 #: How long a `ready` answer is reused for later groups of the same model. Any IPC failure or
 #: `nak_retry` outcome forgets it, so a backend that unloaded the model is asked again at once.
 READY_CACHE_S = 1.0
 KNOWN_OPS = ("encode", "score", "extract")
-#: Subjects whose model token is remembered (cleared when full; subjects are few per worker).
-SUBJECT_CACHE_SIZE = 4096
-_ACCEPT, _NAK, _DROP = object(), object(), object()  # intake verdicts
 
 
 class BackendClient(Protocol):
@@ -62,33 +56,6 @@ class BackendClient(Protocol):
     async def ensure_model_ready(self, model_id: str) -> ReadyResponse: ...
     async def run_batch(self, body: bytes) -> Any: ...
     async def process_batch(self, method: str, body: bytes) -> Any: ...
-
-
-class ReplySink(Protocol):
-    """Where replies go (`bus.publisher.Publisher` on NATS): whole batches, never one message at a time."""
-
-    @property
-    def framed(self) -> bool: ...
-    @property
-    def max_payload(self) -> int: ...
-    async def publish_framed(self, replies: wire.FramedReplies) -> bool: ...
-    async def publish_batch(self, replies: list[Reply]) -> list[bool]: ...
-
-
-class ConfigState:
-    """The worker's advertised bundle-config hash; `None` until one is known (then every hash passes)."""
-
-    def __init__(self, initial: str = "") -> None:
-        self.current: str | None = initial or None
-
-    def accepts(self, item_hash: str) -> bool:
-        """An empty (legacy) hash always passes; otherwise it must equal the current one."""
-        return not item_hash or self.current is None or item_hash == self.current
-
-    def adopt(self, backend_hash: str) -> None:
-        """Take the backend's hash when the worker has none yet (first ready Ping)."""
-        if self.current is None and backend_hash:
-            self.current = backend_hash
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,20 +100,16 @@ class Dispatcher:
         #: batch sizes); the health heartbeat reads it.
         self.telemetry = telemetry if telemetry is not None else Registry()
         self._backend = backend
-        self._publisher = publisher
         self._settler = settler
         self._config = config or ConfigState()
-        self._tombstones = tombstones if tombstones is not None else wire.TombstoneSet()
-        self._batch_tombstones = batch_tombstones if batch_tombstones is not None else wire.BatchTombstones()
+        self._intake = Intake(tombstones, batch_tombstones)
         self._shutdown = shutdown or asyncio.Event()
-        self._quantum = quantum
         self._payloads = payloads
         self._group_slots = asyncio.Semaphore(max(1, settings.max_concurrent_batches))
         #: Items per backend batch call, for the shutdown summary and the demo.
         self.batch_sizes: Counter[int] = Counter()
         #: model → (when, ready response): saves an EnsureModelReady round trip per batch at load.
         self._ready_cache: dict[str, tuple[float, ReadyResponse]] = {}
-        self._subject_models: dict[str, str | None] = {}
         self._lanes: dict[str, ModelLane[Delivery]] = {}
         self._lane_settings = LaneSettings(
             scheduler=settings.scheduler,
@@ -156,6 +119,15 @@ class Dispatcher:
             cost_pinned=settings.cost_pinned,
         )
         self._supports_run_batch: dict[str, bool] = {}
+        self._out = Outcomes(
+            worker_id=settings.worker_id,
+            nak_delay_ms=settings.nak_delay_ms,
+            publisher=publisher,
+            settler=settler,
+            config=self._config,
+            quantum=quantum,
+            on_retry=lambda model: self._ready_cache.pop(model, None),
+        )
         self._tokenizers = TokenizerRegistry()
         self._on_idle: Callable[[], None] | None = None
         #: The NAK delay for work handed back at shutdown (the app makes it outlast its pull requests).
@@ -171,11 +143,11 @@ class Dispatcher:
 
     @property
     def tombstones(self) -> Any:
-        return self._tombstones
+        return self._intake.tombstones
 
     @property
     def batch_tombstones(self) -> Any:
-        return self._batch_tombstones
+        return self._intake.batch_tombstones
 
     def intake_limit(self) -> int:
         """The most messages one pulled batch should carry: the smallest batch budget a backend has
@@ -188,71 +160,25 @@ class Dispatcher:
     async def handle(self, messages: Sequence[Any], release: Callable[[int], None] | None = None) -> None:
         """Settle every message of one pulled batch exactly once; `release` returns pull capacity."""
         groups: dict[str, list[Delivery]] = defaultdict(list)
-        intake = self._intake
+        intake = self._intake.verdict
         for msg in messages:
             d, verdict = intake(msg, release)
-            if verdict is _ACCEPT:
+            if verdict is ACCEPT:
                 groups[d.model].append(d)
-            elif verdict is _NAK:
+            elif verdict is NAK:
                 await self._settler.nak(d, self._s.nak_delay_ms)
             else:
                 await self._settler.drop(d)
         if groups:
             await asyncio.gather(*(self._run_group(model, ds) for model, ds in groups.items()))
 
-    def _model_of(self, subject: str) -> str | None:
-        """The model token of a work subject, remembered per subject (a worker sees few of them)."""
-        cache = self._subject_models
-        try:
-            return cache[subject]
-        except KeyError:
-            pass
-        model = wire.model_from_subject(subject)
-        if len(cache) >= SUBJECT_CACHE_SIZE:
-            cache.clear()
-        cache[subject] = model
-        return model
-
-    def _intake(self, msg: Any, release: Callable[[int], None] | None) -> tuple[Delivery, object]:
-        """§4.1 checks for one message, without awaiting: the verdict says how `handle` settles it."""
-        subject: str = msg.subject
-        d = Delivery(msg=msg, worker_direct=wire.is_worker_direct_subject(subject), release=release)
-        model = self._model_of(subject)
-        if model is None:
-            return d, _NAK
-        try:
-            d.item = item = decode_work_item(msg.data)
-        except WorkItemError as exc:
-            _warn.warning("undecodable WorkItem", key=subject, extra={"subject": subject, "error": str(exc)})
-            return d, _NAK
-        if not wire.is_safe_reply_subject(item.reply_subject):
-            log.warning("unsafe reply subject; dropped", extra={"item": item.work_item_id})
-            return d, _DROP
-        if item.operation != "generate" and self._any_tombstones() and self._cancelled(d):
-            return d, _DROP
-        if item.model_id != model:
-            log.warning("payload model differs from the subject; the subject wins", extra={"item": item.work_item_id})
-            item.model_id = model
-        d.model = model
-        return d, _ACCEPT
-
-    def _any_tombstones(self) -> bool:
-        """False while both sets are empty (the usual case), so no item needs a lookup."""
-        return bool(len(self._tombstones) or len(self._batch_tombstones))
-
-    def _cancelled(self, d: Delivery) -> bool:
-        item = d.item
-        assert item is not None
-        if self._tombstones.is_cancelled(item.router_id, item.request_id):
-            return True
-        return d.worker_direct and bool(self._batch_tombstones.is_cancelled(item.request_id))
-
     async def _drop_cancelled(self, ds: list[Delivery]) -> list[Delivery]:
-        if not self._any_tombstones():
+        if not self._intake.any_tombstones():
             return ds
         live = []
+        cancelled = self._intake.cancelled
         for d in ds:
-            if self._cancelled(d):
+            if cancelled(d):
                 await self._settler.drop(d)
             else:
                 live.append(d)
@@ -276,7 +202,7 @@ class Dispatcher:
         if not ds:
             return
         if any(not self._config.accepts(d.item.bundle_config_hash) for d in ds if d.item):
-            await self._nak_all(ds, base)
+            await self._out.nak_all(ds, base)
             return
         ready = await self._wait_ready(model, ds)
         if ready is None:
@@ -287,7 +213,7 @@ class Dispatcher:
             self._budgets[model] = budget
             self._intake_limit = max(1, min(self._s.fetch_budget, *self._budgets.values()))
         if len(ds) > budget:
-            await self._nak_all(ds[budget:], OVERFLOW_NAK_MS)
+            await self._out.nak_all(ds[budget:], OVERFLOW_NAK_MS)
             ds = ds[:budget]
         by_op: dict[tuple[str, str], list[Delivery]] = defaultdict(list)
         unknown: list[Delivery] = []
@@ -298,7 +224,7 @@ class Dispatcher:
             else:
                 unknown.append(d)
         if unknown:
-            await self._publish_errors(unknown, BAD_OPERATION, "unknown operation", nak_on_failure=True)
+            await self._out.publish_errors(unknown, BAD_OPERATION, "unknown operation", nak_on_failure=True)
         lane = self._lane(model)
         self._supports_run_batch[model] = bool(ready.descriptor is not None and ready.descriptor.supports_run_batch)
         lane.describe(
@@ -327,29 +253,29 @@ class Dispatcher:
                 ready = await self._backend.ensure_model_ready(model)
             except Exception as exc:  # any IPC failure (transport, timeout, server, decode): NAK the group
                 _warn.warning("EnsureModelReady failed", key=model, extra={"model": model, "error": repr(exc)})
-                await self._nak_all(ds, base)
+                await self._out.nak_all(ds, base)
                 return None
             if ready.state == "ready":
                 self._ready_cache[model] = (time.monotonic(), ready)
                 return ready
             if ready.state == "failed":
-                await self._publish_errors(
+                await self._out.publish_errors(
                     ds, MODEL_LOAD_FAILED, f"Model '{model}' failed to load permanently.", nak_on_failure=True
                 )
                 return None
             if ready.state not in ("loading_started", "loading_in_progress"):
-                await self._nak_all(ds, base)  # retry_later, or a state this version does not know
+                await self._out.nak_all(ds, base)  # retry_later, or a state this version does not know
                 return None
             for d in ds:
                 if not await self._settler.progress(d):
-                    await self._nak_all(ds, base)
+                    await self._out.nak_all(ds, base)
                     return None
             wait_ms = base if ready.state == "loading_started" else 2 * base
             try:
                 await asyncio.wait_for(self._shutdown.wait(), min(wait_ms, LOADING_RECHECK_CAP_MS) / 1000.0)
             except TimeoutError:
                 continue
-            await self._nak_all(ds, self.shutdown_nak_ms())
+            await self._out.nak_all(ds, self.shutdown_nak_ms())
             return None
 
     # -- batches -------------------------------------------------------------------------------
@@ -419,7 +345,7 @@ class Dispatcher:
                 item.item, d.prepared_audio = prep.item, prep.prepared
                 kept.append(d)
         for message, group in refused.items():
-            await self._publish_errors(group, INVALID_REQUEST, message, nak_on_failure=True)
+            await self._out.publish_errors(group, INVALID_REQUEST, message, nak_on_failure=True)
         if kept:
             lane.scheduler.submit(
                 op,
@@ -470,7 +396,7 @@ class Dispatcher:
         soon as nothing of this process can pull it any more (`shutdown_nak_ms`)."""
         results = await asyncio.gather(*(lane.close(deadline_s) for lane in self._lanes.values()))
         for left in results:
-            await self._nak_all(left, self.shutdown_nak_ms())
+            await self._out.nak_all(left, self.shutdown_nak_ms())
 
     async def _execute(
         self, model: str, op: str, lora: str, ds: list[Delivery], total_cost: int, *, supports_run_batch: bool
@@ -483,7 +409,7 @@ class Dispatcher:
             return None
         # The config barrier, right before execution: any non-empty hash must still be current.
         if any(not self._config.accepts(d.item.bundle_config_hash) for d in ds if d.item):
-            await self._nak_all(ds, base)
+            await self._out.nak_all(ds, base)
             return None
         items = [d.item for d in ds if d.item is not None]
         fetch_ms = [d.payload_fetch_ms for d in ds]
@@ -515,18 +441,18 @@ class Dispatcher:
             _warn.warning("batch RPC refused", key=model, extra={"model": model, "error": exc.message})
             if exc.message == "draining" and self.on_draining is not None:
                 self.on_draining()
-            await self._nak_all(ds, base)
+            await self._out.nak_all(ds, base)
             return None
         except Exception as exc:  # transport, timeout, decode: the whole batch goes back
             self._ready_cache.pop(model, None)
             _warn.warning("batch RPC failed", key=model, extra={"model": model, "error": repr(exc)})
-            await self._nak_all(ds, base)
+            await self._out.nak_all(ds, base)
             return None
         self.batch_sizes[len(items)] += 1
         attrs = (("operation", op),)
         self.telemetry.histogram(BATCH_SIZE, attrs).record(len(items))
         self.telemetry.histogram(BATCH_COST, attrs).record(total_cost)
-        await self._apply_outcomes(ds, outcome)
+        await self._out.apply(ds, outcome)
         return outcome
 
     def batch_summary(self) -> dict[str, float]:
@@ -577,132 +503,11 @@ class Dispatcher:
         for code in dict.fromkeys(code for _, code, _ in refused):
             group = [(d, message) for d, c, message in refused if c == code]
             for message in dict.fromkeys(m for _, m in group):
-                await self._publish_errors([d for d, m in group if m == message], code, message, nak_on_failure=True)
+                await self._out.publish_errors(
+                    [d for d, m in group if m == message], code, message, nak_on_failure=True
+                )
         gone = {id(d) for d, _, _ in refused}
         return [d for d in checked if id(d) not in gone]
-
-    async def _apply_outcomes(self, ds: list[Delivery], outcome: Any) -> None:
-        """Bind outcomes to deliveries by work_item_id (FIFO for duplicates), publish, then settle."""
-        if not outcome.batched_f16_multivectors and self._publisher.framed:
-            framed = wire.frame_outcome_replies(
-                ds,
-                outcome.outcomes,
-                worker_id=self._s.worker_id,
-                current_hash=self._config.current,
-                now=time.time(),
-                max_payload=self._publisher.max_payload,
-            )
-            if framed is not None:  # the common case: every reply framed natively in one call
-                if await self._settle_framed(ds, framed):
-                    self._observe(
-                        (d.item, o.inference_ms, o.postprocessing_ms)
-                        for d, o, sent in zip(ds, outcome.outcomes, framed.sent, strict=True)
-                        if sent and o.disposition == "publish_and_ack" and d.item is not None
-                    )
-                return
-        base = self._s.nak_delay_ms
-        waiting: dict[str, deque[Delivery]] = defaultdict(deque)
-        for d in ds:
-            assert d.item is not None
-            waiting[d.item.work_item_id].append(d)
-        f16 = batched_f16_slices(outcome.batched_f16_multivectors)
-        to_publish: list[tuple[Delivery, WorkResult]] = []
-        for o in outcome.outcomes:
-            queue = waiting.get(o.work_item_id)
-            if not queue:
-                _warn.warning("outcome for an unknown work item; ignored", extra={"item": o.work_item_id})
-                continue
-            d = queue.popleft()
-            assert d.item is not None
-            if o.disposition == "nak_retry":
-                self._ready_cache.pop(d.model, None)  # e.g. the model was unloaded mid-batch
-                delay = base if o.nak_delay_ms is None else max(o.nak_delay_ms, min(base, MIN_RETRY_NAK_MS))
-                await self._settler.nak(d, delay)
-                continue
-            result = outcome_result(
-                d.item,
-                o,
-                worker_id=self._s.worker_id,
-                worker_direct=d.worker_direct,
-                current_hash=self._config.current,
-                f16_slice=f16.get(o.work_item_id),
-                payload_fetch_ms=d.payload_fetch_ms,
-            )
-            to_publish.append((d, result))
-        for queue in waiting.values():
-            for d in queue:
-                await self._settler.nak(d, base)  # no outcome for this item
-        await self._publish_and_settle(to_publish, nak_on_failure=False)
-
-    # -- publication and settlement ----------------------------------------------------------
-
-    def _observe(self, items: Iterable[tuple[WorkItem, float | None, float | None]]) -> None:
-        """Feed the quantum controller one latency sample per published `publish_and_ack` item."""
-        q = self._quantum
-        if q is None:
-            return
-        now = time.time()
-        for item, inference_ms, postprocessing_ms in items:
-            q.observe(inference_ms, postprocessing_ms, queue_ms(item, now) if q.include_queue_ms else None)
-
-    async def _settle_framed(self, ds: list[Delivery], framed: wire.FramedReplies) -> bool:
-        """Publish a natively framed batch, flush, then ACK; on failure leave what was sent un-ACKed."""
-        if await self._publisher.publish_framed(framed):
-            await self._settler.ack_many(ds)
-            return True
-        sent = framed.sent
-        await self._settler.ack_many([d for d, s in zip(ds, sent, strict=True) if not s])  # no reply subject
-        for d, s in zip(ds, sent, strict=True):
-            if s:
-                self._settler.leave(d)
-        return False
-
-    async def _publish_errors(self, ds: Iterable[Delivery], code: str, message: str, *, nak_on_failure: bool) -> None:
-        results = []
-        for d in ds:
-            assert d.item is not None
-            results.append(
-                (
-                    d,
-                    error_result(
-                        d.item,
-                        code=code,
-                        message=message,
-                        worker_id=self._s.worker_id,
-                        worker_direct=d.worker_direct,
-                        current_hash=self._config.current,
-                    ),
-                )
-            )
-        await self._publish_and_settle(results, nak_on_failure=nak_on_failure)
-
-    async def _publish_and_settle(self, results: list[tuple[Delivery, WorkResult]], *, nak_on_failure: bool) -> None:
-        """Publish, flush, then ACK what went out. A failed publish of a backend outcome is left
-        un-ACKed (redelivered after ack_wait); a failed sidecar error is NAKed with the base delay."""
-        if not results:
-            return
-        replies = [
-            Reply(subject=d.item.reply_subject, result=r, accepts_result_chunks=d.item.accepts_result_chunks)
-            for d, r in results
-            if d.item is not None
-        ]
-        sent = await self._publisher.publish_batch(replies)
-        published = []
-        for (d, r), ok in zip(results, sent, strict=True):
-            if ok:
-                published.append(d)
-                if r.success and self._quantum is not None and d.item is not None and d.item.reply_subject.strip():
-                    self._observe(((d.item, r.inference_ms, r.postprocessing_ms),))
-            elif nak_on_failure:
-                await self._settler.nak(d, self._s.nak_delay_ms)
-            else:
-                self._settler.leave(d)
-        await self._settler.ack_many(published)  # after the flush, in one framed write
-
-    async def _nak_all(self, ds: Iterable[Delivery], delay_ms: int) -> None:
-        for d in ds:
-            if not d.settled:
-                await self._settler.nak(d, delay_ms)
 
 
 __all__ = ["BackendClient", "ConfigState", "DispatchSettings", "Dispatcher", "ReplySink"]
