@@ -113,3 +113,18 @@ async def test_a_model_that_failed_to_load_gets_one_error_reply_each(tmp_path: P
         by_id = {r["work_item_id"]: r for _, r in p.sink.replies}
         assert {by_id[f"b{i}.0"]["error_code"] for i in range(3)} == {"MODEL_LOAD_FAILED"}
         assert by_id["fine.0"]["success"] is True
+
+
+async def test_hostile_reply_subjects_cost_one_warning_not_one_per_message(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Log volume under hostile input: 50 unsafe reply subjects are dropped with one warning line."""
+    async with memory_pipeline(tmp_path) as p:
+        bad = [_msg(_item(f"x{i}", reply_subject=f"_INBOX.gw.x {i}")) for i in range(50)]
+        with caplog.at_level("WARNING", logger="sie_sidecar.pipeline.intake"):
+            p.send(bad)
+            await p.until_settled(bad)
+        assert all(m.final == [("ack", None)] for m in bad) and not p.sink.replies
+        # At most one line (none when an earlier test's line for the same subject is still inside the
+        # throttle's window); 50 without the throttle.
+        assert [r.getMessage() for r in caplog.records].count("unsafe reply subject; dropped") <= 1

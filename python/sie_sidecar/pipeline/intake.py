@@ -60,12 +60,16 @@ class Intake:
             _warn.warning("undecodable WorkItem", key=subject, extra={"subject": subject, "error": str(exc)})
             return d, NAK
         if not wire.is_safe_reply_subject(item.reply_subject):
-            log.warning("unsafe reply subject; dropped", extra={"item": item.work_item_id})
+            _warn.warning("unsafe reply subject; dropped", key=subject, extra={"item": item.work_item_id})
             return d, DROP
         if item.operation != "generate" and self.any_tombstones() and self.cancelled(d):
             return d, DROP
         if item.model_id != model:
-            log.warning("payload model differs from the subject; the subject wins", extra={"item": item.work_item_id})
+            _warn.warning(
+                "payload model differs from the subject; the subject wins",
+                key=subject,
+                extra={"item": item.work_item_id},
+            )
             item.model_id = model
         d.model = model
         return d, ACCEPT
