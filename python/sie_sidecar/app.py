@@ -152,8 +152,9 @@ async def _start(settings: Settings, stop: asyncio.Event, resources: contextlib.
     )
     config = ConfigState(settings.bundle_config_hash)
     telemetry = Registry()
-    settler = Settler(FramedWriter(nc))
-    publisher = Publisher(nc)
+    writer = FramedWriter(nc)  # the connection's one writer: replies, then their ACKs, in order
+    settler = Settler(writer)
+    publisher = Publisher(nc, writer=writer)
     dispatcher = Dispatcher(
         _dispatch_settings(settings, ack_wait_s=ack_wait_s),
         ipc,

@@ -55,9 +55,13 @@ class PublishStats:
 class Publisher:
     """Publishes WorkResults; `publish_batch` says, per reply, whether it is safe to ACK."""
 
-    def __init__(self, nc: NatsPublisher, *, flush_timeout_s: float = FLUSH_TIMEOUT_S) -> None:
+    def __init__(
+        self, nc: NatsPublisher, *, writer: FramedWriter | None = None, flush_timeout_s: float = FLUSH_TIMEOUT_S
+    ) -> None:
+        """`writer`: the connection's one framed writer (replies and ACKs share it, so their order on the
+        connection is the order they were written); a new one over `nc` when not given."""
         self._nc = nc
-        self._writer = FramedWriter(nc)
+        self._writer = writer if writer is not None else FramedWriter(nc)
         self._flush_timeout_s = flush_timeout_s
         self.stats = PublishStats()
 

@@ -77,6 +77,17 @@ class DispatchSettings:
     cost_pinned: bool = False
 
 
+@dataclass(slots=True)
+class _Model:
+    """What the pipeline keeps per model: its lane (scheduler and controller loop), the last `ready`
+    answer (reused for READY_CACHE_S), whether the backend takes RunBatch, and its batch budget."""
+
+    lane: ModelLane[Delivery] | None = None
+    ready: tuple[float, ReadyResponse] | None = None
+    supports_run_batch: bool = True
+    batch_budget: int | None = None
+
+
 class Dispatcher:
     """Turns pulled batches into backend calls and published results."""
 
@@ -109,8 +120,8 @@ class Dispatcher:
         #: Items per backend batch call, for the shutdown summary and the demo.
         self.batch_sizes: Counter[int] = Counter()
         #: model → (when, ready response): saves an EnsureModelReady round trip per batch at load.
-        self._ready_cache: dict[str, tuple[float, ReadyResponse]] = {}
-        self._lanes: dict[str, ModelLane[Delivery]] = {}
+        #: Everything kept per model, in one object each (its lane, the cached ready answer, ...).
+        self._models: dict[str, _Model] = {}
         self._lane_settings = LaneSettings(
             scheduler=settings.scheduler,
             wave_cadence=settings.wave_cadence,
@@ -118,7 +129,6 @@ class Dispatcher:
             controller_trace_dir=settings.controller_trace_dir,
             cost_pinned=settings.cost_pinned,
         )
-        self._supports_run_batch: dict[str, bool] = {}
         self._out = Outcomes(
             worker_id=settings.worker_id,
             nak_delay_ms=settings.nak_delay_ms,
@@ -126,7 +136,7 @@ class Dispatcher:
             settler=settler,
             config=self._config,
             quantum=quantum,
-            on_retry=lambda model: self._ready_cache.pop(model, None),
+            on_retry=self._forget_ready,
         )
         self._tokenizers = TokenizerRegistry()
         self._on_idle: Callable[[], None] | None = None
@@ -134,7 +144,6 @@ class Dispatcher:
         self.shutdown_nak_ms: Callable[[], int] = lambda: SHUTDOWN_NAK_MS
         #: Called when the backend refuses a batch as `draining` (the app's pull gate stops pulling).
         self.on_draining: Callable[[], None] | None = None
-        self._budgets: dict[str, int] = {}
         self._intake_limit = settings.fetch_budget
 
     @property
@@ -209,9 +218,11 @@ class Dispatcher:
             return
         ds = await self._drop_cancelled(ds)
         budget = ready.batch_budget or self._s.fetch_budget
-        if self._budgets.get(model) != budget:
-            self._budgets[model] = budget
-            self._intake_limit = max(1, min(self._s.fetch_budget, *self._budgets.values()))
+        state = self._model(model)
+        if state.batch_budget != budget:
+            state.batch_budget = budget
+            budgets = [m.batch_budget for m in self._models.values() if m.batch_budget is not None]
+            self._intake_limit = max(1, min(self._s.fetch_budget, *budgets))
         if len(ds) > budget:
             await self._out.nak_all(ds[budget:], OVERFLOW_NAK_MS)
             ds = ds[:budget]
@@ -226,7 +237,7 @@ class Dispatcher:
         if unknown:
             await self._out.publish_errors(unknown, BAD_OPERATION, "unknown operation", nak_on_failure=True)
         lane = self._lane(model)
-        self._supports_run_batch[model] = bool(ready.descriptor is not None and ready.descriptor.supports_run_batch)
+        state.supports_run_batch = bool(ready.descriptor is not None and ready.descriptor.supports_run_batch)
         lane.describe(
             max_concurrent_dispatch=ready.descriptor.max_concurrent_dispatch if ready.descriptor is not None else None,
             max_batch_tokens=ready.max_batch_tokens,
@@ -246,7 +257,7 @@ class Dispatcher:
             ds[:] = live
             if not ds:
                 return None
-            cached = self._ready_cache.get(model)
+            cached = self._model(model).ready
             if cached is not None and time.monotonic() - cached[0] < READY_CACHE_S:
                 return cached[1]
             try:
@@ -256,7 +267,7 @@ class Dispatcher:
                 await self._out.nak_all(ds, base)
                 return None
             if ready.state == "ready":
-                self._ready_cache[model] = (time.monotonic(), ready)
+                self._model(model).ready = (time.monotonic(), ready)
                 return ready
             if ready.state == "failed":
                 await self._out.publish_errors(
@@ -286,12 +297,25 @@ class Dispatcher:
 
     def idle(self) -> bool:
         """No model has items queued in its scheduler or batches in flight."""
-        return all(lane.scheduler.idle() for lane in self._lanes.values())
+        return all(m.lane.scheduler.idle() for m in self._models.values() if m.lane is not None)
+
+    def _model(self, model: str) -> _Model:
+        state = self._models.get(model)
+        if state is None:
+            state = self._models[model] = _Model()
+        return state
+
+    def _forget_ready(self, model: str) -> None:
+        """Ask the backend again next time: an IPC failure, or a `nak_retry` (the model was unloaded?)."""
+        state = self._models.get(model)
+        if state is not None:
+            state.ready = None
 
     def _lane(self, model: str) -> ModelLane[Delivery]:
-        lane = self._lanes.get(model)
+        state = self._model(model)
+        lane = state.lane
         if lane is None:
-            lane = self._lanes[model] = ModelLane(
+            lane = state.lane = ModelLane(
                 model,
                 lambda formed: self._execute_formed(model, formed),
                 self._lane_settings,
@@ -365,7 +389,7 @@ class Dispatcher:
             formed.lora,
             formed.items,
             formed.total_cost,
-            supports_run_batch=self._supports_run_batch.get(model, True),
+            supports_run_batch=self._model(model).supports_run_batch,
         )
         if outcome is None:
             return None
@@ -394,7 +418,7 @@ class Dispatcher:
     async def close_schedulers(self, deadline_s: float) -> None:
         """Shutdown: flush every model's queued work (bounded), then NAK what is left; it returns as
         soon as nothing of this process can pull it any more (`shutdown_nak_ms`)."""
-        results = await asyncio.gather(*(lane.close(deadline_s) for lane in self._lanes.values()))
+        results = await asyncio.gather(*(m.lane.close(deadline_s) for m in self._models.values() if m.lane is not None))
         for left in results:
             await self._out.nak_all(left, self.shutdown_nak_ms())
 
@@ -437,14 +461,14 @@ class Dispatcher:
             # `draining` too gets the base delay, as v0.7.1 does in practice (§4.2, last row): a
             # backend restarting gracefully refuses for seconds, and 100 ms NAKs spent an item's 20
             # deliveries in 2 s. The readiness gate stops the pulling meanwhile.
-            self._ready_cache.pop(model, None)
+            self._forget_ready(model)
             _warn.warning("batch RPC refused", key=model, extra={"model": model, "error": exc.message})
             if exc.message == "draining" and self.on_draining is not None:
                 self.on_draining()
             await self._out.nak_all(ds, base)
             return None
         except Exception as exc:  # transport, timeout, decode: the whole batch goes back
-            self._ready_cache.pop(model, None)
+            self._forget_ready(model)
             _warn.warning("batch RPC failed", key=model, extra={"model": model, "error": repr(exc)})
             await self._out.nak_all(ds, base)
             return None
