@@ -410,3 +410,27 @@ async def test_held_items_are_progress_acked_each_progress_after_s() -> None:
     now[0] = 1.0
     assert await s.progress_held(1.0) == 0  # settled work is never progress-ACKed
     await s.close(1.0)
+
+
+async def test_the_backends_batch_budget_caps_every_formed_batch() -> None:
+    """`batch_budget` is "max work items per dispatch" (wire-protocol §3): consecutive groups of two
+    must not merge into one bigger batch (they did, 3 and 4 items, once pulls were capped at it)."""
+    rec = Recorder()
+    rec.gate = asyncio.Event()
+    s: ModelScheduler[str] = ModelScheduler("m", rec, SchedulerConfig(idle_bypass=False, max_batch_wait_ms=50.0))
+    s.submit("encode", "", ["early0", "early1", "early2"], [1, 1, 1])  # a live former, built before the cap
+    s.cap_requests(2)
+    for i in range(3):
+        s.submit("encode", "", [f"a{i}", f"b{i}"], [1, 1])
+    rec.gate.set()
+    await settle(s)
+    sizes = [len(b.items) for b in rec.batches]
+    assert max(sizes) <= 2 and sum(sizes) == 9
+    assert sorted(i for b in rec.batches for i in b.items) == sorted(
+        ["early0", "early1", "early2", "a0", "b0", "a1", "b1", "a2", "b2"]
+    )
+    s.cap_requests(None)  # no budget reported: back to max_batch_requests
+    s.submit("encode", "", [f"c{i}" for i in range(5)], [1] * 5)
+    await settle(s)
+    assert len(rec.batches[-1].items) == 5
+    await s.close(0.5)

@@ -241,6 +241,7 @@ class Dispatcher:
         lane.describe(
             max_concurrent_dispatch=ready.descriptor.max_concurrent_dispatch if ready.descriptor is not None else None,
             max_batch_tokens=ready.max_batch_tokens,
+            batch_budget=ready.batch_budget,
         )
         tokenizer = (
             await self._tokenizers.register_async(model, ready.descriptor)

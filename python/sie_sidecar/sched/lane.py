@@ -91,9 +91,12 @@ class ModelLane(Generic[T]):
 
     # -- what the backend said about itself ------------------------------------------------------------
 
-    def describe(self, *, max_concurrent_dispatch: int | None, max_batch_tokens: int | None) -> None:
-        """Take the backend's dispatch width and cost budget from its descriptor / ready answer."""
+    def describe(
+        self, *, max_concurrent_dispatch: int | None, max_batch_tokens: int | None, batch_budget: int | None = None
+    ) -> None:
+        """Take the backend's dispatch width, count budget and cost budget from its descriptor / ready answer."""
         self.scheduler.widen(max_concurrent_dispatch)
+        self.scheduler.cap_requests(batch_budget)
         if max_batch_tokens and not self._s.cost_pinned and max_batch_tokens != self.budget:
             self._adopt_budget(max_batch_tokens)
 

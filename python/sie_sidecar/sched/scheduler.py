@@ -163,6 +163,7 @@ class ModelScheduler(Generic[T]):
         self._depth = max(1, self.config.pipeline_depth)
         self._slots = asyncio.Semaphore(self._depth)
         self._width = 1  # the backend's dispatch width (descriptor.max_concurrent_dispatch)
+        self._max_requests = self.config.max_batch_requests  # lowered to the backend's batch_budget
         self._costs: dict[int, int] = {}
         self._in_flight: set[asyncio.Task[None]] = set()
         self._device = DeviceClock()
@@ -227,7 +228,7 @@ class ModelScheduler(Generic[T]):
             c = self.config
             former = self._formers[key] = Batcher(
                 max_batch_cost=c.max_batch_cost,
-                max_batch_requests=c.max_batch_requests,
+                max_batch_requests=self._max_requests,
                 max_batch_wait_ms=c.max_batch_wait_ms,
                 coalesce_ms=c.coalesce_ms,
                 coalesce_ratio=c.coalesce_ratio,
@@ -265,6 +266,37 @@ class ModelScheduler(Generic[T]):
         for _ in range(grown - self._depth):
             self._slots.release()
         self._depth = grown
+
+    def cap_requests(self, batch_budget: int | None) -> None:
+        """The backend's `batch_budget` ("max work items per dispatch for this model", wire-protocol
+        §3): no formed batch carries more items than that, nor more than `max_batch_requests`. Live
+        formers are rebuilt with the new cap, their items kept with their arrival times and costs."""
+        cap = self.config.max_batch_requests if not batch_budget else min(self.config.max_batch_requests, batch_budget)
+        if cap == self._max_requests:
+            return
+        self._max_requests = cap
+        for key, former in list(self._formers.items()):
+            rebuilt = Batcher(
+                max_batch_cost=former.max_batch_cost,
+                max_batch_requests=cap,
+                max_batch_wait_ms=former.max_batch_wait_ms,
+                coalesce_ms=self.config.coalesce_ms,
+                coalesce_ratio=self.config.coalesce_ratio,
+            )
+            self._resubmit(rebuilt, former.drain_all())
+            self._formers[key] = rebuilt
+        self._new_item.set()
+
+    def _resubmit(self, former: Batcher, ids: list[int]) -> None:
+        """Put pending items (in arrival order) into `former` with their own arrival times, costs and caps."""
+        items = self._items
+        start = 0
+        for end in range(1, len(ids) + 1):
+            if end == len(ids) or items[ids[end]][1] != items[ids[start]][1]:
+                run = ids[start:end]
+                caps = [self._caps.get(i) for i in run] if self._caps else None
+                former.submit_many(run, [self._costs.get(i, 1) for i in run], items[run[0]][1], caps)
+                start = end
 
     def update_limits(self, max_batch_cost: int, max_batch_wait_ms: float) -> None:
         """Push the controller's new caps into every former (and wake the loop if one became flushable)."""
@@ -309,14 +341,7 @@ class ModelScheduler(Generic[T]):
         queue.extend(ids[:split])
         self._aged_count += split
         self.aged_items += split
-        young = ids[split:]
-        start = 0
-        for end in range(1, len(young) + 1):
-            if end == len(young) or items[young[end]][1] != items[young[start]][1]:
-                run = young[start:end]
-                caps = [self._caps.get(i) for i in run] if self._caps else None
-                former.submit_many(run, [self._costs.get(i, 1) for i in run], items[run[0]][1], caps)
-                start = end
+        self._resubmit(former, ids[split:])
         log.debug("items waited too long; they go next", extra={"model": self.model, "op": key[0], "items": split})
 
     def _aged_batch(self, now: float) -> tuple[Key, FormedBatch] | None:
