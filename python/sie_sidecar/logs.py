@@ -120,6 +120,12 @@ def configure_logging(level: str = "info", stream: TextIO | None = None) -> None
         logging.getLogger(__name__).warning("ignoring unknown log filter directive", extra={"directive": directive})
 
 
+def should_log(failures: int) -> bool:
+    """Log a run of failures on counts 1, 5, 30 and every 120th (the §10 rule of the health publisher and
+    the backend heartbeat; the NATS connection follows it too)."""
+    return failures in (1, 5, 30) or failures % 120 == 0
+
+
 class Throttled:
     """Rate-limits one repeating log line (a warning per failed batch, per heartbeat, per message).
 
@@ -171,4 +177,10 @@ class Throttled:
         return 0 if state is None else state[1]
 
 
-__all__ = ["JsonFormatter", "Throttled", "configure_logging", "parse_log_filter"]
+__all__ = [
+    "JsonFormatter",
+    "Throttled",
+    "configure_logging",
+    "parse_log_filter",
+    "should_log",
+]

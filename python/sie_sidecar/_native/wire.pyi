@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """Types of the Cython module `sie_sidecar._native.wire` (built from cython/wire.pyx).
 
-Same names and behaviour as `sie_sidecar._wire_py.subjects` and `sie_sidecar._wire_py.tombstones`.
+Same names and behaviour as `sie_sidecar._twins.wire.subjects` and `sie_sidecar._twins.wire.tombstones`.
 """
 
 from collections.abc import Callable

@@ -24,6 +24,7 @@ from nats.errors import Error as NatsError
 
 from ..config import Settings, redact_url_userinfo
 from ..errors import ConnectError
+from ..logs import should_log
 
 log = logging.getLogger(__name__)
 
@@ -35,11 +36,6 @@ _REFUSALS = ("authorization violation", "authentication")
 
 #: What a NATS call can fail with at start-up (the lifecycle catches these without importing nats).
 NATS_FAILURES: tuple[type[BaseException], ...] = (NatsError, TimeoutError, OSError)
-
-
-def should_log(failures: int) -> bool:
-    """Log failure counts 1, 5, 30 and every 120th, like the health publisher and the heartbeat (§10)."""
-    return failures in (1, 5, 30) or failures % 120 == 0
 
 
 def tls_context(servers: list[str]) -> ssl.SSLContext | None:
@@ -171,4 +167,4 @@ async def close(nc: NatsClient, events: NatsEvents) -> None:
         await nc.close()
 
 
-__all__ = ["NATS_FAILURES", "ConnectError", "NatsClient", "NatsEvents", "close", "connect", "should_log", "tls_context"]
+__all__ = ["NATS_FAILURES", "ConnectError", "NatsClient", "NatsEvents", "close", "connect", "tls_context"]

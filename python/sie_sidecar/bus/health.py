@@ -14,6 +14,7 @@ from typing import Protocol
 from nats.aio.client import Client as NatsClient
 
 from .. import wire
+from ..logs import should_log
 from ..pipeline.readiness import Readiness
 from ..telemetry import GPU_SLOTS, INFLIGHT_BATCHES, PENDING_COST, PENDING_ITEMS, SATURATED, Registry
 
@@ -158,7 +159,7 @@ async def publish_health(
             await nc.publish(subject, reporter.payload(config.current or ""))
         except Exception as exc:  # logged on counts 1, 5, 30, every 120 (§10)
             failures += 1
-            if failures in (1, 5, 30) or failures % 120 == 0:
+            if should_log(failures):
                 log.warning("health publish failed", extra={"failures": failures, "error": repr(exc)})
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), interval_ms / 1000.0)

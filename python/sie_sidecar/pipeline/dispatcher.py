@@ -1,9 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The dispatcher: intake, grouping by model, readiness, the config barrier, batch RPCs and the
-settlement of every delivery (sidecar-behaviour §4.1-4.3, §5.2-5.3; v0.7.1 rules).
-
-Until the scheduler lands (issue 4), a batch is what one pull brought, per model, operation and
-LoRA key, capped at the model's batch budget.
+"""The dispatcher sequences the pipeline's stages for each pulled batch (sidecar-behaviour §4.1-4.3,
+§5.2-5.3; v0.7.1 rules): intake verdicts (`intake`), grouping by model, the config gate, the readiness
+wait, preparation (payloads, media, tokens, audio), the model's lane (`sched.lane`), the batch RPC, and
+publication and settlement (`outcomes`). Each delivery is settled exactly once.
 """
 
 from __future__ import annotations
@@ -51,7 +50,7 @@ KNOWN_OPS = ("encode", "score", "extract")
 
 
 class BackendClient(Protocol):
-    """The IPC calls the dispatcher makes (`ipc_client.IpcClient`)."""
+    """The IPC calls the dispatcher makes (`ipc.client.IpcClient`)."""
 
     async def ensure_model_ready(self, model_id: str) -> ReadyResponse: ...
     async def run_batch(self, body: bytes) -> Any: ...

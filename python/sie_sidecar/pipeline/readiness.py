@@ -11,6 +11,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from ..logs import should_log
+
 log = logging.getLogger(__name__)
 
 
@@ -90,7 +92,7 @@ async def heartbeat(clients: list[PingClient], readiness: Readiness, config: Con
             readiness.loaded_models = sorted({m for r in ready for m in r.loaded_models})
         else:
             failures += 1
-            if failures in (1, 5, 30) or failures % 120 == 0:
+            if should_log(failures):
                 errors = [repr(r) for r in replies if isinstance(r, BaseException)]
                 log.warning("backend heartbeat failed", extra={"failures": failures, "errors": errors[:3]})
         readiness.changed.set()

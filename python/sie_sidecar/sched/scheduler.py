@@ -100,7 +100,7 @@ class SchedulerConfig:
     jit_dispatch: bool = True
     drain_deadline_s: float = 10.0
     #: An item pending this long goes into the next batch whatever its cost (0: never forced).
-    max_item_wait_s: float = 5.0
+    max_item_wait_s: float = MAX_ITEM_WAIT_S
     #: Progress-ACK items held this long (half the consumer's ack_wait; 0: never). Needs `keepalive`.
     progress_after_s: float = 15.0
 
@@ -225,14 +225,7 @@ class ModelScheduler(Generic[T]):
         key = (op, "" if op == "score" else lora)  # score always runs on the base weights (§1.1)
         former = self._formers.get(key)
         if former is None:
-            c = self.config
-            former = self._formers[key] = Batcher(
-                max_batch_cost=c.max_batch_cost,
-                max_batch_requests=self._max_requests,
-                max_batch_wait_ms=c.max_batch_wait_ms,
-                coalesce_ms=c.coalesce_ms,
-                coalesce_ratio=c.coalesce_ratio,
-            )
+            former = self._formers[key] = self._new_former(self.config.max_batch_cost, self.config.max_batch_wait_ms)
         now = self._clock()
         ids = [next(self._ids) for _ in items]
         for i, item, cost in zip(ids, items, costs, strict=True):
@@ -276,16 +269,21 @@ class ModelScheduler(Generic[T]):
             return
         self._max_requests = cap
         for key, former in list(self._formers.items()):
-            rebuilt = Batcher(
-                max_batch_cost=former.max_batch_cost,
-                max_batch_requests=cap,
-                max_batch_wait_ms=former.max_batch_wait_ms,
-                coalesce_ms=self.config.coalesce_ms,
-                coalesce_ratio=self.config.coalesce_ratio,
-            )
+            rebuilt = self._new_former(former.max_batch_cost, former.max_batch_wait_ms)
             self._resubmit(rebuilt, former.drain_all())
             self._formers[key] = rebuilt
         self._new_item.set()
+
+    def _new_former(self, max_batch_cost: int, max_batch_wait_ms: float) -> Batcher:
+        """A former with these caps, the current request cap and the configured coalescing."""
+        c = self.config
+        return Batcher(
+            max_batch_cost=max_batch_cost,
+            max_batch_requests=self._max_requests,
+            max_batch_wait_ms=max_batch_wait_ms,
+            coalesce_ms=c.coalesce_ms,
+            coalesce_ratio=c.coalesce_ratio,
+        )
 
     def _resubmit(self, former: Batcher, ids: list[int]) -> None:
         """Put pending items (in arrival order) into `former` with their own arrival times, costs and caps."""

@@ -2,8 +2,8 @@
 """The wire core's public API: the compiled core, or the pure-Python twin when
 `SIE_SIDECAR_NO_EXTENSIONS=1` (see docs/api.md).
 
-Import names from here, not from `_wire_native` or `_wire_py`: both expose the same API, and this
-module is where the choice is made once per process.
+Import names from here, not from `_native_api` or `_twins.wire`: both expose the same API, and `_switch`
+is where the choice is made once per process.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """The compiled wire core: Rust (`_native`) for bytes, Cython (`_native.wire`) for strings.
 
-Same API as `sie_sidecar._wire_py`. The few thin wrappers here only adapt arguments (numpy dtype
-and shape for `nd_sentinel`); `frame_extract` is shared with the twin because it is generic msgpack
+Same API as `sie_sidecar._twins.wire`. The few thin wrappers here only adapt arguments (numpy dtype
+and shape for `nd_sentinel`); `frame_extract` (`wire.extract`) is shared with the twin: it is generic msgpack
 of a small map, where msgpack's own C packer is already the fast path.
 """
 

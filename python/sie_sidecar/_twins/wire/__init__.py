@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Pure-Python twin of the wire core: the same API as `sie_sidecar._wire_native`.
+"""Pure-Python twin of the wire core: the same API as `sie_sidecar.wire._native_api`.
 
 Used for parity tests, debugging and as the benchmark baseline; selected at run time by
 `SIE_SIDECAR_NO_EXTENSIONS=1`.
