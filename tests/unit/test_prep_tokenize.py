@@ -352,6 +352,30 @@ async def test_register_async_answers_a_no_op_inline(tiny: Path, monkeypatch: py
     assert await registry.register_async("m", None) is None and registry.get("m") is None
 
 
+async def test_register_async_never_leaves_the_loop_for_a_model_without_a_usable_tokenizer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every batch of a model asks the registry; one with no tokenizer (the null backend) or one just
+    refused must not cost a worker-thread round trip each time (it did: ~9% of the sidecar's CPU)."""
+    registry = TokenizerRegistry()
+    threads: list[str] = []
+    register = registry.register
+
+    def counting_register(model_id: str, d: ModelDescriptor | None) -> RegisteredTokenizer | None:
+        threads.append(threading.current_thread().name)
+        return register(model_id, d)
+
+    monkeypatch.setattr(registry, "register", counting_register)
+    for _ in range(3):
+        assert await registry.register_async("plain", None) is None
+        assert await registry.register_async("plain", ModelDescriptor()) is None
+    assert threads == []
+    missing = ModelDescriptor(tokenizer_path=str(tmp_path / "absent.json"))
+    for _ in range(3):
+        assert await registry.register_async("broken", missing) is None
+    assert len(threads) == 1  # refused once, then answered from the refusal until REFUSAL_RETRY_S
+
+
 def test_registry_shares_one_tokenizer_per_file_and_cap(tiny: Path) -> None:
     registry = TokenizerRegistry()
     a = registry.register("a", ModelDescriptor(tokenizer_path=str(tiny), max_seq_len=4))

@@ -255,8 +255,15 @@ class TokenizerRegistry:
         """`register` for the event loop: the usual no-op answers inline, a (re)load in a worker
         thread (reading and parsing a large tokenizer.json takes tens to hundreds of ms)."""
         current = self._models.get(model_id)
-        if current is not None and descriptor is not None and current.matches(descriptor):
+        if descriptor is None or not descriptor.tokenizer_path:
+            if current is None:
+                return None  # no tokenizer before, none now: nothing to read (every batch of such a model)
+        elif current is not None and current.matches(descriptor):
             return current
+        else:
+            refused = self._refused.get(model_id)
+            if refused is not None and refused[0] == descriptor and self._clock() - refused[1] < REFUSAL_RETRY_S:
+                return None  # refused this very descriptor moments ago: `register` would not re-read it
         return await asyncio.to_thread(self.register, model_id, descriptor)
 
     def _build(self, descriptor: ModelDescriptor, path: str) -> RegisteredTokenizer | None:
