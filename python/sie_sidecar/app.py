@@ -55,6 +55,7 @@ def _dispatch_settings(settings: Settings, *, ack_wait_s: float = POOL_ACK_WAIT_
         scheduler=SchedulerConfig(
             max_batch_cost=settings.batcher_max_batch_cost,
             max_batch_requests=settings.batcher_max_batch_requests,
+            requests_from_budget=not settings.batcher_requests_pinned,
             max_batch_wait_ms=settings.batcher_max_batch_wait_ms,
             coalesce_ms=settings.batcher_coalesce_ms,
             coalesce_ratio=settings.batcher_coalesce_ratio,
@@ -233,6 +234,15 @@ async def _start(settings: Settings, stop: asyncio.Event, resources: contextlib.
             consumer.wake()
 
     dispatcher.set_on_idle(wake_all)
+    if not settings.pull_outstanding_pinned:
+
+        def follow_count_cap(cap: int) -> None:
+            ahead = limits.pull_outstanding_for(cap, settings.max_ack_pending)
+            log.info("pull-ahead derived from the batch budget", extra={"count_cap": cap, "max_outstanding": ahead})
+            for consumer in consumers:
+                consumer.set_max_outstanding(ahead)
+
+        dispatcher.on_count_cap = follow_count_cap
 
     def shutdown_nak_ms() -> int:
         # Past the life of our own pull requests: sooner, the server would hand the item straight

@@ -340,6 +340,11 @@ def _userinfo_parts(url: object) -> list[str]:
 # ------------------------------------------------------------------------------------------- settings
 
 
+#: The most messages a derived pull-ahead keeps outstanding per consumer (an explicit
+#: SIE_PULL_LOOP_MAX_OUTSTANDING may go higher).
+MAX_DERIVED_OUTSTANDING = 2048
+
+
 @dataclass(frozen=True, slots=True)
 class ConcurrencyLimits:
     """Every bound on how much the sidecar does at once, named in one place (docs/operations.md).
@@ -357,6 +362,14 @@ class ConcurrencyLimits:
     pipeline_depth: int
     ipc_connections: int
     audio_decodes: int
+
+    def pull_outstanding_for(self, count_cap: int, max_ack_pending: int) -> int:
+        """The derived pull-ahead (SIE_PULL_LOOP_MAX_OUTSTANDING unset): room for `pull_batches`
+        full batches of the largest count cap a backend reported, never below the configured
+        default, never past the consumer's max_ack_pending (the server would not deliver more) nor
+        MAX_DERIVED_OUTSTANDING."""
+        derived = min(MAX_DERIVED_OUTSTANDING, max_ack_pending, self.pull_batches * max(1, count_cap))
+        return max(self.pull_outstanding, derived)
 
 
 @dataclass(frozen=True, slots=True, repr=False)
@@ -412,6 +425,8 @@ class Settings:
     nats_pull_expires_s: int = 5
     pull_loop_inflight: int = 4
     pull_loop_max_outstanding: int = 64
+    #: SIE_PULL_LOOP_MAX_OUTSTANDING was set: the pull-ahead stays there, not derived from batch budgets.
+    pull_outstanding_pinned: bool = False
     max_concurrent_batches: int = 4
     #: Concurrent audio decodes per process (scheduler-and-prep §7.3), each on a worker thread.
     audio_prep_permits: int = 1
@@ -425,6 +440,8 @@ class Settings:
     batcher_max_batch_wait_ms: float = 15.0
     batcher_max_batch_cost: int = 16384
     batcher_max_batch_requests: int = 12
+    #: SIE_BATCHER_MAX_BATCH_REQUESTS was set: the count cap stays there, not derived from batch budgets.
+    batcher_requests_pinned: bool = False
     batcher_coalesce_ms: float = 5.0
     batcher_coalesce_ratio: float = 0.5
     #: SIE_BATCHER_MAX_BATCH_COST was set: every model keeps that cap, whatever budget it reports.
@@ -766,11 +783,15 @@ class _Builder:
         warned = len(self.warnings)
         cost = self.env_uint("SIE_BATCHER_MAX_BATCH_COST", 16384, lambda n: True)
         pinned = "SIE_BATCHER_MAX_BATCH_COST" in self._environ and len(self.warnings) == warned
+        warned = len(self.warnings)
+        requests = self.env_uint("SIE_BATCHER_MAX_BATCH_REQUESTS", 12)
+        requests_pinned = "SIE_BATCHER_MAX_BATCH_REQUESTS" in self._environ and len(self.warnings) == warned
         return {
             "batcher_max_batch_wait_ms": self.env_float("SIE_BATCHER_MAX_BATCH_WAIT_MS", 15.0, lambda x: x >= 0),
             "batcher_max_batch_cost": cost,
             "batcher_cost_pinned": pinned,
-            "batcher_max_batch_requests": self.env_uint("SIE_BATCHER_MAX_BATCH_REQUESTS", 12),
+            "batcher_max_batch_requests": requests,
+            "batcher_requests_pinned": requests_pinned,
             "batcher_coalesce_ms": self.env_float("SIE_BATCHER_COALESCE_MS", 5.0, lambda x: x >= 0),
             "batcher_coalesce_ratio": self.env_float("SIE_BATCHER_COALESCE_RATIO", 0.5, lambda x: x >= 0),
         }
@@ -844,6 +865,9 @@ class _Builder:
 
         fetch_budget = self.env_uint("SIE_NATS_FETCH_BUDGET", 64)
         inflight = self.env_uint("SIE_PULL_LOOP_INFLIGHT", max_concurrent_batches)
+        warned = len(self.warnings)
+        outstanding = self.env_uint("SIE_PULL_LOOP_MAX_OUTSTANDING", max(fetch_budget, inflight))
+        outstanding_pinned = "SIE_PULL_LOOP_MAX_OUTSTANDING" in self._environ and len(self.warnings) == warned
         storage = (self._environ.get("SIE_STREAM_STORAGE") or "").strip().lower()
 
         return Settings(
@@ -895,7 +919,8 @@ class _Builder:
             fallback_batch_budget=self._fallback_batch_budget(),
             nats_pull_expires_s=self.env_uint("SIE_NATS_PULL_EXPIRES_S", 5, lambda n: 1 <= n <= 29),
             pull_loop_inflight=inflight,
-            pull_loop_max_outstanding=self.env_uint("SIE_PULL_LOOP_MAX_OUTSTANDING", max(fetch_budget, inflight)),
+            pull_loop_max_outstanding=outstanding,
+            pull_outstanding_pinned=outstanding_pinned,
             max_concurrent_batches=max_concurrent_batches,
             audio_prep_permits=self.env_uint("SIE_AUDIO_PREP_PERMITS", 1),
             nak_delay_ms=self._nak_delay_ms(),

@@ -97,7 +97,12 @@ async def test_health_heartbeat_reports_the_load_under_a_burst(nats_server: Nats
     beats: list[dict[str, Any]] = []
     burst, depth = 40, 2
     adapter = NullAdapter(dim=8, preloaded_models=[MODEL], batch_delay_s=0.3)
-    env = {"SIE_HEALTH_PUBLISH_INTERVAL_MS": "50", "SIE_RUST_PIPELINE_DEPTH": str(depth)}
+    # v0.7.1's count cap of 12 (the derived cap of 64 would take the whole burst in one batch).
+    env = {
+        "SIE_HEALTH_PUBLISH_INTERVAL_MS": "50",
+        "SIE_RUST_PIPELINE_DEPTH": str(depth),
+        "SIE_BATCHER_MAX_BATCH_REQUESTS": "12",
+    }
     async with running_stack(nats_server, tmp_path, adapter=adapter, env=env) as stack:
 
         async def on_beat(msg: Any) -> None:

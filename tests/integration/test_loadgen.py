@@ -427,7 +427,7 @@ async def test_a_late_answer_is_late_not_lost(_loadgen_nc: Client, _loadgen_nats
     # Due time from what was outstanding at the last publish: the two held back at least, all 12 at most.
     fewest = deadlines(2, capacity, 30.0).due_s
     assert summary.due_s is not None and fewest is not None and not summary.ok
-    assert fewest <= summary.due_s <= limits.due_s
+    assert fewest <= summary.due_s <= limits.due_s + 1e-9  # the same sum, added up in another order
     assert late_s + STALL_MIN_S <= waited < late_s + STALL_MIN_S + 5  # the stall rule ended it, not 30 s
     assert "late       1 answered more than" in summary.format() and summary.to_json()["late"] == 1
 

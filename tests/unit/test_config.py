@@ -15,6 +15,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from sie_sidecar import config
 from sie_sidecar.config import (
     NOT_YET_FLAGS,
     REDACTED,
@@ -124,6 +125,7 @@ DEFAULTS: list[tuple[str, object]] = [
     ("nats_pull_expires_s", 5),
     ("pull_loop_inflight", 4),
     ("pull_loop_max_outstanding", 64),
+    ("pull_outstanding_pinned", False),
     ("max_concurrent_batches", 4),
     ("audio_prep_permits", 1),
     ("nak_delay_ms", 5000),
@@ -135,6 +137,7 @@ DEFAULTS: list[tuple[str, object]] = [
     ("batcher_max_batch_wait_ms", 15.0),
     ("batcher_max_batch_cost", 16384),
     ("batcher_max_batch_requests", 12),
+    ("batcher_requests_pinned", False),
     ("batcher_coalesce_ms", 5.0),
     ("batcher_coalesce_ratio", 0.5),
     ("batcher_cost_pinned", False),
@@ -1089,3 +1092,20 @@ def test_adaptive_batch_overrides_and_the_controller_trace_are_carried() -> None
 def test_a_valid_batch_cost_pins_every_model() -> None:
     assert build(SIE_BATCHER_MAX_BATCH_COST="8192").batcher_cost_pinned is True
     assert build(SIE_BATCHER_MAX_BATCH_COST="lots").batcher_cost_pinned is False  # ignored with a warning
+
+
+def test_count_cap_and_pull_ahead_are_pinned_only_by_a_valid_value() -> None:
+    """Unset (or ignored as malformed), they are derived from the backend's batch budget."""
+    assert build().batcher_requests_pinned is False and build().pull_outstanding_pinned is False
+    assert build(SIE_BATCHER_MAX_BATCH_REQUESTS="12").batcher_requests_pinned is True
+    assert build(SIE_BATCHER_MAX_BATCH_REQUESTS="many").batcher_requests_pinned is False
+    assert build(SIE_PULL_LOOP_MAX_OUTSTANDING="64").pull_outstanding_pinned is True
+    assert build(SIE_PULL_LOOP_MAX_OUTSTANDING="0").pull_outstanding_pinned is False  # > 0 required
+
+
+def test_derived_pull_ahead_holds_the_in_flight_batches_within_the_bounds() -> None:
+    limits = build().concurrency  # 64 outstanding, 4 pulled batches in handling
+    assert limits.pull_outstanding_for(64, 1000) == 256
+    assert limits.pull_outstanding_for(12, 1000) == 64  # never below the configured default
+    assert limits.pull_outstanding_for(512, 1000) == 1000  # the server delivers no more than max_ack_pending
+    assert limits.pull_outstanding_for(4096, 100_000) == config.MAX_DERIVED_OUTSTANDING

@@ -434,3 +434,26 @@ async def test_the_backends_batch_budget_caps_every_formed_batch() -> None:
     await settle(s)
     assert len(rec.batches[-1].items) == 5
     await s.close(0.5)
+
+
+async def test_a_count_cap_derived_from_the_batch_budget_follows_it_up_and_down() -> None:
+    """`requests_from_budget` (SIE_BATCHER_MAX_BATCH_REQUESTS unset): the backend's batch budget is
+    the count cap, above v0.7.1's 12 too; without a budget the configured 12 applies again."""
+    rec = Recorder()
+    config = SchedulerConfig(idle_bypass=False, max_batch_wait_ms=20.0, requests_from_budget=True)
+    s: ModelScheduler[str] = ModelScheduler("m", rec, config)
+    s.cap_requests(40)
+    assert s.max_requests == 40
+    s.submit("encode", "", [f"a{i}" for i in range(40)], [1] * 40)
+    await settle(s)
+    assert [len(b.items) for b in rec.batches] == [40]
+    s.cap_requests(None)
+    assert s.max_requests == 12
+    s.submit("encode", "", [f"b{i}" for i in range(24)], [1] * 24)
+    await settle(s)
+    assert [len(b.items) for b in rec.batches[1:]] == [12, 12]
+    pinned: ModelScheduler[str] = ModelScheduler("p", Recorder(), SchedulerConfig(max_batch_requests=12))
+    pinned.cap_requests(40)
+    assert pinned.max_requests == 12  # an explicit count cap is only ever lowered by the budget
+    await s.close(0.5)
+    await pinned.close(0.5)

@@ -151,6 +151,7 @@ class PullConsumer:
         self._nc = nc
         self.stream = stream
         self.durable = durable
+        self._batch = batch
         self._max_outstanding = max_outstanding
         self._request_cap = min(batch, max_outstanding)
         self._low_water = max(1, self._request_cap // 2)
@@ -336,6 +337,19 @@ class PullConsumer:
             if not batch:
                 return
             yield batch
+
+    def set_max_outstanding(self, max_outstanding: int) -> None:
+        """Change the pull-ahead (the derived default follows the backends' batch budgets). Raising
+        it tops up at once; lowering it takes effect as held messages settle, since credit already
+        granted cannot be taken back."""
+        if max_outstanding < 1:
+            raise ValueError("max_outstanding must be >= 1")
+        if max_outstanding == self._max_outstanding:
+            return
+        self._max_outstanding = max_outstanding
+        self._request_cap = min(self._batch, max_outstanding)
+        self._low_water = max(1, self._request_cap // 2)
+        self._kick.set()
 
     def wake(self) -> None:
         """Wake a coalescing `next_batch` so that it re-checks its `stop_early` condition."""

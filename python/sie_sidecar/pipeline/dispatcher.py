@@ -144,6 +144,10 @@ class Dispatcher:
         #: Called when the backend refuses a batch as `draining` (the app's pull gate stops pulling).
         self.on_draining: Callable[[], None] | None = None
         self._intake_limit = settings.fetch_budget
+        #: Called with the largest count cap of any model whenever it changes (the app derives the
+        #: pull-ahead from it, docs/operations.md "derived defaults").
+        self.on_count_cap: Callable[[int], None] | None = None
+        self._count_cap = 0
 
     @property
     def config(self) -> ConfigState:
@@ -162,6 +166,14 @@ class Dispatcher:
         reported (else the fetch budget), so a group never overflows it and nothing is NAKed back
         only to be pulled again at once."""
         return self._intake_limit
+
+    def _note_count_cap(self, cap: int) -> None:
+        """Remember a model's count cap; tell `on_count_cap` when the largest one changed."""
+        largest = max([cap, *(m.lane.scheduler.max_requests for m in self._models.values() if m.lane is not None)])
+        if largest != self._count_cap:
+            self._count_cap = largest
+            if self.on_count_cap is not None:
+                self.on_count_cap(largest)
 
     # -- intake ------------------------------------------------------------------------------
 
@@ -240,8 +252,10 @@ class Dispatcher:
         lane.describe(
             max_concurrent_dispatch=ready.descriptor.max_concurrent_dispatch if ready.descriptor is not None else None,
             max_batch_tokens=ready.max_batch_tokens,
-            batch_budget=ready.batch_budget,
+            # A token budget without a count budget: the fallback count budget is the count cap.
+            batch_budget=ready.batch_budget or (self._s.fetch_budget if ready.max_batch_tokens else None),
         )
+        self._note_count_cap(lane.scheduler.max_requests)
         tokenizer = (
             await self._tokenizers.register_async(model, ready.descriptor)
             if "encode" in {op for op, _ in by_op}

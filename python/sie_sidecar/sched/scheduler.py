@@ -92,6 +92,10 @@ class SchedulerConfig:
 
     max_batch_cost: int = 16384
     max_batch_requests: int = 12
+    #: The count cap follows the backend's `batch_budget` (raised or lowered to it) instead of only
+    #: being lowered to it; `max_batch_requests` applies while the backend reports none. The app sets
+    #: this unless SIE_BATCHER_MAX_BATCH_REQUESTS was given (docs/operations.md, "derived defaults").
+    requests_from_budget: bool = False
     max_batch_wait_ms: float = 15.0
     coalesce_ms: float = 5.0
     coalesce_ratio: float = 0.5
@@ -163,7 +167,7 @@ class ModelScheduler(Generic[T]):
         self._depth = max(1, self.config.pipeline_depth)
         self._slots = asyncio.Semaphore(self._depth)
         self._width = 1  # the backend's dispatch width (descriptor.max_concurrent_dispatch)
-        self._max_requests = self.config.max_batch_requests  # lowered to the backend's batch_budget
+        self._max_requests = self.config.max_batch_requests  # follows the backend's batch_budget
         self._costs: dict[int, int] = {}
         self._in_flight: set[asyncio.Task[None]] = set()
         self._device = DeviceClock()
@@ -248,6 +252,11 @@ class ModelScheduler(Generic[T]):
     def depth(self) -> int:
         return self._depth
 
+    @property
+    def max_requests(self) -> int:
+        """The count cap formed batches have now (after `cap_requests`)."""
+        return self._max_requests
+
     def widen(self, width: int | None) -> None:
         """The backend's dispatch width (newer than v0.7.1, §5): depth = max(configured depth, width),
         width clamped to [1, 1024], and it only ever grows for a running scheduler; with a width over
@@ -262,9 +271,14 @@ class ModelScheduler(Generic[T]):
 
     def cap_requests(self, batch_budget: int | None) -> None:
         """The backend's `batch_budget` ("max work items per dispatch for this model", wire-protocol
-        §3): no formed batch carries more items than that, nor more than `max_batch_requests`. Live
-        formers are rebuilt with the new cap, their items kept with their arrival times and costs."""
-        cap = self.config.max_batch_requests if not batch_budget else min(self.config.max_batch_requests, batch_budget)
+        §3): no formed batch carries more items than that. With `requests_from_budget` the budget is
+        the count cap; otherwise the cap is also at most `max_batch_requests`. Live formers are
+        rebuilt with the new cap, their items kept with their arrival times and costs."""
+        c = self.config
+        if not batch_budget:
+            cap = c.max_batch_requests
+        else:
+            cap = batch_budget if c.requests_from_budget else min(c.max_batch_requests, batch_budget)
         if cap == self._max_requests:
             return
         self._max_requests = cap
