@@ -166,6 +166,7 @@ async def _start(settings: Settings, stop: asyncio.Event, resources: contextlib.
         quantum=quantum,
         payloads=payloads,
         telemetry=telemetry,
+        acks_with_replies=writer.framed,  # one writer for both: a batch's ACKs follow its replies
     )
     subs: list[Subscription] = []
     resources.push_async_callback(unsubscribe_all, subs)

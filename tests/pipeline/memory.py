@@ -101,10 +101,12 @@ class MemoryAcks:
 class MemorySink:
     """A reply sink that decodes what it is given: natively framed `PUB` batches or `Reply` lists."""
 
-    def __init__(self, *, framed: bool) -> None:
+    def __init__(self, *, framed: bool, acks: MemoryAcks | None = None) -> None:
+        """`acks`: `+ACK` commands framed after the replies (one connection for both) go there."""
         self.framed = framed
         self.max_payload = 1 << 20
         self.replies: list[tuple[str, dict[str, Any]]] = []
+        self._acks = acks
 
     async def publish_framed(self, replies: wire.FramedReplies) -> bool:
         buf, pos = bytes(replies.buffer), 0
@@ -113,7 +115,10 @@ class MemorySink:
             _, subject, size = buf[pos:end].split(b" ")
             start = end + 2
             payload = buf[start : start + int(size)]
-            self.replies.append((subject.decode(), msgpack.unpackb(payload, raw=False)))
+            if payload == b"+ACK" and self._acks is not None and subject.decode() in self._acks.by_subject:
+                self._acks.by_subject[subject.decode()].settlements.append(("ack", None))
+            else:
+                self.replies.append((subject.decode(), msgpack.unpackb(payload, raw=False)))
             pos = start + int(size) + 2
         return True
 
@@ -145,7 +150,12 @@ class MemoryPipeline:
 
 @contextlib.asynccontextmanager
 async def memory_pipeline(
-    tmp_path: Path, *, framed: bool = True, adapter: NullAdapter | None = None, nak_delay_ms: int = 5000
+    tmp_path: Path,
+    *,
+    framed: bool = True,
+    adapter: NullAdapter | None = None,
+    nak_delay_ms: int = 5000,
+    acks_with_replies: bool = False,
 ) -> AsyncIterator[MemoryPipeline]:
     """The dispatcher fed by `feed()` from a memory source, talking to a real backend over a socket."""
     adapter = adapter or NullAdapter(dim=8, preloaded_models=["org/model-a", "org/model-b"])
@@ -153,7 +163,8 @@ async def memory_pipeline(
     backend = BackendServer(adapter, sock, worker_id="backend-0")
     await backend.start()
     ipc = IpcClient(sock, pool_size=2, request_timeout_s=10.0)
-    source, sink, acks = MemorySource(), MemorySink(framed=framed), MemoryAcks()
+    source, acks = MemorySource(), MemoryAcks()
+    sink = MemorySink(framed=framed, acks=acks if acks_with_replies else None)
     settler = Settler(acks)
     stop = asyncio.Event()
     quantum = QuantumController(LatencyWindow(), min_ms=1, max_ms=5, target_p50_ms=10)
@@ -164,6 +175,7 @@ async def memory_pipeline(
         settler,
         shutdown=stop,
         quantum=quantum,
+        acks_with_replies=acks_with_replies,
     )
     tasks: set[asyncio.Task[None]] = set()
     loop = asyncio.create_task(

@@ -49,9 +49,11 @@ def _msg(item: dict[str, Any], *, subject: str | None = None, data: bytes | None
     return MemoryMessage(subject=subject, data=data if data is not None else msgpack.packb(item, use_bin_type=True))
 
 
-@pytest.mark.parametrize("framed", [True, False], ids=["native-framed", "per-reply"])
-async def test_every_delivery_is_settled_once_with_one_reply(tmp_path: Path, framed: bool) -> None:
-    async with memory_pipeline(tmp_path, framed=framed) as p:
+@pytest.mark.parametrize(
+    ("framed", "acks"), [(True, False), (True, True), (False, False)], ids=["native-framed", "acks-framed", "per-reply"]
+)
+async def test_every_delivery_is_settled_once_with_one_reply(tmp_path: Path, framed: bool, acks: bool) -> None:
+    async with memory_pipeline(tmp_path, framed=framed, acks_with_replies=acks) as p:
         good = [_msg(_item(f"r{i}", model="org/model-a" if i % 2 else "org/model-b")) for i in range(40)]
         p.send(good)
         await p.until_settled(good)

@@ -5,7 +5,7 @@ general path must decide (wire-protocol §4.6, §8.1, §8.3)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 
@@ -25,12 +25,20 @@ MAX_PAYLOAD = 1 << 20
 
 
 @dataclass
+class M:
+    """The settle handle's ACK subject (what `acks=True` reads)."""
+
+    reply: str
+
+
+@dataclass
 class D:
-    """A Delivery-shaped record: the two attributes the framer reads."""
+    """A Delivery-shaped record: the attributes the framer reads."""
 
     item: WorkItem
     worker_direct: bool = False
     payload_fetch_ms: float = 0.0
+    msg: M = field(default_factory=lambda: M("$JS.ACK.pool.c.1.1.1.1.0"))
 
 
 def work_item(i: int, **kw: Any) -> WorkItem:
@@ -193,17 +201,40 @@ def batches(draw: st.DrawFn) -> tuple[list[dict[str, Any]], list[tuple[dict[str,
     return maps, items, current
 
 
-@given(batch=batches())
-def test_native_twin_and_general_path_agree(batch: Any) -> None:
+@given(batch=batches(), acks=st.booleans())
+def test_native_twin_and_general_path_agree(batch: Any, acks: bool) -> None:
     native, twin = load_impl("native"), load_impl("py")
     maps, items, current = batch
-    ds = [D(work_item(i, **kw), worker_direct=direct, payload_fetch_ms=ms) for i, (kw, direct, ms) in enumerate(items)]
+    ds = [
+        D(work_item(i, **kw), worker_direct=direct, payload_fetch_ms=ms, msg=M(f"$JS.ACK.s.c.1.{i}.{i}.0.0"))
+        for i, (kw, direct, ms) in enumerate(items)
+    ]
     expected = general_path(ds, outcomes(twin, maps), current_hash=current)
+    if acks:
+        expected += frame_pubs([(d.msg.reply, b"+ACK") for d in ds])
     for impl in (native, twin):
-        framed = frame(impl, ds, outcomes(impl, maps), current_hash=current)
+        framed = frame(impl, ds, outcomes(impl, maps), current_hash=current, acks=acks)
         assert framed is not None
         assert framed.buffer == expected
         assert framed.messages == len(ds)
+        assert framed.acks == (len(ds) if acks else 0)
+
+
+def test_acks_follow_every_reply_in_the_same_buffer(impl: ModuleType) -> None:
+    """One write settles the batch: replies first, then one `+ACK` per delivery, the
+    fire-and-forget one (no reply subject, nothing published) included."""
+    ds = [D(work_item(0), msg=M("$JS.ACK.a.0")), D(work_item(1, reply_subject=""), msg=M("$JS.ACK.a.1"))]
+    framed = frame(impl, ds, outcomes(impl, [success(0), success(1)]), acks=True)
+    assert (framed.messages, framed.acks, framed.sent) == (1, 2, b"\x01\x00")
+    replies = general_path(ds[:1], outcomes(impl, [success(0)]), current_hash=None)
+    assert framed.buffer == replies + b"PUB $JS.ACK.a.0 4\r\n+ACK\r\nPUB $JS.ACK.a.1 4\r\n+ACK\r\n"
+
+
+@pytest.mark.parametrize("subject", ["", "$JS.ACK a", "$JS.ACK.\ta", "$JS.ACK.\r\n"])
+def test_an_ack_subject_unfit_for_a_pub_line_takes_the_general_path(impl: ModuleType, subject: str) -> None:
+    ds = [D(work_item(0)), D(work_item(1), msg=M(subject))]
+    assert frame(impl, ds, outcomes(impl, [success(0), success(1)]), acks=True) is None
+    assert frame(impl, ds, outcomes(impl, [success(0), success(1)])) is not None  # without ACKs: fine
 
 
 def test_payload_fetch_ms_is_written_only_when_a_payload_was_fetched(impl: ModuleType) -> None:

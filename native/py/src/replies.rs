@@ -63,21 +63,23 @@ impl ItemFields {
 }
 
 /// The framed replies of a batch: one buffer, and per delivery whether a PUB was written
-/// (`1`) or there was no reply subject, so nothing was sent (`0`).
+/// (`1`) or there was no reply subject, so nothing was sent (`0`). With `acks`, the buffer ends
+/// with one `+ACK` per delivery (`acks` of them), after every reply.
 #[pyclass(frozen, get_all, module = "sie_sidecar._native")]
 pub struct FramedReplies {
     pub buffer: Py<PyBytes>,
     pub sent: Py<PyBytes>,
     pub messages: usize,
     pub payload_bytes: usize,
+    pub acks: usize,
 }
 
 #[pymethods]
 impl FramedReplies {
     fn __repr__(&self) -> String {
         format!(
-            "FramedReplies(messages={}, payload_bytes={})",
-            self.messages, self.payload_bytes
+            "FramedReplies(messages={}, payload_bytes={}, acks={})",
+            self.messages, self.payload_bytes, self.acks
         )
     }
 }
@@ -141,11 +143,21 @@ fn py_space(c: char) -> bool {
     c.is_whitespace() || ('\u{1c}'..='\u{1f}').contains(&c)
 }
 
+/// A JetStream ACK subject usable in a PUB line: non-empty, no whitespace or control bytes.
+fn ack_subject_ok(subject: &str) -> bool {
+    !subject.is_empty() && subject.bytes().all(|b| b > b' ' && b != 0x7f)
+}
+
+const ACK_PAYLOAD: &[u8] = b"+ACK";
+
 /// Frame every reply of a batch whose outcomes arrived in delivery order, or `None` when the
 /// batch needs the general path. `deliveries` are objects with `.item` (a WorkItem) and
-/// `.worker_direct`; `now` is `time.time()` for `queue_ms`.
+/// `.worker_direct` (and `.msg.reply`, the ACK subject, with `acks`); `now` is `time.time()`
+/// for `queue_ms`. With `acks`, every delivery's ACK follows the replies in the same buffer, so
+/// a batch settles with one write (the replies precede the ACKs on the connection).
 #[pyfunction]
-#[pyo3(signature = (deliveries, outcomes, *, worker_id, current_hash, now, max_payload))]
+#[pyo3(signature = (deliveries, outcomes, *, worker_id, current_hash, now, max_payload, acks = false))]
+#[allow(clippy::too_many_arguments)]
 pub fn frame_outcome_replies(
     py: Python<'_>,
     deliveries: &Bound<'_, PyList>,
@@ -154,10 +166,24 @@ pub fn frame_outcome_replies(
     current_hash: Option<&str>,
     now: f64,
     max_payload: u64,
+    acks: bool,
 ) -> PyResult<Option<FramedReplies>> {
     let n = deliveries.len();
     if outcomes.len() != n {
         return Ok(None);
+    }
+    let mut ack_subjects: Vec<String> = Vec::with_capacity(if acks { n } else { 0 });
+    if acks {
+        for delivery in deliveries.iter() {
+            let subject: String = delivery
+                .getattr(intern!(py, "msg"))?
+                .getattr(intern!(py, "reply"))?
+                .extract()?;
+            if !ack_subject_ok(&subject) {
+                return Ok(None); // the general path settles it one by one
+            }
+            ack_subjects.push(subject);
+        }
     }
     let mut planned: Vec<Planned<'_>> = Vec::with_capacity(n);
     let mut sent = vec![0u8; n];
@@ -206,11 +232,19 @@ pub fn frame_outcome_replies(
         sent[i] = 1;
         planned.push(p);
     }
+    for subject in &ack_subjects {
+        total += pub_header_len(subject, ACK_PAYLOAD.len()) + ACK_PAYLOAD.len() + 2;
+    }
     let buffer = PyBytes::new_with(py, total, |buf| {
         let mut w = SliceWriter::new(buf);
         for p in &planned {
             w.extend_from_slice(pub_header(&p.item.reply_subject, p.size).as_bytes());
             encode_work_result(&mut w, &p.result(py, worker_id, current_hash, now));
+            w.extend_from_slice(b"\r\n");
+        }
+        for subject in &ack_subjects {
+            w.extend_from_slice(pub_header(subject, ACK_PAYLOAD.len()).as_bytes());
+            w.extend_from_slice(ACK_PAYLOAD);
             w.extend_from_slice(b"\r\n");
         }
         Ok(())
@@ -220,6 +254,7 @@ pub fn frame_outcome_replies(
         sent: PyBytes::new(py, &sent).unbind(),
         messages: planned.len(),
         payload_bytes,
+        acks: ack_subjects.len(),
     }))
 }
 

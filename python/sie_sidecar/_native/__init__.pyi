@@ -263,6 +263,8 @@ class FramedReplies:
     def messages(self) -> int: ...
     @property
     def payload_bytes(self) -> int: ...
+    @property
+    def acks(self) -> int: ...
 
 def frame_outcome_replies(
     deliveries: list[Any],
@@ -272,6 +274,7 @@ def frame_outcome_replies(
     current_hash: str | None,
     now: float,
     max_payload: int,
+    acks: bool = False,
 ) -> FramedReplies | None: ...
 
 @final

@@ -77,13 +77,16 @@ class Publisher:
     async def publish_framed(self, replies: wire.FramedReplies) -> bool:
         """Send a batch framed by `wire.frame_outcome_replies` (single replies only) in one write.
 
-        True when every framed reply was handed to the connection (items without a reply subject
-        were never sent and are always safe to ACK). No flush: see the module docstring.
+        True when every framed reply (and the ACKs framed after them, `acks`) was handed to the
+        connection (items without a reply subject were never sent and are always safe to ACK). No
+        flush: see the module docstring.
         """
-        if replies.messages == 0:
+        if replies.messages == 0 and replies.acks == 0:
             return True
         try:
-            await self._writer.publish_framed(replies.buffer, replies.messages, replies.payload_bytes)
+            await self._writer.publish_framed(
+                replies.buffer, replies.messages + replies.acks, replies.payload_bytes + 4 * replies.acks
+            )
         except Exception as exc:  # nats-py raises its own and OS errors; either way: not published
             self.stats.publish_error += replies.messages
             _warn.warning("reply publish failed", extra={"replies": replies.messages, "error": repr(exc)})

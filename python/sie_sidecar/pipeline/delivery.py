@@ -84,13 +84,38 @@ class Settler:
             self.counts.acked += 1
             await self._call(d, d.msg.ack())
 
+    def _finish_many(self, ds: Sequence[Delivery]) -> list[Delivery]:
+        """`_finish` for a batch: the capacity goes back with one `release(n)` per source."""
+        done: list[Delivery] = []
+        release = None
+        count = 0
+        for d in ds:
+            if d.settled:
+                log.error("delivery settled twice", extra={"subject": d.msg.subject})
+                continue
+            d.settled = True
+            done.append(d)
+            if d.release is not release and d.release != release:  # equal bound methods: one source
+                if release is not None and count:
+                    release(count)
+                release, count = d.release, 0
+            count += 1
+        if release is not None and count:
+            release(count)
+        return done
+
+    def acked_with_replies(self, ds: Sequence[Delivery]) -> None:
+        """The batch's ACKs went out in the same buffer as its replies (`frame_outcome_replies`
+        with `acks`): settle and count them, nothing left to write."""
+        self.counts.acked += len(self._finish_many(ds))
+
     async def ack_many(self, ds: Sequence[Delivery]) -> None:
         """ACK a batch of deliveries with one framed write (one `ack` each without a writer)."""
         if self._writer is None:
             for d in ds:
                 await self.ack(d)
             return
-        subjects = [d.msg.reply for d in ds if self._finish(d)]
+        subjects = [d.msg.reply for d in self._finish_many(ds)]
         self.counts.acked += len(subjects)
         try:
             await self._writer.ack_many(subjects)

@@ -104,7 +104,10 @@ class Dispatcher:
         quantum: QuantumController | None = None,
         payloads: PayloadStore | None = None,
         telemetry: Registry | None = None,
+        acks_with_replies: bool = False,
     ) -> None:
+        """`acks_with_replies`: `publisher` and `settler` write to one connection (the app's one
+        FramedWriter), so a batch's ACKs are framed after its replies in one buffer."""
         self._s = settings
         #: What the schedulers and batch calls record (queue depth, pending cost, batches in flight,
         #: batch sizes); the health heartbeat reads it.
@@ -136,6 +139,7 @@ class Dispatcher:
             config=self._config,
             quantum=quantum,
             on_retry=self._forget_ready,
+            acks_with_replies=acks_with_replies,
         )
         self._tokenizers = TokenizerRegistry()
         self._on_idle: Callable[[], None] | None = None

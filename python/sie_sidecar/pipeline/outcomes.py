@@ -53,7 +53,11 @@ class Outcomes:
         config: ConfigState,
         quantum: QuantumController | None,
         on_retry: Callable[[str], object],
+        acks_with_replies: bool = False,
     ) -> None:
+        """`acks_with_replies`: the publisher and the settler write to the same connection, so a
+        natively framed batch carries its ACKs after its replies (one write per batch)."""
+        self._acks_with_replies = acks_with_replies
         self._worker_id = worker_id
         self._nak_delay_ms = nak_delay_ms
         self._publisher = publisher
@@ -72,6 +76,7 @@ class Outcomes:
                 current_hash=self._config.current,
                 now=time.time(),
                 max_payload=self._publisher.max_payload,
+                acks=self._acks_with_replies,
             )
             if framed is not None:  # the common case: every reply framed natively in one call
                 if await self.settle_framed(ds, framed):
@@ -127,9 +132,12 @@ class Outcomes:
     async def settle_framed(self, ds: list[Delivery], framed: wire.FramedReplies) -> bool:
         """Publish a natively framed batch, flush, then ACK; on failure leave what was sent un-ACKed."""
         if await self._publisher.publish_framed(framed):
-            await self._settler.ack_many(ds)
+            if framed.acks:
+                self._settler.acked_with_replies(ds)
+            else:
+                await self._settler.ack_many(ds)
             return True
-        sent = framed.sent
+        sent = framed.sent  # nothing of the buffer went out, its ACKs neither
         await self._settler.ack_many([d for d, s in zip(ds, sent, strict=True) if not s])  # no reply subject
         for d, s in zip(ds, sent, strict=True):
             if s:

@@ -29,6 +29,7 @@ class FramedReplies:
     sent: bytes
     messages: int
     payload_bytes: int
+    acks: int = 0
 
 
 def _fetch_ms(delivery: Any) -> float | None:
@@ -45,11 +46,21 @@ def frame_outcome_replies(
     current_hash: str | None,
     now: float,
     max_payload: int,
+    acks: bool = False,
 ) -> FramedReplies | None:
     """Frame every reply, or `None` when the batch needs the general path. `deliveries` have
-    `.item` (a WorkItem) and `.worker_direct`; `now` is `time.time()` for `queue_ms`."""
+    `.item` (a WorkItem) and `.worker_direct` (and `.msg.reply`, the ACK subject, with `acks`);
+    `now` is `time.time()` for `queue_ms`. With `acks`, every delivery's `+ACK` follows the
+    replies in the same buffer."""
     if len(outcomes) != len(deliveries):
         return None
+    ack_subjects: list[bytes] = []
+    if acks:
+        for delivery in deliveries:
+            subject = str(delivery.msg.reply).encode()
+            if not subject or any(b <= 0x20 or b == 0x7F for b in subject):
+                return None  # the general path settles it one by one
+            ack_subjects.append(subject)
     parts: list[bytes] = []
     sent = bytearray(len(deliveries))
     messages = payload_bytes = 0
@@ -92,7 +103,9 @@ def frame_outcome_replies(
         sent[i] = 1
         messages += 1
         payload_bytes += len(encoded)
-    return FramedReplies(b"".join(parts), bytes(sent), messages, payload_bytes)
+    for subject in ack_subjects:
+        parts.append(b"PUB %s 4\r\n+ACK\r\n" % subject)
+    return FramedReplies(b"".join(parts), bytes(sent), messages, payload_bytes, len(ack_subjects))
 
 
 __all__ = ["FramedReplies", "frame_outcome_replies"]
