@@ -739,7 +739,7 @@ async def run_bench(args: argparse.Namespace, procs: Processes) -> dict[str, Any
     if args.py_spy:
         out = Path(args.keep_logs or tempfile.mkdtemp(prefix="sie-e2e-profile-"))
         # --nonblocking: pausing the process per sample slowed it and piled samples onto socket writes.
-        py_spy = [args.py_spy, "record", "--nonblocking", "--idle", "--function", "--rate", "200"]
+        py_spy = [args.py_spy, "record", "--nonblocking", "--function", "--rate", "250"]
         py_spy += ["--format", "raw", "-o", "{profile}"]
         run = await throughput_round(procs, "sidecar", 0, args, py_spy=py_spy, logs_to=out)
         print(f"profiled sidecar round: {run.items_per_s:,.0f} items/s under py-spy (not in the medians)")

@@ -1,9 +1,10 @@
 # SPDX-License-Identifier: Apache-2.0
-# The fast path of inbound NATS deliveries: complete `MSG <subject> <sid> [reply] <size>\r\n<payload>\r\n`
+# The fast path of inbound NATS deliveries: complete `MSG <subject> <sid> <reply> <size>\r\n<payload>\r\n`
 # frames at the head of the client's read buffer, for subscriptions registered as direct, are turned
-# into messages and handed over in one C loop (sie_sidecar/inbound.py). Anything else (HMSG, PING,
-# INFO, -ERR, another subscription, a frame not yet complete) stops the scan; nats-py's own parser
-# takes it from there. Twin: sie_sidecar.inbound.scan_direct_msgs_py.
+# into messages and handed over a run at a time in one C loop (sie_sidecar/bus/inbound.py). Anything
+# else (HMSG, a MSG without a reply subject, PING, INFO, -ERR, another subscription, a frame not yet
+# complete) stops the scan; nats-py's own parser takes it from there. Twin:
+# sie_sidecar.bus.inbound.scan_direct_msgs_py.
 
 from cpython.bytearray cimport PyByteArray_AS_STRING, PyByteArray_GET_SIZE
 from cpython.bytes cimport PyBytes_FromStringAndSize
@@ -44,25 +45,45 @@ cdef inline long long _parse_uint(const char* s, Py_ssize_t a, Py_ssize_t b) nog
     return v
 
 
+cdef object _new_msg(object msg_cls, object client, object subject, object reply, object payload, long long sid):
+    """A `msg_cls` (nats-py's `Msg` dataclass) without running its generated `__init__`: the instance
+    dict is filled directly (the other fields keep their class defaults). About a third of the call."""
+    cdef object msg = msg_cls.__new__(msg_cls)
+    cdef dict d = msg.__dict__
+    d["_client"] = client
+    d["subject"] = subject
+    d["reply"] = reply
+    d["data"] = payload
+    d["headers"] = None
+    d["_sid"] = sid
+    return msg
+
+
 def scan_direct_msgs(bytearray buf not None, dict direct not None, object client, object msg_cls):
-    """Deliver the complete direct MSG frames at the head of `buf`.
+    """Deliver the complete direct MSG frames at the head of `buf`, a run at a time.
+
+    Consecutive frames of one subscription are handed to its callback as one list (one call per
+    run, not per message). Only JetStream deliveries take this path: a MSG without a reply subject
+    stops the scan like any frame this does not own.
 
     Returns (bytes consumed, messages, payload bytes, stopped_mid_frame, error): the caller deletes the
     consumed prefix; `stopped_mid_frame` is True when the head is a direct frame still arriving (wait
     for more bytes rather than hand it to the slow parser); `error` is an exception a delivery
-    callback raised (the scan stops after that message, which counts as consumed).
+    callback raised (the scan stops after that run, which counts as consumed).
     """
     cdef Py_ssize_t n = PyByteArray_GET_SIZE(buf)
     cdef Py_ssize_t pos = 0, line_end, i, t0, t1, t2, t3, t4, t5, body, frame_end, limit
     cdef Py_ssize_t count = 0, nbytes = 0
-    cdef long long sid, size
+    cdef long long sid, size, run_sid = -1
     cdef const char* s
     cdef PyObject* found
-    cdef object deliver, subject, reply, payload, msg
+    cdef object deliver, subject, reply, payload
+    cdef object run_deliver = None
+    cdef list run = None
     cdef bint partial = False
     cdef object error = None
     while pos < n:
-        s = PyByteArray_AS_STRING(buf)  # re-read: a callback could have resized the buffer
+        s = PyByteArray_AS_STRING(buf)
         n = PyByteArray_GET_SIZE(buf)
         if n - pos < 4:
             partial = s[pos] == c'M'
@@ -98,13 +119,11 @@ def scan_direct_msgs(bytearray buf not None, dict direct not None, object client
         sid = _parse_uint(s, t2, t3)
         if sid < 0:
             break
-        if i < line_end:  # a fourth token: [reply] was present
-            size = _parse_uint(s, i, _token_end(s, i, line_end))
-            if _skip_space(s, _token_end(s, i, line_end), line_end) != line_end:
-                break
-        else:
-            size = _parse_uint(s, t4, t5)
-            t4 = t5  # no reply
+        if i >= line_end:
+            break  # no reply subject: not a JetStream delivery; nats-py's parser takes it
+        size = _parse_uint(s, i, _token_end(s, i, line_end))
+        if _skip_space(s, _token_end(s, i, line_end), line_end) != line_end:
+            break
         if size < 0:
             break
         found = PyDict_GetItemWithError(direct, sid)
@@ -120,17 +139,27 @@ def scan_direct_msgs(bytearray buf not None, dict direct not None, object client
         deliver = <object>found
         try:
             subject = PyUnicode_DecodeUTF8(s + t0, t1 - t0, "strict")
-            reply = PyUnicode_DecodeUTF8(s + t4, t5 - t4, "strict") if t5 > t4 else ""
+            reply = PyUnicode_DecodeUTF8(s + t4, t5 - t4, "strict")
         except UnicodeDecodeError:
             break  # nats-py's parser decides what a non-UTF-8 subject means
         payload = PyBytes_FromStringAndSize(s + body, <Py_ssize_t>size)
+        if run is not None and sid != run_sid:
+            try:
+                run_deliver(run)
+            except BaseException as exc:
+                error = exc
+                run = None
+                break
+            run = None
+        if run is None:
+            run, run_sid, run_deliver = [], sid, deliver
+        run.append(_new_msg(msg_cls, client, subject, reply, payload, sid))
         pos = frame_end
         count += 1
         nbytes += <Py_ssize_t>size
-        msg = msg_cls(_client=client, subject=subject, reply=reply, data=payload, headers=None, _sid=sid)
+    if run is not None:
         try:
-            deliver(msg)
+            run_deliver(run)
         except BaseException as exc:
             error = exc
-            break
     return pos, count, nbytes, partial, error

@@ -26,7 +26,7 @@ frame = st.builds(
 
 def _scan(scanner: object, data: bytes) -> tuple[object, list[tuple[str, str, bytes]]]:
     got: list[Msg] = []
-    result = scanner(bytearray(data), {1: got.append, 2**40: got.append}, None, Msg)  # type: ignore[operator]
+    result = scanner(bytearray(data), {1: got.extend, 2**40: got.extend}, None, Msg)  # type: ignore[operator]
     return result[:4], [(m.subject, m.reply, m.data) for m in got]
 
 

@@ -4,6 +4,7 @@ they do not own, and never consume a frame that has not fully arrived."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -22,7 +23,7 @@ def run(
     scanner: Any, data: bytes
 ) -> tuple[tuple[int, int, int, bool, object], list[tuple[str, str, bytes, int | None]]]:
     got: list[Msg] = []
-    direct = {sid: got.append for sid in DIRECT_SIDS}
+    direct = {sid: got.extend for sid in DIRECT_SIDS}
     consumed, count, nbytes, partial, error = scanner(bytearray(data), direct, None, Msg)
     return (consumed, count, nbytes, partial, error), [(m.subject, m.reply, m.data, m._sid) for m in got]
 
@@ -31,29 +32,72 @@ def run(
 def test_direct_frames_are_delivered_until_a_foreign_one(name: str) -> None:
     data = (
         b"MSG _INBOX.a 7 $JS.ACK.s.c.1.2.3.4.5 5\r\nhello\r\n"
-        b"MSG _INBOX.a\t7  2\r\nhi\r\n"
+        b"MSG _INBOX.a\t7  $JS.ACK.s.c.1.3.4.5.6 2\r\nhi\r\n"
         b"HMSG _INBOX.a 7 22 22\r\nNATS/1.0 408 Timeout\r\n\r\n\r\n"
         b"MSG _INBOX.a 7 1\r\nz\r\n"
     )
     (consumed, count, nbytes, partial, error), msgs = run(SCANNERS[name], data)
-    assert msgs == [("_INBOX.a", "$JS.ACK.s.c.1.2.3.4.5", b"hello", 7), ("_INBOX.a", "", b"hi", 7)]
+    assert msgs == [
+        ("_INBOX.a", "$JS.ACK.s.c.1.2.3.4.5", b"hello", 7),
+        ("_INBOX.a", "$JS.ACK.s.c.1.3.4.5.6", b"hi", 7),
+    ]
     assert (count, nbytes, partial, error) == (2, 7, False, None)
     assert data[consumed:].startswith(b"HMSG")  # left for nats-py's parser
+
+
+@pytest.mark.parametrize("name", sorted(SCANNERS))
+def test_a_msg_without_a_reply_subject_is_left_to_nats_py(name: str) -> None:
+    """Only JetStream deliveries (they always carry an ACK subject) take the fast path."""
+    data = b"MSG _INBOX.a 7 $JS.ACK.x 1\r\na\r\nMSG _INBOX.a 7 1\r\nb\r\n"
+    (consumed, count, _, partial, _), msgs = run(SCANNERS[name], data)
+    assert (count, partial, [m[2] for m in msgs]) == (1, False, [b"a"])
+    assert data[consumed:] == b"MSG _INBOX.a 7 1\r\nb\r\n"
+
+
+@pytest.mark.parametrize("name", sorted(SCANNERS))
+def test_each_run_of_one_subscription_is_one_call(name: str) -> None:
+    """Consecutive frames of a subscription arrive as one list; a change of subscription starts a run."""
+    calls: list[tuple[int, list[bytes]]] = []
+
+    def recorder(sid: int) -> Callable[[list[Msg]], None]:
+        return lambda msgs: calls.append((sid, [m.data for m in msgs]))
+
+    direct = {sid: recorder(sid) for sid in DIRECT_SIDS}
+    frames = [(3, b"a"), (3, b"b"), (3, b"c"), (7, b"d"), (3, b"e"), (3, b"f")]
+    data = b"".join(b"MSG _INBOX.x %d $JS.ACK.y %d\r\n%s\r\n" % (sid, len(p), p) for sid, p in frames)
+    consumed, count, _, _, error = SCANNERS[name](bytearray(data), direct, None, Msg)
+    assert (consumed, count, error) == (len(data), 6, None)
+    assert calls == [(3, [b"a", b"b", b"c"]), (7, [b"d"]), (3, [b"e", b"f"])]
+
+
+def test_messages_are_nats_msgs_with_their_defaults() -> None:
+    """Made without the dataclass `__init__`: every field still reads as nats-py's own would."""
+    (_, _, _, _, _), _ = run(scan_direct_msgs, b"")
+    got: list[Msg] = []
+    scan_direct_msgs(bytearray(b"MSG s 3 $JS.ACK.r 2\r\nhi\r\n"), {3: got.extend}, "client", Msg)
+    twin: list[Msg] = []
+    scan_direct_msgs_py(bytearray(b"MSG s 3 $JS.ACK.r 2\r\nhi\r\n"), {3: twin.extend}, "client", Msg)
+    expected = Msg(_client="client", subject="s", reply="$JS.ACK.r", data=b"hi", headers=None, _sid=3)  # type: ignore[arg-type]
+    for msg in (got[0], twin[0]):
+        assert type(msg) is Msg and msg == expected
+        assert (msg.is_acked, msg.headers, msg.sid, msg._metadata) == (False, None, 3, None)
 
 
 @pytest.mark.parametrize("name", sorted(SCANNERS))
 @pytest.mark.parametrize(
     ("data", "partial"),
     [
-        (b"MSG _INBOX.a 7 5\r\nhel", True),  # payload still arriving
-        (b"MSG _INBOX.a 7 5", True),  # control line still arriving
+        (b"MSG _INBOX.a 7 r 5\r\nhel", True),  # payload still arriving
+        (b"MSG _INBOX.a 7 5\r\nhel", False),  # no reply subject: nats-py's, even while arriving
+        (b"MSG _INBOX.a 7 r 5", True),  # control line still arriving
         (b"MS", True),
-        (b"MSG _INBOX.a 9 1\r\nx\r\n", False),  # not a registered subscription
+        (b"MSG _INBOX.a 9 r 1\r\nx\r\n", False),  # not a registered subscription
         (b"PING\r\n", False),
-        (b"MSG _INBOX.a 7 1\r\nxy\r\n", False),  # size does not match: nats-py reports it
-        (b"MSG _INBOX.a 7 -1\r\n\r\n", False),
-        (b"MSG _INBOX.a x 1\r\nx\r\n", False),
-        (b"MSG \xff 7 1\r\nx\r\n", False),  # a subject that is not UTF-8
+        (b"MSG _INBOX.a 7 r 1\r\nxy\r\n", False),  # size does not match: nats-py reports it
+        (b"MSG _INBOX.a 7 r -1\r\n\r\n", False),
+        (b"MSG _INBOX.a x r 1\r\nx\r\n", False),
+        (b"MSG \xff 7 r 1\r\nx\r\n", False),  # a subject that is not UTF-8
+        (b"MSG _INBOX.a 7 \xff 1\r\nx\r\n", False),  # a reply subject that is not UTF-8
     ],
 )
 def test_nothing_is_consumed_that_is_not_a_complete_direct_frame(name: str, data: bytes, partial: bool) -> None:
@@ -63,15 +107,17 @@ def test_nothing_is_consumed_that_is_not_a_complete_direct_frame(name: str, data
 
 
 @pytest.mark.parametrize("name", sorted(SCANNERS))
-def test_a_failing_callback_stops_the_scan_after_its_message(name: str) -> None:
+def test_a_failing_callback_stops_the_scan_after_its_run(name: str) -> None:
     boom = RuntimeError("boom")
+    got: list[Msg] = []
 
-    def deliver(msg: Msg) -> None:
+    def deliver(msgs: list[Msg]) -> None:
         raise boom
 
-    data = b"MSG a 7 1\r\nx\r\nMSG a 7 1\r\ny\r\n"
-    consumed, count, _, _, error = SCANNERS[name](bytearray(data), {7: deliver}, None, Msg)
-    assert (consumed, count, error) == (14, 1, boom)
+    first = b"MSG a 7 r 1\r\nx\r\nMSG a 7 r 1\r\ny\r\n"
+    data = first + b"MSG a 3 r 1\r\nz\r\nMSG a 7 r 1\r\nw\r\n"
+    consumed, count, _, _, error = SCANNERS[name](bytearray(data), {7: deliver, 3: got.extend}, None, Msg)
+    assert (consumed, count, error, got) == (len(first), 2, boom, [])
 
 
 tokens = st.text(alphabet="abcdefgh._>*$", min_size=1, max_size=12)

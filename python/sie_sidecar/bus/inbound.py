@@ -4,8 +4,9 @@
 nats-py parses every frame in Python (a regex match, an awaited `_process_msg`, header processing,
 a queue put): several µs a message, which is the largest per-message cost left in the sidecar. A
 parser installed here first hands the complete `MSG` frames of *registered* subscriptions at the
-head of the buffer to `scan_direct_msgs` (Cython: one C loop, a `Msg` per frame, the consumer's
-callback called synchronously), and leaves everything else to nats-py's own parser, unchanged.
+head of the buffer to `scan_direct_msgs` (Cython: one C loop, a `Msg` per frame made without its
+dataclass `__init__`, the consumer's callback called synchronously once per run of frames), and
+leaves everything else to nats-py's own parser, unchanged.
 
 It relies on nats-py internals (`Client._ps`, `Parser.buf` / `state`, `AWAITING_CONTROL_LINE`):
 `FastInbound.install` checks them and returns `None` when they changed, and
@@ -26,28 +27,51 @@ from ..wire._switch import USING_NATIVE
 
 log = logging.getLogger(__name__)
 
-Deliver = Callable[[Msg], None]
+DeliverRun = Callable[[list[Msg]], None]
 ScanResult = tuple[int, int, int, bool, BaseException | None]
 
 _TOKEN = rb"[^ \t\r\n\f\v]+"
-_MSG_LINE = re.compile(rb"MSG[ \t]+(%s)[ \t]+(%s)[ \t]+(?:(%s)[ \t]+)?(\d+)[ \t]*\r\n" % (_TOKEN, _TOKEN, _TOKEN))
+_MSG_LINE = re.compile(rb"MSG[ \t]+(%s)[ \t]+(%s)[ \t]+(%s)[ \t]+(\d+)[ \t]*\r\n" % (_TOKEN, _TOKEN, _TOKEN))
 _MAX_CONTROL_LINE = 4096
 
 
-def scan_direct_msgs_py(buf: bytearray, direct: dict[int, Deliver], client: Any, msg_cls: Any) -> ScanResult:
+def _new_msg(msg_cls: Any, client: Any, subject: str, reply: str, payload: bytes, sid: int) -> Any:  # noqa: PLR0917
+    """A `msg_cls` with its instance dict filled directly, as the Cython scanner makes it."""
+    msg = msg_cls.__new__(msg_cls)
+    msg.__dict__.update(_client=client, subject=subject, reply=reply, data=payload, headers=None, _sid=sid)
+    return msg
+
+
+def scan_direct_msgs_py(buf: bytearray, direct: dict[int, DeliverRun], client: Any, msg_cls: Any) -> ScanResult:
     """Pure-Python twin of the Cython scanner (same results; used by the parity tests)."""
     pos = count = nbytes = 0
+    run: list[Any] | None = None
+    run_sid = -1
+    run_deliver: DeliverRun | None = None
+
+    def flush() -> BaseException | None:
+        if run is None or run_deliver is None:
+            return None
+        try:
+            run_deliver(run)
+        except BaseException as exc:  # mirrors the Cython scanner: report, stop after this run
+            return exc
+        return None
+
+    partial = False
     while pos < len(buf):
         if len(buf) - pos < 4:
-            return pos, count, nbytes, buf.startswith(b"M", pos), None
+            partial = buf.startswith(b"M", pos)
+            break
         if not buf.startswith(b"MSG", pos) or buf[pos + 3] not in b" \t":
             break
         line_end = buf.find(b"\r\n", pos + 4, min(len(buf), pos + _MAX_CONTROL_LINE))
         if line_end < 0:
-            return pos, count, nbytes, min(len(buf), pos + _MAX_CONTROL_LINE) == len(buf), None
+            partial = min(len(buf), pos + _MAX_CONTROL_LINE) == len(buf)
+            break
         m = _MSG_LINE.fullmatch(bytes(buf[pos : line_end + 2]))
         if m is None or len(m.group(2)) > 18 or not m.group(2).isdigit() or len(m.group(4)) > 18:
-            break
+            break  # also a MSG without a reply subject: not a JetStream delivery
         sid, size = int(m.group(2)), int(m.group(4))
         deliver = direct.get(sid)
         if deliver is None:
@@ -55,24 +79,30 @@ def scan_direct_msgs_py(buf: bytearray, direct: dict[int, Deliver], client: Any,
         body = line_end + 2
         frame_end = body + size + 2
         if frame_end > len(buf):
-            return pos, count, nbytes, True, None
+            partial = True
+            break
         if buf[frame_end - 2 : frame_end] != b"\r\n":
             break
         try:
             subject = m.group(1).decode()
-            reply = m.group(3).decode() if m.group(3) else ""
+            reply = m.group(3).decode()
         except UnicodeDecodeError:
             break
         payload = bytes(buf[body : body + size])
+        if run is not None and sid != run_sid:
+            error = flush()
+            run = None
+            if error is not None:
+                return pos, count, nbytes, False, error
+        if run is None:
+            run, run_sid, run_deliver = [], sid, deliver
+        run.append(_new_msg(msg_cls, client, subject, reply, payload, sid))
         pos, count, nbytes = frame_end, count + 1, nbytes + size
-        try:
-            deliver(msg_cls(_client=client, subject=subject, reply=reply, data=payload, headers=None, _sid=sid))
-        except BaseException as exc:  # mirrors the Cython scanner: report, stop after this message
-            return pos, count, nbytes, False, exc
-    return pos, count, nbytes, False, None
+    error = flush()
+    return pos, count, nbytes, partial, error
 
 
-def _select_scanner() -> Callable[[bytearray, dict[int, Deliver], Any, Any], ScanResult]:
+def _select_scanner() -> Callable[[bytearray, dict[int, DeliverRun], Any, Any], ScanResult]:
     if USING_NATIVE:
         from .._native.wire import scan_direct_msgs
 
@@ -87,7 +117,7 @@ class _FastParser(nats_parser.Parser):
     """nats-py's parser with the direct-MSG fast path in front (the instance's class is swapped in
     place, so its buffer and state carry over and `reset()` on reconnect keeps working)."""
 
-    _direct: dict[int, Deliver]
+    _direct: dict[int, DeliverRun]
     _fast: FastInbound
 
     async def parse(self, data: bytes = b"") -> None:
@@ -139,11 +169,12 @@ class FastInbound:
         nc._sie_fast_inbound = fast
         return fast
 
-    def register(self, sid: int, deliver: Deliver) -> None:
+    def register(self, sid: int, deliver: DeliverRun) -> None:
+        """`deliver` receives each run of consecutive direct frames of `sid` as one list."""
         self._parser._direct[sid] = deliver
 
     def unregister(self, sid: int) -> None:
         self._parser._direct.pop(sid, None)
 
 
-__all__ = ["Deliver", "FastInbound", "scan_direct_msgs", "scan_direct_msgs_py"]
+__all__ = ["DeliverRun", "FastInbound", "scan_direct_msgs", "scan_direct_msgs_py"]

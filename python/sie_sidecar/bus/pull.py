@@ -415,6 +415,24 @@ class PullConsumer:
 
         return on_msg
 
+    def _make_direct_run(self, gen: int) -> Callable[[list[Msg]], None]:
+        """The fast path's callback: a run of JetStream deliveries (every one has an ACK subject;
+        status messages never take this path), accounted for at once."""
+
+        def on_run(msgs: list[Msg]) -> None:
+            try:
+                accepted = self._accept_run(msgs, gen)
+            except Exception:  # never let a bug here break nats-py's reader loop
+                logger.exception("pull delivery failed", extra={"stream": self.stream, "consumer": self.durable})
+                accepted = False
+            if not accepted:
+                for msg in msgs:  # a retired inbox or after stop(): hand them back, once our requests are gone
+                    task = asyncio.ensure_future(self._nak_late(msg))
+                    self._naks.add(task)
+                    task.add_done_callback(self._naks.discard)
+
+        return on_run
+
     def _late_delay_s(self) -> float:
         """The NAK delay for a message this consumer will not handle: past the life of every pull
         request it sent (else the server hands the message straight back to one of them), and while
@@ -455,6 +473,26 @@ class PullConsumer:
         self._high_water = max(self._high_water, self._unsettled)
         self.stats.messages += 1
         self._buffer.append(msg)
+        self._data.set()
+        if self._credit < self._low_water:
+            self._kick.set()
+        return True
+
+    def _accept_run(self, msgs: list[Msg], gen: int) -> bool:
+        """`_accept` for a run of deliveries with ACK subjects, counted once."""
+        if gen != self._gen or self._stopped:
+            self.stats.stale_naks += len(msgs)
+            return False
+        n = len(msgs)
+        self._last_activity = time.monotonic()
+        self._status_streak = 0
+        granted = min(n, self._credit)
+        self._credit -= granted
+        self.stats.excess += n - granted
+        self._unsettled += n
+        self._high_water = max(self._high_water, self._unsettled)
+        self.stats.messages += n
+        self._buffer.extend(msgs)
         self._data.set()
         if self._credit < self._low_water:
             self._kick.set()
@@ -616,10 +654,9 @@ class PullConsumer:
             sub = await self._nc.subscribe(inbox, pending_bytes_limit=0)
             if direct_delivery_supported(sub):
                 # No await between subscribing and this: nothing can have been delivered yet.
-                deliver = self._make_direct(gen)
-                sub._pending_queue = _DirectQueue(sub, deliver)  # type: ignore[assignment]
+                sub._pending_queue = _DirectQueue(sub, self._make_direct(gen))  # type: ignore[assignment]
                 if self._fast is not None:
-                    self._fast.register(sub._id, deliver)
+                    self._fast.register(sub._id, self._make_direct_run(gen))
             else:
                 logger.warning("nats-py internals changed; using callback delivery")
                 self._direct = False
@@ -678,7 +715,11 @@ class PullConsumer:
 
     def _take(self, n: int) -> list[Msg]:
         buf = self._buffer
-        return [buf.popleft() for _ in range(min(n, len(buf)))]
+        if n >= len(buf):
+            taken = list(buf)
+            buf.clear()
+            return taken
+        return [buf.popleft() for _ in range(n)]
 
     def _reconnects(self) -> int:
         return int(self._nc.stats.get("reconnects", 0))

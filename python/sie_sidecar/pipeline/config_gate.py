@@ -5,6 +5,12 @@ config of a later issue moves `current` under the execution barrier."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ..wire.workitem import WorkItem
+
 
 class ConfigState:
     """The worker's advertised bundle-config hash; `None` until one is known (then every hash passes)."""
@@ -15,6 +21,13 @@ class ConfigState:
     def accepts(self, item_hash: str) -> bool:
         """An empty (legacy) hash always passes; otherwise it must equal the current one."""
         return not item_hash or self.current is None or item_hash == self.current
+
+    def accepts_all(self, items: Iterable[WorkItem | None]) -> bool:
+        """`accepts` for every item; one attribute read per item only while a hash is current."""
+        current = self.current
+        if current is None:
+            return True
+        return all(item is None or not item.bundle_config_hash or item.bundle_config_hash == current for item in items)
 
     def adopt(self, backend_hash: str) -> None:
         """Take the backend's hash when the worker has none yet (first ready Ping)."""

@@ -33,7 +33,7 @@ from ..telemetry import BATCH_COST, BATCH_SIZE, Registry
 from ..wire.workitem import WorkItem
 from .config_gate import ConfigState
 from .delivery import Delivery, Settler
-from .intake import ACCEPT, NAK, Intake
+from .intake import Intake
 from .outcomes import Outcomes, ReplySink
 
 log = logging.getLogger(__name__)
@@ -85,6 +85,25 @@ class _Model:
     ready: tuple[float, ReadyResponse] | None = None
     supports_run_batch: bool = True
     batch_budget: int | None = None
+
+
+def _split_by_op(ds: list[Delivery]) -> tuple[dict[tuple[str, str], list[Delivery]], list[Delivery]]:
+    """The (operation, LoRA key) groups of a model group, and the items of unknown operations. The
+    common case, one known operation and no options anywhere, is one pass without a call per item."""
+    first = ds[0].item
+    assert first is not None
+    op = first.operation
+    if op in KNOWN_OPS and all(d.item is not None and d.item.operation == op and not d.item.options for d in ds):
+        return {(op, ""): ds}, []
+    by_op: dict[tuple[str, str], list[Delivery]] = defaultdict(list)
+    unknown: list[Delivery] = []
+    for d in ds:
+        assert d.item is not None
+        if d.item.operation in KNOWN_OPS:
+            by_op[(d.item.operation, lora_key(d.item))].append(d)
+        else:
+            unknown.append(d)
+    return by_op, unknown
 
 
 class Dispatcher:
@@ -183,18 +202,17 @@ class Dispatcher:
 
     async def handle(self, messages: Sequence[Any], release: Callable[[int], None] | None = None) -> None:
         """Settle every message of one pulled batch exactly once; `release` returns pull capacity."""
-        groups: dict[str, list[Delivery]] = defaultdict(list)
-        intake = self._intake.verdict
-        for msg in messages:
-            d, verdict = intake(msg, release)
-            if verdict is ACCEPT:
-                groups[d.model].append(d)
-            elif verdict is NAK:
-                await self._settler.nak(d, self._s.nak_delay_ms)
-            else:
-                await self._settler.drop(d)
+        groups, naks, drops = self._intake.verdicts(messages, release)
+        for d in naks:
+            await self._settler.nak(d, self._s.nak_delay_ms)
+        for d in drops:
+            await self._settler.drop(d)
         if groups:
-            await asyncio.gather(*(self._run_group(model, ds) for model, ds in groups.items()))
+            if len(groups) == 1:  # the usual pull: one model, no task per group
+                model, ds = next(iter(groups.items()))
+                await self._run_group(model, ds)
+            else:
+                await asyncio.gather(*(self._run_group(model, ds) for model, ds in groups.items()))
 
     async def _drop_cancelled(self, ds: list[Delivery]) -> list[Delivery]:
         if not self._intake.any_tombstones():
@@ -225,7 +243,7 @@ class Dispatcher:
         ds = await self._drop_cancelled(ds)
         if not ds:
             return
-        if any(not self._config.accepts(d.item.bundle_config_hash) for d in ds if d.item):
+        if not self._config.accepts_all(d.item for d in ds):
             await self._out.nak_all(ds, base)
             return
         ready = await self._wait_ready(model, ds)
@@ -241,14 +259,7 @@ class Dispatcher:
         if len(ds) > budget:
             await self._out.nak_all(ds[budget:], OVERFLOW_NAK_MS)
             ds = ds[:budget]
-        by_op: dict[tuple[str, str], list[Delivery]] = defaultdict(list)
-        unknown: list[Delivery] = []
-        for d in ds:
-            assert d.item is not None
-            if d.item.operation in KNOWN_OPS:
-                by_op[(d.item.operation, lora_key(d.item))].append(d)
-            else:
-                unknown.append(d)
+        by_op, unknown = _split_by_op(ds)
         if unknown:
             await self._out.publish_errors(unknown, BAD_OPERATION, "unknown operation", nak_on_failure=True)
         lane = self._lane(model)
@@ -265,7 +276,13 @@ class Dispatcher:
             if "encode" in {op for op, _ in by_op}
             else None
         )
-        await asyncio.gather(*(self._enqueue(lane, op, lora, part, tokenizer) for (op, lora), part in by_op.items()))
+        if len(by_op) == 1:
+            (op, lora), part = next(iter(by_op.items()))
+            await self._enqueue(lane, op, lora, part, tokenizer)
+        else:
+            await asyncio.gather(
+                *(self._enqueue(lane, op, lora, part, tokenizer) for (op, lora), part in by_op.items())
+            )
 
     async def _wait_ready(self, model: str, ds: list[Delivery]) -> ReadyResponse | None:
         """The v0.7.1 readiness loop: progress-ACK and re-probe while the model loads."""
@@ -450,7 +467,7 @@ class Dispatcher:
         if not ds:
             return None
         # The config barrier, right before execution: any non-empty hash must still be current.
-        if any(not self._config.accepts(d.item.bundle_config_hash) for d in ds if d.item):
+        if not self._config.accepts_all(d.item for d in ds):
             await self._out.nak_all(ds, base)
             return None
         items = [d.item for d in ds if d.item is not None]

@@ -5,7 +5,7 @@ that cancellation consults at every later stage (before payload fetch, after it,
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Final, Literal
 
 from .. import wire
@@ -32,26 +32,81 @@ class Intake:
     def __init__(self, tombstones: Any = None, batch_tombstones: Any = None) -> None:
         self.tombstones = tombstones if tombstones is not None else wire.TombstoneSet()
         self.batch_tombstones = batch_tombstones if batch_tombstones is not None else wire.BatchTombstones()
-        self._subject_models: dict[str, str | None] = {}
+        self._subjects: dict[str, tuple[str | None, bool]] = {}
+
+    def _subject_info(self, subject: str) -> tuple[str | None, bool]:
+        """The model token of a work subject and whether it is worker-direct, remembered per subject
+        (a worker sees few of them)."""
+        cache = self._subjects
+        info = cache.get(subject)
+        if info is None:
+            info = (wire.model_from_subject(subject), wire.is_worker_direct_subject(subject))
+            if len(cache) >= SUBJECT_CACHE_SIZE:
+                cache.clear()
+            cache[subject] = info
+        return info
 
     def _model_of(self, subject: str) -> str | None:
-        """The model token of a work subject, remembered per subject (a worker sees few of them)."""
-        cache = self._subject_models
-        try:
-            return cache[subject]
-        except KeyError:
-            pass
-        model = wire.model_from_subject(subject)
-        if len(cache) >= SUBJECT_CACHE_SIZE:
-            cache.clear()
-        cache[subject] = model
-        return model
+        return self._subject_info(subject)[0]
+
+    def verdicts(
+        self, messages: Sequence[SettleHandle], release: Callable[[int], None] | None
+    ) -> tuple[dict[str, list[Delivery]], list[Delivery], list[Delivery]]:
+        """`verdict` for a whole pulled batch: the accepted deliveries grouped by model (arrival
+        order kept), then those to NAK and those to ACK-drop. The checks are `verdict`'s; the
+        common case (a decodable item for a known subject, no tombstones) costs no call per item."""
+        groups: dict[str, list[Delivery]] = {}
+        naks: list[Delivery] = []
+        drops: list[Delivery] = []
+        subject_info = self._subject_info
+        decode = decode_work_item
+        safe_reply = wire.is_safe_reply_subject
+        check_cancel = self.any_tombstones()
+        last_subject: str | None = None
+        model: str | None = None
+        direct = False
+        for msg in messages:
+            subject = msg.subject
+            if subject != last_subject:
+                model, direct = subject_info(subject)
+                last_subject = subject
+            d = Delivery(msg=msg, worker_direct=direct, release=release)
+            if model is None:
+                naks.append(d)
+                continue
+            try:
+                d.item = item = decode(msg.data)
+            except WorkItemError as exc:
+                _warn.warning("undecodable WorkItem", key=subject, extra={"subject": subject, "error": str(exc)})
+                naks.append(d)
+                continue
+            if not safe_reply(item.reply_subject):
+                _warn.warning("unsafe reply subject; dropped", key=subject, extra={"item": item.work_item_id})
+                drops.append(d)
+                continue
+            if check_cancel and item.operation != "generate" and self.cancelled(d):
+                drops.append(d)
+                continue
+            if item.model_id != model:
+                _warn.warning(
+                    "payload model differs from the subject; the subject wins",
+                    key=subject,
+                    extra={"item": item.work_item_id},
+                )
+                item.model_id = model
+            d.model = model
+            group = groups.get(model)
+            if group is None:
+                groups[model] = [d]
+            else:
+                group.append(d)
+        return groups, naks, drops
 
     def verdict(self, msg: SettleHandle, release: Callable[[int], None] | None) -> tuple[Delivery, Verdict]:
         """§4.1 checks for one message, without awaiting: the verdict says how `handle` settles it."""
         subject: str = msg.subject
-        d = Delivery(msg=msg, worker_direct=wire.is_worker_direct_subject(subject), release=release)
-        model = self._model_of(subject)
+        model, direct = self._subject_info(subject)
+        d = Delivery(msg=msg, worker_direct=direct, release=release)
         if model is None:
             return d, NAK
         try:

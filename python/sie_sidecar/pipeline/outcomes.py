@@ -80,11 +80,7 @@ class Outcomes:
             )
             if framed is not None:  # the common case: every reply framed natively in one call
                 if await self.settle_framed(ds, framed):
-                    self.observe(
-                        (d.item, o.inference_ms, o.postprocessing_ms)
-                        for d, o, sent in zip(ds, outcome.outcomes, framed.sent, strict=True)
-                        if sent and o.disposition == "publish_and_ack" and d.item is not None
-                    )
+                    self._observe_framed(ds, outcome.outcomes, framed.sent)
                 return
         base = self._nak_delay_ms
         waiting: dict[str, deque[Delivery]] = defaultdict(deque)
@@ -119,6 +115,26 @@ class Outcomes:
             for d in queue:
                 await self._settler.nak(d, base)  # no outcome for this item
         await self.publish_and_settle(to_publish, nak_on_failure=False)
+
+    def _observe_framed(self, ds: list[Delivery], outcomes: list[Any], sent: bytes) -> None:
+        """`observe` for a natively framed batch: one window update for the whole batch."""
+        q = self._quantum
+        if q is None:
+            return
+        if q.include_queue_ms:
+            self.observe(
+                (d.item, o.inference_ms, o.postprocessing_ms)
+                for d, o, s in zip(ds, outcomes, sent, strict=True)
+                if s and o.disposition == "publish_and_ack" and d.item is not None
+            )
+            return
+        q.observe_totals(
+            [
+                (o.inference_ms or 0.0) + (o.postprocessing_ms or 0.0)
+                for o, s in zip(outcomes, sent, strict=True)
+                if s and o.disposition == "publish_and_ack"
+            ]
+        )
 
     def observe(self, items: Iterable[tuple[WorkItem, float | None, float | None]]) -> None:
         """Feed the quantum controller one latency sample per published `publish_and_ack` item."""

@@ -71,6 +71,10 @@ class QuantumController:
     def quantum_s(self) -> float:
         return self.quantum_ms() / 1000.0
 
+    def observe_totals(self, totals: Iterable[float]) -> None:
+        """Many items' (inference + postprocessing) ms at once; only when `include_queue_ms` is off."""
+        self.window.extend(totals)
+
     def observe(self, inference_ms: float | None, postprocessing_ms: float | None, queue_ms: float | None) -> None:
         """One published `publish_and_ack` item; missing values count as 0."""
         total = (inference_ms or 0.0) + (postprocessing_ms or 0.0)

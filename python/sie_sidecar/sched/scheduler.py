@@ -231,10 +231,11 @@ class ModelScheduler(Generic[T]):
         if former is None:
             former = self._formers[key] = self._new_former(self.config.max_batch_cost, self.config.max_batch_wait_ms)
         now = self._clock()
-        ids = [next(self._ids) for _ in items]
-        for i, item, cost in zip(ids, items, costs, strict=True):
-            self._items[i] = (item, now)
-            self._costs[i] = cost
+        first = next(self._ids)
+        ids = list(range(first, first + len(items)))
+        self._ids = itertools.count(first + len(items))
+        self._items.update(zip(ids, zip(items, itertools.repeat(now)), strict=True))
+        self._costs.update(zip(ids, costs, strict=True))
         if hard_caps is not None:
             for i, cap in zip(ids, hard_caps, strict=True):
                 if cap is not None:
@@ -449,24 +450,26 @@ class ModelScheduler(Generic[T]):
     def _take(self, key: Key, batch: FormedBatch, role: Role) -> Formed[T]:
         self.flushes[batch.reason] = self.flushes.get(batch.reason, 0) + 1
         costs = self._costs
-        taken_cost = sum(costs.pop(i, 0) for i in batch.ids)  # the items' own costs: no drift
+        ids = batch.ids
+        taken_cost = sum(map(costs.pop, ids, itertools.repeat(0)))  # the items' own costs: no drift
         if self._caps:
-            for i in batch.ids:
+            for i in ids:
                 self._caps.pop(i, None)
         if self._progressed:
-            for i in batch.ids:
+            for i in ids:
                 self._progressed.pop(i, None)
-        taken = [self._items.pop(i) for i in batch.ids]
+        taken = list(map(self._items.pop, ids))
         self._queued.add(-len(taken))
         self._queued_cost.add(-taken_cost)
+        items, enqueued_at = (list(column) for column in zip(*taken, strict=True)) if taken else ([], [])
         return Formed(
             op=key[0],
             lora=key[1],
-            items=[item for item, _ in taken],
+            items=items,
             total_cost=batch.total_cost,
             reason=batch.reason,
             role=role,
-            enqueued_at=[at for _, at in taken],
+            enqueued_at=enqueued_at,
         )
 
     def _alone(self, key: Key, batch: FormedBatch) -> bool:
