@@ -1109,3 +1109,18 @@ def test_derived_pull_ahead_holds_the_in_flight_batches_within_the_bounds() -> N
     assert limits.pull_outstanding_for(12, 1000) == 64  # never below the configured default
     assert limits.pull_outstanding_for(512, 1000) == 1000  # the server delivers no more than max_ack_pending
     assert limits.pull_outstanding_for(4096, 100_000) == config.MAX_DERIVED_OUTSTANDING
+
+
+def test_the_steady_state_gc_freezes_start_up_and_collects_young_objects_less_often() -> None:
+    import gc
+
+    from sie_sidecar import app
+
+    before, frozen = gc.get_threshold(), gc.get_freeze_count()
+    try:
+        app.tune_gc_for_steady_state()
+        assert gc.get_threshold() == (app.GC_GEN0_THRESHOLD, before[1], before[2])
+        assert gc.get_freeze_count() > frozen
+    finally:
+        gc.unfreeze()
+        gc.set_threshold(*before)

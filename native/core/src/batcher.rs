@@ -82,6 +82,9 @@ pub struct Batch {
 pub struct Batcher {
     pending: Vec<Pending>,
     total_cost: u64,
+    /// The smallest `hard_cap` of the pending items (kept up to date: `effective_max_cost` runs
+    /// on every submit, and scanning the queue there made a group's submit quadratic).
+    min_hard_cap: Option<u64>,
     first_request_time: Option<f64>,
     last_submit_time: Option<f64>,
     config: BatchConfig,
@@ -128,10 +131,12 @@ impl Batcher {
 
     /// `min(config cap, every pending item's hard cap)`.
     pub fn effective_max_cost(&self) -> u64 {
-        self.pending
-            .iter()
-            .filter_map(|p| p.hard_cap)
-            .fold(self.config.max_batch_cost, u64::min)
+        self.min_hard_cap
+            .map_or(self.config.max_batch_cost, |cap| cap.min(self.config.max_batch_cost))
+    }
+
+    fn recompute_min_hard_cap(&mut self) {
+        self.min_hard_cap = self.pending.iter().filter_map(|p| p.hard_cap).min();
     }
 
     /// Append one item (§3.3); true when the consumer should wake (flushable now, or first item).
@@ -143,6 +148,9 @@ impl Batcher {
             hard_cap,
         });
         self.total_cost = self.total_cost.saturating_add(cost);
+        if let Some(cap) = hard_cap {
+            self.min_hard_cap = Some(self.min_hard_cap.map_or(cap, |m| m.min(cap)));
+        }
         self.last_submit_time = Some(now);
         let first = self.first_request_time.is_none();
         if first {
@@ -226,6 +234,9 @@ impl Batcher {
         }
         let ids = self.pending.drain(..taken).map(|p| p.id).collect();
         self.total_cost = self.total_cost.saturating_sub(batch_cost);
+        if self.min_hard_cap.is_some() {
+            self.recompute_min_hard_cap();
+        }
         // Re-anchor both timers on what is left (the Rust sidecar's choice, §3.5 [DIV]).
         self.first_request_time = self.pending.iter().map(|p| p.arrival).reduce(f64::min);
         self.last_submit_time = self.pending.iter().map(|p| p.arrival).reduce(f64::max);
@@ -239,6 +250,7 @@ impl Batcher {
     /// Remove everything (shutdown residue), oldest first.
     pub fn drain_all(&mut self) -> Vec<u64> {
         self.total_cost = 0;
+        self.min_hard_cap = None;
         self.first_request_time = None;
         self.last_submit_time = None;
         let mut all = std::mem::take(&mut self.pending);
@@ -337,5 +349,21 @@ mod tests {
         assert_eq!(b.effective_max_cost(), 150);
         assert_eq!(b.flush_reason(0.0, false), Some(FlushReason::CostCap));
         assert_eq!(b.extract(FlushReason::CostCap, usize::MAX).ids, vec![1]);
+    }
+
+    #[test]
+    fn a_hard_cap_stops_applying_once_its_item_has_left() {
+        let mut b = former();
+        b.submit(1, 10, 0.0, Some(150));
+        b.submit(2, 100, 0.0, Some(120));
+        b.submit(3, 100, 0.0, None);
+        assert_eq!(b.effective_max_cost(), 120);
+        assert_eq!(b.extract(FlushReason::CostCap, 1).ids, vec![1]);
+        assert_eq!(b.effective_max_cost(), 120); // item 2 is still pending
+        assert_eq!(b.extract(FlushReason::CostCap, 1).ids, vec![2]);
+        assert_eq!(b.effective_max_cost(), former().effective_max_cost());
+        b.submit(4, 1, 0.0, Some(50));
+        assert_eq!(b.drain_all(), vec![3, 4]);
+        assert_eq!(b.effective_max_cost(), former().effective_max_cost());
     }
 }
