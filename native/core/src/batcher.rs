@@ -131,8 +131,9 @@ impl Batcher {
 
     /// `min(config cap, every pending item's hard cap)`.
     pub fn effective_max_cost(&self) -> u64 {
-        self.min_hard_cap
-            .map_or(self.config.max_batch_cost, |cap| cap.min(self.config.max_batch_cost))
+        self.min_hard_cap.map_or(self.config.max_batch_cost, |cap| {
+            cap.min(self.config.max_batch_cost)
+        })
     }
 
     fn recompute_min_hard_cap(&mut self) {
