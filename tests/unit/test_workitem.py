@@ -134,3 +134,37 @@ def test_native_and_python_decoders_agree(overrides: dict[str, Any], drop: list[
         except WorkItemError:
             outcomes.append(("error", None))
     assert outcomes[0] == outcomes[1]
+
+
+class _Plain:
+    """No __slots__ at all."""
+
+
+@pytest.mark.parametrize("cls", [_Plain, WorkItem])
+def test_the_native_decoder_fills_any_class_like_setattr(cls: type) -> None:
+    """The slot fast path is only for the class whose layout it read (WorkItem); another class gets
+    the same values through setattr, and repeated values are equal but may be shared objects."""
+    from sie_sidecar._native import decode_work_item as native
+
+    first = native(TV_W1, cls=cls)
+    second = native(TV_W1, cls=cls)
+    expected = decode_work_item_py(TV_W1)
+    for name in WorkItem.__slots__:
+        assert getattr(first, name) == getattr(expected, name) == getattr(second, name)
+    assert type(first) is cls
+
+
+def test_a_key_given_twice_keeps_the_last_value_and_slots_hold_one_reference_each() -> None:
+    import sys
+
+    raw = msgpack.unpackb(TV_W1)
+    head = msgpack.packb({"model_id": "first"})[1:]  # a map entry without its map header
+    body = msgpack.packb(raw)[1:]
+    data = bytes([0x80 | (len(raw) + 1)]) + head + body
+    assert decode_native(data).model_id == raw["model_id"]
+    items = [decode_native(TV_W1) for _ in range(100)]
+    shared = items[0].model_id  # a repeating field: one str object for all of them
+    assert all(item.model_id is shared for item in items)
+    held = sys.getrefcount(shared)
+    del items[1:]
+    assert sys.getrefcount(shared) == held - 99  # each slot owned exactly one reference

@@ -14,6 +14,7 @@ mod framing;
 mod outputs;
 mod replies;
 mod results;
+mod slots;
 mod workitem;
 
 #[pyo3::pymodule(gil_used = true)]

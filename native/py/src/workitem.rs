@@ -9,8 +9,11 @@ use pyo3::IntoPyObjectExt;
 
 use sie_core::msgpack::{DecodeError, Reader, Token};
 
+use std::sync::Mutex;
+
 use crate::buffers::with_bytes;
 use crate::convert;
+use crate::slots::SlotLayout;
 
 pyo3::import_exception!(sie_sidecar.errors, WorkItemError);
 
@@ -83,6 +86,40 @@ struct Cache {
 
 static CACHE: PyOnceLock<Cache> = PyOnceLock::new();
 
+/// The slot layout of the first class decoded into (the `WorkItem` dataclass); `None` inside
+/// when that class is not a plain `__slots__` class (then every field is `setattr`).
+static LAYOUT: PyOnceLock<Option<SlotLayout>> = PyOnceLock::new();
+
+/// Fields whose values repeat from item to item (a worker serves few models, pools, profiles,
+/// routers): the last value of each is reused instead of a new str per item.
+const REPEATING: [usize; 9] = [4, 5, 6, 7, 9, 10, 11, 23, 24];
+
+/// One remembered value: its UTF-8 bytes and the str made from them.
+type Remembered = (Box<[u8]>, Py<PyString>);
+
+/// The last str decoded for each field of `REPEATING` (indexed like `FIELDS`).
+struct Recent {
+    last: Vec<Option<Remembered>>,
+}
+
+static RECENT: PyOnceLock<Mutex<Recent>> = PyOnceLock::new();
+
+impl Recent {
+    fn str(&mut self, py: Python<'_>, field: usize, s: &str) -> Py<PyAny> {
+        if !REPEATING.contains(&field) {
+            return PyString::new(py, s).into_any().unbind();
+        }
+        if let Some((bytes, obj)) = &self.last[field] {
+            if **bytes == *s.as_bytes() {
+                return obj.clone_ref(py).into_any();
+            }
+        }
+        let obj = PyString::new(py, s).unbind();
+        self.last[field] = Some((s.as_bytes().into(), obj.clone_ref(py)));
+        obj.into_any()
+    }
+}
+
 fn cache(py: Python<'_>) -> PyResult<&Cache> {
     CACHE.get_or_try_init(py, || {
         Ok(Cache {
@@ -99,7 +136,14 @@ fn cache(py: Python<'_>) -> PyResult<&Cache> {
     })
 }
 
-fn value(py: Python<'_>, r: &mut Reader<'_>, key: &str, kind: Kind) -> PyResult<Py<PyAny>> {
+fn value(
+    py: Python<'_>,
+    r: &mut Reader<'_>,
+    key: &str,
+    field: usize,
+    kind: Kind,
+    recent: &mut Recent,
+) -> PyResult<Py<PyAny>> {
     let at = r.position();
     let peek = {
         let mut probe = r.clone();
@@ -112,7 +156,7 @@ fn value(py: Python<'_>, r: &mut Reader<'_>, key: &str, kind: Kind) -> PyResult<
             let s = r
                 .read_str(key)
                 .map_err(|_| bad(format!("not msgpack: invalid UTF-8 in {key}")))?;
-            Ok(PyString::new(py, s).into_any().unbind())
+            Ok(recent.str(py, field, s))
         }
         (Kind::StrOrEmpty, Token::Nil) => {
             r.skip_to(at + 1);
@@ -181,6 +225,14 @@ pub fn decode_work_item(
         };
         let mut fields: Vec<(usize, Py<PyAny>)> = Vec::with_capacity(32);
         let mut present = [false; FIELDS.len()];
+        let recent_lock = RECENT.get_or_init(py, || {
+            Mutex::new(Recent {
+                last: (0..FIELDS.len()).map(|_| None).collect(),
+            })
+        });
+        let mut recent = recent_lock
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
         for _ in 0..n {
             let key_span = r.skip_value().map_err(msgpack_err)?;
             let key = match Reader::new(key_span).next_token().map_err(msgpack_err)? {
@@ -197,7 +249,7 @@ pub fn decode_work_item(
                 std::str::from_utf8(key).map_err(|_| bad("not msgpack: invalid UTF-8 in a key"))?;
             match field_of(key) {
                 Some((i, kind)) => {
-                    let v = value(py, &mut r, name, kind)?;
+                    let v = value(py, &mut r, name, i, kind, &mut recent)?;
                     present[i] = true;
                     fields.push((i, v));
                 }
@@ -217,7 +269,25 @@ pub fn decode_work_item(
         if !missing.is_empty() {
             return Err(bad(format!("WorkItem is missing {}", missing.join(", "))));
         }
+        drop(recent);
         let c = cache(py)?;
+        let layout = LAYOUT
+            .get_or_try_init(py, || SlotLayout::of(cls, &c.names))?
+            .as_ref()
+            .filter(|l| l.is_for(cls));
+        if let Some(layout) = layout {
+            // Straight into the slots of a fresh instance; a key given twice overwrites, as setattr.
+            let obj = layout.alloc(py)?;
+            for (i, v) in fields {
+                layout.put(&obj, i, v);
+            }
+            for (i, default) in DEFAULTS {
+                if !present[i] {
+                    layout.put(&obj, i, default(py)?);
+                }
+            }
+            return Ok(obj.unbind());
+        }
         let obj = c.object_new.bind(py).call1((cls,))?;
         for (i, v) in fields {
             obj.setattr(c.names[i].bind(py), v)?;
