@@ -12,8 +12,10 @@ mod envelopes;
 mod errors;
 mod framing;
 mod outputs;
+mod pack;
 mod replies;
 mod results;
+mod run_batch;
 mod workitem;
 
 #[pyo3::pymodule(gil_used = true)]
@@ -59,6 +61,9 @@ mod _native {
 
     #[pymodule_export]
     use crate::workitem::decode_work_item;
+
+    #[pymodule_export]
+    use crate::run_batch::write_run_batch_body;
 
     #[pymodule_export]
     use crate::audio::{prepare_audio, PreparedAudio};
