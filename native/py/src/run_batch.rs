@@ -18,7 +18,7 @@ use sie_core::msgpack::{
 };
 
 use crate::pack::{float_of, pack};
-use crate::workitem::{SPAN_COUNT, SPANS_LEN, SPLICED};
+use crate::workitem::{SPANS_LEN, SPAN_COUNT, SPLICED};
 
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Op {
