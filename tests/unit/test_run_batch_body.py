@@ -5,7 +5,10 @@ payload, and never a value spliced from a payload that no longer describes the i
 
 from __future__ import annotations
 
+import os
 import struct
+import subprocess
+import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -17,7 +20,6 @@ from hypothesis import strategies as st
 
 from sie_sidecar._native import decode_work_item as _native_decode
 from sie_sidecar._native import write_run_batch_body
-from sie_sidecar.ipc import requests
 from sie_sidecar.ipc.requests import run_batch_body, run_batch_body_py
 from sie_sidecar.payloads.resolve import inline_payload, resolve_item
 from sie_sidecar.payloads.store import PayloadStore
@@ -291,12 +293,23 @@ def test_per_item_lists_must_match_the_items() -> None:
     assert native([item], "score", tokens=[]) == twin([item], "score", tokens=[])  # score ignores them
 
 
-def test_run_batch_body_uses_the_native_writer_and_numbers_batches() -> None:
-    assert requests._native_writer is write_run_batch_body
+def test_run_batch_body_numbers_batches() -> None:
     item = decode_native(msgpack.packb(BASE))
     first, second = (msgpack.unpackb(run_batch_body("m", "encode", [item], "", 1)) for _ in range(2))
     assert second["batch_id"] == first["batch_id"] + 1
     assert unpack(run_batch_body("m", "encode", [item], "", 1)) == unpack(twin([item], batch_id=first["batch_id"] + 2))
+
+
+@pytest.mark.parametrize(("env", "native_writer"), [("1", False), ("", True)])
+def test_the_environment_switch_selects_the_writer_and_the_decoder(env: str, native_writer: bool) -> None:
+    code = (
+        "import msgpack; from sie_sidecar.ipc import requests; from sie_sidecar.wire.workitem import decode_work_item;"
+        f"item = decode_work_item(msgpack.packb({BASE!r}));"
+        "print(requests._native_writer is not None, item.raw is not None)"
+    )
+    env_vars = {**os.environ, "SIE_SIDECAR_NO_EXTENSIONS": env}
+    out = subprocess.run([sys.executable, "-c", code], env=env_vars, capture_output=True, text=True, check=True)
+    assert out.stdout.split() == [str(native_writer)] * 2
 
 
 # -- byte-exact golden bodies (constructed from the v0.7.1 item builders) -------------------------
