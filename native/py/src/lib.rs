@@ -12,8 +12,10 @@ mod envelopes;
 mod errors;
 mod framing;
 mod outputs;
+mod pack;
 mod replies;
 mod results;
+mod run_batch;
 mod slots;
 mod workitem;
 
@@ -60,6 +62,9 @@ mod _native {
 
     #[pymodule_export]
     use crate::workitem::decode_work_item;
+
+    #[pymodule_export]
+    use crate::run_batch::write_run_batch_body;
 
     #[pymodule_export]
     use crate::audio::{prepare_audio, PreparedAudio};

@@ -1,10 +1,14 @@
 //! WorkItem decoding in one pass (wire-protocol §7.2, TV-W1): parse, type-check and fill a
 //! `sie_sidecar.workitem.WorkItem` without an intermediate dict. Same rules and errors as the
 //! Python decoder in `workitem.py`, which stays as the twin.
+//!
+//! It also keeps the payload (`raw`, the very `bytes` object when it is one) and where each value the
+//! RunBatch item bodies copy verbatim lies in it (`spans`), so `run_batch::write_run_batch_body` can
+//! splice those values instead of re-encoding the decoded Python objects.
 
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
-use pyo3::types::{PyString, PyType};
+use pyo3::types::{PyBytes, PyString, PyType};
 use pyo3::IntoPyObjectExt;
 
 use sie_core::msgpack::{DecodeError, Reader, Token};
@@ -19,6 +23,41 @@ pyo3::import_exception!(sie_sidecar.errors, WorkItemError);
 
 /// The required keys (TV-W1) are the first `REQUIRED` entries of `FIELDS`.
 const REQUIRED: usize = 9;
+
+/// The fields whose encoded values the RunBatch writer splices, in span-table order (the same
+/// tuple is `SPLICED_FIELDS` in `workitem.py`).
+pub const SPLICED: [&str; SPAN_COUNT] = [
+    "item",
+    "output_types",
+    "instruction",
+    "options",
+    "query_item",
+    "score_items",
+    "labels",
+    "output_schema",
+    "traceparent",
+    "tracestate",
+];
+pub const SPAN_COUNT: usize = 10;
+/// `spans` is `SPAN_COUNT` little-endian u32 (offset, length) pairs; length 0 means "absent".
+pub const SPANS_LEN: usize = SPAN_COUNT * 8;
+
+/// The span-table slot of a field (by its index in `FIELDS`), if the writer splices it.
+const fn span_slot(field: usize) -> Option<usize> {
+    match field {
+        12 => Some(0),
+        14 => Some(1),
+        15 => Some(2),
+        17 => Some(3),
+        18 => Some(4),
+        20 => Some(5),
+        21 => Some(6),
+        22 => Some(7),
+        27 => Some(8),
+        28 => Some(9),
+        _ => None,
+    }
+}
 
 fn bad(message: impl Into<String>) -> PyErr {
     WorkItemError::new_err(message.into())
@@ -81,6 +120,10 @@ fn field_of(key: &[u8]) -> Option<(usize, Kind)> {
 /// Interned field names (indexed like `FIELDS`) and `object.__new__`, looked up once.
 struct Cache {
     names: Vec<Py<PyString>>,
+    raw: Py<PyString>,
+    spans: Py<PyString>,
+    /// `names`, then `raw` and `spans`: every slot the decoder fills.
+    slot_names: Vec<Py<PyString>>,
     object_new: Py<PyAny>,
 }
 
@@ -122,11 +165,22 @@ impl Recent {
 
 fn cache(py: Python<'_>) -> PyResult<&Cache> {
     CACHE.get_or_try_init(py, || {
+        let names: Vec<Py<PyString>> = FIELDS
+            .iter()
+            .map(|f| PyString::intern(py, f).unbind())
+            .collect();
+        let raw = PyString::intern(py, "raw").unbind();
+        let spans = PyString::intern(py, "spans").unbind();
+        let slot_names = names
+            .iter()
+            .chain([&raw, &spans])
+            .map(|n| n.clone_ref(py))
+            .collect();
         Ok(Cache {
-            names: FIELDS
-                .iter()
-                .map(|f| PyString::intern(py, f).unbind())
-                .collect(),
+            names,
+            raw,
+            spans,
+            slot_names,
             object_new: py
                 .import("builtins")?
                 .getattr("object")?
@@ -211,6 +265,10 @@ fn value(
 
 /// Decode one WorkItem into a new instance of `cls` (the `WorkItem` dataclass): every field is set
 /// directly, defaults included, so no `__init__` runs. Errors are `WorkItemError`.
+///
+/// `raw` is `data` itself when it is a `bytes` (no copy), else a `bytes` copy (a mutable buffer must
+/// not be spliced later); `spans` locates the `SPLICED` values in it. Both are None for a payload
+/// whose offsets do not fit u32.
 #[pyfunction]
 pub fn decode_work_item(
     py: Python<'_>,
@@ -225,6 +283,7 @@ pub fn decode_work_item(
         };
         let mut fields: Vec<(usize, Py<PyAny>)> = Vec::with_capacity(32);
         let mut present = [false; FIELDS.len()];
+        let mut spans = [0u8; SPANS_LEN];
         let recent_lock = RECENT.get_or_init(py, || {
             Mutex::new(Recent {
                 last: (0..FIELDS.len()).map(|_| None).collect(),
@@ -249,7 +308,15 @@ pub fn decode_work_item(
                 std::str::from_utf8(key).map_err(|_| bad("not msgpack: invalid UTF-8 in a key"))?;
             match field_of(key) {
                 Some((i, kind)) => {
+                    let start = r.position();
                     let v = value(py, &mut r, name, i, kind, &mut recent)?;
+                    if let Some(slot) = span_slot(i) {
+                        // A repeated key overwrites the span, as it overwrites the value (last wins).
+                        let len = r.position() - start;
+                        let at = slot * 8;
+                        spans[at..at + 4].copy_from_slice(&(start as u32).to_le_bytes());
+                        spans[at + 4..at + 8].copy_from_slice(&(len as u32).to_le_bytes());
+                    }
                     present[i] = true;
                     fields.push((i, v));
                 }
@@ -271,8 +338,18 @@ pub fn decode_work_item(
         }
         drop(recent);
         let c = cache(py)?;
+        let (raw, spans): (Py<PyAny>, Py<PyAny>) = if u32::try_from(bytes.len()).is_ok() {
+            let raw = if data.is_instance_of::<PyBytes>() {
+                data.clone().unbind()
+            } else {
+                PyBytes::new(py, bytes).into_any().unbind()
+            };
+            (raw, PyBytes::new(py, &spans).into_any().unbind())
+        } else {
+            (py.None(), py.None())
+        };
         let layout = LAYOUT
-            .get_or_try_init(py, || SlotLayout::of(cls, &c.names))?
+            .get_or_try_init(py, || SlotLayout::of(cls, &c.slot_names))?
             .as_ref()
             .filter(|l| l.is_for(cls));
         if let Some(layout) = layout {
@@ -286,6 +363,8 @@ pub fn decode_work_item(
                     layout.put(&obj, i, default(py)?);
                 }
             }
+            layout.put(&obj, FIELDS.len(), raw);
+            layout.put(&obj, FIELDS.len() + 1, spans);
             return Ok(obj.unbind());
         }
         let obj = c.object_new.bind(py).call1((cls,))?;
@@ -297,6 +376,8 @@ pub fn decode_work_item(
                 obj.setattr(c.names[i].bind(py), default(py)?)?;
             }
         }
+        obj.setattr(c.raw.bind(py), raw)?;
+        obj.setattr(c.spans.bind(py), spans)?;
         Ok(obj.unbind())
     })
 }

@@ -57,6 +57,7 @@ __all__ = [
     "response_body",
     "response_budget",
     "wire",
+    "write_run_batch_body",
 ]
 __version__: Final[str]
 PRODUCTION_LIMITS: Final[ChunkLimits]
@@ -319,6 +320,17 @@ def frame_score(scores: Any, item_ids: Sequence[str]) -> bytes: ...
 def f32_to_f16(values: Any) -> bytes: ...
 def nd_sentinel_raw(type_code: str, shape: Sequence[int], data: Buffer) -> bytes: ...
 def decode_work_item(data: Buffer, cls: type[Any]) -> Any: ...
+def write_run_batch_body(
+    model_id: str,
+    op: str,
+    lora: str,
+    total_cost: int,
+    batch_id: int,
+    items: Sequence[Any],
+    payload_fetch_ms: Sequence[float] | None = None,
+    prepared_tokens: Sequence[Mapping[str, Any] | None] | None = None,
+    prepared_audio: Sequence[Mapping[str, Any] | None] | None = None,
+) -> bytes: ...
 
 @final
 class PreparedAudio:

@@ -1,10 +1,15 @@
 # SPDX-License-Identifier: Apache-2.0
-"""RunBatch and Process*Batch request bodies from WorkItems (wire-protocol §3.10, §4.1-4.3)."""
+"""RunBatch and Process*Batch request bodies from WorkItems (wire-protocol §3.10, §4.1-4.3).
+
+`run_batch_body` is what the dispatcher calls: the native one-pass writer (which splices each item's
+values from its original payload), or `run_batch_body_py`, its spec and twin, with
+`SIE_SIDECAR_NO_EXTENSIONS=1`.
+"""
 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import msgpack
@@ -121,7 +126,7 @@ def _bodies(
     return [build(i, ms) for i, ms in zip(items, fetch_ms, strict=True)]
 
 
-def run_batch_body(
+def run_batch_body_py(
     model_id: str,
     op: str,
     items: Sequence[WorkItem],
@@ -131,8 +136,12 @@ def run_batch_body(
     payload_fetch_ms: Sequence[float] | None = None,
     prepared_tokens: Sequence[Mapping[str, Any] | None] | None = None,
     prepared_audio: Sequence[Mapping[str, Any] | None] | None = None,
+    batch_id: int | None = None,
 ) -> bytes:
-    """An encoded RunBatchRequest: one op, one LoRA key, items wrapped as tagged RunBatchItems."""
+    """An encoded RunBatchRequest: one op, one LoRA key, items wrapped as tagged RunBatchItems.
+
+    The spec of the native writer (`_native.write_run_batch_body`); `batch_id` defaults to the next
+    process-wide id."""
     wrapped = [
         {
             "op": op,
@@ -149,13 +158,59 @@ def run_batch_body(
     ]
     body = {
         "model_id": model_id,
-        "batch_id": next_batch_id(),
+        "batch_id": next_batch_id() if batch_id is None else batch_id,
         "lora_key": lora,
         "total_cost": total_cost,
         "items": wrapped,
         "accepts_batched_f16_multivectors": True,
     }
     return bytes(msgpack.packb(body, use_bin_type=True))
+
+
+_NativeWriter = Callable[..., bytes]
+
+
+def _select_writer() -> _NativeWriter | None:
+    """The native writer unless the pure-Python twin was asked for (`wire._switch`)."""
+    from ..wire._switch import USING_NATIVE
+
+    if not USING_NATIVE:
+        return None
+    from .._native import write_run_batch_body
+
+    return write_run_batch_body
+
+
+_native_writer = _select_writer()
+
+
+def run_batch_body(
+    model_id: str,
+    op: str,
+    items: Sequence[WorkItem],
+    lora: str,
+    total_cost: int,
+    *,
+    payload_fetch_ms: Sequence[float] | None = None,
+    prepared_tokens: Sequence[Mapping[str, Any] | None] | None = None,
+    prepared_audio: Sequence[Mapping[str, Any] | None] | None = None,
+) -> bytes:
+    """An encoded RunBatchRequest (see `run_batch_body_py`), written natively when the core is loaded:
+    ~10x cheaper per item, since values are spliced from each item's payload, not re-encoded."""
+    if _native_writer is None:
+        return run_batch_body_py(
+            model_id,
+            op,
+            items,
+            lora,
+            total_cost,
+            payload_fetch_ms=payload_fetch_ms,
+            prepared_tokens=prepared_tokens,
+            prepared_audio=prepared_audio,
+        )
+    return _native_writer(
+        model_id, op, lora, total_cost, next_batch_id(), items, payload_fetch_ms, prepared_tokens, prepared_audio
+    )
 
 
 def per_op_body(
@@ -185,5 +240,6 @@ __all__ = [
     "next_batch_id",
     "per_op_body",
     "run_batch_body",
+    "run_batch_body_py",
     "score_item",
 ]

@@ -78,7 +78,10 @@ def payload_ref_of(item: WorkItem) -> str | None:
 
 
 def inline_payload(item: WorkItem, blob: bytes) -> WorkItem:
-    """A copy of `item` with the decoded blob in place of its ref (`_Undecodable` when it does not fit)."""
+    """A copy of `item` with the decoded blob in place of its ref (`_Undecodable` when it does not fit).
+
+    The copy has no `raw` / `spans` (`replace` does not carry them), so the RunBatch writer encodes
+    the fetched value instead of splicing the payload that held the ref."""
     try:
         value = unpack_value(blob)
     except Exception as exc:  # msgpack raises several unrelated types for bad input

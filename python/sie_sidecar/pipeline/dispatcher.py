@@ -401,7 +401,9 @@ class Dispatcher:
             if prep.error is not None:
                 refused[prep.error].append(d)
             else:
-                item.item, d.prepared_audio = prep.item, prep.prepared
+                if prep.item is not item.item:  # `audio` was taken out: the payload bytes are stale
+                    item.item, item.raw = prep.item, None
+                d.prepared_audio = prep.prepared
                 kept.append(d)
         for message, group in refused.items():
             await self._out.publish_errors(group, INVALID_REQUEST, message, nak_on_failure=True)

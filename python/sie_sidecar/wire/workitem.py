@@ -4,8 +4,9 @@
 from __future__ import annotations
 
 import functools
+import struct
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import msgpack
@@ -24,11 +25,33 @@ REQUIRED = (
     "machine_profile",
     "reply_subject",
 )
+#: The fields whose encoded values a RunBatch body splices from `WorkItem.raw`, in `spans` order.
+SPLICED_FIELDS = (
+    "item",
+    "output_types",
+    "instruction",
+    "options",
+    "query_item",
+    "score_items",
+    "labels",
+    "output_schema",
+    "traceparent",
+    "tracestate",
+)
+_SPAN_SLOT = {name: slot for slot, name in enumerate(SPLICED_FIELDS)}
+_SPANS = struct.Struct(f"<{2 * len(SPLICED_FIELDS)}I")
 
 
 @dataclass(slots=True)
 class WorkItem:
-    """The fields the runtime reads; everything else in the map is kept in `raw` untouched."""
+    """The fields the runtime reads.
+
+    The native decoder also keeps the payload (`raw`) and where the `SPLICED_FIELDS` values lie in it
+    (`spans`, see `work_item_spans_py`), so the RunBatch writer copies those values as bytes instead
+    of re-encoding them. They describe the item *as decoded*: code that changes a spliced field in
+    place must set `raw = None` (the writer then encodes the attributes). `dataclasses.replace`
+    drops them by itself (they are not `__init__` fields). The twin decoder leaves them None.
+    """
 
     work_item_id: str
     request_id: str
@@ -59,6 +82,8 @@ class WorkItem:
     accepts_result_chunks: bool = False
     traceparent: str | None = None
     tracestate: str | None = None
+    raw: bytes | None = field(default=None, init=False, repr=False, compare=False)
+    spans: bytes | None = field(default=None, init=False, repr=False, compare=False)
 
 
 _STR_FIELDS = ("work_item_id", "request_id", "operation", "model_id", "pool_name", "machine_profile", "reply_subject")
@@ -129,6 +154,23 @@ def decode_work_item_py(data: bytes | memoryview) -> WorkItem:
     return WorkItem(**fields)
 
 
+def work_item_spans_py(data: bytes) -> bytes:
+    """The span table the native decoder stores in `WorkItem.spans`, for a payload it accepts: per
+    `SPLICED_FIELDS` entry, the little-endian u32 offset and length of its value in `data` (0, 0 when
+    the key is absent; the last one when it repeats). The twin of the native span recording."""
+    unpacker = msgpack.Unpacker(raw=False, strict_map_key=False, max_buffer_size=max(len(data), 1))
+    unpacker.feed(data)
+    spans = [0] * (2 * len(SPLICED_FIELDS))
+    for _ in range(unpacker.read_map_header()):
+        key = unpacker.unpack()
+        start = unpacker.tell()
+        unpacker.skip()
+        slot = _SPAN_SLOT.get(key) if isinstance(key, str) else None
+        if slot is not None:
+            spans[2 * slot], spans[2 * slot + 1] = start, unpacker.tell() - start
+    return _SPANS.pack(*spans)
+
+
 def _select_decoder() -> Callable[[bytes | memoryview], WorkItem]:
     """The native one-pass decoder unless the pure-Python twin was asked for."""
     from ._switch import USING_NATIVE
@@ -143,4 +185,13 @@ def _select_decoder() -> Callable[[bytes | memoryview], WorkItem]:
 #: Decode one WorkItem (native one-pass decoder, or the twin with SIE_SIDECAR_NO_EXTENSIONS=1).
 decode_work_item: Callable[[bytes | memoryview], WorkItem] = _select_decoder()
 
-__all__ = ["OPERATIONS", "REQUIRED", "WorkItem", "WorkItemError", "decode_work_item", "decode_work_item_py"]
+__all__ = [
+    "OPERATIONS",
+    "REQUIRED",
+    "SPLICED_FIELDS",
+    "WorkItem",
+    "WorkItemError",
+    "decode_work_item",
+    "decode_work_item_py",
+    "work_item_spans_py",
+]

@@ -1,0 +1,394 @@
+//! The RunBatchRequest body in one pass (wire-protocol §3.10, §4.1-4.3): what
+//! `ipc.requests.run_batch_body_py` builds as dicts and packs, written straight into one buffer.
+//!
+//! A WorkItem decoded natively carries its payload (`raw`) and a span table (`spans`, see
+//! `workitem.rs`): the values the item bodies copy verbatim (item, options, score_items, trace
+//! context...) are spliced from there as encoded bytes. A WorkItem without them (the twin decoder,
+//! or one whose fields changed after decoding, which must drop `raw`) is written from its attributes.
+//! Scalars the body normalises (ids, indexes, `float(timestamp)`, `profile_id or None`...) always
+//! come from the attributes.
+
+use pyo3::exceptions::{PyKeyError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
+use pyo3::types::{PyBytes, PyString};
+
+use sie_core::msgpack::{
+    write_array_header, write_bool, write_f64, write_map_header, write_nil, write_str,
+};
+
+use crate::pack::{float_of, pack};
+use crate::workitem::{SPANS_LEN, SPAN_COUNT, SPLICED};
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Op {
+    Encode,
+    Score,
+    Extract,
+}
+
+// Span-table slots (the order of `SPLICED`).
+const ITEM: usize = 0;
+const OUTPUT_TYPES: usize = 1;
+const INSTRUCTION: usize = 2;
+const OPTIONS: usize = 3;
+const QUERY_ITEM: usize = 4;
+const SCORE_ITEMS: usize = 5;
+const LABELS: usize = 6;
+const OUTPUT_SCHEMA: usize = 7;
+const TRACEPARENT: usize = 8;
+const TRACESTATE: usize = 9;
+
+/// The attributes read from every WorkItem, after the `SPLICED` ones.
+const SCALARS: [&str; 10] = [
+    "work_item_id",
+    "request_id",
+    "item_index",
+    "total_items",
+    "timestamp",
+    "is_query",
+    "profile_id",
+    "bundle_config_hash",
+    "raw",
+    "spans",
+];
+const WORK_ITEM_ID: usize = SPAN_COUNT;
+const REQUEST_ID: usize = SPAN_COUNT + 1;
+const ITEM_INDEX: usize = SPAN_COUNT + 2;
+const TOTAL_ITEMS: usize = SPAN_COUNT + 3;
+const TIMESTAMP: usize = SPAN_COUNT + 4;
+const IS_QUERY: usize = SPAN_COUNT + 5;
+const PROFILE_ID: usize = SPAN_COUNT + 6;
+const BUNDLE_CONFIG_HASH: usize = SPAN_COUNT + 7;
+const RAW: usize = SPAN_COUNT + 8;
+const SPANS: usize = SPAN_COUNT + 9;
+
+static NAMES: PyOnceLock<Vec<Py<PyString>>> = PyOnceLock::new();
+
+fn names(py: Python<'_>) -> &Vec<Py<PyString>> {
+    NAMES.get_or_init(py, || {
+        SPLICED
+            .iter()
+            .chain(SCALARS.iter())
+            .map(|n| PyString::intern(py, n).unbind())
+            .collect()
+    })
+}
+
+/// Where one item's spliced values come from.
+enum Source<'a> {
+    /// The encoded values in the payload, by span (length 0: the key was absent).
+    Raw(&'a [u8], [(usize, usize); SPAN_COUNT]),
+    /// The WorkItem's attributes (re-encoded).
+    Attrs,
+}
+
+impl<'a> Source<'a> {
+    /// The payload spans, when `raw` and `spans` are present and consistent; else `Attrs`.
+    fn of(raw: &'a Bound<'_, PyAny>, spans: &Bound<'_, PyAny>) -> Self {
+        let (Ok(raw), Ok(spans)) = (raw.cast::<PyBytes>(), spans.cast::<PyBytes>()) else {
+            return Source::Attrs;
+        };
+        let (raw, table) = (raw.as_bytes(), spans.as_bytes());
+        if table.len() != SPANS_LEN {
+            return Source::Attrs;
+        }
+        let mut out = [(0usize, 0usize); SPAN_COUNT];
+        for (slot, pair) in out.iter_mut().zip(table.chunks_exact(8)) {
+            let off = u32::from_le_bytes([pair[0], pair[1], pair[2], pair[3]]) as usize;
+            let len = u32::from_le_bytes([pair[4], pair[5], pair[6], pair[7]]) as usize;
+            if off.checked_add(len).is_none_or(|end| end > raw.len()) {
+                return Source::Attrs;
+            }
+            *slot = (off, len);
+        }
+        Source::Raw(raw, out)
+    }
+}
+
+/// One WorkItem while its RunBatchItem is written.
+struct Item<'a, 'py> {
+    obj: &'a Bound<'py, PyAny>,
+    names: &'a [Py<PyString>],
+    source: Source<'a>,
+}
+
+impl<'py> Item<'_, 'py> {
+    fn attr(&self, i: usize) -> PyResult<Bound<'py, PyAny>> {
+        self.obj.getattr(self.names[i].bind(self.obj.py()))
+    }
+
+    fn write_attr(&self, out: &mut Vec<u8>, i: usize) -> PyResult<()> {
+        pack(out, &self.attr(i)?)
+    }
+
+    /// A spliced value: its payload bytes, or its attribute re-encoded. `score_items` is `[]` when
+    /// absent or nil, every other one nil.
+    fn write_spliced(&self, out: &mut Vec<u8>, slot: usize) -> PyResult<()> {
+        let empty_list = slot == SCORE_ITEMS;
+        match &self.source {
+            Source::Raw(raw, spans) => {
+                let (off, len) = spans[slot];
+                let value = &raw[off..off + len];
+                if value.is_empty() || (empty_list && value == [0xc0]) {
+                    if empty_list {
+                        write_array_header(out, 0);
+                    } else {
+                        write_nil(out);
+                    }
+                } else {
+                    out.extend_from_slice(value);
+                }
+                Ok(())
+            }
+            Source::Attrs => {
+                let value = self.attr(slot)?;
+                if empty_list && value.is_none() {
+                    write_array_header(out, 0);
+                    Ok(())
+                } else {
+                    pack(out, &value)
+                }
+            }
+        }
+    }
+
+    fn write_float(&self, out: &mut Vec<u8>, i: usize) -> PyResult<()> {
+        write_f64(out, float_of(&self.attr(i)?)?);
+        Ok(())
+    }
+
+    /// `value or None`, as the Python builders write `profile_id` and `bundle_config_hash`.
+    fn write_or_none(&self, out: &mut Vec<u8>, i: usize) -> PyResult<()> {
+        let value = self.attr(i)?;
+        if value.is_truthy()? {
+            pack(out, &value)
+        } else {
+            write_nil(out);
+            Ok(())
+        }
+    }
+
+    /// work_item_id, request_id, item_index, total_items, float(timestamp).
+    fn write_common(&self, out: &mut Vec<u8>, ids: &Ids<'py>) -> PyResult<()> {
+        write_str(out, "work_item_id");
+        pack(out, &ids.work_item_id)?;
+        write_str(out, "request_id");
+        pack(out, &ids.request_id)?;
+        write_str(out, "item_index");
+        pack(out, &ids.item_index)?;
+        write_str(out, "total_items");
+        self.write_attr(out, TOTAL_ITEMS)?;
+        write_str(out, "timestamp");
+        self.write_float(out, TIMESTAMP)
+    }
+
+    fn write_body(
+        &self,
+        out: &mut Vec<u8>,
+        op: Op,
+        ids: &Ids<'py>,
+        fetch_ms: f64,
+        prepared: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<()> {
+        match op {
+            Op::Encode => {
+                write_map_header(out, 14);
+                self.write_common(out, ids)?;
+                write_str(out, "item");
+                self.write_spliced(out, ITEM)?;
+                write_str(out, "output_types");
+                self.write_spliced(out, OUTPUT_TYPES)?;
+                write_str(out, "instruction");
+                self.write_spliced(out, INSTRUCTION)?;
+                write_str(out, "is_query");
+                self.write_attr(out, IS_QUERY)?;
+                write_str(out, "options");
+                self.write_spliced(out, OPTIONS)?;
+                write_str(out, "profile_id");
+                self.write_or_none(out, PROFILE_ID)?;
+                write_str(out, "bundle_config_hash");
+                self.write_or_none(out, BUNDLE_CONFIG_HASH)?;
+                write_str(out, "payload_fetch_ms");
+                write_f64(out, fetch_ms);
+                write_str(out, "prepared_tokens");
+            }
+            Op::Score => {
+                write_map_header(out, 12);
+                self.write_common(out, ids)?;
+                write_str(out, "query_item");
+                self.write_spliced(out, QUERY_ITEM)?;
+                write_str(out, "score_items");
+                self.write_spliced(out, SCORE_ITEMS)?;
+                write_str(out, "instruction");
+                self.write_spliced(out, INSTRUCTION)?;
+                write_str(out, "options");
+                self.write_spliced(out, OPTIONS)?;
+                write_str(out, "profile_id");
+                self.write_or_none(out, PROFILE_ID)?;
+                write_str(out, "payload_fetch_ms");
+                write_f64(out, fetch_ms);
+                write_str(out, "prepared_tokens");
+            }
+            Op::Extract => {
+                write_map_header(out, 14);
+                self.write_common(out, ids)?;
+                write_str(out, "item");
+                self.write_spliced(out, ITEM)?;
+                write_str(out, "labels");
+                self.write_spliced(out, LABELS)?;
+                write_str(out, "output_schema");
+                self.write_spliced(out, OUTPUT_SCHEMA)?;
+                write_str(out, "instruction");
+                self.write_spliced(out, INSTRUCTION)?;
+                write_str(out, "options");
+                self.write_spliced(out, OPTIONS)?;
+                write_str(out, "profile_id");
+                self.write_or_none(out, PROFILE_ID)?;
+                write_str(out, "bundle_config_hash");
+                self.write_or_none(out, BUNDLE_CONFIG_HASH)?;
+                write_str(out, "payload_fetch_ms");
+                write_f64(out, fetch_ms);
+                write_str(out, "prepared_audio");
+            }
+        }
+        match prepared {
+            Some(p) => pack(out, p),
+            None => {
+                write_nil(out);
+                Ok(())
+            }
+        }
+    }
+
+    /// One tagged RunBatchItem: the wrapper keys around the op's body.
+    fn write(
+        &self,
+        out: &mut Vec<u8>,
+        op: Op,
+        op_name: &Bound<'py, PyAny>,
+        fetch_ms: f64,
+        prepared: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<()> {
+        let ids = Ids {
+            work_item_id: self.attr(WORK_ITEM_ID)?,
+            request_id: self.attr(REQUEST_ID)?,
+            item_index: self.attr(ITEM_INDEX)?,
+        };
+        write_map_header(out, 9);
+        write_str(out, "op");
+        pack(out, op_name)?;
+        write_str(out, "work_item_id");
+        pack(out, &ids.work_item_id)?;
+        write_str(out, "request_id");
+        pack(out, &ids.request_id)?;
+        write_str(out, "item_index");
+        pack(out, &ids.item_index)?;
+        for (key, this) in [
+            ("encode", Op::Encode),
+            ("score", Op::Score),
+            ("extract", Op::Extract),
+        ] {
+            write_str(out, key);
+            if this == op {
+                self.write_body(out, op, &ids, fetch_ms, prepared)?;
+            } else {
+                write_nil(out);
+            }
+        }
+        write_str(out, "traceparent");
+        self.write_spliced(out, TRACEPARENT)?;
+        write_str(out, "tracestate");
+        self.write_spliced(out, TRACESTATE)
+    }
+}
+
+/// The three ids both the wrapper and the body carry, read once.
+struct Ids<'py> {
+    work_item_id: Bound<'py, PyAny>,
+    request_id: Bound<'py, PyAny>,
+    item_index: Bound<'py, PyAny>,
+}
+
+/// A per-item argument as a list of `n` (None: not given), like the strict `zip` of the twin.
+fn per_item<'py>(
+    arg: Option<&Bound<'py, PyAny>>,
+    n: usize,
+    what: &str,
+) -> PyResult<Option<Vec<Bound<'py, PyAny>>>> {
+    let Some(arg) = arg.filter(|a| !a.is_none()) else {
+        return Ok(None);
+    };
+    let values: Vec<Bound<'py, PyAny>> = arg.try_iter()?.collect::<PyResult<_>>()?;
+    if values.len() != n {
+        return Err(PyValueError::new_err(format!(
+            "{what} has {} entries for {n} items",
+            values.len()
+        )));
+    }
+    Ok(Some(values))
+}
+
+/// An encoded RunBatchRequest, equal (after decoding, with the same key order) to what
+/// `ipc.requests.run_batch_body_py` packs; byte-identical when the payloads were canonically encoded.
+#[pyfunction]
+#[allow(clippy::too_many_arguments)]
+#[pyo3(signature = (model_id, op, lora, total_cost, batch_id, items, payload_fetch_ms = None, prepared_tokens = None, prepared_audio = None))]
+pub fn write_run_batch_body<'py>(
+    py: Python<'py>,
+    model_id: &Bound<'py, PyAny>,
+    op: &Bound<'py, PyAny>,
+    lora: &Bound<'py, PyAny>,
+    total_cost: &Bound<'py, PyAny>,
+    batch_id: &Bound<'py, PyAny>,
+    items: &Bound<'py, PyAny>,
+    payload_fetch_ms: Option<&Bound<'py, PyAny>>,
+    prepared_tokens: Option<&Bound<'py, PyAny>>,
+    prepared_audio: Option<&Bound<'py, PyAny>>,
+) -> PyResult<Bound<'py, PyBytes>> {
+    let kind = match op.cast::<PyString>().ok().and_then(|s| s.to_str().ok()) {
+        Some("encode") => Op::Encode,
+        Some("score") => Op::Score,
+        Some("extract") => Op::Extract,
+        _ => return Err(PyKeyError::new_err(op.clone().unbind())),
+    };
+    let items: Vec<Bound<'py, PyAny>> = items.try_iter()?.collect::<PyResult<_>>()?;
+    let n = items.len();
+    let fetch_ms = per_item(payload_fetch_ms, n, "payload_fetch_ms")?;
+    let prepared = match kind {
+        Op::Encode => per_item(prepared_tokens, n, "prepared_tokens")?,
+        Op::Extract => per_item(prepared_audio, n, "prepared_audio")?,
+        Op::Score => None,
+    };
+    let names = names(py);
+    let mut out = Vec::with_capacity(64 + n * 512);
+    write_map_header(&mut out, 6);
+    write_str(&mut out, "model_id");
+    pack(&mut out, model_id)?;
+    write_str(&mut out, "batch_id");
+    pack(&mut out, batch_id)?;
+    write_str(&mut out, "lora_key");
+    pack(&mut out, lora)?;
+    write_str(&mut out, "total_cost");
+    pack(&mut out, total_cost)?;
+    write_str(&mut out, "items");
+    write_array_header(&mut out, n);
+    for (i, obj) in items.iter().enumerate() {
+        let ms = match &fetch_ms {
+            Some(v) => float_of(&v[i])?,
+            None => 0.0,
+        };
+        let raw = obj.getattr(names[RAW].bind(py))?;
+        let spans = obj.getattr(names[SPANS].bind(py))?;
+        let item = Item {
+            obj,
+            names,
+            source: Source::of(&raw, &spans),
+        };
+        let p = prepared.as_ref().map(|v| &v[i]).filter(|p| !p.is_none());
+        item.write(&mut out, kind, op, ms, p)?;
+    }
+    write_str(&mut out, "accepts_batched_f16_multivectors");
+    write_bool(&mut out, true);
+    Ok(PyBytes::new(py, &out))
+}
