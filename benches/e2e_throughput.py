@@ -62,6 +62,7 @@ PRELOAD_WINDOW = 4096  # published-but-unacknowledged WorkItems while preloading
 DUPLICATE_GRACE_S = 0.5  # after the last expected reply, keep listening this long for duplicates
 STOP_GRACE_S = 15.0
 WARMUP_ITEMS = 500
+STARTUP_CPU_TARGET_S = 0.25  # the sidecar's CPU from its start to the first reply (issue 10)
 _SUCCESS = b"\xa7success\xc3"  # `"success": true` in a named-map WorkResult (wire-protocol §8.1)
 
 
@@ -117,23 +118,31 @@ class Processes:
             self.stop(child)
 
 
-def _group_cpu_s(pgid: int) -> float:
-    """User + system CPU seconds of every live process in a process group (from /proc)."""
+def _groups_cpu_s(pgids: set[int]) -> dict[int, float]:
+    """User + system CPU seconds of every live process in each of `pgids` (process groups), in one pass
+    over /proc (~2 ms here): cheap enough to take inside a reply callback."""
     ticks = os.sysconf("SC_CLK_TCK")
-    total = 0
+    totals = dict.fromkeys(pgids, 0)
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
             fields = stat.read_text().rpartition(")")[2].split()
         except OSError:
             continue
-        if int(fields[2]) == pgid:  # fields after the command: state, ppid, pgrp, ..., utime (12), stime (13)
-            total += int(fields[11]) + int(fields[12])
-    return total / ticks
+        pgid = int(fields[2])  # fields after the command: state, ppid, pgrp, ..., utime (12), stime (13)
+        if pgid in totals:
+            totals[pgid] += int(fields[11]) + int(fields[12])
+    return {pgid: total / ticks for pgid, total in totals.items()}
+
+
+def _group_cpu_s(pgid: int) -> float:
+    """User + system CPU seconds of every live process in a process group (from /proc)."""
+    return _groups_cpu_s({pgid})[pgid]
 
 
 def _cpu_snapshot(procs: Processes) -> dict[str, float]:
     """CPU seconds so far per child (process group), plus this process."""
-    snap = {child.name: _group_cpu_s(child.proc.pid) for child in procs.children}
+    by_group = _groups_cpu_s({child.proc.pid for child in procs.children})
+    snap = {child.name: by_group[child.proc.pid] for child in procs.children}
     snap["bench"] = time.process_time()
     return snap
 
@@ -260,7 +269,7 @@ def start_consumer(procs: Processes, env: Environment, contender: str, *, py_spy
 class ReplyCollector:
     """Counts replies by reply subject (one unique inbox per item), without decoding them."""
 
-    def __init__(self, expected: set[str]) -> None:
+    def __init__(self, expected: set[str], on_first: Callable[[], dict[str, float]] | None = None) -> None:
         self.expected = expected
         self.counts: dict[str, int] = {}
         self.failures = 0
@@ -268,6 +277,10 @@ class ReplyCollector:
         self.first: float | None = None
         self.last: float | None = None
         self.done = asyncio.Event()
+        #: Called once, right at the first expected reply: a CPU snapshot splits start-up from steady state.
+        self.on_first = on_first
+        self.first_snapshot: dict[str, float] | None = None
+        self.first_replies = 0  # unique replies counted when `first_snapshot` was taken
 
     async def on_reply(self, msg: Msg) -> None:
         now = time.perf_counter()
@@ -283,6 +296,9 @@ class ReplyCollector:
             self.failures += 1
         if self.first is None:
             self.first = now
+            if self.on_first is not None:
+                self.first_snapshot = self.on_first()
+                self.first_replies = len(self.counts)
         self.last = now
         if len(self.counts) == len(self.expected):
             self.done.set()
@@ -361,6 +377,8 @@ class ThroughputRun:
     ack_pending: int | None
     redelivered: int | None
     cpu_s: dict[str, float]  # CPU seconds per process from consumer start to the last reply
+    cpu_first_s: dict[str, float] | None  # CPU seconds per process from consumer start to the first reply
+    first_replies: int  # unique replies counted when the first-reply CPU snapshot was taken
     exit_code: int | None
     stop_s: float | None
     killed: bool
@@ -400,10 +418,15 @@ async def throughput_round(
                 cpu_before = _cpu_snapshot(procs)
                 started = time.perf_counter()
                 consumer = start_consumer(procs, env, contender, py_spy=py_spy)
+                collector.on_first = lambda: _cpu_snapshot(procs)
                 timed_out = not await _wait_done(collector.done, consumer, args.phase_timeout_s)
                 end = collector.last if collector.last is not None else time.perf_counter()
                 cpu_after = _cpu_snapshot(procs)
                 cpu_s = {name: cpu_after[name] - cpu_before.get(name, 0.0) for name in cpu_after}
+                at_first = collector.first_snapshot
+                cpu_first_s = None
+                if at_first is not None:
+                    cpu_first_s = {name: at_first.get(name, 0.0) - cpu_before.get(name, 0.0) for name in cpu_after}
                 await asyncio.sleep(DUPLICATE_GRACE_S)
                 stream_left, ack_pending, redelivered = await _consumer_state(js, spec)
             finally:
@@ -441,6 +464,8 @@ async def throughput_round(
                 ack_pending=ack_pending,
                 redelivered=redelivered,
                 cpu_s=cpu_s,
+                cpu_first_s=cpu_first_s,
+                first_replies=collector.first_replies,
                 exit_code=consumer.exit_code,
                 stop_s=consumer.stop_s,
                 killed=consumer.killed,
@@ -571,7 +596,7 @@ PROFILE_BUCKETS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("pull consumer (credit, batches)", ("PullConsumer.", "_pull_loop")),
     ("nats-py flusher: socket writes", ("Client._flusher",)),
     ("nats-py inbound: parse, dispatch to subscriptions", ("Client._read_loop", "Parser.parse", "_wait_for_msgs")),
-    ("heartbeat / health publisher / probes", ("heartbeat", "_health_publisher", "aiohttp")),
+    ("heartbeat / health publisher / probes", ("heartbeat", "_health_publisher", "ProbeServer.", "aiohttp")),
 )
 
 
@@ -633,6 +658,25 @@ def _ms(value: float | None) -> str:
     return "-" if value is None else f"{value:.1f}"
 
 
+def startup_cpu_s(run: ThroughputRun) -> float | None:
+    """The consumer's CPU seconds from its start to the first reply (imports, connect, topology, probes)."""
+    return None if run.cpu_first_s is None else run.cpu_first_s.get(run.contender, 0.0)
+
+
+def steady_cpu_ms_per_1k(run: ThroughputRun, name: str | None = None) -> float | None:
+    """CPU ms per 1,000 items of process `name` (default: the consumer) once it is up: from the first
+    reply to the last, over the items replied to after the first-reply snapshot."""
+    name = name or run.contender
+    items = run.items - run.first_replies
+    if run.cpu_first_s is None or items <= 0:
+        return None
+    return (run.cpu_s.get(name, 0.0) - run.cpu_first_s.get(name, 0.0)) * 1e6 / items
+
+
+def _cpu_text(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds:.3f} s"
+
+
 def report(runs: list[ThroughputRun], latency: dict[str, LatencyRun], args: argparse.Namespace) -> dict[str, Any]:
     """Print the table and return the summary that goes into the JSON file."""
     per = {c: [r for r in runs if r.contender == c] for c in CONTENDERS}
@@ -674,6 +718,33 @@ def report(runs: list[ThroughputRun], latency: dict[str, LatencyRun], args: argp
         cpu[c] = {n: _median([r.cpu_s.get(n, 0.0) * 1e6 / r.items for r in per[c]]) for n in names}
         parts = "  ".join(f"{n} {v:,.0f}" for n, v in cpu[c].items())
         print(f"  {c:<8} {parts}  (sum {sum(cpu[c].values()):,.0f})")
+    startup_cpu: dict[str, float | None] = {}
+    steady_cpu: dict[str, dict[str, float]] = {}
+    for c in CONTENDERS:
+        firsts = [v for v in map(startup_cpu_s, per[c]) if v is not None]
+        startup_cpu[c] = _median(firsts) if firsts else None
+        names = sorted({n for r in per[c] for n in r.cpu_s}, key=lambda n: (n != c, n))
+        steady_cpu[c] = {}
+        for n in names:
+            values = [v for v in (steady_cpu_ms_per_1k(r, n) for r in per[c]) if v is not None]
+            if values:
+                steady_cpu[c][n] = _median(values)
+    target = "met" if (startup_cpu["sidecar"] or 0.0) <= STARTUP_CPU_TARGET_S else "NOT met"
+    print(
+        "CPU before the first reply (median over rounds): "
+        + "  ".join(f"{c} {_cpu_text(startup_cpu[c])}" for c in CONTENDERS)
+        + f"  (target sidecar <= {STARTUP_CPU_TARGET_S:g} s: {target})"
+    )
+    print(
+        "steady CPU per 1,000 items, first reply -> last reply (ms; median over rounds): "
+        + "  ".join(
+            f"{c} {steady_cpu[c].get(c, 0.0):,.0f} (all {sum(steady_cpu[c].values()):,.0f})" for c in CONTENDERS
+        )
+    )
+    side_steady, naive_steady = steady_cpu["sidecar"].get("sidecar"), steady_cpu["naive"].get("naive")
+    steady_cpu_ratio = side_steady / naive_steady if side_steady is not None and naive_steady else None
+    if steady_cpu_ratio is not None:
+        print(f"steady CPU per item sidecar/naive: {steady_cpu_ratio:.2f}x")
     for r in runs:
         flags = []
         if r.timed_out:
@@ -699,6 +770,9 @@ def report(runs: list[ThroughputRun], latency: dict[str, LatencyRun], args: argp
         "steady_ratio_sidecar_over_naive": steady_ratio,
         "half_load_p99_ms": p99,
         "cpu_ms_per_1k_items": cpu,
+        "startup_cpu_s": startup_cpu,
+        "steady_cpu_ms_per_1k_items": steady_cpu,
+        "steady_cpu_ratio_sidecar_over_naive": steady_cpu_ratio,
     }
 
 
@@ -719,6 +793,7 @@ async def run_bench(args: argparse.Namespace, procs: Processes) -> dict[str, Any
             print(
                 f"round {round_no} {contender:<7}: {run.items_per_s:8,.0f} items/s"
                 f" ({run.replies:,}/{run.items:,} replies in {run.elapsed_s:.2f} s, startup {_ms(run.startup_s)} s,"
+                f" start-up CPU {_cpu_text(startup_cpu_s(run))},"
                 f" preload {run.preload_s:.2f} s, lost {run.lost}, dup {run.duplicates})",
                 flush=True,
             )

@@ -4,11 +4,17 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
+import gc
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
+
+#: What nats-py imports only for its WebSocket transport, an optional extra it runs without: `run`
+#: hides them while nats loads unless a server is `ws://` or `wss://` (aiohttp alone cost ~0.15 s CPU
+#: at start-up, half of it the SSL context aiohttp.connector builds at import).
+WEBSOCKET_ONLY = ("aiohttp", "multidict")
+WEBSOCKET_SCHEMES = ("ws", "wss")
 
 
 class _VersionAction(argparse.Action):
@@ -63,18 +69,50 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     return parser
 
 
-def _run(args: argparse.Namespace) -> int:
+def load_run(servers: Sequence[str]) -> Callable[..., Coroutine[Any, Any, int]]:
+    """`app.run`, imported the way `sie-sidecar run` starts: nats-py without its WebSocket transport
+    when no server in `servers` needs it (anything else may still import aiohttp later, as usual)."""
+    websocket = any(url.partition("://")[0].strip().lower() in WEBSOCKET_SCHEMES for url in servers)
+    if "nats" not in sys.modules and not websocket:
+        hidden = [name for name in WEBSOCKET_ONLY if name not in sys.modules]
+        for name in hidden:
+            sys.modules[name] = None  # type: ignore[assignment]  # `import name` raises ImportError
+        try:
+            from .bus import connect  # noqa: F401  # the NATS client: its transport module sees no aiohttp
+        finally:
+            for name in hidden:
+                if sys.modules.get(name, ...) is None:
+                    del sys.modules[name]
     from .app import run
-    from .config import ConfigError, Settings
-    from .logs import configure_logging
 
+    return run
+
+
+def _run(argv: list[str]) -> int:
+    """`sie-sidecar run`. The garbage collector is off while the modules load (they allocate only
+    long-lived objects: collecting them was ~10% of the start-up CPU), and what they made is frozen
+    out of every later collection before the sidecar starts."""
+    gc_was_enabled = gc.isenabled()
+    gc.disable()
     try:
-        settings = Settings.from_sources(os.environ, args)
-        settings.require_supported()  # a setting this build lacks is refused, never ignored
-    except ConfigError as exc:
-        print(f"sie-sidecar: {exc}", file=sys.stderr)
-        return 2
-    configure_logging(settings.log_filter)
+        import asyncio
+
+        args = build_parser("run").parse_args(argv)
+        from .config import ConfigError, Settings
+        from .logs import configure_logging
+
+        try:
+            settings = Settings.from_sources(os.environ, args)
+            settings.require_supported()  # a setting this build lacks is refused, never ignored
+        except ConfigError as exc:
+            print(f"sie-sidecar: {exc}", file=sys.stderr)
+            return 2
+        configure_logging(settings.log_filter)
+        run = load_run(settings.nats_servers)
+        gc.freeze()
+    finally:
+        if gc_was_enabled:
+            gc.enable()
     return asyncio.run(run(settings))
 
 
@@ -85,9 +123,13 @@ def _command_of(argv: Sequence[str]) -> str | None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    args = build_parser(_command_of(argv)).parse_args(argv)
-    if args.command == "run":
-        return _run(args)
+    command = _command_of(argv)
+    if command == "run":
+        return _run(argv)
+    import asyncio
+
+    args = build_parser(command).parse_args(argv)
+
     if args.command == "backend":
         from .backend.cli import run_backend
         from .logs import configure_logging

@@ -1,45 +1,178 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The `/healthz` and `/readyz` HTTP probes (sidecar-behaviour §10) on the probe port."""
+"""The `/healthz` and `/readyz` HTTP probes (sidecar-behaviour §10) on the probe port.
+
+A minimal HTTP/1.1 responder on asyncio streams rather than aiohttp.web: importing aiohttp cost the
+sidecar ~0.15 s CPU before its first reply, and three fixed plain-text answers need no framework. One
+request per connection (`Connection: close`), the request head bounded in size and time, any request
+body ignored; a malformed request gets `400 bad request`, never an exception out of the handler.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
-
-from aiohttp import web
+from dataclasses import dataclass
+from urllib.parse import unquote
 
 from .pipeline.readiness import Readiness
 
 log = logging.getLogger(__name__)
 
+MAX_HEAD_BYTES = 8192  # request line + headers; a kubelet probe sends ~150
+HEAD_TIMEOUT_S = 5.0  # for the whole request head to arrive
+WRITE_TIMEOUT_S = 5.0
+MAX_CONNECTIONS = 64  # served at once; more are closed on accept
+_TOKEN_CHARS = frozenset(b"!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
+_REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 408: "Request Timeout", 503: "Service Unavailable"}
 
-async def start_probes(readiness: Readiness, port: int, host: str = "0.0.0.0") -> web.AppRunner | None:
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    method: str
+    path: str  # percent-decoded, without the query
+
+
+@dataclass(frozen=True, slots=True)
+class BadRequest:
+    """Why a request head is not an HTTP/1.x request this server can answer (a 400, not an exception)."""
+
+    reason: str
+
+
+def parse_request_head(head: bytes) -> Request | BadRequest:
+    """The method and path of an HTTP/1.x request head (request line, header lines, the blank line),
+    or why it is malformed (RFC 9112 §3: request-line = method SP request-target SP HTTP-version)."""
+    if len(head) > MAX_HEAD_BYTES:
+        return BadRequest("request head too large")
+    lines = head.split(b"\r\n")
+    if len(lines) < 3 or lines[-2:] != [b"", b""]:
+        return BadRequest("request head does not end with an empty line")
+    parts = lines[0].split(b" ")
+    if len(parts) != 3:
+        return BadRequest("request line is not 'method target version'")
+    method, target, version = parts
+    if not method or not _TOKEN_CHARS.issuperset(method):
+        return BadRequest("method is not a token")
+    if version not in (b"HTTP/1.0", b"HTTP/1.1"):
+        return BadRequest("not HTTP/1.0 or HTTP/1.1")
+    if not target or any(c <= 0x20 or c >= 0x7F for c in target):
+        return BadRequest("request target is empty or not printable ASCII")
+    for line in lines[1:-2]:
+        name, colon, _ = line.partition(b":")
+        if not colon or not name or not _TOKEN_CHARS.issuperset(name):
+            return BadRequest("malformed header line")
+    return Request(method.decode("ascii"), _path_of(target.decode("ascii")))
+
+
+def _path_of(target: str) -> str:
+    """The decoded path of an origin-form (`/p?q`) or absolute-form (`http://h/p?q`) target; "" for
+    other forms (`*`, authority-form), which match no probe."""
+    if not target.startswith("/") and "://" in target:
+        rest = target.partition("://")[2]
+        target = "/" + rest.partition("/")[2] if "/" in rest else "/"
+    if not target.startswith("/"):
+        return ""
+    path = target.partition("?")[0].partition("#")[0]
+    return unquote(path, errors="replace")
+
+
+def answer(readiness: Readiness, request: Request) -> tuple[int, str]:
+    """(status, body) for a request: GET or HEAD of a probe, `404 not found` for anything else."""
+    if request.method in ("GET", "HEAD"):
+        if request.path == "/healthz":
+            return 200, "ok"
+        if request.path == "/readyz":
+            reason = readiness.reason()
+            return (200, "ok") if reason is None else (503, f"not ready: {reason}")
+    return 404, "not found"
+
+
+def render_response(status: int, body: str, *, head_only: bool = False) -> bytes:
+    payload = body.encode("utf-8")
+    head = (
+        f"HTTP/1.1 {status} {_REASONS[status]}\r\n"
+        "Content-Type: text/plain; charset=utf-8\r\n"
+        f"Content-Length: {len(payload)}\r\n"
+        "Connection: close\r\n\r\n"
+    ).encode("ascii")
+    return head if head_only else head + payload
+
+
+class ProbeServer:
+    """The listening probe server; `cleanup` stops it and drops any connection still being served."""
+
+    def __init__(self, readiness: Readiness) -> None:
+        self._readiness = readiness
+        self._server: asyncio.Server | None = None
+        self._open: dict[asyncio.Task[None], asyncio.StreamWriter] = {}
+
+    async def start(self, host: str, port: int) -> None:
+        self._server = await asyncio.start_server(self._accept, host, port, limit=MAX_HEAD_BYTES)
+
+    @property
+    def port(self) -> int:
+        """The bound port (useful when started on port 0)."""
+        assert self._server is not None and self._server.sockets
+        return int(self._server.sockets[0].getsockname()[1])
+
+    async def cleanup(self) -> None:
+        if self._server is not None:
+            self._server.close()
+        # Aborting the sockets ends each handler through its own error path: a cancelled one would
+        # be logged by asyncio's stream callback as an error.
+        for writer in self._open.values():
+            writer.transport.abort()
+        await asyncio.gather(*self._open, return_exceptions=True)
+        if self._server is not None:
+            with contextlib.suppress(Exception):
+                await self._server.wait_closed()
+
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        if task is None or len(self._open) >= MAX_CONNECTIONS:
+            writer.transport.abort()
+            return
+        self._open[task] = writer
+        try:
+            await self._serve(reader, writer)
+        except Exception as exc:  # a probe connection never takes the process down
+            log.debug("probe connection failed", extra={"error": repr(exc)})
+        finally:
+            del self._open[task]
+            writer.close()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            async with asyncio.timeout(HEAD_TIMEOUT_S):
+                head = await reader.readuntil(b"\r\n\r\n")
+        except TimeoutError:
+            response = render_response(408, "request timeout")
+        except asyncio.LimitOverrunError:
+            response = render_response(400, "bad request: request head too large")
+        except asyncio.IncompleteReadError:
+            return  # the client went away before a whole request
+        else:
+            request = parse_request_head(head)
+            if isinstance(request, BadRequest):
+                response = render_response(400, f"bad request: {request.reason}")
+            else:
+                status, body = answer(self._readiness, request)
+                response = render_response(status, body, head_only=request.method == "HEAD")
+        writer.write(response)
+        async with asyncio.timeout(WRITE_TIMEOUT_S):
+            await writer.drain()
+
+
+async def start_probes(readiness: Readiness, port: int, host: str = "0.0.0.0") -> ProbeServer | None:
     """Serve `/healthz` and `/readyz`; a bind failure is logged and the process keeps running."""
-
-    async def healthz(_: web.Request) -> web.Response:
-        return web.Response(text="ok", content_type="text/plain", charset="utf-8")
-
-    async def readyz(_: web.Request) -> web.Response:
-        reason = readiness.reason()
-        if reason is None:
-            return web.Response(text="ok", content_type="text/plain", charset="utf-8")
-        return web.Response(status=503, text=f"not ready: {reason}", content_type="text/plain", charset="utf-8")
-
-    async def not_found(_: web.Request) -> web.Response:
-        return web.Response(status=404, text="not found", content_type="text/plain", charset="utf-8")
-
-    app = web.Application()
-    app.router.add_get("/healthz", healthz)
-    app.router.add_get("/readyz", readyz)
-    app.router.add_route("*", "/{tail:.*}", not_found)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
+    server = ProbeServer(readiness)
     try:
-        await web.TCPSite(runner, host, port).start()
+        await server.start(host, port)
     except OSError as exc:
         log.error("probe server could not bind", extra={"port": port, "error": repr(exc)})
-        await runner.cleanup()
         return None
-    return runner
+    return server
 
 
-__all__ = ["start_probes"]
+__all__ = ["BadRequest", "ProbeServer", "Request", "answer", "parse_request_head", "render_response", "start_probes"]
