@@ -19,7 +19,8 @@ ITEMS = 256
 
 
 async def _peak_ack_pending(stack: Stack, ids: list[str], timeout: float = 30.0) -> int:
-    """The most un-ACKed pool messages seen while the items are answered."""
+    """The most un-ACKed pool messages the server reported while the items are answered (its
+    view: ACKs already sent but not yet processed still count)."""
     peak = 0
     deadline = time.monotonic() + timeout
     while len({r["work_item_id"] for r in stack.replies} & set(ids)) < len(ids):
@@ -46,7 +47,7 @@ async def test_the_batch_budget_sets_the_count_cap_and_the_pull_ahead(nats_serve
     peak, adapter = await _run(nats_server, tmp_path, {})
     assert adapter.items == ITEMS
     assert adapter.batches <= ITEMS // 24, adapter.batches  # v0.7.1's cap of 12 would need at least 22 batches
-    assert peak > 64, peak  # more than one pull's worth held while the backend is busy (derived: 256)
+    assert peak > 2 * 64, peak  # far more than one pull's worth held while the backend is busy (derived: 256)
 
 
 async def test_explicit_settings_keep_the_v071_count_cap_and_pull_ahead(
@@ -56,4 +57,6 @@ async def test_explicit_settings_keep_the_v071_count_cap_and_pull_ahead(
     peak, adapter = await _run(nats_server, tmp_path, env)
     assert adapter.items == ITEMS
     assert adapter.batches >= ITEMS // 12, adapter.batches
-    assert peak <= 64, peak
+    # The sidecar holds at most 64; the server's count runs a little behind the ACKs it has queued,
+    # so it may show up to one more pull request's worth (32) on top.
+    assert peak <= 64 + 32, peak
