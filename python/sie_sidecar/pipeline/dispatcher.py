@@ -87,6 +87,25 @@ class _Model:
     batch_budget: int | None = None
 
 
+def _inline_text_only(ds: list[Delivery]) -> bool:
+    """No extract item (media checks) and no offloaded payload among encode/score items: the one
+    test per item that lets `_resolve_payloads` hand the group on untouched."""
+    for d in ds:
+        item = d.item
+        if item is None:
+            return False
+        op = item.operation
+        if op == "encode":
+            if item.payload_ref is not None:
+                return False
+        elif op == "score":
+            if item.query_payload_ref is not None:
+                return False
+        else:
+            return False
+    return True
+
+
 def _split_by_op(ds: list[Delivery]) -> tuple[dict[tuple[str, str], list[Delivery]], list[Delivery]]:
     """The (operation, LoRA key) groups of a model group, and the items of unknown operations. The
     common case, one known operation and no options anywhere, is one pass without a call per item."""
@@ -431,18 +450,20 @@ class Dispatcher:
         if outcome is None:
             return None
         finished = time.monotonic()
-        reported = outcome.outcomes[0].inference_ms if outcome.outcomes else None
-        successes = [o for o in outcome.outcomes if o.disposition == "publish_and_ack"]
-        enqueued: dict[str, float] = {}
-        if successes:
-            for d, at in zip(formed.items, formed.enqueued_at, strict=True):
-                if d.item is not None:
-                    enqueued.setdefault(d.item.request_id, at)
+        outcomes = outcome.outcomes
+        reported = outcomes[0].inference_ms if outcomes else None
+        # One latency per request with a success: from its first item's enqueue to now.
+        succeeded = dict.fromkeys(o.request_id for o in outcomes if o.disposition == "publish_and_ack")
         latencies = []
-        for rid in dict.fromkeys(o.request_id for o in successes):
-            since = enqueued.get(rid)
-            if since is not None and finished > since:
-                latencies.append((finished - since) * 1000.0)
+        if succeeded:
+            enqueued: dict[str, float] = {}
+            for d, at in zip(formed.items, formed.enqueued_at, strict=True):
+                if d.item is not None and d.item.request_id not in enqueued:
+                    enqueued[d.item.request_id] = at
+            for rid in succeeded:
+                since = enqueued.get(rid)
+                if since is not None and finished > since:
+                    latencies.append((finished - since) * 1000.0)
         return BatchReport(reported, (finished - started) * 1000.0, finished, latencies)
 
     async def _keepalive(self, ds: list[Delivery]) -> None:
@@ -534,6 +555,8 @@ class Dispatcher:
         Each refused item gets its own error result (PAYLOAD_TOO_LARGE, payload_error or the media
         code) and is ACKed once that is published; the rest of the batch goes on.
         """
+        if ds and _inline_text_only(ds):
+            return ds  # the usual encode/score group: no media to check, nothing to fetch
         refused: list[tuple[Delivery, str, str]] = []
         checked: list[Delivery] = []
         for d in ds:  # inline extract media is checked before any fetch
