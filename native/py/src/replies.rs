@@ -238,12 +238,12 @@ pub fn frame_outcome_replies(
     let buffer = PyBytes::new_with(py, total, |buf| {
         let mut w = SliceWriter::new(buf);
         for p in &planned {
-            w.extend_from_slice(pub_header(&p.item.reply_subject, p.size).as_bytes());
+            write_pub_header(&mut w, &p.item.reply_subject, p.size);
             encode_work_result(&mut w, &p.result(py, worker_id, current_hash, now));
             w.extend_from_slice(b"\r\n");
         }
         for subject in &ack_subjects {
-            w.extend_from_slice(pub_header(subject, ACK_PAYLOAD.len()).as_bytes());
+            write_pub_header(&mut w, subject, ACK_PAYLOAD.len());
             w.extend_from_slice(ACK_PAYLOAD);
             w.extend_from_slice(b"\r\n");
         }
@@ -258,11 +258,27 @@ pub fn frame_outcome_replies(
     }))
 }
 
-fn pub_header(subject: &str, size: usize) -> String {
-    format!("PUB {subject} {size}\r\n")
+/// Write `PUB <subject> <size>\r\n` (no intermediate String: this runs twice per item).
+fn write_pub_header(w: &mut impl Out, subject: &str, size: usize) {
+    w.extend_from_slice(b"PUB ");
+    w.extend_from_slice(subject.as_bytes());
+    w.extend_from_slice(b" ");
+    let mut digits = [0u8; 20];
+    let mut at = digits.len();
+    let mut n = size;
+    loop {
+        at -= 1;
+        digits[at] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    w.extend_from_slice(&digits[at..]);
+    w.extend_from_slice(b"\r\n");
 }
 
-/// `len(pub_header(subject, size))` without building it.
+/// The length `write_pub_header` writes.
 fn pub_header_len(subject: &str, size: usize) -> usize {
     let digits = size.checked_ilog10().map_or(1, |d| d as usize + 1);
     "PUB ".len() + subject.len() + 1 + digits + "\r\n".len()
