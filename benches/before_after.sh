@@ -12,7 +12,7 @@ run() { # tree label [extra args]
   local tree=$1 label=$2; shift 2
   PYTHONPATH="$tree/python" timeout 300 .venv/bin/python "$tree/benches/e2e_throughput.py" --items 20000 --rounds 2 \
     --half-load-s 8 --json "$OUT/e2e-$label.json" "$@" > "$OUT/e2e-$label.log" 2>&1
-  echo "== $label"; grep -E "ratio sidecar|half-load p99|  naive |  sidecar |CPUs busy" "$OUT/e2e-$label.log"
+  echo "== $label"; grep -E "ratio sidecar|half-load p99|  naive |  sidecar |CPUs busy|CPU before|steady CPU" "$OUT/e2e-$label.log"
 }
 run "$PWD" after1 "${TP[@]}"
 run "$BASE" before1 "${TP[@]}"

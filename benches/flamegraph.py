@@ -77,6 +77,23 @@ def python_share(root: Node) -> float:
     return python / root.samples if root.samples else 0.0
 
 
+def _has_native_frames(root: Node) -> bool:
+    """Whether the profile was recorded with native frames (`py-spy record --native`)."""
+    stack = list(root.children.values())
+    while stack:
+        node = stack.pop()
+        if _is_native_symbol(node.name):
+            return True
+        stack.extend(node.children.values())
+    return False
+
+
+def _is_native_symbol(name: str) -> bool:
+    """py-spy's `--native` frames name a shared object (`sym (libpython3.11.so)`)."""
+    where = name.rpartition(" (")[2]
+    return ".so" in where or "[kernel" in where
+
+
 def is_python_frame(name: str) -> bool:
     """py-spy names Python frames `func (file.py:line)`; native ones `sym (lib.so)` or a bare address."""
     where = name.rpartition(" (")[2]
@@ -139,12 +156,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--drop-startup", action="store_true", help="leave out start-up stacks (steady state only)")
     args = parser.parse_args(argv)
     root, kept, dropped = parse_collapsed(args.raw.read_text(errors="replace"), drop_startup=args.drop_startup)
-    share = python_share(root)
-    title = f"{args.title} - {kept} samples, Python frames {100 * share:.1f}%"
+    native = _has_native_frames(root)
+    if native:
+        where = f"innermost frame in Python {100 * python_share(root):.1f}%"
+    else:
+        where = "no native frames recorded: native calls count in their Python callers"
+    title = f"{args.title} - {kept} samples, {where}"
     if dropped:
         title += f" (start-up: {dropped} samples left out)"
     args.svg.write_text(render(root, title))
-    print(f"{args.svg}: {kept} samples, innermost frame in Python {100 * share:.1f}%, start-up dropped {dropped}")
+    print(f"{args.svg}: {kept} samples, {where}, start-up dropped {dropped}")
     return 0
 
 

@@ -10,7 +10,7 @@ from typing import Any, Final, Literal
 
 from .. import wire
 from ..logs import Throttled
-from ..wire.workitem import WorkItemError, decode_work_item
+from ..wire.workitem import WorkItem, WorkItemError, decode_work_item
 from .delivery import Delivery
 from .source import SettleHandle
 
@@ -24,6 +24,14 @@ Verdict = Literal["accept", "nak", "drop"]
 ACCEPT: Final = "accept"  # grouped by model and handed on
 NAK: Final = "nak"  # malformed subject or undecodable payload: NAK with the base delay
 DROP: Final = "drop"  # unsafe reply subject or cancelled: ACK-dropped, nothing published
+
+
+def _subject_wins(item: WorkItem, model: str, subject: str) -> None:
+    """A payload naming another model than its subject: the subject's model is the one served."""
+    _warn.warning(
+        "payload model differs from the subject; the subject wins", key=subject, extra={"item": item.work_item_id}
+    )
+    item.model_id = model
 
 
 class Intake:
@@ -88,12 +96,7 @@ class Intake:
                 drops.append(d)
                 continue
             if item.model_id != model:
-                _warn.warning(
-                    "payload model differs from the subject; the subject wins",
-                    key=subject,
-                    extra={"item": item.work_item_id},
-                )
-                item.model_id = model
+                _subject_wins(item, model, subject)
             d.model = model
             group = groups.get(model)
             if group is None:
@@ -120,12 +123,7 @@ class Intake:
         if item.operation != "generate" and self.any_tombstones() and self.cancelled(d):
             return d, DROP
         if item.model_id != model:
-            _warn.warning(
-                "payload model differs from the subject; the subject wins",
-                key=subject,
-                extra={"item": item.work_item_id},
-            )
-            item.model_id = model
+            _subject_wins(item, model, subject)
         d.model = model
         return d, ACCEPT
 
