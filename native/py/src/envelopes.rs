@@ -174,9 +174,11 @@ pub struct BatchOutcome {
 
 const DISPOSITIONS: [&str; 3] = ["publish_and_ack", "publish_error_and_ack", "nak_retry"];
 
-/// Interned disposition strings, so 256 outcomes share three objects.
+/// Interned disposition strings and `units` keys, so 256 outcomes share them (a fresh key str
+/// per count was five allocations and five hashes per outcome).
 struct Interned {
     dispositions: [Py<PyAny>; 3],
+    unit_keys: [Py<PyAny>; 5],
 }
 
 impl Interned {
@@ -184,6 +186,7 @@ impl Interned {
         Self {
             dispositions: DISPOSITIONS
                 .map(|d| pyo3::types::PyString::intern(py, d).into_any().unbind()),
+            unit_keys: UNIT_KEYS.map(|k| pyo3::types::PyString::intern(py, k).into_any().unbind()),
         }
     }
 }
@@ -225,7 +228,11 @@ fn result_bytes<'py>(py: Python<'py>, r: &mut Reader<'_>) -> PyResult<Bound<'py,
 }
 
 /// UnitCounts from a named map (unknown keys dropped) or a legacy positional array.
-fn units<'py>(py: Python<'py>, r: &mut Reader<'_>) -> PyResult<Option<Bound<'py, PyDict>>> {
+fn units<'py>(
+    py: Python<'py>,
+    r: &mut Reader<'_>,
+    interned: &Interned,
+) -> PyResult<Option<Bound<'py, PyDict>>> {
     let at = r.position();
     let mut counts: [Option<u64>; 5] = [None; 5];
     match de(r.next_token())? {
@@ -264,8 +271,8 @@ fn units<'py>(py: Python<'py>, r: &mut Reader<'_>) -> PyResult<Option<Bound<'py,
         }
     }
     let dict = PyDict::new(py);
-    for (k, v) in UNIT_KEYS.iter().zip(counts) {
-        dict.set_item(k, v)?;
+    for (k, v) in interned.unit_keys.iter().zip(counts) {
+        dict.set_item(k.bind(py), v)?;
     }
     Ok(Some(dict))
 }
@@ -321,7 +328,7 @@ fn item_outcome(py: Python<'_>, r: &mut Reader<'_>, interned: &Interned) -> PyRe
                 let v = convert::value(py, r)?;
                 o.raw_output = if v.is_none(py) { None } else { Some(v) };
             }
-            b"units" => o.units = units(py, r)?.map(Bound::unbind),
+            b"units" => o.units = units(py, r, interned)?.map(Bound::unbind),
             b"retry_after_s" => o.retry_after_s = de(r.read_opt_uint("retry_after_s"))?,
             _ => {
                 de(r.skip_value())?;
