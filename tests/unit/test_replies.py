@@ -243,3 +243,69 @@ def test_payload_fetch_ms_is_written_only_when_a_payload_was_fetched(impl: Modul
     framed = frame(impl, ds, outcomes(impl, [success(0), success(1)]))
     first, second = (msgpack.unpackb(p) for p in _payloads(framed.buffer))
     assert (first["payload_fetch_ms"], second["payload_fetch_ms"]) == (3.5, None)
+
+
+def _response(maps: list[dict[str, Any]], **extra: Any) -> bytes:
+    return bytes(msgpack.packb({"outcomes": maps, "batched_f16_multivectors": [], **extra}, use_bin_type=True))
+
+
+@given(batch=batches(), acks=st.booleans())
+def test_a_response_framed_in_place_matches_decode_then_frame(batch: Any, acks: bool) -> None:
+    """`frame_batch_response` (no ItemOutcome per item) gives the bytes `frame_outcome_replies` gives
+    over the decoded outcomes, and what the pipeline learns: first inference, successes, samples."""
+    native, twin = load_impl("native"), load_impl("py")
+    maps, items, current = batch
+    ds = [
+        D(work_item(i, **kw), worker_direct=direct, payload_fetch_ms=ms, msg=M(f"$JS.ACK.s.c.1.{i}.{i}.0.0"))
+        for i, (kw, direct, ms) in enumerate(items)
+    ]
+    raw = _response(maps)
+    outs = outcomes(twin, maps)
+    expected = frame(twin, ds, outs, current_hash=current, acks=acks)
+    assert expected is not None
+    args = {"worker_id": "w-1", "current_hash": current, "now": NOW, "max_payload": MAX_PAYLOAD, "acks": acks}
+    for impl in (native, twin):
+        got = impl.frame_batch_response(raw, ds, **args)
+        assert got is not None
+        assert (got.replies.buffer, got.replies.sent, got.replies.acks) == (
+            expected.buffer,
+            expected.sent,
+            expected.acks,
+        )
+        assert got.inference_ms == (outs[0].inference_ms if outs else None)
+        assert got.success == bytes(int(o.disposition == "publish_and_ack") for o in outs)
+        assert got.totals == [
+            (o.inference_ms or 0.0) + (o.postprocessing_ms or 0.0)
+            for o, s in zip(outs, expected.sent, strict=True)
+            if s and o.disposition == "publish_and_ack"
+        ]
+
+
+@pytest.mark.parametrize(
+    "case", ["nak_retry", "f16", "raw_output", "bytes_as_array", "truncated", "missing_outcomes", "other_item"]
+)
+def test_a_response_the_general_path_must_decide_is_not_framed_in_place(impl: ModuleType, case: str) -> None:
+    ds = [D(work_item(0)), D(work_item(1))]
+    maps = [success(0), success(1)]
+    extra: dict[str, Any] = {}
+    if case == "nak_retry":
+        maps[1] = item_outcome("r1.0", "r1", 1, "nak_retry", nak_delay_ms=5)
+    elif case == "f16":
+        extra["batched_f16_multivectors"] = [{"values_f16": b"\x00\x00", "items": []}]
+    elif case == "raw_output":
+        maps[0] = maps[0] | {"raw_output": {"dense": [1.0]}}
+    elif case == "bytes_as_array":
+        maps[0] = maps[0] | {"result_msgpack": [0x81, 0xA1, 0x78, 0x01]}
+    elif case == "other_item":
+        maps[1] = success(7)
+    raw = _response(maps, **extra)
+    if case == "truncated":
+        raw = raw[:-3]
+    elif case == "missing_outcomes":
+        raw = msgpack.packb({"batched_f16_multivectors": []})
+    args = {"worker_id": "w-1", "current_hash": None, "now": NOW, "max_payload": MAX_PAYLOAD}
+    got = impl.frame_batch_response(raw, ds, **args)
+    if case == "bytes_as_array" and impl is load_impl("py"):
+        assert got is not None  # the twin decodes first: an array of byte values is a valid form
+        return
+    assert got is None

@@ -233,6 +233,18 @@ fn units<'py>(
     r: &mut Reader<'_>,
     interned: &Interned,
 ) -> PyResult<Option<Bound<'py, PyDict>>> {
+    let Some(counts) = unit_counts(r)? else {
+        return Ok(None);
+    };
+    let dict = PyDict::new(py);
+    for (k, v) in interned.unit_keys.iter().zip(counts) {
+        dict.set_item(k.bind(py), v)?;
+    }
+    Ok(Some(dict))
+}
+
+/// The five counts of a `units` value (nil: `None`), as `units` reads them.
+pub fn unit_counts(r: &mut Reader<'_>) -> PyResult<Option<[Option<u64>; 5]>> {
     let at = r.position();
     let mut counts: [Option<u64>; 5] = [None; 5];
     match de(r.next_token())? {
@@ -270,11 +282,7 @@ fn units<'py>(
             )))
         }
     }
-    let dict = PyDict::new(py);
-    for (k, v) in interned.unit_keys.iter().zip(counts) {
-        dict.set_item(k.bind(py), v)?;
-    }
-    Ok(Some(dict))
+    Ok(Some(counts))
 }
 
 fn item_outcome(py: Python<'_>, r: &mut Reader<'_>, interned: &Interned) -> PyResult<ItemOutcome> {

@@ -49,7 +49,9 @@ mod _native {
     };
 
     #[pymodule_export]
-    use crate::replies::{frame_outcome_replies, FramedReplies};
+    use crate::replies::{
+        frame_batch_response, frame_outcome_replies, FramedReplies, FramedResponse,
+    };
 
     #[pymodule_export]
     use crate::batcher::{Batcher, FormedBatch};

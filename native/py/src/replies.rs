@@ -11,10 +11,11 @@ use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList, PyString};
 
-use sie_core::msgpack::{Counter, Out, SliceWriter};
+use sie_core::msgpack::{Counter, Out, Reader, SliceWriter, Token};
 use sie_core::results::{encode_work_result, WorkResultRef, UNIT_KEYS};
 
-use crate::envelopes::ItemOutcome;
+use crate::buffers::with_bytes;
+use crate::envelopes::{unit_counts, ItemOutcome};
 
 /// `units` of an outcome as the five optional counts of the WorkResult.
 pub fn read_units(units: Option<&Bound<'_, PyDict>>) -> PyResult<Option<[Option<u64>; 5]>> {
@@ -84,26 +85,57 @@ impl FramedReplies {
     }
 }
 
+/// What a reply needs of one backend outcome, borrowed from an `ItemOutcome` or straight from
+/// the RunBatch response bytes (`frame_batch_response`).
+#[derive(Clone, Copy)]
+struct OutcomeView<'a> {
+    work_item_id: &'a str,
+    disposition: &'a str,
+    result_msgpack: &'a [u8],
+    error: Option<&'a str>,
+    error_code: Option<&'a str>,
+    inference_ms: Option<f64>,
+    tokenization_ms: Option<f64>,
+    postprocessing_ms: Option<f64>,
+    units: Option<[Option<u64>; 5]>,
+    has_raw_output: bool,
+}
+
+impl<'a> OutcomeView<'a> {
+    fn of(py: Python<'a>, o: &'a ItemOutcome) -> PyResult<Self> {
+        Ok(Self {
+            work_item_id: &o.work_item_id,
+            disposition: o.disposition.bind(py).cast::<PyString>()?.to_str()?,
+            result_msgpack: o.result_msgpack.bind(py).as_bytes(),
+            error: o.error.as_deref(),
+            error_code: o.error_code.as_deref(),
+            inference_ms: o.inference_ms,
+            tokenization_ms: o.tokenization_ms,
+            postprocessing_ms: o.postprocessing_ms,
+            units: read_units(o.units.as_ref().map(|u| u.bind(py)))?,
+            has_raw_output: o.raw_output.is_some(),
+        })
+    }
+}
+
 /// One reply of the batch, checked and measured in the first pass.
-struct Planned<'py> {
-    outcome: Bound<'py, ItemOutcome>,
+struct Planned<'a> {
+    outcome: OutcomeView<'a>,
     item: ItemFields,
     success: bool,
     worker_direct: bool,
     payload_fetch_ms: Option<f64>,
-    units: Option<[Option<u64>; 5]>,
     size: usize,
 }
 
 impl Planned<'_> {
     fn result<'a>(
         &'a self,
-        py: Python<'a>,
         worker_id: &'a str,
         current_hash: Option<&'a str>,
         now: f64,
     ) -> WorkResultRef<'a> {
-        let o = self.outcome.get();
+        let o = &self.outcome;
         let f = &self.item;
         let success = self.success;
         WorkResultRef {
@@ -111,17 +143,9 @@ impl Planned<'_> {
             request_id: &f.request_id,
             item_index: f.item_index,
             success,
-            result_msgpack: if success {
-                o.result_msgpack.bind(py).as_bytes()
-            } else {
-                &[]
-            },
-            error: if success { None } else { o.error.as_deref() },
-            error_code: if success {
-                None
-            } else {
-                o.error_code.as_deref()
-            },
+            result_msgpack: if success { o.result_msgpack } else { &[] },
+            error: if success { None } else { o.error },
+            error_code: if success { None } else { o.error_code },
             inference_ms: o.inference_ms,
             queue_ms: Some(f.queue_ms(now)),
             processing_ms: Some(0.0),
@@ -129,7 +153,7 @@ impl Planned<'_> {
             tokenization_ms: o.tokenization_ms,
             postprocessing_ms: o.postprocessing_ms,
             payload_fetch_ms: self.payload_fetch_ms,
-            units: self.units,
+            units: o.units,
             worker_direct: self.worker_direct,
             executed_bundle_config_hash: current_hash
                 .filter(|h| !f.bundle_config_hash.is_empty() && f.bundle_config_hash == *h),
@@ -168,94 +192,131 @@ pub fn frame_outcome_replies(
     max_payload: u64,
     acks: bool,
 ) -> PyResult<Option<FramedReplies>> {
-    let n = deliveries.len();
-    if outcomes.len() != n {
+    if outcomes.len() != deliveries.len() {
         return Ok(None);
     }
-    let mut ack_subjects: Vec<String> = Vec::with_capacity(if acks { n } else { 0 });
-    if acks {
-        for delivery in deliveries.iter() {
-            let subject: String = delivery
-                .getattr(intern!(py, "msg"))?
-                .getattr(intern!(py, "reply"))?
-                .extract()?;
-            if !ack_subject_ok(&subject) {
-                return Ok(None); // the general path settles it one by one
-            }
-            ack_subjects.push(subject);
-        }
-    }
-    let mut planned: Vec<Planned<'_>> = Vec::with_capacity(n);
-    let mut sent = vec![0u8; n];
-    let (mut total, mut payload_bytes) = (0usize, 0usize);
-    for (i, (delivery, outcome)) in deliveries.iter().zip(outcomes.iter()).enumerate() {
+    let mut held: Vec<Bound<'_, ItemOutcome>> = Vec::with_capacity(outcomes.len());
+    for outcome in outcomes.iter() {
         let Ok(outcome) = outcome.cast_into::<ItemOutcome>() else {
             return Ok(None);
         };
-        let item = ItemFields::read(&delivery.getattr(intern!(py, "item"))?)?;
-        let o = outcome.get();
-        if o.work_item_id != item.work_item_id || o.raw_output.is_some() {
+        held.push(outcome);
+    }
+    let mut views = Vec::with_capacity(held.len());
+    for outcome in &held {
+        views.push(OutcomeView::of(py, outcome.get())?);
+    }
+    let frame = Frame {
+        worker_id,
+        current_hash,
+        now,
+        max_payload,
+        acks,
+    };
+    frame.replies(py, deliveries, &views)
+}
+
+/// The batch-wide inputs of a framing pass.
+struct Frame<'a> {
+    worker_id: &'a str,
+    current_hash: Option<&'a str>,
+    now: f64,
+    max_payload: u64,
+    acks: bool,
+}
+
+impl Frame<'_> {
+    /// The common path's check and framing over outcome views in delivery order.
+    fn replies(
+        &self,
+        py: Python<'_>,
+        deliveries: &Bound<'_, PyList>,
+        outcomes: &[OutcomeView<'_>],
+    ) -> PyResult<Option<FramedReplies>> {
+        let (worker_id, current_hash, now) = (self.worker_id, self.current_hash, self.now);
+        let n = deliveries.len();
+        if outcomes.len() != n {
             return Ok(None);
         }
-        let success = match o.disposition.bind(py).cast::<PyString>()?.to_str()? {
-            "publish_and_ack" if !o.result_msgpack.bind(py).as_bytes().is_empty() => true,
-            "publish_error_and_ack" => false,
-            _ => return Ok(None), // nak_retry, or a success the sidecar must frame
-        };
-        if item.reply_subject.chars().all(py_space) {
-            continue; // fire-and-forget: nothing to send, and it counts as published
+        let mut ack_subjects: Vec<String> = Vec::with_capacity(if self.acks { n } else { 0 });
+        if self.acks {
+            for delivery in deliveries.iter() {
+                let subject: String = delivery
+                    .getattr(intern!(py, "msg"))?
+                    .getattr(intern!(py, "reply"))?
+                    .extract()?;
+                if !ack_subject_ok(&subject) {
+                    return Ok(None); // the general path settles it one by one
+                }
+                ack_subjects.push(subject);
+            }
         }
-        let units = read_units(o.units.as_ref().map(|u| u.bind(py)))?;
-        let worker_direct = delivery.getattr(intern!(py, "worker_direct"))?.extract()?;
-        // §6.1: written only when a payload was actually fetched for this item.
-        let fetch_ms: f64 = match delivery.getattr(intern!(py, "payload_fetch_ms")) {
-            Ok(v) => v.extract()?,
-            Err(_) => 0.0,
-        };
-        let mut p = Planned {
-            outcome,
-            item,
-            success,
-            worker_direct,
-            payload_fetch_ms: (fetch_ms > 0.0).then_some(fetch_ms),
-            units,
-            size: 0,
-        };
-        let mut size = Counter::default();
-        encode_work_result(&mut size, &p.result(py, worker_id, current_hash, now));
-        if size.0 as u64 > max_payload {
-            return Ok(None); // ResultChunkV1 or the compact PAYLOAD_TOO_LARGE error
-        }
-        p.size = size.0;
-        total += pub_header_len(&p.item.reply_subject, size.0) + size.0 + 2;
-        payload_bytes += size.0;
-        sent[i] = 1;
-        planned.push(p);
-    }
-    for subject in &ack_subjects {
-        total += pub_header_len(subject, ACK_PAYLOAD.len()) + ACK_PAYLOAD.len() + 2;
-    }
-    let buffer = PyBytes::new_with(py, total, |buf| {
-        let mut w = SliceWriter::new(buf);
-        for p in &planned {
-            write_pub_header(&mut w, &p.item.reply_subject, p.size);
-            encode_work_result(&mut w, &p.result(py, worker_id, current_hash, now));
-            w.extend_from_slice(b"\r\n");
+        let mut planned: Vec<Planned<'_>> = Vec::with_capacity(n);
+        let mut sent = vec![0u8; n];
+        let (mut total, mut payload_bytes) = (0usize, 0usize);
+        for (i, (delivery, o)) in deliveries.iter().zip(outcomes.iter()).enumerate() {
+            let item = ItemFields::read(&delivery.getattr(intern!(py, "item"))?)?;
+            if o.work_item_id != item.work_item_id || o.has_raw_output {
+                return Ok(None);
+            }
+            let success = match o.disposition {
+                "publish_and_ack" if !o.result_msgpack.is_empty() => true,
+                "publish_error_and_ack" => false,
+                _ => return Ok(None), // nak_retry, or a success the sidecar must frame
+            };
+            if item.reply_subject.chars().all(py_space) {
+                continue; // fire-and-forget: nothing to send, and it counts as published
+            }
+            let worker_direct = delivery.getattr(intern!(py, "worker_direct"))?.extract()?;
+            // §6.1: written only when a payload was actually fetched for this item.
+            let fetch_ms: f64 = match delivery.getattr(intern!(py, "payload_fetch_ms")) {
+                Ok(v) => v.extract()?,
+                Err(_) => 0.0,
+            };
+            let mut p = Planned {
+                outcome: *o,
+                item,
+                success,
+                worker_direct,
+                payload_fetch_ms: (fetch_ms > 0.0).then_some(fetch_ms),
+                size: 0,
+            };
+            let mut size = Counter::default();
+            encode_work_result(&mut size, &p.result(worker_id, current_hash, now));
+            if size.0 as u64 > self.max_payload {
+                return Ok(None); // ResultChunkV1 or the compact PAYLOAD_TOO_LARGE error
+            }
+            p.size = size.0;
+            total += pub_header_len(&p.item.reply_subject, size.0) + size.0 + 2;
+            payload_bytes += size.0;
+            sent[i] = 1;
+            planned.push(p);
         }
         for subject in &ack_subjects {
-            write_pub_header(&mut w, subject, ACK_PAYLOAD.len());
-            w.extend_from_slice(ACK_PAYLOAD);
-            w.extend_from_slice(b"\r\n");
+            total += pub_header_len(subject, ACK_PAYLOAD.len()) + ACK_PAYLOAD.len() + 2;
         }
-        Ok(())
-    })?;
-    Ok(Some(FramedReplies {
-        buffer: buffer.unbind(),
-        sent: PyBytes::new(py, &sent).unbind(),
-        messages: planned.len(),
-        payload_bytes,
-        acks: ack_subjects.len(),
-    }))
+        let buffer = PyBytes::new_with(py, total, |buf| {
+            let mut w = SliceWriter::new(buf);
+            for p in &planned {
+                write_pub_header(&mut w, &p.item.reply_subject, p.size);
+                encode_work_result(&mut w, &p.result(worker_id, current_hash, now));
+                w.extend_from_slice(b"\r\n");
+            }
+            for subject in &ack_subjects {
+                write_pub_header(&mut w, subject, ACK_PAYLOAD.len());
+                w.extend_from_slice(ACK_PAYLOAD);
+                w.extend_from_slice(b"\r\n");
+            }
+            Ok(())
+        })?;
+        Ok(Some(FramedReplies {
+            buffer: buffer.unbind(),
+            sent: PyBytes::new(py, &sent).unbind(),
+            messages: planned.len(),
+            payload_bytes,
+            acks: ack_subjects.len(),
+        }))
+    }
 }
 
 /// Write `PUB <subject> <size>\r\n` (no intermediate String: this runs twice per item).
@@ -282,4 +343,174 @@ fn write_pub_header(w: &mut impl Out, subject: &str, size: usize) {
 fn pub_header_len(subject: &str, size: usize) -> usize {
     let digits = size.checked_ilog10().map_or(1, |d| d as usize + 1);
     "PUB ".len() + subject.len() + 1 + digits + "\r\n".len()
+}
+
+/// A RunBatch response framed straight into replies (`frame_batch_response`), with what the
+/// pipeline learns from it: the first outcome's `inference_ms`, per delivery whether it
+/// succeeded (`1`), and the quantum controller's samples (inference + postprocessing ms of each
+/// success that was sent).
+#[pyclass(frozen, get_all, module = "sie_sidecar._native")]
+pub struct FramedResponse {
+    pub replies: Py<FramedReplies>,
+    pub inference_ms: Option<f64>,
+    pub success: Py<PyBytes>,
+    pub totals: Py<PyList>,
+}
+
+/// One outcome of a BatchOutcome read in place; `None` for anything the common path does not
+/// take (a missing or unknown field value, `raw_output`, a `result_msgpack` given as an array,
+/// a decode error): `decode_batch_outcome` then decides, errors included.
+fn view_at<'a>(r: &mut Reader<'a>) -> Option<OutcomeView<'a>> {
+    let n = r.read_map_len("ItemOutcome").ok()?;
+    let (mut work_item_id, mut request_id, mut item_index, mut disposition) =
+        (None, None, None, None);
+    let mut v = OutcomeView {
+        work_item_id: "",
+        disposition: "",
+        result_msgpack: &[],
+        error: None,
+        error_code: None,
+        inference_ms: None,
+        tokenization_ms: None,
+        postprocessing_ms: None,
+        units: None,
+        has_raw_output: false,
+    };
+    for _ in 0..n {
+        match utf8_key(r)? {
+            b"work_item_id" => work_item_id = Some(r.read_str("work_item_id").ok()?),
+            b"request_id" => request_id = Some(r.read_str("request_id").ok()?),
+            b"item_index" => item_index = Some(r.read_uint("item_index").ok()?),
+            b"disposition" => {
+                let d = r.read_str("disposition").ok()?;
+                if !["publish_and_ack", "publish_error_and_ack", "nak_retry"].contains(&d) {
+                    return None;
+                }
+                disposition = Some(d);
+            }
+            b"nak_delay_ms" | b"retry_after_s" => {
+                r.read_opt_uint("count").ok()?;
+            }
+            b"result_msgpack" => {
+                v.result_msgpack = match r.next_token().ok()? {
+                    Token::Nil => &[],
+                    Token::Bin(b) | Token::Str(b) => b,
+                    _ => return None,
+                }
+            }
+            b"error" => v.error = r.read_opt_str("error").ok()?,
+            b"error_code" => v.error_code = r.read_opt_str("error_code").ok()?,
+            b"inference_ms" => v.inference_ms = r.read_opt_float("inference_ms").ok()?,
+            b"tokenization_ms" => v.tokenization_ms = r.read_opt_float("tokenization_ms").ok()?,
+            b"postprocessing_ms" => {
+                v.postprocessing_ms = r.read_opt_float("postprocessing_ms").ok()?
+            }
+            b"raw_output" => {
+                if !r.peek_nil() {
+                    return None;
+                }
+                r.skip_value().ok()?;
+            }
+            b"units" => v.units = unit_counts(r).ok()?,
+            _ => {
+                r.skip_value().ok()?;
+            }
+        }
+    }
+    let (Some(w), Some(_), Some(_), Some(d)) = (work_item_id, request_id, item_index, disposition)
+    else {
+        return None;
+    };
+    v.work_item_id = w;
+    v.disposition = d;
+    Some(v)
+}
+
+/// A map key that is valid UTF-8 (anything else: the general path decides what it means).
+fn utf8_key<'a>(r: &mut Reader<'a>) -> Option<&'a [u8]> {
+    let key = r.read_key().ok()?;
+    std::str::from_utf8(key).ok()?;
+    Some(key)
+}
+
+/// The outcomes of a BatchOutcome in place, or `None` when the general path must decide (no
+/// `outcomes`, batched f16 multivectors present, anything `view_at` does not take).
+fn views_of(bytes: &[u8]) -> Option<Vec<OutcomeView<'_>>> {
+    let mut r = Reader::new(bytes);
+    let n = r.read_map_len("BatchOutcome").ok()?;
+    let mut views = None;
+    for _ in 0..n {
+        match utf8_key(&mut r)? {
+            b"outcomes" => {
+                let Token::Array(count) = r.next_token().ok()? else {
+                    return None;
+                };
+                let mut list = Vec::with_capacity(count);
+                for _ in 0..count {
+                    list.push(view_at(&mut r)?);
+                }
+                views = Some(list);
+            }
+            b"batched_f16_multivectors" => match r.next_token().ok()? {
+                Token::Nil | Token::Array(0) => {}
+                _ => return None,
+            },
+            _ => {
+                r.skip_value().ok()?;
+            }
+        }
+    }
+    r.finish().ok()?;
+    views
+}
+
+/// Frame the replies of a RunBatch response (the BatchOutcome body) without making an
+/// `ItemOutcome` per item: the common path of `frame_outcome_replies` over outcomes read in
+/// place. `None` whenever `decode_batch_outcome` + the general path must decide (errors too).
+#[pyfunction]
+#[pyo3(signature = (response, deliveries, *, worker_id, current_hash, now, max_payload, acks = false))]
+#[allow(clippy::too_many_arguments)]
+pub fn frame_batch_response(
+    py: Python<'_>,
+    response: &Bound<'_, PyAny>,
+    deliveries: &Bound<'_, PyList>,
+    worker_id: &str,
+    current_hash: Option<&str>,
+    now: f64,
+    max_payload: u64,
+    acks: bool,
+) -> PyResult<Option<FramedResponse>> {
+    with_bytes(response, |bytes| {
+        let Some(views) = views_of(bytes) else {
+            return Ok(None);
+        };
+        let frame = Frame {
+            worker_id,
+            current_hash,
+            now,
+            max_payload,
+            acks,
+        };
+        let Some(replies) = frame.replies(py, deliveries, &views)? else {
+            return Ok(None);
+        };
+        let sent = replies.sent.bind(py).as_bytes();
+        let success: Vec<u8> = views
+            .iter()
+            .map(|v| u8::from(v.disposition == "publish_and_ack"))
+            .collect();
+        let totals = PyList::empty(py);
+        for ((v, ok), s) in views.iter().zip(&success).zip(sent) {
+            if *ok == 1 && *s == 1 {
+                totals
+                    .append(v.inference_ms.unwrap_or(0.0) + v.postprocessing_ms.unwrap_or(0.0))?;
+            }
+        }
+        Ok(Some(FramedResponse {
+            replies: Py::new(py, replies)?,
+            inference_ms: views.first().and_then(|v| v.inference_ms),
+            success: PyBytes::new(py, &success).unbind(),
+            totals: totals.unbind(),
+        }))
+    })
 }

@@ -23,6 +23,7 @@ __all__ = [
     "FrameSplitter",
     "FramedBatch",
     "FramedReplies",
+    "FramedResponse",
     "IpcChunkAssembler",
     "IpcResponseChunk",
     "ItemOutcome",
@@ -44,6 +45,7 @@ __all__ = [
     "encode_result_chunk",
     "encode_work_result",
     "f32_to_f16",
+    "frame_batch_response",
     "frame_dense",
     "frame_dense_batch",
     "frame_multivector",
@@ -267,6 +269,27 @@ class FramedReplies:
     @property
     def acks(self) -> int: ...
 
+@final
+class FramedResponse:
+    @property
+    def replies(self) -> FramedReplies: ...
+    @property
+    def inference_ms(self) -> float | None: ...
+    @property
+    def success(self) -> bytes: ...
+    @property
+    def totals(self) -> list[float]: ...
+
+def frame_batch_response(
+    response: Buffer,
+    deliveries: list[Any],
+    *,
+    worker_id: str,
+    current_hash: str | None,
+    now: float,
+    max_payload: int,
+    acks: bool = False,
+) -> FramedResponse | None: ...
 def frame_outcome_replies(
     deliveries: list[Any],
     outcomes: list[Any],

@@ -190,6 +190,11 @@ class IpcClient:
         """RunBatch with an already-encoded RunBatchRequest."""
         return await self._request("RunBatch", body, self._request_timeout_s, wire.decode_batch_outcome)
 
+    async def run_batch_with(self, body: bytes, decode: Callable[[memoryview], T]) -> T:
+        """RunBatch whose response body goes to `decode` while the client still holds its bytes
+        (the pipeline frames replies straight from them); `decode` must not keep the view."""
+        return await self._request("RunBatch", body, self._request_timeout_s, decode)
+
     async def process_batch(self, method: str, body: bytes) -> wire.BatchOutcome:
         """One of the per-op batch methods, for backends whose descriptor lacks `supports_run_batch`."""
         if method not in PROCESS_BATCH_METHODS:

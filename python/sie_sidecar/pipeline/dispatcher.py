@@ -15,6 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from .. import wire
 from ..errors import BAD_OPERATION, INVALID_REQUEST, MODEL_LOAD_FAILED, PAYLOAD_ERROR, IpcServerError
 from ..ipc.requests import PER_OP_METHOD, encode_item, lora_key, per_op_body, run_batch_body
 from ..ipc.types import ReadyResponse
@@ -54,6 +55,7 @@ class BackendClient(Protocol):
 
     async def ensure_model_ready(self, model_id: str) -> ReadyResponse: ...
     async def run_batch(self, body: bytes) -> Any: ...
+    async def run_batch_with(self, body: bytes, decode: Callable[[memoryview], Any]) -> Any: ...
     async def process_batch(self, method: str, body: bytes) -> Any: ...
 
 
@@ -74,6 +76,15 @@ class DispatchSettings:
     controller_trace_dir: str | None = None
     #: SIE_BATCHER_MAX_BATCH_COST was set: reported `max_batch_tokens` budgets are ignored (§3.7).
     cost_pinned: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class _Executed:
+    """What an executed batch tells its lane: the backend's `inference_ms` (first outcome's) and
+    the requests with a success, in outcome order."""
+
+    inference_ms: float | None
+    succeeded: dict[str, None]
 
 
 @dataclass(slots=True)
@@ -450,10 +461,9 @@ class Dispatcher:
         if outcome is None:
             return None
         finished = time.monotonic()
-        outcomes = outcome.outcomes
-        reported = outcomes[0].inference_ms if outcomes else None
+        reported = outcome.inference_ms
         # One latency per request with a success: from its first item's enqueue to now.
-        succeeded = dict.fromkeys(o.request_id for o in outcomes if o.disposition == "publish_and_ack")
+        succeeded = outcome.succeeded
         latencies = []
         if succeeded:
             enqueued: dict[str, float] = {}
@@ -482,9 +492,9 @@ class Dispatcher:
 
     async def _execute(
         self, model: str, op: str, lora: str, ds: list[Delivery], total_cost: int, *, supports_run_batch: bool
-    ) -> Any:
+    ) -> _Executed | None:
         """Cancellation, the config barrier, one batch RPC and the settlement of every item; returns
-        the decoded outcome, or None when the batch never reached the backend or failed there."""
+        what the lane learns from it, or None when the batch never reached the backend or failed there."""
         base = self._s.nak_delay_ms
         ds = await self._drop_cancelled(ds)  # before_ipc
         if not ds:
@@ -499,7 +509,7 @@ class Dispatcher:
         audio = [d.prepared_audio for d in ds] if op == "extract" else None
         try:
             if supports_run_batch:
-                outcome = await self._backend.run_batch(
+                outcome = await self._backend.run_batch_with(
                     run_batch_body(
                         model,
                         op,
@@ -509,7 +519,8 @@ class Dispatcher:
                         payload_fetch_ms=fetch_ms,
                         prepared_tokens=prepared,
                         prepared_audio=audio,
-                    )
+                    ),
+                    self._out.response_decoder(ds),
                 )
             else:
                 outcome = await self._backend.process_batch(
@@ -534,8 +545,18 @@ class Dispatcher:
         attrs = (("operation", op),)
         self.telemetry.histogram(BATCH_SIZE, attrs).record(len(items))
         self.telemetry.histogram(BATCH_COST, attrs).record(total_cost)
+        if isinstance(outcome, wire.FramedResponse):  # replies already framed from the response bytes
+            await self._out.settle_response(ds, outcome)
+            succeeded = dict.fromkeys(
+                d.item.request_id for d, ok in zip(ds, outcome.success, strict=True) if ok and d.item is not None
+            )
+            return _Executed(outcome.inference_ms, succeeded)
         await self._out.apply(ds, outcome)
-        return outcome
+        outcomes = outcome.outcomes
+        return _Executed(
+            outcomes[0].inference_ms if outcomes else None,
+            dict.fromkeys(o.request_id for o in outcomes if o.disposition == "publish_and_ack"),
+        )
 
     def batch_summary(self) -> dict[str, float]:
         """Count, mean, p50 and max of the items per backend batch so far."""

@@ -116,6 +116,35 @@ class Outcomes:
                 await self._settler.nak(d, base)  # no outcome for this item
         await self.publish_and_settle(to_publish, nak_on_failure=False)
 
+    def response_decoder(self, ds: list[Delivery]) -> Callable[[memoryview], Any]:
+        """What the RunBatch call decodes its response with: replies framed straight from the
+        response bytes (`wire.frame_batch_response`, no object per outcome) when the batch is the
+        common case, else the decoded `BatchOutcome` for `apply`."""
+        q = self._quantum
+        fused = self._publisher.framed and (q is None or not q.include_queue_ms)
+
+        def decode(raw: memoryview) -> Any:
+            if fused:
+                framed = wire.frame_batch_response(
+                    raw,
+                    ds,
+                    worker_id=self._worker_id,
+                    current_hash=self._config.current,
+                    now=time.time(),
+                    max_payload=self._publisher.max_payload,
+                    acks=self._acks_with_replies,
+                )
+                if framed is not None:
+                    return framed
+            return wire.decode_batch_outcome(raw)
+
+        return decode
+
+    async def settle_response(self, ds: list[Delivery], framed: wire.FramedResponse) -> None:
+        """Publish and settle a batch framed by `response_decoder`; feed the quantum controller."""
+        if await self.settle_framed(ds, framed.replies) and self._quantum is not None:
+            self._quantum.observe_totals(framed.totals)
+
     def _observe_framed(self, ds: list[Delivery], outcomes: list[Any], sent: bytes) -> None:
         """`observe` for a natively framed batch: one window update for the whole batch."""
         q = self._quantum

@@ -38,7 +38,7 @@ from .outputs import (
     frame_sparse,
     nd_sentinel,
 )
-from .replies import FramedReplies, frame_outcome_replies
+from .replies import FramedReplies, FramedResponse, frame_batch_response, frame_outcome_replies
 from .response_chunks import encode_response_frames
 from .results import (
     ReplyPlan,
@@ -85,6 +85,7 @@ __all__ = [
     "ChunkLimits",
     "FrameSplitter",
     "FramedReplies",
+    "FramedResponse",
     "IpcChunkAssembler",
     "IpcResponseChunk",
     "ItemOutcome",
@@ -105,6 +106,7 @@ __all__ = [
     "encode_work_result",
     "f32_to_f16",
     "filters_overlap",
+    "frame_batch_response",
     "frame_dense",
     "frame_dense_batch",
     "frame_extract",

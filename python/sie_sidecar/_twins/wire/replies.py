@@ -16,7 +16,7 @@ from typing import Any
 
 from ...wire.result_fields import executed_hash, queue_ms
 from ...wire.types import WorkResult
-from .envelopes import ItemOutcome
+from .envelopes import ItemOutcome, decode_batch_outcome
 from .results import encode_work_result
 
 
@@ -108,4 +108,56 @@ def frame_outcome_replies(
     return FramedReplies(b"".join(parts), bytes(sent), messages, payload_bytes, len(ack_subjects))
 
 
-__all__ = ["FramedReplies", "frame_outcome_replies"]
+@dataclass(frozen=True, slots=True)
+class FramedResponse:
+    """A RunBatch response framed into replies, and what the pipeline learns from it: the first
+    outcome's `inference_ms`, per delivery whether it succeeded (1), and the quantum samples
+    (inference + postprocessing ms of each success that was sent)."""
+
+    replies: FramedReplies
+    inference_ms: float | None
+    success: bytes
+    totals: list[float]
+
+
+def frame_batch_response(
+    response: bytes | memoryview,
+    deliveries: Sequence[Any],
+    *,
+    worker_id: str,
+    current_hash: str | None,
+    now: float,
+    max_payload: int,
+    acks: bool = False,
+) -> FramedResponse | None:
+    """`frame_outcome_replies` over the decoded response, or `None` when the general path must
+    decide (batched f16 multivectors, anything the framing refuses, or a response that does not
+    decode: `decode_batch_outcome` then raises its own error)."""
+    try:
+        batch = decode_batch_outcome(response)
+    except Exception:  # the general path decodes it again and reports the error
+        return None
+    if batch.batched_f16_multivectors:
+        return None
+    outcomes = list(batch.outcomes)
+    replies = frame_outcome_replies(
+        deliveries,
+        outcomes,
+        worker_id=worker_id,
+        current_hash=current_hash,
+        now=now,
+        max_payload=max_payload,
+        acks=acks,
+    )
+    if replies is None:
+        return None
+    success = bytes(int(o.disposition == "publish_and_ack") for o in outcomes)
+    totals = [
+        (o.inference_ms or 0.0) + (o.postprocessing_ms or 0.0)
+        for o, ok, sent in zip(outcomes, success, replies.sent, strict=True)
+        if ok and sent
+    ]
+    return FramedResponse(replies, outcomes[0].inference_ms if outcomes else None, success, totals)
+
+
+__all__ = ["FramedReplies", "FramedResponse", "frame_batch_response", "frame_outcome_replies"]
