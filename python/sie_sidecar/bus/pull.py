@@ -408,12 +408,16 @@ class PullConsumer:
                 logger.exception("pull delivery failed", extra={"stream": self.stream, "consumer": self.durable})
                 accepted = False
             if not accepted:
-                # Delivered on a retired inbox or after stop(): hand it back, once our requests are gone.
-                task = asyncio.ensure_future(self._nak_late(msg))
-                self._naks.add(task)
-                task.add_done_callback(self._naks.discard)
+                self._hand_back([msg])
 
         return on_msg
+
+    def _hand_back(self, msgs: list[Msg]) -> None:
+        """Delivered on a retired inbox or after stop(): hand them back, once our requests are gone."""
+        for msg in msgs:
+            task = asyncio.ensure_future(self._nak_late(msg))
+            self._naks.add(task)
+            task.add_done_callback(self._naks.discard)
 
     def _make_direct_run(self, gen: int) -> Callable[[list[Msg]], None]:
         """The fast path's callback: a run of JetStream deliveries (every one has an ACK subject;
@@ -426,10 +430,7 @@ class PullConsumer:
                 logger.exception("pull delivery failed", extra={"stream": self.stream, "consumer": self.durable})
                 accepted = False
             if not accepted:
-                for msg in msgs:  # a retired inbox or after stop(): hand them back, once our requests are gone
-                    task = asyncio.ensure_future(self._nak_late(msg))
-                    self._naks.add(task)
-                    task.add_done_callback(self._naks.discard)
+                self._hand_back(msgs)
 
         return on_run
 
