@@ -198,56 +198,31 @@ fn value(
     kind: Kind,
     recent: &mut Recent,
 ) -> PyResult<Py<PyAny>> {
+    // One token read per value: scalars are taken from it; containers and floats rewind to `at`
+    // and go through the generic converter (as `msgpack.unpackb` would build them).
     let at = r.position();
-    let peek = {
-        let mut probe = r.clone();
-        probe.next_token().map_err(msgpack_err)?
+    let token = r.next_token().map_err(msgpack_err)?;
+    let generic = |r: &mut Reader<'_>| {
+        r.skip_to(at);
+        convert::value(py, r).map_err(|e| bad(format!("not msgpack: {e}")))
     };
-    let generic =
-        |r: &mut Reader<'_>| convert::value(py, r).map_err(|e| bad(format!("not msgpack: {e}")));
-    match (kind, peek) {
-        (Kind::Str | Kind::StrOrEmpty | Kind::StrOrNone, Token::Str(_)) => {
-            let s = r
-                .read_str(key)
+    match (kind, token) {
+        (Kind::Str | Kind::StrOrEmpty | Kind::StrOrNone, Token::Str(b)) => {
+            let s = std::str::from_utf8(b)
                 .map_err(|_| bad(format!("not msgpack: invalid UTF-8 in {key}")))?;
             Ok(recent.str(py, field, s))
         }
-        (Kind::StrOrEmpty, Token::Nil) => {
-            r.skip_to(at + 1);
-            Ok(PyString::intern(py, "").into_any().unbind())
-        }
+        (Kind::StrOrEmpty, Token::Nil) => Ok(PyString::intern(py, "").into_any().unbind()),
         (Kind::StrOrNone | Kind::ListOrNone | Kind::MapOrNone | Kind::Any, Token::Nil) => {
-            r.skip_to(at + 1);
             Ok(py.None())
         }
-        (Kind::Uint, Token::UInt(v)) => {
-            r.next_token().map_err(msgpack_err)?;
-            v.into_py_any(py)
-        }
-        (Kind::Uint, Token::Int(v)) if v >= 0 => {
-            r.next_token().map_err(msgpack_err)?;
-            v.into_py_any(py)
-        }
-        (Kind::Bool, Token::Bool(b)) => {
-            r.next_token().map_err(msgpack_err)?;
-            b.into_py_any(py)
-        }
-        (Kind::Bool, Token::Nil) => {
-            r.skip_to(at + 1);
-            Ok(false.into_py_any(py)?)
-        }
-        (Kind::Float, Token::Nil) => {
-            r.skip_to(at + 1);
-            Ok(0.0f64.into_py_any(py)?)
-        }
-        (Kind::Float, Token::UInt(v)) => {
-            r.next_token().map_err(msgpack_err)?;
-            Ok((v as f64).into_py_any(py)?)
-        }
-        (Kind::Float, Token::Int(v)) => {
-            r.next_token().map_err(msgpack_err)?;
-            Ok((v as f64).into_py_any(py)?)
-        }
+        (Kind::Uint, Token::UInt(v)) => v.into_py_any(py),
+        (Kind::Uint, Token::Int(v)) if v >= 0 => v.into_py_any(py),
+        (Kind::Bool, Token::Bool(b)) => b.into_py_any(py),
+        (Kind::Bool, Token::Nil) => Ok(false.into_py_any(py)?),
+        (Kind::Float, Token::Nil) => Ok(0.0f64.into_py_any(py)?),
+        (Kind::Float, Token::UInt(v)) => Ok((v as f64).into_py_any(py)?),
+        (Kind::Float, Token::Int(v)) => Ok((v as f64).into_py_any(py)?),
         (Kind::Float, Token::F32(_) | Token::F64(_)) => generic(r),
         (Kind::ListOrNone, Token::Array(_)) | (Kind::MapOrNone, Token::Map(_)) | (Kind::Any, _) => {
             generic(r)
@@ -293,8 +268,9 @@ pub fn decode_work_item(
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
         for _ in 0..n {
-            let key_span = r.skip_value().map_err(msgpack_err)?;
-            let key = match Reader::new(key_span).next_token().map_err(msgpack_err)? {
+            // A key is one token: a str, another scalar (ignored with its value), or a container
+            // (unhashable: an error, as in `msgpack.unpackb`).
+            let key = match r.next_token().map_err(msgpack_err)? {
                 Token::Str(k) => k,
                 Token::Array(_) | Token::Map(_) => {
                     return Err(bad("not msgpack: unhashable map key"))
@@ -304,12 +280,11 @@ pub fn decode_work_item(
                     continue;
                 }
             };
-            let name =
-                std::str::from_utf8(key).map_err(|_| bad("not msgpack: invalid UTF-8 in a key"))?;
             match field_of(key) {
                 Some((i, kind)) => {
+                    // A known key is one of the ASCII names in FIELDS: valid UTF-8 by construction.
                     let start = r.position();
-                    let v = value(py, &mut r, name, i, kind, &mut recent)?;
+                    let v = value(py, &mut r, FIELDS[i], i, kind, &mut recent)?;
                     if let Some(slot) = span_slot(i) {
                         // A repeated key overwrites the span, as it overwrites the value (last wins).
                         let len = r.position() - start;
@@ -322,6 +297,8 @@ pub fn decode_work_item(
                 }
                 None => {
                     // Unknown keys are ignored, but must still be valid msgpack (as unpackb demands).
+                    std::str::from_utf8(key)
+                        .map_err(|_| bad("not msgpack: invalid UTF-8 in a key"))?;
                     convert::value(py, &mut r).map_err(|e| bad(format!("not msgpack: {e}")))?;
                 }
             }
