@@ -1,0 +1,122 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The sidecar pipeline's CPU per item without NATS: intake to settlement, backend in its own process.
+
+Why: the e2e bench shares two cores between four processes, so a change worth a few percent of the
+sidecar drowns in the noise there. Here the dispatcher runs on the in-memory `Source` of
+tests/pipeline (the same one the sequencing tests use), against the reference null backend over its
+real Unix socket, and only this process's CPU is counted (`time.process_time`). The reply sink
+drops the framed bytes, so what is measured is the sidecar's own work per item: intake, scheduling,
+the RunBatch body, the IPC call, reply and ACK framing, settlement.
+
+Run from the repository root: `python benches/pipeline_cpu.py [--items 20000] [--rounds 3]`.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # numpy's threads would spin on this process's CPU
+
+import argparse
+import asyncio
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from tests.pipeline.memory import MemoryAcks, MemorySink, MemorySource  # noqa: E402
+from tests.pipeline.test_sequencing import _item, _msg  # noqa: E402
+
+from sie_sidecar.app import tune_gc_for_steady_state  # noqa: E402
+from sie_sidecar.ipc.client import IpcClient  # noqa: E402
+from sie_sidecar.pipeline.delivery import Settler  # noqa: E402
+from sie_sidecar.pipeline.dispatcher import Dispatcher, DispatchSettings  # noqa: E402
+from sie_sidecar.pipeline.feed import feed  # noqa: E402
+from sie_sidecar.sched.quantum import LatencyWindow, QuantumController  # noqa: E402
+from sie_sidecar.sched.scheduler import SchedulerConfig  # noqa: E402
+
+MODEL = "org/model-a"
+
+
+async def _dropped(_: object) -> bool:
+    return True
+
+
+async def measure(items: int, rounds: int) -> list[float]:
+    """µs of this process's CPU per item, one figure per round (after a warm-up)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        sock = f"{tmp}/backend.sock"
+        backend = subprocess.Popen(
+            [sys.executable, "-m", "sie_sidecar", "backend", "--adapter", "null", "--socket", sock, "--preload", MODEL],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        try:
+            while not Path(sock).exists():
+                await asyncio.sleep(0.05)
+            return await _rounds(sock, items, rounds)
+        finally:
+            backend.terminate()
+            backend.wait()
+
+
+async def _rounds(sock: str, items: int, rounds: int) -> list[float]:
+    ipc = IpcClient(sock, pool_size=4, request_timeout_s=10.0)
+    source, acks = MemorySource(), MemoryAcks()
+    sink = MemorySink(framed=True, acks=acks)
+    sink.publish_framed = _dropped  # type: ignore[method-assign,assignment]
+    settler = Settler(acks)
+    stop = asyncio.Event()
+    quantum = QuantumController(LatencyWindow(), min_ms=2, max_ms=15, target_p50_ms=50)
+    dispatcher = Dispatcher(
+        DispatchSettings(worker_id="bench", scheduler=SchedulerConfig(requests_from_budget=True)),
+        ipc,
+        sink,
+        settler,
+        shutdown=stop,
+        quantum=quantum,
+        acks_with_replies=True,
+    )
+    tasks: set[asyncio.Task[None]] = set()
+    loop = asyncio.create_task(
+        feed(source, dispatcher.handle, budget=64, inflight=4, stop=stop, tasks=tasks, quantum=quantum)
+    )
+
+    async def one(n: int, tag: str) -> float:
+        msgs = [_msg(_item(f"{tag}{i}", model=MODEL)) for i in range(n)]
+        target = settler.counts.settled + n
+        cpu = time.process_time()
+        source.put(msgs)
+        while settler.counts.settled < target:
+            await asyncio.sleep(0.001)
+        return (time.process_time() - cpu) / n * 1e6
+
+    await one(2000, "warm")
+    tune_gc_for_steady_state()  # as the app does once started
+    figures = [await one(items, f"r{r}-") for r in range(rounds)]
+    stop.set()
+    source.stop()
+    await loop
+    await dispatcher.close_schedulers(1.0)
+    await ipc.close()
+    return figures
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--items", type=int, default=20_000)
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args(argv)
+    figures = asyncio.run(measure(args.items, args.rounds))
+    rounds = " / ".join(f"{f:.1f}" for f in figures)
+    print(f"pipeline CPU per item: median {statistics.median(figures):.1f} us ({rounds}), {args.items:,} items a round")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
