@@ -760,6 +760,15 @@ class _Builder:
         self.warnings.append(f"{env}={value!r} ignored; using {default}")
         return default
 
+    def env_uint_given(
+        self, env: str, default: int, valid: Callable[[int], bool] = lambda n: n > 0
+    ) -> tuple[int, bool]:
+        """`env_uint`, and whether the value came from the environment (set and not ignored): such
+        a setting pins its knob against what the backend reports."""
+        warned = len(self.warnings)
+        value = self.env_uint(env, default, valid)
+        return value, env in self._environ and len(self.warnings) == warned
+
     def env_float(self, env: str, default: float, valid: Callable[[float], bool] = lambda x: x > 0) -> float:
         """A finite float accepted by `valid`; anything else is the default plus a warning."""
         value = self._environ.get(env)
@@ -780,12 +789,8 @@ class _Builder:
         """Static batch-former config (scheduler-and-prep §3.1, v0.7.1 defaults 15 / 16384 / 12 / 5 / 0.5);
         values that do not parse, or non-finite floats, are ignored with a warning. A valid cost
         pins every model to it (§3.7)."""
-        warned = len(self.warnings)
-        cost = self.env_uint("SIE_BATCHER_MAX_BATCH_COST", 16384, lambda n: True)
-        pinned = "SIE_BATCHER_MAX_BATCH_COST" in self._environ and len(self.warnings) == warned
-        warned = len(self.warnings)
-        requests = self.env_uint("SIE_BATCHER_MAX_BATCH_REQUESTS", 12)
-        requests_pinned = "SIE_BATCHER_MAX_BATCH_REQUESTS" in self._environ and len(self.warnings) == warned
+        cost, pinned = self.env_uint_given("SIE_BATCHER_MAX_BATCH_COST", 16384, lambda n: True)
+        requests, requests_pinned = self.env_uint_given("SIE_BATCHER_MAX_BATCH_REQUESTS", 12)
         return {
             "batcher_max_batch_wait_ms": self.env_float("SIE_BATCHER_MAX_BATCH_WAIT_MS", 15.0, lambda x: x >= 0),
             "batcher_max_batch_cost": cost,
@@ -865,9 +870,9 @@ class _Builder:
 
         fetch_budget = self.env_uint("SIE_NATS_FETCH_BUDGET", 64)
         inflight = self.env_uint("SIE_PULL_LOOP_INFLIGHT", max_concurrent_batches)
-        warned = len(self.warnings)
-        outstanding = self.env_uint("SIE_PULL_LOOP_MAX_OUTSTANDING", max(fetch_budget, inflight))
-        outstanding_pinned = "SIE_PULL_LOOP_MAX_OUTSTANDING" in self._environ and len(self.warnings) == warned
+        outstanding, outstanding_pinned = self.env_uint_given(
+            "SIE_PULL_LOOP_MAX_OUTSTANDING", max(fetch_budget, inflight)
+        )
         storage = (self._environ.get("SIE_STREAM_STORAGE") or "").strip().lower()
 
         return Settings(

@@ -117,15 +117,16 @@ fn field_of(key: &[u8]) -> Option<(usize, Kind)> {
     })
 }
 
-/// Interned field names (indexed like `FIELDS`) and `object.__new__`, looked up once.
+/// Interned names of every slot the decoder fills (the `FIELDS`, then `raw` and `spans`) and
+/// `object.__new__`, looked up once.
 struct Cache {
     names: Vec<Py<PyString>>,
-    raw: Py<PyString>,
-    spans: Py<PyString>,
-    /// `names`, then `raw` and `spans`: every slot the decoder fills.
-    slot_names: Vec<Py<PyString>>,
     object_new: Py<PyAny>,
 }
+
+/// Where `raw` and `spans` stand in `Cache::names`, after the `FIELDS`.
+const RAW_SLOT: usize = FIELDS.len();
+const SPANS_SLOT: usize = FIELDS.len() + 1;
 
 static CACHE: PyOnceLock<Cache> = PyOnceLock::new();
 
@@ -165,22 +166,12 @@ impl Recent {
 
 fn cache(py: Python<'_>) -> PyResult<&Cache> {
     CACHE.get_or_try_init(py, || {
-        let names: Vec<Py<PyString>> = FIELDS
-            .iter()
-            .map(|f| PyString::intern(py, f).unbind())
-            .collect();
-        let raw = PyString::intern(py, "raw").unbind();
-        let spans = PyString::intern(py, "spans").unbind();
-        let slot_names = names
-            .iter()
-            .chain([&raw, &spans])
-            .map(|n| n.clone_ref(py))
-            .collect();
         Ok(Cache {
-            names,
-            raw,
-            spans,
-            slot_names,
+            names: FIELDS
+                .iter()
+                .chain(&["raw", "spans"])
+                .map(|f| PyString::intern(py, f).unbind())
+                .collect(),
             object_new: py
                 .import("builtins")?
                 .getattr("object")?
@@ -325,8 +316,15 @@ pub fn decode_work_item(
         } else {
             (py.None(), py.None())
         };
+        for (i, default) in DEFAULTS {
+            if !present[i] {
+                fields.push((i, default(py)?));
+            }
+        }
+        fields.push((RAW_SLOT, raw));
+        fields.push((SPANS_SLOT, spans));
         let layout = LAYOUT
-            .get_or_try_init(py, || SlotLayout::of(cls, &c.slot_names))?
+            .get_or_try_init(py, || SlotLayout::of(cls, &c.names))?
             .as_ref()
             .filter(|l| l.is_for(cls));
         if let Some(layout) = layout {
@@ -335,26 +333,12 @@ pub fn decode_work_item(
             for (i, v) in fields {
                 layout.put(&obj, i, v);
             }
-            for (i, default) in DEFAULTS {
-                if !present[i] {
-                    layout.put(&obj, i, default(py)?);
-                }
-            }
-            layout.put(&obj, FIELDS.len(), raw);
-            layout.put(&obj, FIELDS.len() + 1, spans);
             return Ok(obj.unbind());
         }
         let obj = c.object_new.bind(py).call1((cls,))?;
         for (i, v) in fields {
             obj.setattr(c.names[i].bind(py), v)?;
         }
-        for (i, default) in DEFAULTS {
-            if !present[i] {
-                obj.setattr(c.names[i].bind(py), default(py)?)?;
-            }
-        }
-        obj.setattr(c.raw.bind(py), raw)?;
-        obj.setattr(c.spans.bind(py), spans)?;
         Ok(obj.unbind())
     })
 }

@@ -461,26 +461,10 @@ class PullConsumer:
         if not msg.reply:
             self._on_status(msg, gen)
             return True
-        if gen != self._gen or self._stopped:
-            self.stats.stale_naks += 1
-            return False
-        self._last_activity = time.monotonic()
-        self._status_streak = 0
-        if self._credit > 0:
-            self._credit -= 1
-        else:
-            self.stats.excess += 1
-        self._unsettled += 1
-        self._high_water = max(self._high_water, self._unsettled)
-        self.stats.messages += 1
-        self._buffer.append(msg)
-        self._data.set()
-        if self._credit < self._low_water:
-            self._kick.set()
-        return True
+        return self._accept_run([msg], gen)
 
     def _accept_run(self, msgs: list[Msg], gen: int) -> bool:
-        """`_accept` for a run of deliveries with ACK subjects, counted once."""
+        """Take a run of deliveries with ACK subjects (one, from `_accept`), counted once."""
         if gen != self._gen or self._stopped:
             self.stats.stale_naks += len(msgs)
             return False

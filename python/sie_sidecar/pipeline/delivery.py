@@ -70,13 +70,7 @@ class Settler:
         self._writer = writer
 
     def _finish(self, d: Delivery) -> bool:
-        if d.settled:
-            log.error("delivery settled twice", extra={"subject": d.msg.subject})
-            return False
-        d.settled = True
-        if d.release is not None:
-            d.release(1)
-        return True
+        return bool(self._finish_many((d,)))
 
     async def ack(self, d: Delivery) -> None:
         """Final ACK after the result was published (or there was nothing to publish)."""

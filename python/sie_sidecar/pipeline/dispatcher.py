@@ -103,16 +103,7 @@ def _inline_text_only(ds: list[Delivery]) -> bool:
     test per item that lets `_resolve_payloads` hand the group on untouched."""
     for d in ds:
         item = d.item
-        if item is None:
-            return False
-        op = item.operation
-        if op == "encode":
-            if item.payload_ref is not None:
-                return False
-        elif op == "score":
-            if item.query_payload_ref is not None:
-                return False
-        else:
+        if item is None or item.operation not in ("encode", "score") or payload_ref_of(item) is not None:
             return False
     return True
 
@@ -220,9 +211,9 @@ class Dispatcher:
         only to be pulled again at once."""
         return self._intake_limit
 
-    def _note_count_cap(self, cap: int) -> None:
-        """Remember a model's count cap; tell `on_count_cap` when the largest one changed."""
-        largest = max([cap, *(m.lane.scheduler.max_requests for m in self._models.values() if m.lane is not None)])
+    def _note_count_cap(self) -> None:
+        """Tell `on_count_cap` when the largest count cap of any model's lane changed."""
+        largest = max((m.lane.scheduler.max_requests for m in self._models.values() if m.lane is not None), default=0)
         if largest != self._count_cap:
             self._count_cap = largest
             if self.on_count_cap is not None:
@@ -300,7 +291,7 @@ class Dispatcher:
             # A token budget without a count budget: the fallback count budget is the count cap.
             batch_budget=ready.batch_budget or (self._s.fetch_budget if ready.max_batch_tokens else None),
         )
-        self._note_count_cap(lane.scheduler.max_requests)
+        self._note_count_cap()
         tokenizer = (
             await self._tokenizers.register_async(model, ready.descriptor)
             if "encode" in {op for op, _ in by_op}

@@ -61,14 +61,12 @@ class Intake:
         self, messages: Sequence[SettleHandle], release: Callable[[int], None] | None
     ) -> tuple[dict[str, list[Delivery]], list[Delivery], list[Delivery]]:
         """`verdict` for a whole pulled batch: the accepted deliveries grouped by model (arrival
-        order kept), then those to NAK and those to ACK-drop. The checks are `verdict`'s; the
-        common case (a decodable item for a known subject, no tombstones) costs no call per item."""
+        order kept), then those to NAK and those to ACK-drop. The subject is looked up once per run
+        of equal subjects and the tombstones are checked for emptiness once per batch."""
         groups: dict[str, list[Delivery]] = {}
         naks: list[Delivery] = []
         drops: list[Delivery] = []
-        subject_info = self._subject_info
-        decode = decode_work_item
-        safe_reply = wire.is_safe_reply_subject
+        decide = self._decide
         check_cancel = self.any_tombstones()
         last_subject: str | None = None
         model: str | None = None
@@ -76,54 +74,52 @@ class Intake:
         for msg in messages:
             subject = msg.subject
             if subject != last_subject:
-                model, direct = subject_info(subject)
+                model, direct = self._subject_info(subject)
                 last_subject = subject
-            d = Delivery(msg=msg, worker_direct=direct, release=release)
-            if model is None:
+            d, verdict = decide(msg, model, direct, release, check_cancel)
+            if verdict is ACCEPT:
+                group = groups.get(d.model)
+                if group is None:
+                    groups[d.model] = [d]
+                else:
+                    group.append(d)
+            elif verdict is NAK:
                 naks.append(d)
-                continue
-            try:
-                d.item = item = decode(msg.data)
-            except WorkItemError as exc:
-                _warn.warning("undecodable WorkItem", key=subject, extra={"subject": subject, "error": str(exc)})
-                naks.append(d)
-                continue
-            if not safe_reply(item.reply_subject):
-                _warn.warning("unsafe reply subject; dropped", key=subject, extra={"item": item.work_item_id})
-                drops.append(d)
-                continue
-            if check_cancel and item.operation != "generate" and self.cancelled(d):
-                drops.append(d)
-                continue
-            if item.model_id != model:
-                _subject_wins(item, model, subject)
-            d.model = model
-            group = groups.get(model)
-            if group is None:
-                groups[model] = [d]
             else:
-                group.append(d)
+                drops.append(d)
         return groups, naks, drops
 
     def verdict(self, msg: SettleHandle, release: Callable[[int], None] | None) -> tuple[Delivery, Verdict]:
         """§4.1 checks for one message, without awaiting: the verdict says how `handle` settles it."""
-        subject: str = msg.subject
-        model, direct = self._subject_info(subject)
+        model, direct = self._subject_info(msg.subject)
+        return self._decide(msg, model, direct, release, self.any_tombstones())
+
+    def _decide(
+        self,
+        msg: SettleHandle,
+        model: str | None,
+        direct: bool,
+        release: Callable[[int], None] | None,
+        check_cancel: bool,
+    ) -> tuple[Delivery, Verdict]:
+        """The §4.1 rules for one message whose subject gave `model` (None: malformed) and `direct`;
+        `check_cancel` is false while both tombstone sets are empty."""
         d = Delivery(msg=msg, worker_direct=direct, release=release)
         if model is None:
             return d, NAK
         try:
             d.item = item = decode_work_item(msg.data)
         except WorkItemError as exc:
+            subject = msg.subject
             _warn.warning("undecodable WorkItem", key=subject, extra={"subject": subject, "error": str(exc)})
             return d, NAK
         if not wire.is_safe_reply_subject(item.reply_subject):
-            _warn.warning("unsafe reply subject; dropped", key=subject, extra={"item": item.work_item_id})
+            _warn.warning("unsafe reply subject; dropped", key=msg.subject, extra={"item": item.work_item_id})
             return d, DROP
-        if item.operation != "generate" and self.any_tombstones() and self.cancelled(d):
+        if check_cancel and item.operation != "generate" and self.cancelled(d):
             return d, DROP
         if item.model_id != model:
-            _subject_wins(item, model, subject)
+            _subject_wins(item, model, msg.subject)
         d.model = model
         return d, ACCEPT
 

@@ -226,9 +226,8 @@ class TokenizerRegistry:
                 return None
             if current is not None and current.matches(descriptor):
                 return current
-            refused = self._refused.get(model_id)
             now = self._clock()
-            if refused is not None and refused[0] == descriptor and now - refused[1] < REFUSAL_RETRY_S:
+            if self._refused_recently(model_id, descriptor, now):
                 return None  # the same answer again: no re-read, no second warning
             try:
                 entry = self._build(descriptor, descriptor.tokenizer_path)
@@ -260,11 +259,14 @@ class TokenizerRegistry:
                 return None  # no tokenizer before, none now: nothing to read (every batch of such a model)
         elif current is not None and current.matches(descriptor):
             return current
-        else:
-            refused = self._refused.get(model_id)
-            if refused is not None and refused[0] == descriptor and self._clock() - refused[1] < REFUSAL_RETRY_S:
-                return None  # refused this very descriptor moments ago: `register` would not re-read it
+        elif self._refused_recently(model_id, descriptor, self._clock()):
+            return None  # refused this very descriptor moments ago: `register` would not re-read it
         return await asyncio.to_thread(self.register, model_id, descriptor)
+
+    def _refused_recently(self, model_id: str, descriptor: ModelDescriptor, now: float) -> bool:
+        """This very descriptor was refused for the model less than REFUSAL_RETRY_S ago."""
+        refused = self._refused.get(model_id)
+        return refused is not None and refused[0] == descriptor and now - refused[1] < REFUSAL_RETRY_S
 
     def _build(self, descriptor: ModelDescriptor, path: str) -> RegisteredTokenizer | None:
         declared = descriptor.tokenizer_id
