@@ -11,6 +11,7 @@ from cpython.bytes cimport PyBytes_FromStringAndSize
 from cpython.dict cimport PyDict_GetItemWithError
 from cpython.object cimport PyObject
 from cpython.unicode cimport PyUnicode_DecodeUTF8
+from libc.string cimport memcmp
 
 # The longest control line nats-py accepts (its MAX_CONTROL_LINE_SIZE).
 cdef Py_ssize_t _MAX_CONTROL_LINE = 4096
@@ -78,6 +79,9 @@ def scan_direct_msgs(bytearray buf not None, dict direct not None, object client
     cdef const char* s
     cdef PyObject* found
     cdef object deliver, subject, reply, payload
+    # The subject of the frame before (a run repeats one subject): reused, not decoded again.
+    cdef object last_subject = None
+    cdef Py_ssize_t last_t0 = 0, last_len = -1
     cdef object run_deliver = None
     cdef list run = None
     cdef bint partial = False
@@ -138,7 +142,10 @@ def scan_direct_msgs(bytearray buf not None, dict direct not None, object client
             break  # malformed: nats-py's parser reports it
         deliver = <object>found
         try:
-            subject = PyUnicode_DecodeUTF8(s + t0, t1 - t0, "strict")
+            if t1 - t0 == last_len and memcmp(s + t0, s + last_t0, last_len) == 0:
+                subject = last_subject
+            else:
+                subject = PyUnicode_DecodeUTF8(s + t0, t1 - t0, "strict")
             reply = PyUnicode_DecodeUTF8(s + t4, t5 - t4, "strict")
         except UnicodeDecodeError:
             break  # nats-py's parser decides what a non-UTF-8 subject means
@@ -154,6 +161,7 @@ def scan_direct_msgs(bytearray buf not None, dict direct not None, object client
         if run is None:
             run, run_sid, run_deliver = [], sid, deliver
         run.append(_new_msg(msg_cls, client, subject, reply, payload, sid))
+        last_subject, last_t0, last_len = subject, t0, t1 - t0
         pos = frame_end
         count += 1
         nbytes += <Py_ssize_t>size

@@ -5,13 +5,16 @@ model in arrival order, and never loses or duplicates one."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import msgpack
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from sie_sidecar import wire
+from sie_sidecar.pipeline import intake as intake_module
 from sie_sidecar.pipeline.intake import ACCEPT, NAK, Intake
 
 
@@ -89,3 +92,90 @@ def test_batch_intake_matches_the_per_message_rules(batch: list[Msg], cancel: bo
     assert [d.msg for d in naks] == expected_naks and [d.msg for d in drops] == expected_drops
     assert all(d.release == release and not d.settled for ds in groups.values() for d in ds)
     assert all(d.model == m and d.item is not None and d.item.model_id == m for m, ds in groups.items() for d in ds)
+
+
+def _fields(d: Any) -> tuple[Any, ...]:
+    return (
+        d.msg,
+        d.worker_direct,
+        d.item,
+        d.model,
+        d.settled,
+        d.payload_fetch_ms,
+        d.prepared_tokens,
+        d.prepared_audio,
+        d.release,
+    )
+
+
+REPLIES = st.sampled_from(["", "_INBOX.gw.1", "_INBOX.gw.é", "_INBOX", "_INBOX.a\x7f", "_INBOX.a\tb", "sie.x", "_INBOX.a\r\n"])
+
+
+@st.composite
+def wild_messages(draw: st.DrawFn) -> list[Msg]:
+    """Good items with any reply subject, junk, truncated payloads and non-map msgpack."""
+    out = []
+    for i in range(draw(st.integers(0, 16))):
+        subject = draw(st.sampled_from(SUBJECTS))
+        good = msgpack.packb(item(i, model="org/m-a", reply=draw(REPLIES), router="gw", operation="encode"))
+        data = draw(
+            st.sampled_from(
+                [
+                    good,
+                    good[: max(1, len(good) // 2)],
+                    msgpack.packb([1, 2]),
+                    msgpack.packb({"work_item_id": 1}),
+                    draw(st.binary(max_size=8)),
+                ]
+            )
+        )
+        out.append(Msg(subject, data))
+    return out
+
+
+@pytest.mark.skipif(not wire.USING_NATIVE, reason="the native intake is the extension's")
+@given(batch=st.one_of(messages(), wild_messages()))
+def test_native_batch_intake_matches_its_twin_field_for_field(batch: list[Msg]) -> None:
+    """`wire.intake_batch` (one native call, no tombstones) and the loop it replaces give every
+    message the same verdict and the same Delivery, field for field, in the same order."""
+    release = [].append
+    native = Intake()
+    assert intake_module._intake_batch is not None
+    groups, naks, drops = native.verdicts(batch, release)
+    twin_groups, twin_naks, twin_drops = Intake()._verdicts_py(batch, release, False)
+    assert list(groups) == list(twin_groups)
+    for model in groups:
+        assert [_fields(d) for d in groups[model]] == [_fields(d) for d in twin_groups[model]]
+    assert [_fields(d) for d in naks] == [_fields(d) for d in twin_naks]
+    assert [_fields(d) for d in drops] == [_fields(d) for d in twin_drops]
+
+
+def test_native_intake_warns_and_makes_the_subject_model_win(caplog: pytest.LogCaptureFixture) -> None:
+    subject = wire.pool_work_subject("default", "cpu", "warned-once", "org/m-a")  # a key not yet throttled
+    other = Msg(subject, msgpack.packb(item(1, model="org/elsewhere", reply="_INBOX.gw.1", router="gw", operation="encode")))
+    junk = Msg(subject, b"\xc1")
+    unsafe = Msg(subject, msgpack.packb(item(2, model="org/m-a", reply="_INBOX.a b", router="gw", operation="encode")))
+    with caplog.at_level("WARNING", logger="sie_sidecar.pipeline.intake"):
+        groups, naks, drops = Intake().verdicts([other, junk, unsafe], None)
+    (d,) = groups["org/m-a"]
+    assert d.item is not None and d.item.model_id == "org/m-a"
+    assert [x.msg for x in naks] == [junk] and [x.msg for x in drops] == [unsafe]
+    messages = {r.getMessage() for r in caplog.records}
+    assert {"payload model differs from the subject; the subject wins", "undecodable WorkItem"} <= messages
+    assert "unsafe reply subject; dropped" in messages
+
+
+@pytest.mark.skipif(not wire.USING_NATIVE, reason="the native intake is the extension's")
+def test_native_intake_declines_a_delivery_class_it_does_not_know() -> None:
+    """Another class than the Delivery it read the slots of: None, and the caller's loop decides."""
+    from sie_sidecar._native import intake_batch
+    from sie_sidecar.pipeline.delivery import Delivery
+    from sie_sidecar.wire.workitem import WorkItem
+
+    @dataclass(slots=True)
+    class Other:
+        msg: Any
+
+    batch = [Msg(SUBJECTS[0], msgpack.packb(item(1, model="org/m-a", reply="", router="gw", operation="encode")))]
+    assert intake_batch(batch, Intake()._subject_info, Other, WorkItem, None) is None
+    assert intake_batch(batch, Intake()._subject_info, Delivery, WorkItem, None) is not None

@@ -11,6 +11,7 @@ mod cython;
 mod envelopes;
 mod errors;
 mod framing;
+mod intake;
 mod outputs;
 mod pack;
 mod replies;
@@ -64,6 +65,9 @@ mod _native {
 
     #[pymodule_export]
     use crate::workitem::decode_work_item;
+
+    #[pymodule_export]
+    use crate::intake::intake_batch;
 
     #[pymodule_export]
     use crate::run_batch::write_run_batch_body;

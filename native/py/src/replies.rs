@@ -30,29 +30,56 @@ pub fn read_units(units: Option<&Bound<'_, PyDict>>) -> PyResult<Option<[Option<
     Ok(Some(counts))
 }
 
-/// The per-item fields of a WorkItem that a reply needs.
-struct ItemFields {
-    work_item_id: String,
-    request_id: String,
+/// The str objects of a WorkItem that a reply needs (kept alive for the framing pass, so the
+/// fields can borrow their UTF-8 without a copy), and its two numbers.
+struct ItemObjects<'py> {
+    strs: [Bound<'py, PyString>; 4],
     item_index: u64,
-    reply_subject: String,
-    bundle_config_hash: String,
     timestamp: f64,
 }
 
-impl ItemFields {
-    fn read(item: &Bound<'_, PyAny>) -> PyResult<Self> {
+impl<'py> ItemObjects<'py> {
+    fn read(item: &Bound<'py, PyAny>) -> PyResult<Self> {
         let py = item.py();
+        let s = |name: &Bound<'py, PyString>| -> PyResult<Bound<'py, PyString>> {
+            Ok(item.getattr(name)?.cast_into::<PyString>()?)
+        };
         Ok(Self {
-            work_item_id: item.getattr(intern!(py, "work_item_id"))?.extract()?,
-            request_id: item.getattr(intern!(py, "request_id"))?.extract()?,
+            strs: [
+                s(intern!(py, "work_item_id"))?,
+                s(intern!(py, "request_id"))?,
+                s(intern!(py, "reply_subject"))?,
+                s(intern!(py, "bundle_config_hash"))?,
+            ],
             item_index: item.getattr(intern!(py, "item_index"))?.extract()?,
-            reply_subject: item.getattr(intern!(py, "reply_subject"))?.extract()?,
-            bundle_config_hash: item.getattr(intern!(py, "bundle_config_hash"))?.extract()?,
             timestamp: item.getattr(intern!(py, "timestamp"))?.extract()?,
         })
     }
 
+    fn fields(&self) -> PyResult<ItemFields<'_>> {
+        let [wid, rid, reply, hash] = &self.strs;
+        Ok(ItemFields {
+            work_item_id: wid.to_str()?,
+            request_id: rid.to_str()?,
+            item_index: self.item_index,
+            reply_subject: reply.to_str()?,
+            bundle_config_hash: hash.to_str()?,
+            timestamp: self.timestamp,
+        })
+    }
+}
+
+/// The per-item fields of a WorkItem that a reply needs, borrowed from its `ItemObjects`.
+struct ItemFields<'a> {
+    work_item_id: &'a str,
+    request_id: &'a str,
+    item_index: u64,
+    reply_subject: &'a str,
+    bundle_config_hash: &'a str,
+    timestamp: f64,
+}
+
+impl ItemFields<'_> {
     /// Wall time from the gateway's publish to `now`, in ms (≥ 0; 0 without a timestamp).
     fn queue_ms(&self, now: f64) -> f64 {
         if self.timestamp <= 0.0 {
@@ -121,7 +148,7 @@ impl<'a> OutcomeView<'a> {
 /// One reply of the batch, checked and measured in the first pass.
 struct Planned<'a> {
     outcome: OutcomeView<'a>,
-    item: ItemFields,
+    item: ItemFields<'a>,
     success: bool,
     worker_direct: bool,
     payload_fetch_ms: Option<f64>,
@@ -139,8 +166,8 @@ impl Planned<'_> {
         let f = &self.item;
         let success = self.success;
         WorkResultRef {
-            work_item_id: &f.work_item_id,
-            request_id: &f.request_id,
+            work_item_id: f.work_item_id,
+            request_id: f.request_id,
             item_index: f.item_index,
             success,
             result_msgpack: if success { o.result_msgpack } else { &[] },
@@ -238,24 +265,38 @@ impl Frame<'_> {
         if outcomes.len() != n {
             return Ok(None);
         }
-        let mut ack_subjects: Vec<String> = Vec::with_capacity(if self.acks { n } else { 0 });
+        let mut ack_objects: Vec<Bound<'_, PyString>> =
+            Vec::with_capacity(if self.acks { n } else { 0 });
         if self.acks {
             for delivery in deliveries.iter() {
-                let subject: String = delivery
+                let subject = delivery
                     .getattr(intern!(py, "msg"))?
                     .getattr(intern!(py, "reply"))?
-                    .extract()?;
-                if !ack_subject_ok(&subject) {
+                    .cast_into::<PyString>()?;
+                if !ack_subject_ok(subject.to_str()?) {
                     return Ok(None); // the general path settles it one by one
                 }
-                ack_subjects.push(subject);
+                ack_objects.push(subject);
             }
         }
+        let ack_subjects: Vec<&str> = ack_objects
+            .iter()
+            .map(|s| s.to_str())
+            .collect::<PyResult<_>>()?;
+        let objects: Vec<ItemObjects<'_>> = deliveries
+            .iter()
+            .map(|d| ItemObjects::read(&d.getattr(intern!(py, "item"))?))
+            .collect::<PyResult<_>>()?;
         let mut planned: Vec<Planned<'_>> = Vec::with_capacity(n);
         let mut sent = vec![0u8; n];
         let (mut total, mut payload_bytes) = (0usize, 0usize);
-        for (i, (delivery, o)) in deliveries.iter().zip(outcomes.iter()).enumerate() {
-            let item = ItemFields::read(&delivery.getattr(intern!(py, "item"))?)?;
+        for (i, ((delivery, o), objs)) in deliveries
+            .iter()
+            .zip(outcomes.iter())
+            .zip(&objects)
+            .enumerate()
+        {
+            let item = objs.fields()?;
             if o.work_item_id != item.work_item_id || o.has_raw_output {
                 return Ok(None);
             }
@@ -287,7 +328,7 @@ impl Frame<'_> {
                 return Ok(None); // ResultChunkV1 or the compact PAYLOAD_TOO_LARGE error
             }
             p.size = size.0;
-            total += pub_header_len(&p.item.reply_subject, size.0) + size.0 + 2;
+            total += pub_header_len(p.item.reply_subject, size.0) + size.0 + 2;
             payload_bytes += size.0;
             sent[i] = 1;
             planned.push(p);
@@ -298,7 +339,7 @@ impl Frame<'_> {
         let buffer = PyBytes::new_with(py, total, |buf| {
             let mut w = SliceWriter::new(buf);
             for p in &planned {
-                write_pub_header(&mut w, &p.item.reply_subject, p.size);
+                write_pub_header(&mut w, p.item.reply_subject, p.size);
                 encode_work_result(&mut w, &p.result(worker_id, current_hash, now));
                 w.extend_from_slice(b"\r\n");
             }

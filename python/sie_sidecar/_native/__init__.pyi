@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """Stubs for the Rust extension `sie_sidecar._native` (checked by mypy.stubtest)."""
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from types import ModuleType, TracebackType
 from typing import Any, Final, Self, final
 
@@ -343,6 +343,13 @@ def frame_score(scores: Any, item_ids: Sequence[str]) -> bytes: ...
 def f32_to_f16(values: Any) -> bytes: ...
 def nd_sentinel_raw(type_code: str, shape: Sequence[int], data: Buffer) -> bytes: ...
 def decode_work_item(data: Buffer, cls: type[Any]) -> Any: ...
+def intake_batch(
+    messages: Sequence[Any],
+    subject_info: Callable[[str], tuple[str | None, bool]],
+    delivery_cls: type[Any],
+    item_cls: type[Any],
+    release: Any,
+) -> tuple[dict[str, list[Any]], list[Any], list[Any], list[tuple[str, Any, str | None]]] | None: ...
 def write_run_batch_body(
     model_id: str,
     op: str,

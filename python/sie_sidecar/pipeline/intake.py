@@ -17,6 +17,21 @@ from .source import SettleHandle
 log = logging.getLogger(__name__)
 _warn = Throttled(log)
 
+
+
+def _select_intake() -> Callable[..., Any] | None:
+    """The native intake of a whole batch, unless the pure-Python twin was asked for (then the loop runs)."""
+    from ..wire._switch import USING_NATIVE
+
+    if not USING_NATIVE:
+        return None
+    from .._native import intake_batch
+
+    return intake_batch
+
+
+_intake_batch = _select_intake()
+
 #: Subjects whose model token is remembered (cleared when full; subjects are few per worker).
 SUBJECT_CACHE_SIZE = 4096
 
@@ -62,12 +77,39 @@ class Intake:
     ) -> tuple[dict[str, list[Delivery]], list[Delivery], list[Delivery]]:
         """`verdict` for a whole pulled batch: the accepted deliveries grouped by model (arrival
         order kept), then those to NAK and those to ACK-drop. The subject is looked up once per run
-        of equal subjects and the tombstones are checked for emptiness once per batch."""
+        of equal subjects and the tombstones are checked for emptiness once per batch.
+
+        While both tombstone sets are empty (no per-item cancellation lookup), the native core does
+        the whole batch in one call (`wire.intake_batch`); this loop is its twin."""
+        check_cancel = self.any_tombstones()
+        if not check_cancel and _intake_batch is not None:
+            found = _intake_batch(messages, self._subject_info, Delivery, WorkItem, release)
+            if found is not None:
+                groups, naks, drops, notes = found
+                for kind, d, detail in notes:
+                    self._note(kind, d, detail)
+                return groups, naks, drops
+        return self._verdicts_py(messages, release, check_cancel)
+
+    def _note(self, kind: str, d: Delivery, detail: str | None) -> None:
+        """Log what the native intake found (and make the subject's model win on a mismatch)."""
+        subject = d.msg.subject
+        if kind == "undecodable":
+            _warn.warning("undecodable WorkItem", key=subject, extra={"subject": subject, "error": detail})
+        elif kind == "unsafe":
+            item_id = d.item.work_item_id if d.item is not None else None
+            _warn.warning("unsafe reply subject; dropped", key=subject, extra={"item": item_id})
+        elif d.item is not None:  # "mismatch"
+            _subject_wins(d.item, d.model, subject)
+
+    def _verdicts_py(
+        self, messages: Sequence[SettleHandle], release: Callable[[int], None] | None, check_cancel: bool
+    ) -> tuple[dict[str, list[Delivery]], list[Delivery], list[Delivery]]:
+        """The per-message loop: with tombstones set, and the twin of `wire.intake_batch`."""
         groups: dict[str, list[Delivery]] = {}
         naks: list[Delivery] = []
         drops: list[Delivery] = []
         decide = self._decide
-        check_cancel = self.any_tombstones()
         last_subject: str | None = None
         model: str | None = None
         direct = False

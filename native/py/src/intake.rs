@@ -1,0 +1,224 @@
+//! The §4.1 intake of a whole pulled batch in one call (sidecar-behaviour §4.1): for every message
+//! a `Delivery` (filled straight into its slots), its WorkItem decoded, the unsafe-reply and
+//! malformed-subject verdicts, and the accepted deliveries grouped by model.
+//!
+//! The twin is the loop of `pipeline.intake.Intake.verdicts`; this runs only while both tombstone
+//! sets are empty (no cancellation lookup per item), which is the common case. Nothing is logged
+//! here: what deserves a warning comes back as a note, and Python logs it (rate-limited).
+
+use pyo3::intern;
+use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
+use pyo3::types::{PyDict, PyList, PyString, PyTuple, PyType};
+use pyo3::IntoPyObjectExt;
+
+use crate::slots::SlotLayout;
+use crate::workitem::{decode_work_item, WorkItemError};
+
+/// The `Delivery` dataclass's fields, in the order the slots are filled.
+const DELIVERY_FIELDS: [&str; 9] = [
+    "msg",
+    "worker_direct",
+    "item",
+    "model",
+    "settled",
+    "payload_fetch_ms",
+    "prepared_tokens",
+    "prepared_audio",
+    "release",
+];
+const MSG: usize = 0;
+const DIRECT: usize = 1;
+const ITEM: usize = 2;
+const MODEL: usize = 3;
+const SETTLED: usize = 4;
+const FETCH_MS: usize = 5;
+const TOKENS: usize = 6;
+const AUDIO: usize = 7;
+const RELEASE: usize = 8;
+
+/// The slot layout of the first class filled (`pipeline.delivery.Delivery`); `None` inside when
+/// that class is not a plain `__slots__` class with exactly these fields.
+static LAYOUT: PyOnceLock<Option<SlotLayout>> = PyOnceLock::new();
+
+fn layout_of(cls: &Bound<'_, PyType>) -> PyResult<Option<SlotLayout>> {
+    let py = cls.py();
+    // Exactly the fields above: a slot this did not know of would stay unset (an AttributeError later).
+    let Ok(slots) = cls.getattr(intern!(py, "__slots__")) else {
+        return Ok(None);
+    };
+    let Ok(slots) = slots.extract::<Vec<String>>() else {
+        return Ok(None);
+    };
+    let mut expected: Vec<&str> = DELIVERY_FIELDS.to_vec();
+    let mut got: Vec<&str> = slots.iter().map(String::as_str).collect();
+    expected.sort_unstable();
+    got.sort_unstable();
+    if expected != got {
+        return Ok(None);
+    }
+    let names: Vec<Py<PyString>> = DELIVERY_FIELDS
+        .iter()
+        .map(|f| PyString::intern(py, f).unbind())
+        .collect();
+    SlotLayout::of(cls, &names)
+}
+
+/// `wire.is_safe_reply_subject`: empty (fire-and-forget), or a gateway inbox (`_INBOX.`) with no
+/// space or control character (either would split the `PUB` line the reply is framed into).
+pub fn safe_reply_subject(subject: &str) -> bool {
+    subject.is_empty()
+        || (subject.starts_with("_INBOX.") && subject.chars().all(|c| c > ' ' && c != '\x7f'))
+}
+
+/// What `intake_batch` found for one batch.
+struct Verdicts<'py> {
+    groups: Bound<'py, PyDict>,
+    naks: Bound<'py, PyList>,
+    drops: Bound<'py, PyList>,
+    notes: Bound<'py, PyList>,
+}
+
+/// The verdicts of a pulled batch whose tombstone sets are empty: `(groups, naks, drops, notes)`,
+/// or `None` when `delivery_cls` is not the slot class this fills (the caller's loop decides).
+///
+/// `subject_info(subject) -> (model | None, worker_direct)` is called once per run of equal
+/// subjects. `groups` maps each model to its accepted deliveries in arrival order. `notes` are
+/// `(kind, delivery, detail)` for Python to log: `"undecodable"` (NAKed; detail: the error),
+/// `"unsafe"` (dropped) and `"mismatch"` (accepted, but the payload names another model than the
+/// subject: the caller makes the subject's model win).
+#[pyfunction]
+#[pyo3(signature = (messages, subject_info, delivery_cls, item_cls, release))]
+pub fn intake_batch<'py>(
+    py: Python<'py>,
+    messages: &Bound<'py, PyAny>,
+    subject_info: &Bound<'py, PyAny>,
+    delivery_cls: &Bound<'py, PyType>,
+    item_cls: &Bound<'py, PyType>,
+    release: &Bound<'py, PyAny>,
+) -> PyResult<Option<Bound<'py, PyTuple>>> {
+    let layout = LAYOUT
+        .get_or_try_init(py, || layout_of(delivery_cls))?
+        .as_ref()
+        .filter(|l| l.is_for(delivery_cls));
+    let Some(layout) = layout else {
+        return Ok(None);
+    };
+    let out = Verdicts {
+        groups: PyDict::new(py),
+        naks: PyList::empty(py),
+        drops: PyList::empty(py),
+        notes: PyList::empty(py),
+    };
+    let (k_subject, k_data) = (intern!(py, "subject"), intern!(py, "data"));
+    let (k_reply, k_model) = (intern!(py, "reply_subject"), intern!(py, "model_id"));
+    let empty = PyString::intern(py, "");
+    let no = false.into_py_any(py)?;
+    let zero = 0.0f64.into_py_any(py)?;
+    let mut last_subject: Option<Bound<'py, PyAny>> = None;
+    let mut model: Option<Bound<'py, PyString>> = None;
+    let mut direct = no.clone_ref(py);
+    let mut group: Option<(Bound<'py, PyString>, Bound<'py, PyList>)> = None;
+    for msg in messages.try_iter()? {
+        let msg = msg?;
+        let subject = msg.getattr(k_subject)?;
+        let same = match &last_subject {
+            Some(last) => last.is(&subject) || last.eq(&subject)?,
+            None => false,
+        };
+        if !same {
+            let info = subject_info.call1((&subject,))?;
+            let (m, d): (Option<Bound<'py, PyString>>, Bound<'py, PyAny>) = info.extract()?;
+            model = m;
+            direct = d.unbind();
+            last_subject = Some(subject);
+        }
+        let d = layout.alloc(py)?;
+        layout.put(&d, MSG, msg.clone().unbind());
+        layout.put(&d, DIRECT, direct.clone_ref(py));
+        layout.put(&d, SETTLED, no.clone_ref(py));
+        layout.put(&d, FETCH_MS, zero.clone_ref(py));
+        layout.put(&d, TOKENS, py.None());
+        layout.put(&d, AUDIO, py.None());
+        layout.put(&d, RELEASE, release.clone().unbind());
+        let Some(m) = &model else {
+            layout.put(&d, ITEM, py.None());
+            layout.put(&d, MODEL, empty.clone().into_any().unbind());
+            out.naks.append(&d)?;
+            continue;
+        };
+        let item = match decode_work_item(py, &msg.getattr(k_data)?, item_cls) {
+            Ok(item) => item.into_bound(py),
+            Err(e) if e.is_instance_of::<WorkItemError>(py) => {
+                layout.put(&d, ITEM, py.None());
+                layout.put(&d, MODEL, empty.clone().into_any().unbind());
+                out.naks.append(&d)?;
+                let detail = e.value(py).str()?;
+                out.notes.append(("undecodable", &d, detail))?;
+                continue;
+            }
+            Err(e) => return Err(e),
+        };
+        layout.put(&d, ITEM, item.clone().unbind());
+        let reply = item.getattr(k_reply)?;
+        if !safe_reply_subject(reply.cast::<PyString>()?.to_str()?) {
+            layout.put(&d, MODEL, empty.clone().into_any().unbind());
+            out.drops.append(&d)?;
+            out.notes.append(("unsafe", &d, py.None()))?;
+            continue;
+        }
+        layout.put(&d, MODEL, m.clone().into_any().unbind());
+        let named = item.getattr(k_model)?;
+        if !(named.is(m) || named.eq(m)?) {
+            out.notes.append(("mismatch", &d, py.None()))?;
+        }
+        // Consecutive deliveries of one model (the usual pull) reuse the group found last.
+        let same_group = match &group {
+            Some((gm, _)) => gm.is(m) || gm.as_any().eq(m)?,
+            None => false,
+        };
+        let list = match &group {
+            Some((_, list)) if same_group => list.clone(),
+            _ => {
+                let list = match out.groups.get_item(m)? {
+                    Some(list) => list.cast_into::<PyList>()?,
+                    None => {
+                        let list = PyList::empty(py);
+                        out.groups.set_item(m, &list)?;
+                        list
+                    }
+                };
+                group = Some((m.clone(), list.clone()));
+                list
+            }
+        };
+        list.append(&d)?;
+    }
+    Ok(Some(PyTuple::new(
+        py,
+        [
+            out.groups.into_any(),
+            out.naks.into_any(),
+            out.drops.into_any(),
+            out.notes.into_any(),
+        ],
+    )?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::safe_reply_subject;
+
+    #[test]
+    fn reply_subjects_are_gateway_inboxes_without_spaces_or_controls() {
+        assert!(safe_reply_subject(""));
+        assert!(safe_reply_subject("_INBOX.gw.r1"));
+        assert!(safe_reply_subject("_INBOX.gw.é"));
+        assert!(!safe_reply_subject("_INBOX"));
+        assert!(!safe_reply_subject("sie.config.models.x"));
+        assert!(!safe_reply_subject("_INBOX.gw.x y"));
+        assert!(!safe_reply_subject("_INBOX.gw.x\r\nPUB a 1"));
+        assert!(!safe_reply_subject("_INBOX.gw.\x7f"));
+        assert!(!safe_reply_subject("_INBOX.gw.\t"));
+    }
+}
