@@ -108,7 +108,9 @@ def _fields(d: Any) -> tuple[Any, ...]:
     )
 
 
-REPLIES = st.sampled_from(["", "_INBOX.gw.1", "_INBOX.gw.é", "_INBOX", "_INBOX.a\x7f", "_INBOX.a\tb", "sie.x", "_INBOX.a\r\n"])
+REPLIES = st.sampled_from(
+    ["", "_INBOX.gw.1", "_INBOX.gw.é", "_INBOX", "_INBOX.a\x7f", "_INBOX.a\tb", "sie.x", "_INBOX.a\r\n"]
+)
 
 
 @st.composite
@@ -152,7 +154,9 @@ def test_native_batch_intake_matches_its_twin_field_for_field(batch: list[Msg]) 
 
 def test_native_intake_warns_and_makes_the_subject_model_win(caplog: pytest.LogCaptureFixture) -> None:
     subject = wire.pool_work_subject("default", "cpu", "warned-once", "org/m-a")  # a key not yet throttled
-    other = Msg(subject, msgpack.packb(item(1, model="org/elsewhere", reply="_INBOX.gw.1", router="gw", operation="encode")))
+    other = Msg(
+        subject, msgpack.packb(item(1, model="org/elsewhere", reply="_INBOX.gw.1", router="gw", operation="encode"))
+    )
     junk = Msg(subject, b"\xc1")
     unsafe = Msg(subject, msgpack.packb(item(2, model="org/m-a", reply="_INBOX.a b", router="gw", operation="encode")))
     with caplog.at_level("WARNING", logger="sie_sidecar.pipeline.intake"):
@@ -179,3 +183,54 @@ def test_native_intake_declines_a_delivery_class_it_does_not_know() -> None:
     batch = [Msg(SUBJECTS[0], msgpack.packb(item(1, model="org/m-a", reply="", router="gw", operation="encode")))]
     assert intake_batch(batch, Intake()._subject_info, Other, WorkItem, None) is None
     assert intake_batch(batch, Intake()._subject_info, Delivery, WorkItem, None) is not None
+
+
+@st.composite
+def mixed_groups(draw: st.DrawFn) -> list[Msg]:
+    """Good items of two models with any operation, options and payload refs."""
+    out = []
+    for i in range(draw(st.integers(0, 12))):
+        model = draw(st.sampled_from(["org/m-a", "org/m-b"]))
+        subject = wire.pool_work_subject("default", "cpu", "b", model)
+        body = item(
+            i, model=model, reply="", router="gw", operation=draw(st.sampled_from(["encode", "score", "extract"]))
+        )
+        extra = draw(
+            st.sampled_from(
+                [
+                    {},
+                    {},
+                    {"options": {}},
+                    {"options": {"lora": "x"}},
+                    {"payload_ref": "s3://b/k"},
+                    {"query_payload_ref": "s3://b/q"},
+                ]
+            )
+        )
+        out.append(Msg(subject, msgpack.packb(body | extra)))
+    return out
+
+
+@pytest.mark.skipif(not wire.USING_NATIVE, reason="the native intake gives the hints")
+@given(batch=mixed_groups())
+def test_plain_hints_name_exactly_the_groups_the_dispatcher_would_pass_untouched(batch: list[Msg]) -> None:
+    """`Verdicts.plain[model]` is the op of a group that is all one op (encode or score), with no
+    options and no offloaded payload: the dispatcher's own checks would split nothing off and fetch
+    nothing for it, so skipping them changes nothing."""
+    from sie_sidecar.payloads.resolve import payload_ref_of
+    from sie_sidecar.pipeline.dispatcher import _inline_text_only, _split_by_op
+
+    found = Intake().intake(batch, None)
+    expected = {}
+    for model, ds in found.groups.items():
+        ops = {d.item.operation for d in ds if d.item is not None}
+        if (
+            len(ops) == 1
+            and ops <= {"encode", "score"}
+            and all(d.item is not None and not d.item.options and payload_ref_of(d.item) is None for d in ds)
+        ):
+            expected[model] = ops.pop()
+    assert found.plain == expected
+    for model, op in found.plain.items():
+        ds = found.groups[model]
+        assert _split_by_op(ds) == ({(op, ""): ds}, []) and _inline_text_only(ds)

@@ -279,6 +279,8 @@ def test_a_response_framed_in_place_matches_decode_then_frame(batch: Any, acks: 
             for o, s in zip(outs, expected.sent, strict=True)
             if s and o.disposition == "publish_and_ack"
         ]
+        assert got.request_ids == [d.item.request_id for d in ds]
+        assert all(a is d.item.request_id for a, d in zip(got.request_ids, ds, strict=True))  # no copies
 
 
 @pytest.mark.parametrize(

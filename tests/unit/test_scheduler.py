@@ -48,7 +48,10 @@ async def settle(scheduler: ModelScheduler[Any], timeout: float = 5.0) -> None:
 
 async def test_an_idle_worker_flushes_a_lone_item_at_once() -> None:
     rec = Recorder()
-    s: ModelScheduler[str] = ModelScheduler("m", rec)
+    # Windows far longer than any stall: with the defaults (5 ms coalesce), a loaded host that ran
+    # the scheduler's loop 5 ms after the submit found the coalesce trigger due first (a flake).
+    config = SchedulerConfig(coalesce_ms=1000.0, max_batch_wait_ms=1000.0)
+    s: ModelScheduler[str] = ModelScheduler("m", rec, config)
     s.submit("encode", "", ["a"], [1])
     await settle(s)
     assert [(b.items, b.reason, b.role) for b in rec.batches] == [(["a"], "idle_bypass", "primary")]

@@ -79,14 +79,43 @@ struct Verdicts<'py> {
     notes: Bound<'py, PyList>,
 }
 
-/// The verdicts of a pulled batch whose tombstone sets are empty: `(groups, naks, drops, notes)`,
+/// Whether a model's accepted deliveries so far are all "plain": one operation, encode or score,
+/// no options and no offloaded payload (the dispatcher then skips its per-item checks).
+enum Plain<'py> {
+    Op(Bound<'py, PyString>),
+    Mixed,
+}
+
+/// The operation of a plain item (`None`: not plain).
+fn plain_op<'py>(item: &Bound<'py, PyAny>) -> PyResult<Option<Bound<'py, PyString>>> {
+    let py = item.py();
+    let op = item.getattr(intern!(py, "operation"))?.cast_into::<PyString>()?;
+    let ref_field = match op.to_str()? {
+        "encode" => intern!(py, "payload_ref"),
+        "score" => intern!(py, "query_payload_ref"),
+        _ => return Ok(None),
+    };
+    if !item.getattr(ref_field)?.is_none() {
+        return Ok(None);
+    }
+    let options = item.getattr(intern!(py, "options"))?;
+    if !(options.is_none() || (options.cast::<PyDict>().is_ok_and(|d| d.is_empty()))) {
+        return Ok(None);
+    }
+    Ok(Some(op))
+}
+
+/// The verdicts of a pulled batch whose tombstone sets are empty: `(groups, naks, drops, notes,
+/// plain)`,
 /// or `None` when `delivery_cls` is not the slot class this fills (the caller's loop decides).
 ///
 /// `subject_info(subject) -> (model | None, worker_direct)` is called once per run of equal
 /// subjects. `groups` maps each model to its accepted deliveries in arrival order. `notes` are
 /// `(kind, delivery, detail)` for Python to log: `"undecodable"` (NAKed; detail: the error),
 /// `"unsafe"` (dropped) and `"mismatch"` (accepted, but the payload names another model than the
-/// subject: the caller makes the subject's model win).
+/// subject: the caller makes the subject's model win). `plain` maps each model whose accepted
+/// deliveries are all of one operation, encode or score, with no options and no offloaded
+/// payload, to that operation.
 #[pyfunction]
 #[pyo3(signature = (messages, subject_info, delivery_cls, item_cls, release))]
 pub fn intake_batch<'py>(
@@ -118,7 +147,8 @@ pub fn intake_batch<'py>(
     let mut last_subject: Option<Bound<'py, PyAny>> = None;
     let mut model: Option<Bound<'py, PyString>> = None;
     let mut direct = no.clone_ref(py);
-    let mut group: Option<(Bound<'py, PyString>, Bound<'py, PyList>)> = None;
+    let mut group: Option<(Bound<'py, PyString>, Bound<'py, PyList>, usize)> = None;
+    let mut plain: Vec<(Bound<'py, PyString>, Plain<'py>)> = Vec::new();
     for msg in messages.try_iter()? {
         let msg = msg?;
         let subject = msg.getattr(k_subject)?;
@@ -174,25 +204,52 @@ pub fn intake_batch<'py>(
         }
         // Consecutive deliveries of one model (the usual pull) reuse the group found last.
         let same_group = match &group {
-            Some((gm, _)) => gm.is(m) || gm.as_any().eq(m)?,
+            Some((gm, _, _)) => gm.is(m) || gm.as_any().eq(m)?,
             None => false,
         };
-        let list = match &group {
-            Some((_, list)) if same_group => list.clone(),
-            _ => {
-                let list = match out.groups.get_item(m)? {
-                    Some(list) => list.cast_into::<PyList>()?,
-                    None => {
-                        let list = PyList::empty(py);
-                        out.groups.set_item(m, &list)?;
-                        list
-                    }
-                };
-                group = Some((m.clone(), list.clone()));
-                list
+        if !same_group {
+            let list = match out.groups.get_item(m)? {
+                Some(list) => list.cast_into::<PyList>()?,
+                None => {
+                    let list = PyList::empty(py);
+                    out.groups.set_item(m, &list)?;
+                    list
+                }
+            };
+            let mut at = None;
+            for (i, (pm, _)) in plain.iter().enumerate() {
+                if pm.as_any().eq(m)? {
+                    at = Some(i);
+                    break;
+                }
             }
+            let at = at.unwrap_or_else(|| {
+                plain.push((m.clone(), Plain::Op(empty.clone()))); // "": its first item decides
+                plain.len() - 1
+            });
+            group = Some((m.clone(), list, at));
+        }
+        let Some((_, list, at)) = &group else {
+            unreachable!("a group was just chosen")
         };
         list.append(&d)?;
+        let state = &mut plain[*at].1;
+        if let Plain::Op(op) = state {
+            *state = match plain_op(&item)? {
+                Some(item_op) if op.to_str()?.is_empty() || op.as_any().eq(&item_op)? => {
+                    Plain::Op(item_op)
+                }
+                _ => Plain::Mixed,
+            };
+        }
+    }
+    let plain_models = PyDict::new(py);
+    for (m, state) in plain {
+        if let Plain::Op(op) = state {
+            if !op.to_str()?.is_empty() {
+                plain_models.set_item(m, op)?;
+            }
+        }
     }
     Ok(Some(PyTuple::new(
         py,
@@ -201,6 +258,7 @@ pub fn intake_batch<'py>(
             out.naks.into_any(),
             out.drops.into_any(),
             out.notes.into_any(),
+            plain_models.into_any(),
         ],
     )?))
 }

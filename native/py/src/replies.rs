@@ -56,6 +56,12 @@ impl<'py> ItemObjects<'py> {
         })
     }
 
+    /// The item's `request_id` str.
+    fn request_id(self) -> Bound<'py, PyString> {
+        let [_, rid, _, _] = self.strs;
+        rid
+    }
+
     fn fields(&self) -> PyResult<ItemFields<'_>> {
         let [wid, rid, reply, hash] = &self.strs;
         Ok(ItemFields {
@@ -240,7 +246,7 @@ pub fn frame_outcome_replies(
         max_payload,
         acks,
     };
-    frame.replies(py, deliveries, &views)
+    Ok(frame.replies(py, deliveries, &views)?.map(|(replies, _)| replies))
 }
 
 /// The batch-wide inputs of a framing pass.
@@ -254,12 +260,14 @@ struct Frame<'a> {
 
 impl Frame<'_> {
     /// The common path's check and framing over outcome views in delivery order.
-    fn replies(
+    /// Also gives the items' `request_id` objects in delivery order (what the pipeline keys its
+    /// per-request latencies by), read in the same pass.
+    fn replies<'py>(
         &self,
-        py: Python<'_>,
-        deliveries: &Bound<'_, PyList>,
+        py: Python<'py>,
+        deliveries: &Bound<'py, PyList>,
         outcomes: &[OutcomeView<'_>],
-    ) -> PyResult<Option<FramedReplies>> {
+    ) -> PyResult<Option<(FramedReplies, Vec<Bound<'py, PyString>>)>> {
         let (worker_id, current_hash, now) = (self.worker_id, self.current_hash, self.now);
         let n = deliveries.len();
         if outcomes.len() != n {
@@ -350,13 +358,16 @@ impl Frame<'_> {
             }
             Ok(())
         })?;
-        Ok(Some(FramedReplies {
+        let replies = FramedReplies {
             buffer: buffer.unbind(),
             sent: PyBytes::new(py, &sent).unbind(),
             messages: planned.len(),
             payload_bytes,
             acks: ack_subjects.len(),
-        }))
+        };
+        drop(planned);
+        let request_ids = objects.into_iter().map(|o| o.request_id()).collect();
+        Ok(Some((replies, request_ids)))
     }
 }
 
@@ -388,14 +399,15 @@ fn pub_header_len(subject: &str, size: usize) -> usize {
 
 /// A RunBatch response framed straight into replies (`frame_batch_response`), with what the
 /// pipeline learns from it: the first outcome's `inference_ms`, per delivery whether it
-/// succeeded (`1`), and the quantum controller's samples (inference + postprocessing ms of each
-/// success that was sent).
+/// succeeded (`1`), the quantum controller's samples (inference + postprocessing ms of each
+/// success that was sent) and every delivery's `request_id`, in delivery order.
 #[pyclass(frozen, get_all, module = "sie_sidecar._native")]
 pub struct FramedResponse {
     pub replies: Py<FramedReplies>,
     pub inference_ms: Option<f64>,
     pub success: Py<PyBytes>,
     pub totals: Py<PyList>,
+    pub request_ids: Py<PyList>,
 }
 
 /// One outcome of a BatchOutcome read in place; `None` for anything the common path does not
@@ -532,7 +544,7 @@ pub fn frame_batch_response(
             max_payload,
             acks,
         };
-        let Some(replies) = frame.replies(py, deliveries, &views)? else {
+        let Some((replies, request_ids)) = frame.replies(py, deliveries, &views)? else {
             return Ok(None);
         };
         let sent = replies.sent.bind(py).as_bytes();
@@ -552,6 +564,7 @@ pub fn frame_batch_response(
             inference_ms: views.first().and_then(|v| v.inference_ms),
             success: PyBytes::new(py, &success).unbind(),
             totals: totals.unbind(),
+            request_ids: PyList::new(py, request_ids)?.unbind(),
         }))
     })
 }

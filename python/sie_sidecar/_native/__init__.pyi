@@ -279,6 +279,8 @@ class FramedResponse:
     def success(self) -> bytes: ...
     @property
     def totals(self) -> list[float]: ...
+    @property
+    def request_ids(self) -> list[str]: ...
 
 def frame_batch_response(
     response: Buffer,
@@ -349,7 +351,7 @@ def intake_batch(
     delivery_cls: type[Any],
     item_cls: type[Any],
     release: Any,
-) -> tuple[dict[str, list[Any]], list[Any], list[Any], list[tuple[str, Any, str | None]]] | None: ...
+) -> tuple[dict[str, list[Any]], list[Any], list[Any], list[tuple[str, Any, str | None]], dict[str, str]] | None: ...
 def write_run_batch_body(
     model_id: str,
     op: str,

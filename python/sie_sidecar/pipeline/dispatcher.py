@@ -13,6 +13,7 @@ import time
 from collections import Counter, defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from itertools import compress
 from typing import Any, Protocol
 
 from .. import wire
@@ -80,11 +81,13 @@ class DispatchSettings:
 
 @dataclass(frozen=True, slots=True)
 class _Executed:
-    """What an executed batch tells its lane: the backend's `inference_ms` (first outcome's) and
-    the requests with a success, in outcome order."""
+    """What an executed batch tells its lane: the backend's `inference_ms` (first outcome's), the
+    requests with a success, in outcome order, and (when the replies were framed natively) every
+    executed item's `request_id` in item order."""
 
     inference_ms: float | None
     succeeded: dict[str, None]
+    request_ids: list[str] | None = None
 
 
 @dataclass(slots=True)
@@ -223,17 +226,18 @@ class Dispatcher:
 
     async def handle(self, messages: Sequence[Any], release: Callable[[int], None] | None = None) -> None:
         """Settle every message of one pulled batch exactly once; `release` returns pull capacity."""
-        groups, naks, drops = self._intake.verdicts(messages, release)
-        for d in naks:
+        found = self._intake.intake(messages, release)
+        groups, plain = found.groups, found.plain
+        for d in found.naks:
             await self._settler.nak(d, self._s.nak_delay_ms)
-        for d in drops:
+        for d in found.drops:
             await self._settler.drop(d)
         if groups:
             if len(groups) == 1:  # the usual pull: one model, no task per group
                 model, ds = next(iter(groups.items()))
-                await self._run_group(model, ds)
+                await self._run_group(model, ds, plain.get(model))
             else:
-                await asyncio.gather(*(self._run_group(model, ds) for model, ds in groups.items()))
+                await asyncio.gather(*(self._run_group(model, ds, plain.get(model)) for model, ds in groups.items()))
 
     async def _drop_cancelled(self, ds: list[Delivery]) -> list[Delivery]:
         if not self._intake.any_tombstones():
@@ -249,17 +253,19 @@ class Dispatcher:
 
     # -- model group -------------------------------------------------------------------------
 
-    async def _run_group(self, model: str, ds: list[Delivery]) -> None:
+    async def _run_group(self, model: str, ds: list[Delivery], plain_op: str | None = None) -> None:
         async with self._group_slots:
             try:
-                await self._group(model, ds)
+                await self._group(model, ds, plain_op)
             except Exception:
                 log.exception("model group failed; NAKing what is left", extra={"model": model})
                 for d in ds:
                     if not d.settled:
                         await self._settler.nak(d, self._s.nak_delay_ms)
 
-    async def _group(self, model: str, ds: list[Delivery]) -> None:
+    async def _group(self, model: str, ds: list[Delivery], plain_op: str | None = None) -> None:
+        """`plain_op`: intake found every delivery of the group plain (`Verdicts.plain`), so the
+        per-item operation split and payload checks are skipped."""
         base = self._s.nak_delay_ms
         ds = await self._drop_cancelled(ds)
         if not ds:
@@ -280,7 +286,7 @@ class Dispatcher:
         if len(ds) > budget:
             await self._out.nak_all(ds[budget:], OVERFLOW_NAK_MS)
             ds = ds[:budget]
-        by_op, unknown = _split_by_op(ds)
+        by_op, unknown = ({(plain_op, ""): ds}, []) if plain_op is not None else _split_by_op(ds)
         if unknown:
             await self._out.publish_errors(unknown, BAD_OPERATION, "unknown operation", nak_on_failure=True)
         lane = self._lane(model)
@@ -299,7 +305,7 @@ class Dispatcher:
         )
         if len(by_op) == 1:
             (op, lora), part = next(iter(by_op.items()))
-            await self._enqueue(lane, op, lora, part, tokenizer)
+            await self._enqueue(lane, op, lora, part, tokenizer, plain=plain_op is not None)
         else:
             await asyncio.gather(
                 *(self._enqueue(lane, op, lora, part, tokenizer) for (op, lora), part in by_op.items())
@@ -382,13 +388,21 @@ class Dispatcher:
         return lane
 
     async def _enqueue(
-        self, lane: ModelLane[Delivery], op: str, lora: str, ds: list[Delivery], tokenizer: RegisteredTokenizer | None
+        self,
+        lane: ModelLane[Delivery],
+        op: str,
+        lora: str,
+        ds: list[Delivery],
+        tokenizer: RegisteredTokenizer | None,
+        *,
+        plain: bool = False,
     ) -> None:
         """Payloads, media checks, tokenization and audio decoding for one (op, LoRA) group, then into
-        the scheduler."""
+        the scheduler (`plain`: intake found nothing to fetch or check)."""
         ds = await self._drop_cancelled(ds)  # before_payload_fetch
-        ds = await self._resolve_payloads(ds)
-        ds = await self._drop_cancelled(ds)  # after_payload_fetch
+        if not plain:
+            ds = await self._resolve_payloads(ds)
+            ds = await self._drop_cancelled(ds)  # after_payload_fetch
         if not ds:
             return
         items = [d.item for d in ds if d.item is not None]
@@ -457,14 +471,16 @@ class Dispatcher:
         succeeded = outcome.succeeded
         latencies = []
         if succeeded:
-            enqueued: dict[str, float] = {}
-            for d, at in zip(formed.items, formed.enqueued_at, strict=True):
-                if d.item is not None and d.item.request_id not in enqueued:
-                    enqueued[d.item.request_id] = at
-            for rid in succeeded:
-                since = enqueued.get(rid)
-                if since is not None and finished > since:
-                    latencies.append((finished - since) * 1000.0)
+            rids = outcome.request_ids
+            if rids is None or len(rids) != len(formed.items):  # some were cancelled before the call
+                rids = [d.item.request_id if d.item is not None else "" for d in formed.items]
+            # Reversed, so each request keeps its first item's enqueue time (C loops, no per-item code).
+            enqueued = dict(zip(reversed(rids), reversed(formed.enqueued_at), strict=True))
+            latencies = [
+                (finished - since) * 1000.0
+                for since in map(enqueued.get, succeeded)
+                if since is not None and finished > since
+            ]
         return BatchReport(reported, (finished - started) * 1000.0, finished, latencies)
 
     async def _keepalive(self, ds: list[Delivery]) -> None:
@@ -538,10 +554,8 @@ class Dispatcher:
         self.telemetry.histogram(BATCH_COST, attrs).record(total_cost)
         if isinstance(outcome, wire.FramedResponse):  # replies already framed from the response bytes
             await self._out.settle_response(ds, outcome)
-            succeeded = dict.fromkeys(
-                d.item.request_id for d, ok in zip(ds, outcome.success, strict=True) if ok and d.item is not None
-            )
-            return _Executed(outcome.inference_ms, succeeded)
+            rids = outcome.request_ids
+            return _Executed(outcome.inference_ms, dict.fromkeys(compress(rids, outcome.success)), rids)
         await self._out.apply(ds, outcome)
         outcomes = outcome.outcomes
         return _Executed(

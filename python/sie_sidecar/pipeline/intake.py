@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
 from .. import wire
@@ -16,7 +17,6 @@ from .source import SettleHandle
 
 log = logging.getLogger(__name__)
 _warn = Throttled(log)
-
 
 
 def _select_intake() -> Callable[..., Any] | None:
@@ -49,6 +49,19 @@ def _subject_wins(item: WorkItem, model: str, subject: str) -> None:
     item.model_id = model
 
 
+@dataclass(frozen=True, slots=True)
+class Verdicts:
+    """A pulled batch after intake: accepted deliveries by model (arrival order), the NAKs, the
+    drops, and the models whose group is *plain*: all of one operation, encode or score, with no
+    options and no offloaded payload (`plain[model]` is that operation). A plain group needs no
+    per-item operation split and no payload resolution; any subset of it stays plain."""
+
+    groups: dict[str, list[Delivery]]
+    naks: list[Delivery]
+    drops: list[Delivery]
+    plain: dict[str, str] = field(default_factory=dict)
+
+
 class Intake:
     """The §4.1 checks and the two tombstone sets (`work_cancel`, `batch_cancel`)."""
 
@@ -76,20 +89,27 @@ class Intake:
         self, messages: Sequence[SettleHandle], release: Callable[[int], None] | None
     ) -> tuple[dict[str, list[Delivery]], list[Delivery], list[Delivery]]:
         """`verdict` for a whole pulled batch: the accepted deliveries grouped by model (arrival
-        order kept), then those to NAK and those to ACK-drop. The subject is looked up once per run
-        of equal subjects and the tombstones are checked for emptiness once per batch.
+        order kept), then those to NAK and those to ACK-drop (`intake` without its hints)."""
+        found = self.intake(messages, release)
+        return found.groups, found.naks, found.drops
+
+    def intake(self, messages: Sequence[SettleHandle], release: Callable[[int], None] | None) -> Verdicts:
+        """The verdicts of a whole pulled batch and, per model, whether its group is plain. The
+        subject is looked up once per run of equal subjects and the tombstones are checked for
+        emptiness once per batch.
 
         While both tombstone sets are empty (no per-item cancellation lookup), the native core does
-        the whole batch in one call (`wire.intake_batch`); this loop is its twin."""
+        the whole batch in one call (`_native.intake_batch`); `_verdicts_py` is its twin (and gives
+        no plain hints: they only let the dispatcher skip checks)."""
         check_cancel = self.any_tombstones()
         if not check_cancel and _intake_batch is not None:
             found = _intake_batch(messages, self._subject_info, Delivery, WorkItem, release)
             if found is not None:
-                groups, naks, drops, notes = found
+                groups, naks, drops, notes, plain = found
                 for kind, d, detail in notes:
                     self._note(kind, d, detail)
-                return groups, naks, drops
-        return self._verdicts_py(messages, release, check_cancel)
+                return Verdicts(groups, naks, drops, plain)
+        return Verdicts(*self._verdicts_py(messages, release, check_cancel))
 
     def _note(self, kind: str, d: Delivery, detail: str | None) -> None:
         """Log what the native intake found (and make the subject's model win on a mismatch)."""
@@ -178,4 +198,4 @@ class Intake:
         return d.worker_direct and bool(self.batch_tombstones.is_cancelled(item.request_id))
 
 
-__all__ = ["ACCEPT", "DROP", "NAK", "Intake", "Verdict"]
+__all__ = ["ACCEPT", "DROP", "NAK", "Intake", "Verdict", "Verdicts"]

@@ -111,13 +111,15 @@ def frame_outcome_replies(
 @dataclass(frozen=True, slots=True)
 class FramedResponse:
     """A RunBatch response framed into replies, and what the pipeline learns from it: the first
-    outcome's `inference_ms`, per delivery whether it succeeded (1), and the quantum samples
-    (inference + postprocessing ms of each success that was sent)."""
+    outcome's `inference_ms`, per delivery whether it succeeded (1), the quantum samples
+    (inference + postprocessing ms of each success that was sent) and every delivery's
+    `request_id` in delivery order (what per-request latencies are keyed by)."""
 
     replies: FramedReplies
     inference_ms: float | None
     success: bytes
     totals: list[float]
+    request_ids: list[str]
 
 
 def frame_batch_response(
@@ -157,7 +159,8 @@ def frame_batch_response(
         for o, ok, sent in zip(outcomes, success, replies.sent, strict=True)
         if ok and sent
     ]
-    return FramedResponse(replies, outcomes[0].inference_ms if outcomes else None, success, totals)
+    request_ids = [d.item.request_id for d in deliveries]
+    return FramedResponse(replies, outcomes[0].inference_ms if outcomes else None, success, totals, request_ids)
 
 
 __all__ = ["FramedReplies", "FramedResponse", "frame_batch_response", "frame_outcome_replies"]
