@@ -9,9 +9,10 @@
 use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
-use pyo3::types::{PyDict, PyList, PyString, PyTuple, PyType};
+use pyo3::types::{PyBytes, PyDict, PyList, PyString, PyTuple, PyType};
 use pyo3::IntoPyObjectExt;
 
+use crate::lazy::{parse, LazyDelivery, MODEL_ID, REPLY_SUBJECT};
 use crate::slots::SlotLayout;
 use crate::workitem::{decode_work_item, WorkItemError};
 
@@ -81,15 +82,59 @@ struct Verdicts<'py> {
 
 /// Whether a model's accepted deliveries so far are all "plain": one operation, encode or score,
 /// no options and no offloaded payload (the dispatcher then skips its per-item checks).
-enum Plain<'py> {
-    Op(Bound<'py, PyString>),
+enum Plain {
+    /// "" while the group has no delivery yet.
+    Op(&'static str),
     Mixed,
+}
+
+fn static_op(op: &str) -> &'static str {
+    match op {
+        "encode" => "encode",
+        "score" => "score",
+        _ => "",
+    }
+}
+
+/// What every slotted `Delivery` of a batch shares.
+struct Shared<'a, 'py> {
+    layout: &'a SlotLayout,
+    release: &'a Bound<'py, PyAny>,
+    no: Py<PyAny>,
+    zero: Py<PyAny>,
+}
+
+impl<'py> Shared<'_, 'py> {
+    /// A `Delivery` filled straight into its slots (the decoded path).
+    fn delivery(
+        &self,
+        msg: &Bound<'py, PyAny>,
+        direct: &Py<PyAny>,
+        item: Py<PyAny>,
+        model: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let py = msg.py();
+        let layout = self.layout;
+        let d = layout.alloc(py)?;
+        layout.put(&d, MSG, msg.clone().unbind());
+        layout.put(&d, DIRECT, direct.clone_ref(py));
+        layout.put(&d, ITEM, item);
+        layout.put(&d, MODEL, model.clone().unbind());
+        layout.put(&d, SETTLED, self.no.clone_ref(py));
+        layout.put(&d, FETCH_MS, self.zero.clone_ref(py));
+        layout.put(&d, TOKENS, py.None());
+        layout.put(&d, AUDIO, py.None());
+        layout.put(&d, RELEASE, self.release.clone().unbind());
+        Ok(d)
+    }
 }
 
 /// The operation of a plain item (`None`: not plain).
 fn plain_op<'py>(item: &Bound<'py, PyAny>) -> PyResult<Option<Bound<'py, PyString>>> {
     let py = item.py();
-    let op = item.getattr(intern!(py, "operation"))?.cast_into::<PyString>()?;
+    let op = item
+        .getattr(intern!(py, "operation"))?
+        .cast_into::<PyString>()?;
     let ref_field = match op.to_str()? {
         "encode" => intern!(py, "payload_ref"),
         "score" => intern!(py, "query_payload_ref"),
@@ -117,7 +162,7 @@ fn plain_op<'py>(item: &Bound<'py, PyAny>) -> PyResult<Option<Bound<'py, PyStrin
 /// deliveries are all of one operation, encode or score, with no options and no offloaded
 /// payload, to that operation.
 #[pyfunction]
-#[pyo3(signature = (messages, subject_info, delivery_cls, item_cls, release))]
+#[pyo3(signature = (messages, subject_info, delivery_cls, item_cls, release, lazy = true))]
 pub fn intake_batch<'py>(
     py: Python<'py>,
     messages: &Bound<'py, PyAny>,
@@ -125,6 +170,7 @@ pub fn intake_batch<'py>(
     delivery_cls: &Bound<'py, PyType>,
     item_cls: &Bound<'py, PyType>,
     release: &Bound<'py, PyAny>,
+    lazy: bool,
 ) -> PyResult<Option<Bound<'py, PyTuple>>> {
     let layout = LAYOUT
         .get_or_try_init(py, || layout_of(delivery_cls))?
@@ -143,12 +189,18 @@ pub fn intake_batch<'py>(
     let (k_reply, k_model) = (intern!(py, "reply_subject"), intern!(py, "model_id"));
     let empty = PyString::intern(py, "");
     let no = false.into_py_any(py)?;
-    let zero = 0.0f64.into_py_any(py)?;
+    let shared = Shared {
+        layout,
+        release,
+        no: no.clone_ref(py),
+        zero: 0.0f64.into_py_any(py)?,
+    };
+    let mut direct_flag = false;
     let mut last_subject: Option<Bound<'py, PyAny>> = None;
     let mut model: Option<Bound<'py, PyString>> = None;
     let mut direct = no.clone_ref(py);
     let mut group: Option<(Bound<'py, PyString>, Bound<'py, PyList>, usize)> = None;
-    let mut plain: Vec<(Bound<'py, PyString>, Plain<'py>)> = Vec::new();
+    let mut plain: Vec<(Bound<'py, PyString>, Plain)> = Vec::new();
     for msg in messages.try_iter()? {
         let msg = msg?;
         let subject = msg.getattr(k_subject)?;
@@ -160,48 +212,81 @@ pub fn intake_batch<'py>(
             let info = subject_info.call1((&subject,))?;
             let (m, d): (Option<Bound<'py, PyString>>, Bound<'py, PyAny>) = info.extract()?;
             model = m;
+            direct_flag = d.is_truthy()?;
             direct = d.unbind();
             last_subject = Some(subject);
         }
-        let d = layout.alloc(py)?;
-        layout.put(&d, MSG, msg.clone().unbind());
-        layout.put(&d, DIRECT, direct.clone_ref(py));
-        layout.put(&d, SETTLED, no.clone_ref(py));
-        layout.put(&d, FETCH_MS, zero.clone_ref(py));
-        layout.put(&d, TOKENS, py.None());
-        layout.put(&d, AUDIO, py.None());
-        layout.put(&d, RELEASE, release.clone().unbind());
         let Some(m) = &model else {
-            layout.put(&d, ITEM, py.None());
-            layout.put(&d, MODEL, empty.clone().into_any().unbind());
+            let d = shared.delivery(&msg, &direct, py.None(), empty.as_any())?;
             out.naks.append(&d)?;
             continue;
         };
-        let item = match decode_work_item(py, &msg.getattr(k_data)?, item_cls) {
-            Ok(item) => item.into_bound(py),
-            Err(e) if e.is_instance_of::<WorkItemError>(py) => {
-                layout.put(&d, ITEM, py.None());
-                layout.put(&d, MODEL, empty.clone().into_any().unbind());
-                out.naks.append(&d)?;
-                let detail = e.value(py).str()?;
-                out.notes.append(("undecodable", &d, detail))?;
+        let data = msg.getattr(k_data)?;
+        let parsed = match data.cast::<PyBytes>() {
+            Ok(bytes) if lazy => parse(bytes.as_bytes()).map(|p| (bytes.clone(), p)),
+            _ => None,
+        };
+        let (d, op): (Bound<'py, PyAny>, Option<&'static str>) = if let Some((bytes, p)) = parsed {
+            // The WorkItem stays in its payload (LazyDelivery): same checks, no object per field.
+            let raw = bytes.as_bytes();
+            let reply_ok = safe_reply_subject(p.str(raw, REPLY_SUBJECT));
+            let mismatch = reply_ok && p.str(raw, MODEL_ID) != m.to_str()?;
+            let op = p.plain_op(raw).map(static_op);
+            let d = Bound::new(
+                py,
+                LazyDelivery::new(
+                    py,
+                    msg.clone().unbind(),
+                    direct_flag,
+                    if reply_ok {
+                        m.clone().into_any().unbind()
+                    } else {
+                        empty.clone().into_any().unbind()
+                    },
+                    release.clone().unbind(),
+                    bytes.unbind(),
+                    p,
+                    item_cls.clone().unbind(),
+                ),
+            )?
+            .into_any();
+            if !reply_ok {
+                out.drops.append(&d)?;
+                out.notes.append(("unsafe", &d, py.None()))?;
                 continue;
             }
-            Err(e) => return Err(e),
+            if mismatch {
+                out.notes.append(("mismatch", &d, py.None()))?;
+            }
+            (d, op)
+        } else {
+            let item = match decode_work_item(py, &data, item_cls) {
+                Ok(item) => item.into_bound(py),
+                Err(e) if e.is_instance_of::<WorkItemError>(py) => {
+                    let d = shared.delivery(&msg, &direct, py.None(), empty.as_any())?;
+                    out.naks.append(&d)?;
+                    let detail = e.value(py).str()?;
+                    out.notes.append(("undecodable", &d, detail))?;
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
+            let reply = item.getattr(k_reply)?;
+            if !safe_reply_subject(reply.cast::<PyString>()?.to_str()?) {
+                let d = shared.delivery(&msg, &direct, item.unbind(), empty.as_any())?;
+                out.drops.append(&d)?;
+                out.notes.append(("unsafe", &d, py.None()))?;
+                continue;
+            }
+            let named = item.getattr(k_model)?;
+            let mismatch = !(named.is(m) || named.eq(m)?);
+            let op = plain_op(&item)?.and_then(|op| op.to_str().ok().map(static_op));
+            let d = shared.delivery(&msg, &direct, item.unbind(), m.as_any())?;
+            if mismatch {
+                out.notes.append(("mismatch", &d, py.None()))?;
+            }
+            (d, op)
         };
-        layout.put(&d, ITEM, item.clone().unbind());
-        let reply = item.getattr(k_reply)?;
-        if !safe_reply_subject(reply.cast::<PyString>()?.to_str()?) {
-            layout.put(&d, MODEL, empty.clone().into_any().unbind());
-            out.drops.append(&d)?;
-            out.notes.append(("unsafe", &d, py.None()))?;
-            continue;
-        }
-        layout.put(&d, MODEL, m.clone().into_any().unbind());
-        let named = item.getattr(k_model)?;
-        if !(named.is(m) || named.eq(m)?) {
-            out.notes.append(("mismatch", &d, py.None()))?;
-        }
         // Consecutive deliveries of one model (the usual pull) reuse the group found last.
         let same_group = match &group {
             Some((gm, _, _)) => gm.is(m) || gm.as_any().eq(m)?,
@@ -224,7 +309,7 @@ pub fn intake_batch<'py>(
                 }
             }
             let at = at.unwrap_or_else(|| {
-                plain.push((m.clone(), Plain::Op(empty.clone()))); // "": its first item decides
+                plain.push((m.clone(), Plain::Op(""))); // "": its first item decides
                 plain.len() - 1
             });
             group = Some((m.clone(), list, at));
@@ -234,11 +319,9 @@ pub fn intake_batch<'py>(
         };
         list.append(&d)?;
         let state = &mut plain[*at].1;
-        if let Plain::Op(op) = state {
-            *state = match plain_op(&item)? {
-                Some(item_op) if op.to_str()?.is_empty() || op.as_any().eq(&item_op)? => {
-                    Plain::Op(item_op)
-                }
+        if let Plain::Op(current) = *state {
+            *state = match op {
+                Some(item_op) if current.is_empty() || current == item_op => Plain::Op(item_op),
                 _ => Plain::Mixed,
             };
         }
@@ -246,7 +329,7 @@ pub fn intake_batch<'py>(
     let plain_models = PyDict::new(py);
     for (m, state) in plain {
         if let Plain::Op(op) = state {
-            if !op.to_str()?.is_empty() {
+            if !op.is_empty() {
                 plain_models.set_item(m, op)?;
             }
         }

@@ -12,6 +12,7 @@ mod envelopes;
 mod errors;
 mod framing;
 mod intake;
+mod lazy;
 mod outputs;
 mod pack;
 mod replies;
@@ -68,6 +69,9 @@ mod _native {
 
     #[pymodule_export]
     use crate::intake::intake_batch;
+
+    #[pymodule_export]
+    use crate::lazy::LazyDelivery;
 
     #[pymodule_export]
     use crate::run_batch::write_run_batch_body;

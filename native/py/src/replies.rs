@@ -16,6 +16,7 @@ use sie_core::results::{encode_work_result, WorkResultRef, UNIT_KEYS};
 
 use crate::buffers::with_bytes;
 use crate::envelopes::{unit_counts, ItemOutcome};
+use crate::lazy::{self, LazyDelivery, Parsed};
 
 /// `units` of an outcome as the five optional counts of the WorkResult.
 pub fn read_units(units: Option<&Bound<'_, PyDict>>) -> PyResult<Option<[Option<u64>; 5]>> {
@@ -72,6 +73,54 @@ impl<'py> ItemObjects<'py> {
             bundle_config_hash: hash.to_str()?,
             timestamp: self.timestamp,
         })
+    }
+}
+
+/// Where a delivery's reply fields come from: its WorkItem's str objects, or (a `LazyDelivery`
+/// whose item was never decoded) its payload in place.
+enum ItemSource<'py> {
+    Objects(ItemObjects<'py>),
+    Lazy(Bound<'py, PyBytes>, Parsed),
+}
+
+impl<'py> ItemSource<'py> {
+    fn read(delivery: &Bound<'py, PyAny>) -> PyResult<Self> {
+        let py = delivery.py();
+        if let Ok(lazy) = delivery.cast::<LazyDelivery>() {
+            let lazy = lazy.borrow();
+            if !lazy.decoded() {
+                return Ok(Self::Lazy(lazy.data.bind(py).clone(), lazy.parsed));
+            }
+        }
+        Ok(Self::Objects(ItemObjects::read(
+            &delivery.getattr(intern!(py, "item"))?,
+        )?))
+    }
+
+    fn fields(&self) -> PyResult<ItemFields<'_>> {
+        match self {
+            Self::Objects(o) => o.fields(),
+            Self::Lazy(data, p) => {
+                let data = data.as_bytes();
+                Ok(ItemFields {
+                    work_item_id: p.str(data, lazy::WORK_ITEM_ID),
+                    request_id: p.str(data, lazy::REQUEST_ID),
+                    item_index: p.item_index,
+                    reply_subject: p.str(data, lazy::REPLY_SUBJECT),
+                    bundle_config_hash: p.str(data, lazy::BUNDLE_CONFIG_HASH),
+                    timestamp: p.timestamp,
+                })
+            }
+        }
+    }
+
+    fn request_id(self) -> Bound<'py, PyString> {
+        match self {
+            Self::Objects(o) => o.request_id(),
+            Self::Lazy(data, p) => {
+                PyString::new(data.py(), p.str(data.as_bytes(), lazy::REQUEST_ID))
+            }
+        }
     }
 }
 
@@ -246,7 +295,9 @@ pub fn frame_outcome_replies(
         max_payload,
         acks,
     };
-    Ok(frame.replies(py, deliveries, &views)?.map(|(replies, _)| replies))
+    Ok(frame
+        .replies(py, deliveries, &views)?
+        .map(|(replies, _)| replies))
 }
 
 /// The batch-wide inputs of a framing pass.
@@ -291,9 +342,9 @@ impl Frame<'_> {
             .iter()
             .map(|s| s.to_str())
             .collect::<PyResult<_>>()?;
-        let objects: Vec<ItemObjects<'_>> = deliveries
+        let objects: Vec<ItemSource<'_>> = deliveries
             .iter()
-            .map(|d| ItemObjects::read(&d.getattr(intern!(py, "item"))?))
+            .map(|d| ItemSource::read(&d))
             .collect::<PyResult<_>>()?;
         let mut planned: Vec<Planned<'_>> = Vec::with_capacity(n);
         let mut sent = vec![0u8; n];

@@ -14,9 +14,10 @@ use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyBytes, PyString};
 
 use sie_core::msgpack::{
-    write_array_header, write_bool, write_f64, write_map_header, write_nil, write_str,
+    write_array_header, write_bool, write_f64, write_map_header, write_nil, write_str, write_uint,
 };
 
+use crate::lazy::{self, LazyDelivery, Parsed};
 use crate::pack::{float_of, pack};
 use crate::workitem::{SPANS_LEN, SPAN_COUNT, SPLICED};
 
@@ -378,6 +379,19 @@ pub fn write_run_batch_body<'py>(
             Some(v) => float_of(&v[i])?,
             None => 0.0,
         };
+        let p = prepared.as_ref().map(|v| &v[i]).filter(|p| !p.is_none());
+        if let Ok(lazy) = obj.cast::<LazyDelivery>() {
+            let lazy = lazy.borrow();
+            if !lazy.decoded() {
+                let data = lazy.data.bind(py).as_bytes();
+                write_lazy(&mut out, kind, op, data, &lazy.parsed, ms, p)?;
+                continue;
+            }
+            // Decoded since intake: its WorkItem (possibly edited) is the truth.
+            return Err(PyValueError::new_err(
+                "a decoded LazyDelivery must be passed as its WorkItem (wire_item)",
+            ));
+        }
         let raw = obj.getattr(names[RAW].bind(py))?;
         let spans = obj.getattr(names[SPANS].bind(py))?;
         let item = Item {
@@ -385,10 +399,147 @@ pub fn write_run_batch_body<'py>(
             names,
             source: Source::of(&raw, &spans),
         };
-        let p = prepared.as_ref().map(|v| &v[i]).filter(|p| !p.is_none());
         item.write(&mut out, kind, op, ms, p)?;
     }
     write_str(&mut out, "accepts_batched_f16_multivectors");
     write_bool(&mut out, true);
     Ok(PyBytes::new(py, &out))
+}
+
+/// One RunBatchItem of a `LazyDelivery` whose WorkItem was never decoded: every value from the
+/// payload in place (the same keys, order and normalisation as `Item::write`).
+fn write_lazy(
+    out: &mut Vec<u8>,
+    op: Op,
+    op_name: &Bound<'_, PyAny>,
+    data: &[u8],
+    p: &Parsed,
+    fetch_ms: f64,
+    prepared: Option<&Bound<'_, PyAny>>,
+) -> PyResult<()> {
+    let s = |field| p.str(data, field);
+    let spliced = |out: &mut Vec<u8>, slot: usize| {
+        let (off, len) = p.spans[slot];
+        let value = &data[off as usize..(off + len) as usize];
+        let empty_list = slot == SCORE_ITEMS;
+        if value.is_empty() || (empty_list && value == [0xc0]) {
+            if empty_list {
+                write_array_header(out, 0);
+            } else {
+                write_nil(out);
+            }
+        } else {
+            out.extend_from_slice(value);
+        }
+    };
+    let or_none = |out: &mut Vec<u8>, field| {
+        let v = s(field);
+        if v.is_empty() {
+            write_nil(out);
+        } else {
+            write_str(out, v);
+        }
+    };
+    let common = |out: &mut Vec<u8>| {
+        write_str(out, "work_item_id");
+        write_str(out, s(lazy::WORK_ITEM_ID));
+        write_str(out, "request_id");
+        write_str(out, s(lazy::REQUEST_ID));
+        write_str(out, "item_index");
+        write_uint(out, p.item_index);
+        write_str(out, "total_items");
+        write_uint(out, p.total_items);
+        write_str(out, "timestamp");
+        write_f64(out, p.timestamp);
+    };
+    write_map_header(out, 9);
+    write_str(out, "op");
+    pack(out, op_name)?;
+    write_str(out, "work_item_id");
+    write_str(out, s(lazy::WORK_ITEM_ID));
+    write_str(out, "request_id");
+    write_str(out, s(lazy::REQUEST_ID));
+    write_str(out, "item_index");
+    write_uint(out, p.item_index);
+    for (key, this) in [
+        ("encode", Op::Encode),
+        ("score", Op::Score),
+        ("extract", Op::Extract),
+    ] {
+        write_str(out, key);
+        if this != op {
+            write_nil(out);
+            continue;
+        }
+        match op {
+            Op::Encode => {
+                write_map_header(out, 14);
+                common(out);
+                write_str(out, "item");
+                spliced(out, ITEM);
+                write_str(out, "output_types");
+                spliced(out, OUTPUT_TYPES);
+                write_str(out, "instruction");
+                spliced(out, INSTRUCTION);
+                write_str(out, "is_query");
+                write_bool(out, p.is_query);
+                write_str(out, "options");
+                spliced(out, OPTIONS);
+                write_str(out, "profile_id");
+                or_none(out, lazy::PROFILE_ID);
+                write_str(out, "bundle_config_hash");
+                or_none(out, lazy::BUNDLE_CONFIG_HASH);
+                write_str(out, "payload_fetch_ms");
+                write_f64(out, fetch_ms);
+                write_str(out, "prepared_tokens");
+            }
+            Op::Score => {
+                write_map_header(out, 12);
+                common(out);
+                write_str(out, "query_item");
+                spliced(out, QUERY_ITEM);
+                write_str(out, "score_items");
+                spliced(out, SCORE_ITEMS);
+                write_str(out, "instruction");
+                spliced(out, INSTRUCTION);
+                write_str(out, "options");
+                spliced(out, OPTIONS);
+                write_str(out, "profile_id");
+                or_none(out, lazy::PROFILE_ID);
+                write_str(out, "payload_fetch_ms");
+                write_f64(out, fetch_ms);
+                write_str(out, "prepared_tokens");
+            }
+            Op::Extract => {
+                write_map_header(out, 14);
+                common(out);
+                write_str(out, "item");
+                spliced(out, ITEM);
+                write_str(out, "labels");
+                spliced(out, LABELS);
+                write_str(out, "output_schema");
+                spliced(out, OUTPUT_SCHEMA);
+                write_str(out, "instruction");
+                spliced(out, INSTRUCTION);
+                write_str(out, "options");
+                spliced(out, OPTIONS);
+                write_str(out, "profile_id");
+                or_none(out, lazy::PROFILE_ID);
+                write_str(out, "bundle_config_hash");
+                or_none(out, lazy::BUNDLE_CONFIG_HASH);
+                write_str(out, "payload_fetch_ms");
+                write_f64(out, fetch_ms);
+                write_str(out, "prepared_audio");
+            }
+        }
+        match prepared {
+            Some(v) => pack(out, v)?,
+            None => write_nil(out),
+        }
+    }
+    write_str(out, "traceparent");
+    spliced(out, TRACEPARENT);
+    write_str(out, "tracestate");
+    spliced(out, TRACESTATE);
+    Ok(())
 }

@@ -345,12 +345,33 @@ def frame_score(scores: Any, item_ids: Sequence[str]) -> bytes: ...
 def f32_to_f16(values: Any) -> bytes: ...
 def nd_sentinel_raw(type_code: str, shape: Sequence[int], data: Buffer) -> bytes: ...
 def decode_work_item(data: Buffer, cls: type[Any]) -> Any: ...
+
+@final
+class LazyDelivery:
+    msg: Any
+    worker_direct: bool
+    model: Any
+    settled: bool
+    payload_fetch_ms: float
+    prepared_tokens: Any
+    prepared_audio: Any
+    release: Any
+    @property
+    def item(self) -> Any: ...
+    @item.setter
+    def item(self, value: Any) -> None: ...
+    @property
+    def wire_item(self) -> Any: ...
+    @property
+    def bundle_config_hash(self) -> Any: ...
+
 def intake_batch(
     messages: Sequence[Any],
     subject_info: Callable[[str], tuple[str | None, bool]],
     delivery_cls: type[Any],
     item_cls: type[Any],
     release: Any,
+    lazy: bool = True,
 ) -> tuple[dict[str, list[Any]], list[Any], list[Any], list[tuple[str, Any, str | None]], dict[str, str]] | None: ...
 def write_run_batch_body(
     model_id: str,

@@ -41,7 +41,10 @@ class SettleCounts:
 
 @dataclass(slots=True)
 class Delivery:
-    """A pulled message, its decoded WorkItem (once intake decoded it) and its settlement state."""
+    """A pulled message, its decoded WorkItem (once intake decoded it) and its settlement state.
+
+    The native intake makes `_native.LazyDelivery` objects instead whenever it can: the same
+    attributes, with the WorkItem decoded only when `item` is first read."""
 
     msg: SettleHandle
     worker_direct: bool
@@ -56,6 +59,13 @@ class Delivery:
     prepared_audio: Mapping[str, Any] | None = None
     #: Gives the pull consumer that delivered this message its capacity back.
     release: Callable[[int], None] | None = None
+
+    @property
+    def wire_item(self) -> WorkItem | None:
+        """What the RunBatch writer and the config barrier read. Here the item itself; the native
+        `LazyDelivery` (same attributes, WorkItem kept in its payload until `item` is read) gives
+        itself while its item is undecoded, so neither decodes it."""
+        return self.item
 
 
 class Settler:

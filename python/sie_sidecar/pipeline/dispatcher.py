@@ -270,7 +270,7 @@ class Dispatcher:
         ds = await self._drop_cancelled(ds)
         if not ds:
             return
-        if not self._config.accepts_all(d.item for d in ds):
+        if not self._config.accepts_all(d.wire_item for d in ds):
             await self._out.nak_all(ds, base)
             return
         ready = await self._wait_ready(model, ds)
@@ -405,9 +405,9 @@ class Dispatcher:
             ds = await self._drop_cancelled(ds)  # after_payload_fetch
         if not ds:
             return
-        items = [d.item for d in ds if d.item is not None]
         if op == "encode":
             if tokenizer is not None:
+                items = [d.item for d in ds if d.item is not None]
                 prepared = await prepare_off_loop(tokenizer, [encode_item(item) for item in items])
                 for d, p in zip(ds, prepared, strict=True):
                     d.prepared_tokens = p
@@ -415,7 +415,7 @@ class Dispatcher:
             else:
                 costs = [1] * len(ds)
         elif op == "score":
-            costs = [score_cost(item.query_item, item.score_items) for item in items]
+            costs = [score_cost(item.query_item, item.score_items) for item in (d.item for d in ds) if item is not None]
         else:
             await self._enqueue_extract(lane, op, lora, ds)
             return
@@ -507,10 +507,11 @@ class Dispatcher:
         if not ds:
             return None
         # The config barrier, right before execution: any non-empty hash must still be current.
-        if not self._config.accepts_all(d.item for d in ds):
+        if not self._config.accepts_all(d.wire_item for d in ds):
             await self._out.nak_all(ds, base)
             return None
-        items = [d.item for d in ds if d.item is not None]
+        # The RunBatch writer reads undecoded items in place (`wire_item`); every one has an item.
+        items = [item for item in (d.wire_item for d in ds) if item is not None]
         fetch_ms = [d.payload_fetch_ms for d in ds]
         prepared = [d.prepared_tokens for d in ds] if op == "encode" else None
         audio = [d.prepared_audio for d in ds] if op == "extract" else None
@@ -530,8 +531,9 @@ class Dispatcher:
                     self._out.response_decoder(ds),
                 )
             else:
+                decoded = [d.item for d in ds if d.item is not None]
                 outcome = await self._backend.process_batch(
-                    PER_OP_METHOD[op], per_op_body(model, op, items, fetch_ms, prepared, prepared_audio=audio)
+                    PER_OP_METHOD[op], per_op_body(model, op, decoded, fetch_ms, prepared, prepared_audio=audio)
                 )
         except IpcServerError as exc:
             # `draining` too gets the base delay, as v0.7.1 does in practice (§4.2, last row): a
