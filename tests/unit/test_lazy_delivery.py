@@ -14,11 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sie_sidecar import wire
-
-pytestmark = pytest.mark.skipif(not wire.USING_NATIVE, reason="LazyDelivery is the extension's")
-
-if wire.USING_NATIVE:
-    from sie_sidecar._native import LazyDelivery, frame_batch_response, intake_batch, write_run_batch_body
+from sie_sidecar._native import LazyDelivery, frame_batch_response, intake_batch, write_run_batch_body
 from sie_sidecar.backend.adapter import item_outcome
 from sie_sidecar.pipeline.delivery import Delivery
 from sie_sidecar.pipeline.intake import Intake
@@ -26,6 +22,8 @@ from sie_sidecar.wire.workitem import WorkItem, decode_work_item
 
 from ..fuzz.strategies import mutated
 from .test_run_batch_body import BASE, _args, _loose, batches, payload_maps
+
+pytestmark = pytest.mark.skipif(not wire.USING_NATIVE, reason="LazyDelivery is the extension's")
 
 SUBJECT = wire.pool_work_subject("default", "l4", "b", BASE["model_id"])
 
