@@ -44,8 +44,9 @@ demo: $(BUILD_STAMP) ## run the demo (the whole pipeline locally)
 
 test: lint test-rust test-py ## lint, cargo test and pytest
 
-test-rust: $(DEPS_STAMP) ## Rust unit tests of the core and the audio crate (no Python needed)
+test-rust: $(DEPS_STAMP) ## Rust unit tests: the core and the audio crate, and the extension's pure-Rust parts
 	cargo test -q -p sie-core -p sie-audio
+	cargo test -q -p sie-py --lib
 
 test-py: $(BUILD_STAMP) ## pytest: unit tests and bounded fuzz targets, both implementations
 	$(PY) -m pytest -q

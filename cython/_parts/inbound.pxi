@@ -11,6 +11,7 @@ from cpython.bytes cimport PyBytes_FromStringAndSize
 from cpython.dict cimport PyDict_GetItemWithError
 from cpython.object cimport PyObject
 from cpython.unicode cimport PyUnicode_DecodeUTF8
+from libc.stdlib cimport free, realloc
 from libc.string cimport memcmp
 
 # The longest control line nats-py accepts (its MAX_CONTROL_LINE_SIZE).
@@ -60,8 +61,28 @@ cdef object _new_msg(object msg_cls, object client, object subject, object reply
     return msg
 
 
-def scan_direct_msgs(bytearray buf not None, dict direct not None, object client, object msg_cls):
+cdef inline void _put_u32(unsigned char* at, Py_ssize_t v) nogil:
+    at[0] = v & 0xff
+    at[1] = (v >> 8) & 0xff
+    at[2] = (v >> 16) & 0xff
+    at[3] = (v >> 24) & 0xff
+
+
+cdef inline bint _ascii(const char* s, Py_ssize_t n) nogil:
+    cdef Py_ssize_t i
+    for i in range(n):
+        if <unsigned char>s[i] >= 0x80:
+            return False
+    return True
+
+
+def scan_direct_msgs(bytearray buf not None, dict direct not None, object client, object msg_cls, object make_run=None):
     """Deliver the complete direct MSG frames at the head of `buf`, a run at a time.
+
+    With `make_run` (`_native.deliveries_of_run`), a run is not made into `Msg` objects: its bytes
+    are copied once, and `make_run(run, spans, subjects, sid, client, msg_cls)` makes what is
+    delivered (one native delivery per frame, the payload read in place); `spans` holds four
+    little-endian u32 per frame (reply offset and length, payload offset and length, in `run`).
 
     Consecutive frames of one subscription are handed to its callback as one list (one call per
     run, not per message). Only JetStream deliveries take this path: a MSG without a reply subject
@@ -86,88 +107,127 @@ def scan_direct_msgs(bytearray buf not None, dict direct not None, object client
     cdef list run = None
     cdef bint partial = False
     cdef object error = None
-    while pos < n:
-        s = PyByteArray_AS_STRING(buf)
-        n = PyByteArray_GET_SIZE(buf)
-        if n - pos < 4:
-            partial = s[pos] == c'M'
-            break
-        if not (s[pos] == c'M' and s[pos + 1] == c'S' and s[pos + 2] == c'G' and _is_space(s[pos + 3])):
-            break
-        limit = min(n, pos + _MAX_CONTROL_LINE)
-        line_end = -1
-        i = pos + 4
-        while i + 1 < limit:
-            if s[i] == c'\r' and s[i + 1] == c'\n':
-                line_end = i
+    # The run being gathered for `make_run`: where it starts and ends in `buf`, its frames' spans.
+    cdef Py_ssize_t run_start = 0, run_end = 0, run_count = 0, span_cap = 0
+    cdef unsigned char* spans = NULL
+    cdef unsigned char* grown
+    cdef list subjects = None
+    try:
+        while pos < n:
+            s = PyByteArray_AS_STRING(buf)
+            n = PyByteArray_GET_SIZE(buf)
+            if n - pos < 4:
+                partial = s[pos] == c'M'
                 break
-            i += 1
-        if line_end < 0:
-            partial = limit == n  # the control line itself is still arriving
-            break
-        i = pos + 4
-        while i < line_end and s[i] != c'\r' and s[i] != c'\n' and s[i] != c'\f' and s[i] != c'\v':
-            i += 1
-        if i < line_end:
-            break  # stray line-breaking whitespace inside the line: nats-py's parser decides
-        # MSG <subject> <sid> [reply] <size>
-        t0 = _skip_space(s, pos + 4, line_end)
-        t1 = _token_end(s, t0, line_end)
-        t2 = _skip_space(s, t1, line_end)
-        t3 = _token_end(s, t2, line_end)
-        t4 = _skip_space(s, t3, line_end)
-        t5 = _token_end(s, t4, line_end)
-        i = _skip_space(s, t5, line_end)
-        if t1 == t0 or t3 == t2 or t5 == t4:
-            break
-        sid = _parse_uint(s, t2, t3)
-        if sid < 0:
-            break
-        if i >= line_end:
-            break  # no reply subject: not a JetStream delivery; nats-py's parser takes it
-        size = _parse_uint(s, i, _token_end(s, i, line_end))
-        if _skip_space(s, _token_end(s, i, line_end), line_end) != line_end:
-            break
-        if size < 0:
-            break
-        found = PyDict_GetItemWithError(direct, sid)
-        if found is NULL:
-            break
-        body = line_end + 2
-        frame_end = body + <Py_ssize_t>size + 2
-        if frame_end > n:
-            partial = True
-            break
-        if s[frame_end - 2] != c'\r' or s[frame_end - 1] != c'\n':
-            break  # malformed: nats-py's parser reports it
-        deliver = <object>found
-        try:
-            if t1 - t0 == last_len and memcmp(s + t0, s + last_t0, last_len) == 0:
-                subject = last_subject
-            else:
-                subject = PyUnicode_DecodeUTF8(s + t0, t1 - t0, "strict")
-            reply = PyUnicode_DecodeUTF8(s + t4, t5 - t4, "strict")
-        except UnicodeDecodeError:
-            break  # nats-py's parser decides what a non-UTF-8 subject means
-        payload = PyBytes_FromStringAndSize(s + body, <Py_ssize_t>size)
-        if run is not None and sid != run_sid:
+            if not (s[pos] == c'M' and s[pos + 1] == c'S' and s[pos + 2] == c'G' and _is_space(s[pos + 3])):
+                break
+            limit = min(n, pos + _MAX_CONTROL_LINE)
+            line_end = -1
+            i = pos + 4
+            while i + 1 < limit:
+                if s[i] == c'\r' and s[i + 1] == c'\n':
+                    line_end = i
+                    break
+                i += 1
+            if line_end < 0:
+                partial = limit == n  # the control line itself is still arriving
+                break
+            i = pos + 4
+            while i < line_end and s[i] != c'\r' and s[i] != c'\n' and s[i] != c'\f' and s[i] != c'\v':
+                i += 1
+            if i < line_end:
+                break  # stray line-breaking whitespace inside the line: nats-py's parser decides
+            # MSG <subject> <sid> [reply] <size>
+            t0 = _skip_space(s, pos + 4, line_end)
+            t1 = _token_end(s, t0, line_end)
+            t2 = _skip_space(s, t1, line_end)
+            t3 = _token_end(s, t2, line_end)
+            t4 = _skip_space(s, t3, line_end)
+            t5 = _token_end(s, t4, line_end)
+            i = _skip_space(s, t5, line_end)
+            if t1 == t0 or t3 == t2 or t5 == t4:
+                break
+            sid = _parse_uint(s, t2, t3)
+            if sid < 0:
+                break
+            if i >= line_end:
+                break  # no reply subject: not a JetStream delivery; nats-py's parser takes it
+            size = _parse_uint(s, i, _token_end(s, i, line_end))
+            if _skip_space(s, _token_end(s, i, line_end), line_end) != line_end:
+                break
+            if size < 0:
+                break
+            found = PyDict_GetItemWithError(direct, sid)
+            if found is NULL:
+                break
+            body = line_end + 2
+            frame_end = body + <Py_ssize_t>size + 2
+            if frame_end > n:
+                partial = True
+                break
+            if s[frame_end - 2] != c'\r' or s[frame_end - 1] != c'\n':
+                break  # malformed: nats-py's parser reports it
+            deliver = <object>found
             try:
+                if t1 - t0 == last_len and memcmp(s + t0, s + last_t0, last_len) == 0:
+                    subject = last_subject
+                else:
+                    subject = PyUnicode_DecodeUTF8(s + t0, t1 - t0, "strict")
+                if make_run is None or not _ascii(s + t4, t5 - t4):
+                    reply = PyUnicode_DecodeUTF8(s + t4, t5 - t4, "strict")
+            except UnicodeDecodeError:
+                break  # nats-py's parser decides what a non-UTF-8 subject means
+            if run_count and sid != run_sid:
+                try:
+                    if make_run is not None:
+                        run = make_run(
+                            PyBytes_FromStringAndSize(s + run_start, run_end - run_start),
+                            PyBytes_FromStringAndSize(<char*>spans, run_count * 16),
+                            subjects, run_sid, client, msg_cls,
+                        )
+                    run_deliver(run)
+                except BaseException as exc:
+                    error = exc
+                    run_count = 0
+                    break
+                run_count = 0
+            if run_count == 0:
+                run, run_sid, run_deliver = [], sid, deliver
+                run_start = pos
+                subjects = []
+            if make_run is None:
+                payload = PyBytes_FromStringAndSize(s + body, <Py_ssize_t>size)
+                run.append(_new_msg(msg_cls, client, subject, reply, payload, sid))
+            else:
+                if run_count == span_cap:
+                    span_cap = 64 if span_cap == 0 else span_cap * 2
+                    grown = <unsigned char*>realloc(spans, span_cap * 16)
+                    if grown is NULL:
+                        raise MemoryError()
+                    spans = grown
+                _put_u32(spans + run_count * 16, t4 - run_start)
+                _put_u32(spans + run_count * 16 + 4, t5 - t4)
+                _put_u32(spans + run_count * 16 + 8, body - run_start)
+                _put_u32(spans + run_count * 16 + 12, <Py_ssize_t>size)
+                subjects.append(subject)
+            run_count += 1
+            run_end = frame_end
+            last_subject, last_t0, last_len = subject, t0, t1 - t0
+            pos = frame_end
+            count += 1
+            nbytes += <Py_ssize_t>size
+        if run_count:
+            try:
+                if make_run is not None:
+                    s = PyByteArray_AS_STRING(buf)
+                    run = make_run(
+                        PyBytes_FromStringAndSize(s + run_start, run_end - run_start),
+                        PyBytes_FromStringAndSize(<char*>spans, run_count * 16),
+                        subjects, run_sid, client, msg_cls,
+                    )
                 run_deliver(run)
             except BaseException as exc:
                 error = exc
-                run = None
-                break
-            run = None
-        if run is None:
-            run, run_sid, run_deliver = [], sid, deliver
-        run.append(_new_msg(msg_cls, client, subject, reply, payload, sid))
-        last_subject, last_t0, last_len = subject, t0, t1 - t0
-        pos = frame_end
-        count += 1
-        nbytes += <Py_ssize_t>size
-    if run is not None:
-        try:
-            run_deliver(run)
-        except BaseException as exc:
-            error = exc
+    finally:
+        free(spans)
     return pos, count, nbytes, partial, error

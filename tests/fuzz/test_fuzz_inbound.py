@@ -4,13 +4,19 @@ crash, never more consumed than given, and the native scanner agrees with its tw
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from nats.aio.msg import Msg
 
+from sie_sidecar._native import deliveries_of_run
 from sie_sidecar._native.wire import scan_direct_msgs
 from sie_sidecar.bus.inbound import scan_direct_msgs_py
+from sie_sidecar.wire.workitem import WorkItem
+
+MAKE_RUN = functools.partial(deliveries_of_run, item_cls=WorkItem)
 
 pytestmark = pytest.mark.fuzz
 
@@ -24,9 +30,9 @@ frame = st.builds(
 )
 
 
-def _scan(scanner: object, data: bytes) -> tuple[object, list[tuple[str, str, bytes]]]:
+def _scan(scanner: object, data: bytes, *make_run: object) -> tuple[object, list[tuple[str, str, bytes]]]:
     got: list[Msg] = []
-    result = scanner(bytearray(data), {1: got.extend, 2**40: got.extend}, None, Msg)  # type: ignore[operator]
+    result = scanner(bytearray(data), {1: got.extend, 2**40: got.extend}, None, Msg, *make_run)  # type: ignore[operator]
     return result[:4], [(m.subject, m.reply, m.data) for m in got]
 
 
@@ -42,10 +48,11 @@ def test_fuzz_scanner_on_mutated_streams(frames: list[bytes], flips: list[tuple[
             data[pos % len(data)] = value
     native = _scan(scan_direct_msgs, bytes(data))
     assert native == _scan(scan_direct_msgs_py, bytes(data))
+    assert native == _scan(scan_direct_msgs, bytes(data), MAKE_RUN) == _scan(scan_direct_msgs_py, bytes(data), MAKE_RUN)
     consumed = native[0][0]  # type: ignore[index]
     assert 0 <= consumed <= len(data)
 
 
 @given(data=st.binary(max_size=2048))
 def test_fuzz_scanner_on_arbitrary_bytes(data: bytes) -> None:
-    assert _scan(scan_direct_msgs, data) == _scan(scan_direct_msgs_py, data)
+    assert _scan(scan_direct_msgs, data) == _scan(scan_direct_msgs_py, data) == _scan(scan_direct_msgs, data, MAKE_RUN)

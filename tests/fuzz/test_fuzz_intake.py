@@ -45,6 +45,10 @@ class Msg:
     def __init__(self, subject: str, data: bytes) -> None:
         self.subject, self.data, self.reply = subject, data, "$JS.ACK.x"
 
+    async def ack(self) -> None: ...
+    async def nak(self, delay: int | float | None = None) -> None: ...
+    async def in_progress(self) -> None: ...
+
 
 @given(batch=st.lists(st.tuples(SUBJECTS, st.one_of(mutated(GOOD), st.binary(max_size=64))), max_size=12))
 def test_intake_batch_never_crashes_and_loses_nothing(batch: list[tuple[str, bytes]]) -> None:

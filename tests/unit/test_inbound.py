@@ -4,6 +4,7 @@ they do not own, and never consume a frame that has not fully arrived."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -12,10 +13,25 @@ from hypothesis import given
 from hypothesis import strategies as st
 from nats.aio.msg import Msg
 
+from sie_sidecar._native import LazyDelivery, deliveries_of_run
 from sie_sidecar._native.wire import scan_direct_msgs
 from sie_sidecar.bus.inbound import scan_direct_msgs_py
+from sie_sidecar.wire.workitem import WorkItem
 
-SCANNERS = {"native": scan_direct_msgs, "py": scan_direct_msgs_py}
+MAKE_RUN = functools.partial(deliveries_of_run, item_cls=WorkItem)
+
+
+def _with_deliveries(scanner: Any) -> Any:
+    """The scanner in its production mode: a run becomes native deliveries, not `Msg` objects."""
+    return lambda buf, direct, client, msg_cls: scanner(buf, direct, client, msg_cls, MAKE_RUN)
+
+
+SCANNERS = {
+    "native": scan_direct_msgs,
+    "py": scan_direct_msgs_py,
+    "native-deliveries": _with_deliveries(scan_direct_msgs),
+    "py-deliveries": _with_deliveries(scan_direct_msgs_py),
+}
 DIRECT_SIDS = (3, 7)
 
 
@@ -147,6 +163,8 @@ def test_native_and_twin_agree_on_any_stream_cut_anywhere(stream: list[bytes], c
     native = run(scan_direct_msgs, data)
     twin = run(scan_direct_msgs_py, data)
     assert native == twin
+    # The delivery mode sees the same frames (the deliveries stand in for the Msg objects).
+    assert run(SCANNERS["native-deliveries"], data) == native == run(SCANNERS["py-deliveries"], data)
     (consumed, count, nbytes, _, _), msgs = native
     assert consumed <= len(data) and count == len(msgs) and nbytes == sum(len(m[2]) for m in msgs)
 
@@ -155,3 +173,27 @@ def test_native_and_twin_agree_on_any_stream_cut_anywhere(stream: list[bytes], c
 def test_arbitrary_bytes_never_crash(data: bytes) -> None:
     (consumed, _, _, _, error), _ = run(scan_direct_msgs, data)
     assert 0 <= consumed <= len(data) and error is None
+
+
+def test_a_scanned_delivery_builds_the_msg_the_scanner_would_have_made() -> None:
+    """No `Msg` per frame: the delivery keeps spans of the run, and builds nats-py's `Msg` (equal to
+    the one the plain scanner makes) only when something asks for it; until then it stands in for it."""
+    data = b"MSG s 3 $JS.ACK.s.c.1.2.3.4.0 2\r\nhi\r\nMSG s 3 $JS.ACK.s.c.1.3.4.5.0 3\r\nyou\r\n"
+    got: list[Any] = []
+    scan_direct_msgs(bytearray(data), {3: got.extend}, "client", Msg, MAKE_RUN)
+    plain: list[Msg] = []
+    scan_direct_msgs(bytearray(data), {3: plain.extend}, "client", Msg)
+    assert all(type(d) is LazyDelivery for d in got)
+    assert (got[1].data, got[1].reply, got[1].subject, got[1]._sid) == (b"you", "$JS.ACK.s.c.1.3.4.5.0", "s", 3)
+    assert [d.msg for d in got] == plain and got[0].msg is got[0].msg  # built once
+    meta = got[0].msg.metadata  # nats-py's own parsing of the ACK subject
+    assert (meta.num_delivered, meta.sequence.stream, meta.sequence.consumer) == (1, 2, 3)
+
+
+def test_deliveries_of_run_refuses_spans_outside_the_run() -> None:
+    import struct
+
+    with pytest.raises(ValueError, match="outside"):
+        deliveries_of_run(b"abc", struct.pack("<4I", 0, 2, 2, 5), ["s"], 1, None, Msg, item_cls=WorkItem)
+    with pytest.raises(ValueError, match="four u32"):
+        deliveries_of_run(b"abc", b"\x00" * 8, ["s"], 1, None, Msg, item_cls=WorkItem)

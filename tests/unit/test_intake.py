@@ -140,7 +140,8 @@ def wild_messages(draw: st.DrawFn) -> list[Msg]:
 def test_native_batch_intake_matches_its_twin_field_for_field(batch: list[Msg]) -> None:
     """`wire.intake_batch` (one native call, no tombstones) and the loop it replaces give every
     message the same verdict and the same Delivery, field for field, in the same order."""
-    release = [].append
+    released: list[int] = []
+    release = released.append
     native = Intake()
     assert intake_module._intake_batch is not None
     groups, naks, drops = native.verdicts(batch, release)
@@ -195,7 +196,7 @@ def mixed_groups(draw: st.DrawFn) -> list[Msg]:
         body = item(
             i, model=model, reply="", router="gw", operation=draw(st.sampled_from(["encode", "score", "extract"]))
         )
-        extra = draw(
+        extra: dict[str, Any] = draw(
             st.sampled_from(
                 [
                     {},

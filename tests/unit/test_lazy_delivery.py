@@ -25,7 +25,7 @@ from .test_run_batch_body import BASE, _args, _loose, batches, payload_maps
 
 pytestmark = pytest.mark.skipif(not wire.USING_NATIVE, reason="LazyDelivery is the extension's")
 
-SUBJECT = wire.pool_work_subject("default", "l4", "b", BASE["model_id"])
+SUBJECT = wire.pool_work_subject("default", "l4", "b", str(BASE["model_id"]))
 
 
 class Msg:
@@ -124,7 +124,13 @@ def test_replies_framed_from_undecoded_items_are_the_decoded_items_replies(
         for d in eager
     ]
     response = msgpack.packb({"outcomes": outcomes, "batched_f16_multivectors": []}, use_bin_type=True)
-    args = {"worker_id": "w", "current_hash": current, "now": 1.0e9, "max_payload": 1 << 20, "acks": acks}
+    args: dict[str, Any] = {
+        "worker_id": "w",
+        "current_hash": current,
+        "now": 1.0e9,
+        "max_payload": 1 << 20,
+        "acks": acks,
+    }
     for d in lazy:
         assert not isinstance(d, LazyDelivery) or d.wire_item is d  # still undecoded
     got = frame_batch_response(response, lazy, **args)
@@ -158,3 +164,54 @@ def test_wide_headers_do_not_change_the_fields_read_in_place() -> None:
     inner = body["items"][0]["encode"]
     assert (inner["timestamp"], inner["profile_id"], inner["item_index"]) == (1.5, "p", BASE["item_index"])
     assert struct.unpack(">I", wide[1:5])[0] == len(BASE) + 2
+
+
+def _frames(payloads: list[bytes], subject: str = SUBJECT) -> bytes:
+    return b"".join(
+        b"MSG %s 5 $JS.ACK.pool.c.1.%d.%d.0.0 %d\r\n%s\r\n" % (subject.encode(), i + 1, i + 1, len(p), p)
+        for i, p in enumerate(payloads)
+    )
+
+
+def _scanned(payloads: list[bytes], *, make_run: bool) -> list[Any]:
+    from nats.aio.msg import Msg
+
+    from sie_sidecar._native import deliveries_of_run
+    from sie_sidecar._native.wire import scan_direct_msgs
+
+    got: list[Any] = []
+    maker = (lambda *a: deliveries_of_run(*a, item_cls=WorkItem)) if make_run else None
+    scan_direct_msgs(bytearray(_frames(payloads)), {5: got.extend}, None, Msg, maker)
+    return got
+
+
+def _verdicts(found: Any) -> list[tuple[str, str, Any]]:
+    out = [("nak", d.model, d.item) for d in found.naks] + [("drop", d.model, d.item) for d in found.drops]
+    out += [("accept", d.model, d.item) for ds in found.groups.values() for d in ds]
+    return sorted(out, key=repr)
+
+
+@settings(max_examples=120, deadline=None)
+@given(
+    payloads=st.lists(
+        st.one_of(
+            payload_maps("encode").map(lambda m: msgpack.packb(m, use_bin_type=True)),
+            mutated(msgpack.packb(BASE | {"item": {"text": "x"}})),
+            st.binary(max_size=24),
+        ),
+        max_size=6,
+    )
+)
+def test_scanned_deliveries_get_the_verdicts_messages_get(payloads: list[bytes]) -> None:
+    """Deliveries the scanner made (payload parsed at scan time, no Msg) and the Msg objects of the
+    same frames go through intake alike; a scanned delivery is itself the delivery handed on."""
+    scanned = _scanned(payloads, make_run=True)
+    assert all(isinstance(d, LazyDelivery) for d in scanned)
+    released: list[int] = []
+    found = Intake().intake(scanned, released.append)
+    expected = Intake().intake(_scanned(payloads, make_run=False), released.append)
+    assert _verdicts(found) == _verdicts(expected)
+    handed = [*found.naks, *found.drops, *(d for ds in found.groups.values() for d in ds)]
+    assert sorted(map(id, handed)) == sorted(map(id, scanned))
+    assert found.plain == expected.plain
+    assert all(d.release == released.append and not d.settled for d in handed)

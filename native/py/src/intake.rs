@@ -129,6 +129,21 @@ impl<'py> Shared<'_, 'py> {
     }
 }
 
+/// A decoded WorkItem's verdict parts: reply subject safe, payload names another model than the
+/// subject's, and its plain operation.
+fn checked(
+    item: &Bound<'_, PyAny>,
+    model: &Bound<'_, PyString>,
+) -> PyResult<(bool, bool, Option<&'static str>)> {
+    let py = item.py();
+    let reply = item.getattr(intern!(py, "reply_subject"))?;
+    let reply_ok = safe_reply_subject(reply.cast::<PyString>()?.to_str()?);
+    let named = item.getattr(intern!(py, "model_id"))?;
+    let mismatch = !(named.is(model) || named.eq(model)?);
+    let op = plain_op(item)?.and_then(|op| op.to_str().ok().map(static_op));
+    Ok((reply_ok, mismatch, op))
+}
+
 /// The operation of a plain item (`None`: not plain).
 fn plain_op<'py>(item: &Bound<'py, PyAny>) -> PyResult<Option<Bound<'py, PyString>>> {
     let py = item.py();
@@ -186,7 +201,6 @@ pub fn intake_batch<'py>(
         notes: PyList::empty(py),
     };
     let (k_subject, k_data) = (intern!(py, "subject"), intern!(py, "data"));
-    let (k_reply, k_model) = (intern!(py, "reply_subject"), intern!(py, "model_id"));
     let empty = PyString::intern(py, "");
     let no = false.into_py_any(py)?;
     let shared = Shared {
@@ -203,7 +217,11 @@ pub fn intake_batch<'py>(
     let mut plain: Vec<(Bound<'py, PyString>, Plain)> = Vec::new();
     for msg in messages.try_iter()? {
         let msg = msg?;
-        let subject = msg.getattr(k_subject)?;
+        let scanned = msg.cast::<LazyDelivery>().ok().cloned();
+        let subject = match scanned.as_ref().and_then(|d| d.borrow().origin_subject(py)) {
+            Some(subject) => subject.into_any(),
+            None => msg.getattr(k_subject)?,
+        };
         let same = match &last_subject {
             Some(last) => last.is(&subject) || last.eq(&subject)?,
             None => false,
@@ -216,76 +234,122 @@ pub fn intake_batch<'py>(
             direct = d.unbind();
             last_subject = Some(subject);
         }
-        let Some(m) = &model else {
-            let d = shared.delivery(&msg, &direct, py.None(), empty.as_any())?;
-            out.naks.append(&d)?;
-            continue;
-        };
-        let data = msg.getattr(k_data)?;
-        let parsed = match data.cast::<PyBytes>() {
-            Ok(bytes) if lazy => parse(bytes.as_bytes()).map(|p| (bytes.clone(), p)),
-            _ => None,
-        };
-        let (d, op): (Bound<'py, PyAny>, Option<&'static str>) = if let Some((bytes, p)) = parsed {
-            // The WorkItem stays in its payload (LazyDelivery): same checks, no object per field.
-            let raw = bytes.as_bytes();
-            let reply_ok = safe_reply_subject(p.str(raw, REPLY_SUBJECT));
-            let mismatch = reply_ok && p.str(raw, MODEL_ID) != m.to_str()?;
-            let op = p.plain_op(raw).map(static_op);
-            let d = Bound::new(
-                py,
-                LazyDelivery::new(
-                    py,
-                    msg.clone().unbind(),
-                    direct_flag,
-                    if reply_ok {
-                        m.clone().into_any().unbind()
-                    } else {
-                        empty.clone().into_any().unbind()
-                    },
-                    release.clone().unbind(),
-                    bytes.unbind(),
-                    p,
-                    item_cls.clone().unbind(),
-                ),
-            )?
-            .into_any();
+        let (d, op): (Bound<'py, PyAny>, Option<&'static str>) = if let Some(ld) = scanned {
+            // A delivery the inbound scanner made (payload parsed there): this object is the delivery.
+            {
+                let mut this = ld.borrow_mut();
+                this.worker_direct = direct_flag;
+                this.release = release.clone().unbind();
+                this.model = empty.clone().into_any().unbind();
+            }
+            let Some(m) = &model else {
+                ld.borrow_mut().clear_item(py);
+                out.naks.append(&ld)?;
+                continue;
+            };
+            let view = ld.borrow().in_place(py);
+            let verdict = match view {
+                Some(view) => {
+                    let raw = view.data();
+                    let reply_ok = safe_reply_subject(view.parsed.str(raw, REPLY_SUBJECT));
+                    let mismatch = view.parsed.str(raw, MODEL_ID) != m.to_str()?;
+                    (reply_ok, mismatch, view.parsed.plain_op(raw).map(static_op))
+                }
+                None => {
+                    let decoded = ld.borrow_mut().decode(py);
+                    match decoded {
+                        Ok(item) => checked(item.bind(py), m)?,
+                        Err(e) if e.is_instance_of::<WorkItemError>(py) => {
+                            ld.borrow_mut().clear_item(py);
+                            out.naks.append(&ld)?;
+                            let detail = e.value(py).str()?;
+                            out.notes.append(("undecodable", &ld, detail))?;
+                            continue;
+                        }
+                        Err(e) => return Err(e),
+                    }
+                }
+            };
+            let (reply_ok, mismatch, op) = verdict;
             if !reply_ok {
-                out.drops.append(&d)?;
-                out.notes.append(("unsafe", &d, py.None()))?;
+                out.drops.append(&ld)?;
+                out.notes.append(("unsafe", &ld, py.None()))?;
                 continue;
             }
+            ld.borrow_mut().model = m.clone().into_any().unbind();
             if mismatch {
-                out.notes.append(("mismatch", &d, py.None()))?;
+                out.notes.append(("mismatch", &ld, py.None()))?;
             }
-            (d, op)
+            (ld.into_any(), op)
         } else {
-            let item = match decode_work_item(py, &data, item_cls) {
-                Ok(item) => item.into_bound(py),
-                Err(e) if e.is_instance_of::<WorkItemError>(py) => {
-                    let d = shared.delivery(&msg, &direct, py.None(), empty.as_any())?;
-                    out.naks.append(&d)?;
-                    let detail = e.value(py).str()?;
-                    out.notes.append(("undecodable", &d, detail))?;
+            let Some(m) = &model else {
+                let d = shared.delivery(&msg, &direct, py.None(), empty.as_any())?;
+                out.naks.append(&d)?;
+                continue;
+            };
+            let data = msg.getattr(k_data)?;
+            let parsed = match data.cast::<PyBytes>() {
+                Ok(bytes) if lazy => parse(bytes.as_bytes()).map(|p| (bytes.clone(), p)),
+                _ => None,
+            };
+            if let Some((bytes, p)) = parsed {
+                // The WorkItem stays in its payload (LazyDelivery): same checks, no object per field.
+                let raw = bytes.as_bytes();
+                let reply_ok = safe_reply_subject(p.str(raw, REPLY_SUBJECT));
+                let mismatch = reply_ok && p.str(raw, MODEL_ID) != m.to_str()?;
+                let op = p.plain_op(raw).map(static_op);
+                let model_of = if reply_ok { m.as_any() } else { empty.as_any() };
+                let d = Bound::new(
+                    py,
+                    LazyDelivery::of_message(
+                        py,
+                        msg.clone().unbind(),
+                        direct_flag,
+                        model_of.clone().unbind(),
+                        release.clone().unbind(),
+                        bytes,
+                        p,
+                        item_cls.clone().unbind(),
+                    ),
+                )?
+                .into_any();
+                if !reply_ok {
+                    out.drops.append(&d)?;
+                    out.notes.append(("unsafe", &d, py.None()))?;
                     continue;
                 }
-                Err(e) => return Err(e),
-            };
-            let reply = item.getattr(k_reply)?;
-            if !safe_reply_subject(reply.cast::<PyString>()?.to_str()?) {
-                let d = shared.delivery(&msg, &direct, item.unbind(), empty.as_any())?;
-                out.drops.append(&d)?;
-                out.notes.append(("unsafe", &d, py.None()))?;
-                continue;
+                if mismatch {
+                    out.notes.append(("mismatch", &d, py.None()))?;
+                }
+                (d, op)
+            } else {
+                let item = match decode_work_item(py, &data, item_cls) {
+                    Ok(item) => item.into_bound(py),
+                    Err(e) if e.is_instance_of::<WorkItemError>(py) => {
+                        let d = shared.delivery(&msg, &direct, py.None(), empty.as_any())?;
+                        out.naks.append(&d)?;
+                        let detail = e.value(py).str()?;
+                        out.notes.append(("undecodable", &d, detail))?;
+                        continue;
+                    }
+                    Err(e) => return Err(e),
+                };
+                let (reply_ok, mismatch, op) = checked(&item, m)?;
+                if !reply_ok {
+                    let d = shared.delivery(&msg, &direct, item.unbind(), empty.as_any())?;
+                    out.drops.append(&d)?;
+                    out.notes.append(("unsafe", &d, py.None()))?;
+                    continue;
+                }
+                let d = shared.delivery(&msg, &direct, item.unbind(), m.as_any())?;
+                if mismatch {
+                    out.notes.append(("mismatch", &d, py.None()))?;
+                }
+                (d, op)
             }
-            let named = item.getattr(k_model)?;
-            let mismatch = !(named.is(m) || named.eq(m)?);
-            let op = plain_op(&item)?.and_then(|op| op.to_str().ok().map(static_op));
-            let d = shared.delivery(&msg, &direct, item.unbind(), m.as_any())?;
-            if mismatch {
-                out.notes.append(("mismatch", &d, py.None()))?;
-            }
-            (d, op)
+        };
+        let Some(m) = &model else {
+            unreachable!("a delivery without a model was NAKed above")
         };
         // Consecutive deliveries of one model (the usual pull) reuse the group found last.
         let same_group = match &group {

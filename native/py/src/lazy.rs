@@ -11,8 +11,9 @@
 //! `parse` is allowed to refuse more than the decoder (an ext value, a non-str key, deep nesting):
 //! the caller then decodes the payload the usual way, so the verdict is always the decoder's.
 
+use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyString, PyType};
+use pyo3::types::{PyBytes, PyList, PyString, PyType};
 
 use sie_core::msgpack::{Reader, Token, MAX_DEPTH};
 
@@ -278,14 +279,25 @@ pub fn parse(bytes: &[u8]) -> Option<Parsed> {
     (required == 0x1ff).then_some(p)
 }
 
+/// Where a delivery made by the inbound scanner came from: enough to build its nats-py `Msg`
+/// when a per-message path (NAK, progress ACK, a log line) asks for it.
+pub struct Origin {
+    pub subject: Py<PyString>,
+    /// The JetStream ACK subject, in the run buffer.
+    pub reply: (u32, u32),
+    pub sid: i64,
+    pub client: Py<PyAny>,
+    pub msg_cls: Py<PyAny>,
+}
+
 /// A pulled message and its settlement state, with its WorkItem still in the payload
 /// (`pipeline.delivery.Delivery` is the twin and the other implementation; both have the same
 /// attributes). Reading `item` decodes the WorkItem once; `wire_item` is what the RunBatch writer
-/// takes: this delivery while the item was never decoded, else the WorkItem.
+/// takes: this delivery while the item was never decoded, else the WorkItem. Made by the inbound
+/// scanner (`deliveries_of_run`: one per frame, the run's bytes shared, no `Msg` until `msg` is
+/// read) or by the intake from a message (`intake_batch`).
 #[pyclass(module = "sie_sidecar._native")]
 pub struct LazyDelivery {
-    #[pyo3(get, set)]
-    pub msg: Py<PyAny>,
     #[pyo3(get, set)]
     pub worker_direct: bool,
     #[pyo3(get, set)]
@@ -300,26 +312,46 @@ pub struct LazyDelivery {
     pub prepared_audio: Py<PyAny>,
     #[pyo3(get, set)]
     pub release: Py<PyAny>,
-    pub data: Py<PyBytes>,
-    pub parsed: Parsed,
+    msg: Option<Py<PyAny>>,
+    pub origin: Option<Origin>,
+    /// The bytes holding the payload (the message's `data`, or the scanner's run buffer).
+    pub buffer: Py<PyBytes>,
+    pub payload: (u32, u32),
+    /// `None`: not (yet) read in place; the intake decodes the payload instead.
+    pub parsed: Option<Parsed>,
     item_cls: Py<PyType>,
     item: Option<Py<PyAny>>,
 }
 
+/// The payload of a delivery read in place: its bytes, where it lies, what `parse` found.
+pub struct InPlace<'py> {
+    pub buffer: Bound<'py, PyBytes>,
+    pub payload: (u32, u32),
+    pub parsed: Parsed,
+}
+
+impl InPlace<'_> {
+    pub fn data(&self) -> &[u8] {
+        let (off, len) = self.payload;
+        &self.buffer.as_bytes()[off as usize..(off + len) as usize]
+    }
+}
+
 impl LazyDelivery {
+    /// A delivery of a message (`msg`, whose `data` is `buffer`), parsed in place.
     #[allow(clippy::too_many_arguments)]
-    pub fn new(
+    pub fn of_message(
         py: Python<'_>,
         msg: Py<PyAny>,
         worker_direct: bool,
         model: Py<PyAny>,
         release: Py<PyAny>,
-        data: Py<PyBytes>,
+        buffer: Bound<'_, PyBytes>,
         parsed: Parsed,
         item_cls: Py<PyType>,
     ) -> Self {
+        let len = buffer.as_bytes().len() as u32;
         Self {
-            msg,
             worker_direct,
             model,
             settled: false,
@@ -327,16 +359,68 @@ impl LazyDelivery {
             prepared_tokens: py.None(),
             prepared_audio: py.None(),
             release,
-            data,
-            parsed,
+            msg: Some(msg),
+            origin: None,
+            buffer: buffer.unbind(),
+            payload: (0, len),
+            parsed: Some(parsed),
             item_cls,
             item: None,
         }
     }
 
-    /// Whether the WorkItem was decoded (then its attributes are the truth, not the payload).
+    /// The payload read in place, while the item was never decoded.
+    pub fn in_place<'py>(&self, py: Python<'py>) -> Option<InPlace<'py>> {
+        if self.item.is_some() {
+            return None;
+        }
+        Some(InPlace {
+            buffer: self.buffer.bind(py).clone(),
+            payload: self.payload,
+            parsed: self.parsed?,
+        })
+    }
+
     pub fn decoded(&self) -> bool {
         self.item.is_some()
+    }
+
+    /// The payload as its own `bytes` (the message's data itself when it is one).
+    pub fn payload_bytes<'py>(&self, py: Python<'py>) -> Bound<'py, PyBytes> {
+        let buffer = self.buffer.bind(py);
+        let (off, len) = self.payload;
+        if off == 0 && len as usize == buffer.as_bytes().len() {
+            return buffer.clone();
+        }
+        PyBytes::new(py, &buffer.as_bytes()[off as usize..(off + len) as usize])
+    }
+
+    /// The JetStream ACK subject without building the `Msg` (a scanned delivery), else `None`.
+    pub fn ack_subject<'a>(&self, buffer: &'a Bound<'_, PyBytes>) -> Option<&'a str> {
+        let (off, len) = self.origin.as_ref()?.reply;
+        let bytes: &'a [u8] = buffer.as_bytes();
+        std::str::from_utf8(&bytes[off as usize..(off + len) as usize]).ok()
+    }
+
+    /// The subject it was delivered on, without building the `Msg` (a scanned delivery).
+    pub fn origin_subject<'py>(&self, py: Python<'py>) -> Option<Bound<'py, PyString>> {
+        self.origin.as_ref().map(|o| o.subject.bind(py).clone())
+    }
+
+    /// Decode the payload now (the intake does, when `parse` left it to the decoder).
+    pub fn decode(&mut self, py: Python<'_>) -> PyResult<Py<PyAny>> {
+        if let Some(item) = &self.item {
+            return Ok(item.clone_ref(py));
+        }
+        let payload = self.payload_bytes(py);
+        let item = decode_work_item(py, payload.as_any(), self.item_cls.bind(py))?;
+        self.item = Some(item.clone_ref(py));
+        Ok(item)
+    }
+
+    /// A NAKed delivery has no item (`item` reads None, as on the dataclass), whatever its payload.
+    pub fn clear_item(&mut self, py: Python<'_>) {
+        self.item = Some(py.None());
     }
 }
 
@@ -345,12 +429,7 @@ impl LazyDelivery {
     /// The WorkItem, decoded from the payload on first use.
     #[getter]
     fn item(&mut self, py: Python<'_>) -> PyResult<Py<PyAny>> {
-        if let Some(item) = &self.item {
-            return Ok(item.clone_ref(py));
-        }
-        let item = decode_work_item(py, self.data.bind(py).as_any(), self.item_cls.bind(py))?;
-        self.item = Some(item.clone_ref(py));
-        Ok(item)
+        self.decode(py)
     }
 
     #[setter]
@@ -358,37 +437,159 @@ impl LazyDelivery {
         self.item = Some(item);
     }
 
+    /// The settle handle: the nats-py `Msg` (built on first use for a scanned delivery, as the
+    /// scanner used to build it: instance dict filled, no `__init__`).
+    #[getter]
+    fn msg(&mut self, py: Python<'_>) -> PyResult<Py<PyAny>> {
+        if let Some(msg) = &self.msg {
+            return Ok(msg.clone_ref(py));
+        }
+        let Some(origin) = &self.origin else {
+            return Ok(py.None());
+        };
+        let buffer = self.buffer.bind(py);
+        let (off, len) = origin.reply;
+        let bytes: &[u8] = buffer.as_bytes();
+        let reply = std::str::from_utf8(&bytes[off as usize..(off + len) as usize]).unwrap_or("");
+        let cls = origin.msg_cls.bind(py);
+        let msg = cls.call_method1("__new__", (cls,))?;
+        let dict = msg.getattr("__dict__")?;
+        dict.set_item("_client", origin.client.bind(py))?;
+        dict.set_item("subject", origin.subject.bind(py))?;
+        dict.set_item("reply", reply)?;
+        dict.set_item("data", self.payload_bytes(py))?;
+        dict.set_item("headers", py.None())?;
+        dict.set_item("_sid", origin.sid)?;
+        let msg = msg.unbind();
+        self.msg = Some(msg.clone_ref(py));
+        Ok(msg)
+    }
+
+    #[setter]
+    fn set_msg(&mut self, msg: Py<PyAny>) {
+        self.msg = Some(msg);
+    }
+
+    /// Anything else is the message's (`data`, `reply`, `ack()`, `metadata`...): a scanned
+    /// delivery stands in for the nats-py `Msg` it was not made into.
+    fn __getattr__(&mut self, py: Python<'_>, name: &Bound<'_, PyString>) -> PyResult<Py<PyAny>> {
+        let msg = self.msg(py)?;
+        if msg.is_none(py) {
+            return Err(pyo3::exceptions::PyAttributeError::new_err(
+                name.clone().unbind(),
+            ));
+        }
+        Ok(msg.bind(py).getattr(name)?.unbind())
+    }
+
     /// What the RunBatch writer reads: this delivery while its item is undecoded, else the item.
     #[getter]
-    fn wire_item(slf: Bound<'_, Self>) -> Py<PyAny> {
+    fn wire_item(slf: Bound<'_, Self>) -> PyResult<Py<PyAny>> {
         let py = slf.py();
-        match &slf.borrow().item {
+        let mut this = slf.borrow_mut();
+        if this.item.is_none() && this.parsed.is_none() {
+            return this.decode(py);
+        }
+        Ok(match &this.item {
             Some(item) => item.clone_ref(py),
             None => slf.clone().into_any().unbind(),
-        }
+        })
     }
 
     /// The item's `bundle_config_hash` (the config barrier reads only this).
     #[getter]
     fn bundle_config_hash(&mut self, py: Python<'_>) -> PyResult<Py<PyAny>> {
-        if let Some(item) = &self.item {
-            return Ok(item.bind(py).getattr("bundle_config_hash")?.unbind());
+        if let Some(view) = self.in_place(py) {
+            let hash = view.parsed.str(view.data(), BUNDLE_CONFIG_HASH);
+            return Ok(PyString::new(py, hash).into_any().unbind());
         }
-        let data = self.data.bind(py).as_bytes();
-        Ok(PyString::new(py, self.parsed.str(data, BUNDLE_CONFIG_HASH))
-            .into_any()
+        Ok(self
+            .decode(py)?
+            .bind(py)
+            .getattr("bundle_config_hash")?
             .unbind())
     }
 
     fn __repr__(&self, py: Python<'_>) -> String {
-        let data = self.data.bind(py).as_bytes();
+        let id = match self.in_place(py) {
+            Some(view) => view.parsed.str(view.data(), WORK_ITEM_ID).to_owned(),
+            None => "?".to_owned(),
+        };
         format!(
-            "LazyDelivery(work_item_id={:?}, decoded={}, settled={})",
-            self.parsed.str(data, WORK_ITEM_ID),
+            "LazyDelivery(work_item_id={id:?}, decoded={}, settled={})",
             self.item.is_some(),
             self.settled
         )
     }
+}
+
+/// The deliveries of one run of scanned MSG frames (`cython/_parts/inbound.pxi`): `run` holds the
+/// frames' bytes, `spans` per frame four little-endian u32 (reply offset, reply length, payload
+/// offset, payload length, in `run`), `subjects` each frame's subject. Each payload is parsed in
+/// place; nothing else is made per frame.
+#[pyfunction]
+#[pyo3(signature = (run, spans, subjects, sid, client, msg_cls, *, item_cls))]
+#[allow(clippy::too_many_arguments)]
+pub fn deliveries_of_run<'py>(
+    py: Python<'py>,
+    run: Bound<'py, PyBytes>,
+    spans: &Bound<'py, PyBytes>,
+    subjects: &Bound<'py, PyList>,
+    sid: i64,
+    client: &Bound<'py, PyAny>,
+    msg_cls: &Bound<'py, PyAny>,
+    item_cls: &Bound<'py, PyType>,
+) -> PyResult<Bound<'py, PyList>> {
+    let table = spans.as_bytes();
+    let n = subjects.len();
+    if table.len() != n * 16 {
+        return Err(PyValueError::new_err(
+            "spans must hold four u32 per subject",
+        ));
+    }
+    let bytes = run.as_bytes();
+    let u32_at =
+        |i: usize| u32::from_le_bytes([table[i], table[i + 1], table[i + 2], table[i + 3]]);
+    let out = PyList::empty(py);
+    let none = py.None();
+    for (i, subject) in subjects.iter().enumerate() {
+        let at = i * 16;
+        let reply = (u32_at(at), u32_at(at + 4));
+        let payload = (u32_at(at + 8), u32_at(at + 12));
+        for (off, len) in [reply, payload] {
+            if (off as usize)
+                .checked_add(len as usize)
+                .is_none_or(|end| end > bytes.len())
+            {
+                return Err(PyValueError::new_err("a span lies outside the run"));
+            }
+        }
+        let data = &bytes[payload.0 as usize..(payload.0 + payload.1) as usize];
+        let d = LazyDelivery {
+            worker_direct: false,
+            model: none.clone_ref(py),
+            settled: false,
+            payload_fetch_ms: 0.0,
+            prepared_tokens: none.clone_ref(py),
+            prepared_audio: none.clone_ref(py),
+            release: none.clone_ref(py),
+            msg: None,
+            origin: Some(Origin {
+                subject: subject.cast_into::<PyString>()?.unbind(),
+                reply,
+                sid,
+                client: client.clone().unbind(),
+                msg_cls: msg_cls.clone().unbind(),
+            }),
+            buffer: run.clone().unbind(),
+            payload,
+            parsed: parse(data),
+            item_cls: item_cls.clone().unbind(),
+            item: None,
+        };
+        out.append(Bound::new(py, d)?)?;
+    }
+    Ok(out)
 }
 
 #[cfg(test)]

@@ -71,7 +71,7 @@ mod _native {
     use crate::intake::intake_batch;
 
     #[pymodule_export]
-    use crate::lazy::LazyDelivery;
+    use crate::lazy::{deliveries_of_run, LazyDelivery};
 
     #[pymodule_export]
     use crate::run_batch::write_run_batch_body;

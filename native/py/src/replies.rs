@@ -16,7 +16,7 @@ use sie_core::results::{encode_work_result, WorkResultRef, UNIT_KEYS};
 
 use crate::buffers::with_bytes;
 use crate::envelopes::{unit_counts, ItemOutcome};
-use crate::lazy::{self, LazyDelivery, Parsed};
+use crate::lazy::{self, InPlace, LazyDelivery};
 
 /// `units` of an outcome as the five optional counts of the WorkResult.
 pub fn read_units(units: Option<&Bound<'_, PyDict>>) -> PyResult<Option<[Option<u64>; 5]>> {
@@ -80,16 +80,15 @@ impl<'py> ItemObjects<'py> {
 /// whose item was never decoded) its payload in place.
 enum ItemSource<'py> {
     Objects(ItemObjects<'py>),
-    Lazy(Bound<'py, PyBytes>, Parsed),
+    Lazy(InPlace<'py>),
 }
 
 impl<'py> ItemSource<'py> {
     fn read(delivery: &Bound<'py, PyAny>) -> PyResult<Self> {
         let py = delivery.py();
         if let Ok(lazy) = delivery.cast::<LazyDelivery>() {
-            let lazy = lazy.borrow();
-            if !lazy.decoded() {
-                return Ok(Self::Lazy(lazy.data.bind(py).clone(), lazy.parsed));
+            if let Some(view) = lazy.borrow().in_place(py) {
+                return Ok(Self::Lazy(view));
             }
         }
         Ok(Self::Objects(ItemObjects::read(
@@ -100,8 +99,8 @@ impl<'py> ItemSource<'py> {
     fn fields(&self) -> PyResult<ItemFields<'_>> {
         match self {
             Self::Objects(o) => o.fields(),
-            Self::Lazy(data, p) => {
-                let data = data.as_bytes();
+            Self::Lazy(view) => {
+                let (data, p) = (view.data(), &view.parsed);
                 Ok(ItemFields {
                     work_item_id: p.str(data, lazy::WORK_ITEM_ID),
                     request_id: p.str(data, lazy::REQUEST_ID),
@@ -117,8 +116,51 @@ impl<'py> ItemSource<'py> {
     fn request_id(self) -> Bound<'py, PyString> {
         match self {
             Self::Objects(o) => o.request_id(),
-            Self::Lazy(data, p) => {
-                PyString::new(data.py(), p.str(data.as_bytes(), lazy::REQUEST_ID))
+            Self::Lazy(view) => PyString::new(
+                view.buffer.py(),
+                view.parsed.str(view.data(), lazy::REQUEST_ID),
+            ),
+        }
+    }
+}
+
+/// A delivery's JetStream ACK subject: its `Msg`'s `reply`, or (a scanned `LazyDelivery`, whose
+/// `Msg` was never built) its span in the run buffer.
+enum AckSubject<'py> {
+    Str(Bound<'py, PyString>),
+    Span(Bound<'py, PyBytes>, usize, usize),
+}
+
+impl<'py> AckSubject<'py> {
+    fn of(delivery: &Bound<'py, PyAny>) -> PyResult<Self> {
+        let py = delivery.py();
+        if let Ok(lazy) = delivery.cast::<LazyDelivery>() {
+            let lazy = lazy.borrow();
+            if let Some(origin) = &lazy.origin {
+                let (off, len) = origin.reply;
+                return Ok(Self::Span(
+                    lazy.buffer.bind(py).clone(),
+                    off as usize,
+                    (off + len) as usize,
+                ));
+            }
+        }
+        Ok(Self::Str(
+            delivery
+                .getattr(intern!(py, "msg"))?
+                .getattr(intern!(py, "reply"))?
+                .cast_into::<PyString>()?,
+        ))
+    }
+
+    fn as_str(&self) -> PyResult<&str> {
+        match self {
+            Self::Str(s) => s.to_str(),
+            Self::Span(buffer, start, end) => {
+                let bytes: &[u8] = buffer.as_bytes();
+                std::str::from_utf8(&bytes[*start..*end]).map_err(|_| {
+                    pyo3::exceptions::PyValueError::new_err("ACK subject is not UTF-8")
+                })
             }
         }
     }
@@ -324,15 +366,12 @@ impl Frame<'_> {
         if outcomes.len() != n {
             return Ok(None);
         }
-        let mut ack_objects: Vec<Bound<'_, PyString>> =
+        let mut ack_objects: Vec<AckSubject<'_>> =
             Vec::with_capacity(if self.acks { n } else { 0 });
         if self.acks {
             for delivery in deliveries.iter() {
-                let subject = delivery
-                    .getattr(intern!(py, "msg"))?
-                    .getattr(intern!(py, "reply"))?
-                    .cast_into::<PyString>()?;
-                if !ack_subject_ok(subject.to_str()?) {
+                let subject = AckSubject::of(&delivery)?;
+                if !ack_subject_ok(subject.as_str()?) {
                     return Ok(None); // the general path settles it one by one
                 }
                 ack_objects.push(subject);
@@ -340,7 +379,7 @@ impl Frame<'_> {
         }
         let ack_subjects: Vec<&str> = ack_objects
             .iter()
-            .map(|s| s.to_str())
+            .map(AckSubject::as_str)
             .collect::<PyResult<_>>()?;
         let objects: Vec<ItemSource<'_>> = deliveries
             .iter()

@@ -381,10 +381,8 @@ pub fn write_run_batch_body<'py>(
         };
         let p = prepared.as_ref().map(|v| &v[i]).filter(|p| !p.is_none());
         if let Ok(lazy) = obj.cast::<LazyDelivery>() {
-            let lazy = lazy.borrow();
-            if !lazy.decoded() {
-                let data = lazy.data.bind(py).as_bytes();
-                write_lazy(&mut out, kind, op, data, &lazy.parsed, ms, p)?;
+            if let Some(view) = lazy.borrow().in_place(py) {
+                write_lazy(&mut out, kind, op, view.data(), &view.parsed, ms, p)?;
                 continue;
             }
             // Decoded since intake: its WorkItem (possibly edited) is the truth.

@@ -27,6 +27,7 @@ __all__ = [
     "IpcChunkAssembler",
     "IpcResponseChunk",
     "ItemOutcome",
+    "LazyDelivery",
     "PercentileWindow",
     "PreparedAudio",
     "ReplyPlan",
@@ -39,6 +40,7 @@ __all__ = [
     "decode_body",
     "decode_response",
     "decode_work_item",
+    "deliveries_of_run",
     "encode_frame",
     "encode_request",
     "encode_response_frames",
@@ -52,6 +54,7 @@ __all__ = [
     "frame_outcome_replies",
     "frame_score",
     "frame_sparse",
+    "intake_batch",
     "nd_sentinel_raw",
     "plan_reply",
     "prepare_audio",
@@ -348,7 +351,6 @@ def decode_work_item(data: Buffer, cls: type[Any]) -> Any: ...
 
 @final
 class LazyDelivery:
-    msg: Any
     worker_direct: bool
     model: Any
     settled: bool
@@ -364,7 +366,21 @@ class LazyDelivery:
     def wire_item(self) -> Any: ...
     @property
     def bundle_config_hash(self) -> Any: ...
+    @property
+    def msg(self) -> Any: ...
+    @msg.setter
+    def msg(self, value: Any) -> None: ...
 
+def deliveries_of_run(
+    run: bytes,
+    spans: bytes,
+    subjects: list[str],
+    sid: int,
+    client: Any,
+    msg_cls: Any,
+    *,
+    item_cls: type[Any],
+) -> list[LazyDelivery]: ...
 def intake_batch(
     messages: Sequence[Any],
     subject_info: Callable[[str], tuple[str | None, bool]],

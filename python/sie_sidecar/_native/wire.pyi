@@ -70,5 +70,9 @@ class BatchTombstones:
     def __len__(self) -> int: ...
 
 def scan_direct_msgs(
-    buf: bytearray, direct: dict[int, Callable[[Any], None]], client: Any, msg_cls: Any
+    buf: bytearray,
+    direct: dict[int, Callable[[Any], None]],
+    client: Any,
+    msg_cls: Any,
+    make_run: Callable[..., list[Any]] | None = None,
 ) -> tuple[int, int, int, bool, BaseException | None]: ...

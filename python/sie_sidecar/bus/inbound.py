@@ -4,9 +4,12 @@
 nats-py parses every frame in Python (a regex match, an awaited `_process_msg`, header processing,
 a queue put): several µs a message, which is the largest per-message cost left in the sidecar. A
 parser installed here first hands the complete `MSG` frames of *registered* subscriptions at the
-head of the buffer to `scan_direct_msgs` (Cython: one C loop, a `Msg` per frame made without its
-dataclass `__init__`, the consumer's callback called synchronously once per run of frames), and
-leaves everything else to nats-py's own parser, unchanged.
+head of the buffer to `scan_direct_msgs` (Cython: one C loop, the consumer's callback called
+synchronously once per run of frames), and leaves everything else to nats-py's own parser,
+unchanged. A run is not made into nats-py `Msg` objects: its bytes are copied once and the native
+core makes one `LazyDelivery` per frame (subject, ACK subject and payload as spans of the run, the
+WorkItem read in place); the `Msg` is built only if a per-message path (a NAK, a progress ACK)
+asks for it. With the pure-Python twin selected, frames become `Msg` objects as before.
 
 It relies on nats-py internals (`Client._ps`, `Parser.buf` / `state`, `AWAITING_CONTROL_LINE`):
 `FastInbound.install` checks them and returns `None` when they changed, and
@@ -15,8 +18,10 @@ tests/integration/test_inbound.py fails if their behaviour does.
 
 from __future__ import annotations
 
+import functools
 import logging
 import re
+import struct
 from collections.abc import Callable
 from typing import Any
 
@@ -24,10 +29,12 @@ from nats.aio.msg import Msg
 from nats.protocol import parser as nats_parser
 
 from ..wire._switch import USING_NATIVE
+from ..wire.workitem import WorkItem
 
 log = logging.getLogger(__name__)
 
-DeliverRun = Callable[[list[Msg]], None]
+#: Receives a run of deliveries: `Msg` objects (twin), or native `LazyDelivery` objects.
+DeliverRun = Callable[[list[Any]], None]
 ScanResult = tuple[int, int, int, bool, BaseException | None]
 
 _TOKEN = rb"[^ \t\r\n\f\v]+"
@@ -42,18 +49,35 @@ def _new_msg(msg_cls: Any, client: Any, subject: str, reply: str, payload: bytes
     return msg
 
 
-def scan_direct_msgs_py(buf: bytearray, direct: dict[int, DeliverRun], client: Any, msg_cls: Any) -> ScanResult:
-    """Pure-Python twin of the Cython scanner (same results; used by the parity tests)."""
+def scan_direct_msgs_py(
+    buf: bytearray,
+    direct: dict[int, DeliverRun],
+    client: Any,
+    msg_cls: Any,
+    make_run: Callable[..., list[Any]] | None = None,
+) -> ScanResult:
+    """Pure-Python twin of the Cython scanner (same results; used by the parity tests).
+
+    With `make_run`, a run is handed to it as the Cython scanner hands it: the run's bytes, four
+    little-endian u32 per frame (reply offset and length, payload offset and length, in the run)
+    and the frames' subjects; what it returns is delivered."""
     pos = count = nbytes = 0
     run: list[Any] | None = None
     run_sid = -1
     run_deliver: DeliverRun | None = None
+    run_start = run_end = 0
+    spans: list[int] = []
+    subjects: list[str] = []
 
     def flush() -> BaseException | None:
         if run is None or run_deliver is None:
             return None
         try:
-            run_deliver(run)
+            if make_run is None:
+                run_deliver(run)
+            else:
+                packed = struct.pack(f"<{len(spans)}I", *spans)
+                run_deliver(make_run(bytes(buf[run_start:run_end]), packed, subjects, run_sid, client, msg_cls))
         except BaseException as exc:  # mirrors the Cython scanner: report, stop after this run
             return exc
         return None
@@ -96,21 +120,31 @@ def scan_direct_msgs_py(buf: bytearray, direct: dict[int, DeliverRun], client: A
                 return pos, count, nbytes, False, error
         if run is None:
             run, run_sid, run_deliver = [], sid, deliver
+            run_start, spans, subjects = pos, [], []
         run.append(_new_msg(msg_cls, client, subject, reply, payload, sid))
+        spans += (pos + m.start(3) - run_start, m.end(3) - m.start(3), body - run_start, size)
+        subjects.append(subject)
+        run_end = frame_end
         pos, count, nbytes = frame_end, count + 1, nbytes + size
     error = flush()
     return pos, count, nbytes, partial, error
 
 
-def _select_scanner() -> Callable[[bytearray, dict[int, DeliverRun], Any, Any], ScanResult]:
+Scanner = Callable[[bytearray, dict[int, DeliverRun], Any, Any, Callable[..., list[Any]] | None], ScanResult]
+
+
+def _select_scanner() -> tuple[Scanner, Callable[..., list[Any]] | None]:
+    """The Cython scanner, and the native maker of a run's deliveries (no `Msg` per frame), unless
+    the pure-Python twin was asked for (then `Msg` objects, as nats-py makes them)."""
     if USING_NATIVE:
+        from .._native import deliveries_of_run
         from .._native.wire import scan_direct_msgs
 
-        return scan_direct_msgs
-    return scan_direct_msgs_py
+        return scan_direct_msgs, functools.partial(deliveries_of_run, item_cls=WorkItem)
+    return scan_direct_msgs_py, None
 
 
-scan_direct_msgs = _select_scanner()
+scan_direct_msgs, make_run = _select_scanner()
 
 
 class _FastParser(nats_parser.Parser):
@@ -126,7 +160,7 @@ class _FastParser(nats_parser.Parser):
             buf.extend(data)
         direct = self._direct
         if direct and buf and self.state == nats_parser.AWAITING_CONTROL_LINE:
-            consumed, count, nbytes, partial, error = scan_direct_msgs(buf, direct, self.nc, Msg)
+            consumed, count, nbytes, partial, error = scan_direct_msgs(buf, direct, self.nc, Msg, make_run)
             if consumed:
                 del buf[:consumed]
                 stats = self.nc.stats
