@@ -18,6 +18,7 @@ mod pack;
 mod replies;
 mod results;
 mod run_batch;
+mod settle;
 mod slots;
 mod workitem;
 
@@ -75,6 +76,9 @@ mod _native {
 
     #[pymodule_export]
     use crate::run_batch::write_run_batch_body;
+
+    #[pymodule_export]
+    use crate::settle::finish_deliveries;
 
     #[pymodule_export]
     use crate::audio::{prepare_audio, PreparedAudio};

@@ -47,6 +47,7 @@ __all__ = [
     "encode_result_chunk",
     "encode_work_result",
     "f32_to_f16",
+    "finish_deliveries",
     "frame_batch_response",
     "frame_dense",
     "frame_dense_batch",
@@ -381,6 +382,7 @@ def deliveries_of_run(
     *,
     item_cls: type[Any],
 ) -> list[LazyDelivery]: ...
+def finish_deliveries(deliveries: Sequence[Any]) -> tuple[list[Any], list[Any], list[tuple[Any, int]]]: ...
 def intake_batch(
     messages: Sequence[Any],
     subject_info: Callable[[str], tuple[str | None, bool]],

@@ -13,6 +13,20 @@ from ..wire.workitem import WorkItem
 from .source import SettleHandle
 
 log = logging.getLogger(__name__)
+
+
+def _select_finish() -> Callable[[Sequence[Any]], tuple[list[Any], list[Any], list[tuple[Any, int]]]] | None:
+    """Bulk settlement in the native core, unless the pure-Python twin was asked for."""
+    from ..wire._switch import USING_NATIVE
+
+    if not USING_NATIVE:
+        return None
+    from .._native import finish_deliveries
+
+    return finish_deliveries
+
+
+_finish_deliveries = _select_finish()
 #: Settlement failures come per message while the connection is down: rate-limited, with a count.
 _warn = Throttled(log)
 
@@ -89,7 +103,19 @@ class Settler:
             await self._call(d, d.msg.ack())
 
     def _finish_many(self, ds: Sequence[Delivery]) -> list[Delivery]:
-        """`_finish` for a batch: the capacity goes back with one `release(n)` per source."""
+        """`_finish` for a batch: the capacity goes back with one `release(n)` per source. One
+        native call for the whole batch (`_native.finish_deliveries`); `_finish_many_py` is its twin."""
+        if _finish_deliveries is None:
+            return self._finish_many_py(ds)
+        done, twice, releases = _finish_deliveries(ds)
+        for d in twice:
+            log.error("delivery settled twice", extra={"subject": d.msg.subject})
+        for release, count in releases:
+            release(count)
+        return done
+
+    def _finish_many_py(self, ds: Sequence[Delivery]) -> list[Delivery]:
+        """The per-delivery loop: the twin of `_native.finish_deliveries`."""
         done: list[Delivery] = []
         release = None
         count = 0

@@ -153,8 +153,10 @@ class ModelScheduler(Generic[T]):
         self._on_idle = on_idle
         self._keepalive = keepalive if self.config.progress_after_s > 0 else None
         self._formers: dict[Key, Batcher] = {}
-        #: Every pending item by handle, with its arrival; insertion order is arrival order.
-        self._items: dict[int, tuple[T, float]] = {}
+        #: Every pending item by handle, and its arrival (two dicts: no tuple per item); insertion
+        #: order is arrival order.
+        self._items: dict[int, T] = {}
+        self._arrivals: dict[int, float] = {}
         #: Items taken out of their former for waiting too long, oldest first (see the module docstring).
         self._aged: dict[Key, deque[int]] = {}
         self._aged_count = 0
@@ -234,7 +236,8 @@ class ModelScheduler(Generic[T]):
         first = next(self._ids)
         ids = list(range(first, first + len(items)))
         self._ids = itertools.count(first + len(items))
-        self._items.update(zip(ids, zip(items, itertools.repeat(now)), strict=True))
+        self._items.update(zip(ids, items, strict=True))
+        self._arrivals.update(zip(ids, itertools.repeat(now)))
         self._costs.update(zip(ids, costs, strict=True))
         if hard_caps is not None:
             for i, cap in zip(ids, hard_caps, strict=True):
@@ -302,13 +305,13 @@ class ModelScheduler(Generic[T]):
 
     def _resubmit(self, former: Batcher, ids: list[int]) -> None:
         """Put pending items (in arrival order) into `former` with their own arrival times, costs and caps."""
-        items = self._items
+        arrivals = self._arrivals
         start = 0
         for end in range(1, len(ids) + 1):
-            if end == len(ids) or items[ids[end]][1] != items[ids[start]][1]:
+            if end == len(ids) or arrivals[ids[end]] != arrivals[ids[start]]:
                 run = ids[start:end]
                 caps = [self._caps.get(i) for i in run] if self._caps else None
-                former.submit_many(run, [self._costs.get(i, 1) for i in run], items[run[0]][1], caps)
+                former.submit_many(run, [self._costs.get(i, 1) for i in run], arrivals[run[0]], caps)
                 start = end
 
     def update_limits(self, max_batch_cost: int, max_batch_wait_ms: float) -> None:
@@ -346,9 +349,9 @@ class ModelScheduler(Generic[T]):
         """Move the items that arrived by `cutoff` to the aged queue, oldest first; the younger ones go
         back into the former with their own arrival times (so their triggers are unchanged)."""
         ids = former.drain_all()  # arrival order
-        items = self._items
+        arrivals = self._arrivals
         split = 0
-        while split < len(ids) and items[ids[split]][1] <= cutoff:
+        while split < len(ids) and arrivals[ids[split]] <= cutoff:
             split += 1
         queue = self._aged.setdefault(key, deque())
         queue.extend(ids[:split])
@@ -361,7 +364,7 @@ class ModelScheduler(Generic[T]):
         """The next batch of aged items (oldest first, within the former's count and cost caps), or None."""
         if not self._sweep_aged(now):
             return None
-        key = min((k for k, q in self._aged.items() if q), key=lambda k: self._items[self._aged[k][0]][1])
+        key = min((k for k, q in self._aged.items() if q), key=lambda k: self._arrivals[self._aged[k][0]])
         queue, former = self._aged[key], self._formers[key]
         limit, cap = max(1, former.max_batch_requests), former.max_batch_cost
         ids: list[int] = []
@@ -458,10 +461,10 @@ class ModelScheduler(Generic[T]):
         if self._progressed:
             for i in ids:
                 self._progressed.pop(i, None)
-        taken = list(map(self._items.pop, ids))
-        self._queued.add(-len(taken))
+        items = list(map(self._items.pop, ids))
+        enqueued_at = list(map(self._arrivals.pop, ids))
+        self._queued.add(-len(items))
         self._queued_cost.add(-taken_cost)
-        items, enqueued_at = (list(column) for column in zip(*taken, strict=True)) if taken else ([], [])
         return Formed(
             op=key[0],
             lora=key[1],
@@ -609,11 +612,12 @@ class ModelScheduler(Generic[T]):
         cutoff = now - self.config.progress_after_s
         due: list[T] = []
         progressed = self._progressed
-        for i, (item, at) in self._items.items():
+        items = self._items
+        for i, at in self._arrivals.items():
             if at > cutoff:
                 break
             if progressed.get(i, at) <= cutoff:
-                due.append(item)
+                due.append(items[i])
                 progressed[i] = now
         for formed in self._running.values():
             since = formed.progressed_at
@@ -685,7 +689,9 @@ class ModelScheduler(Generic[T]):
         left += [i for former in self._formers.values() for i in former.drain_all()]
         self._queued.add(-len(left))
         self._queued_cost.add(-sum(self._costs.pop(i, 0) for i in left))
-        return [self._items.pop(i)[0] for i in left]
+        for i in left:
+            self._arrivals.pop(i, None)
+        return [self._items.pop(i) for i in left]
 
 
 __all__ = ["AGED", "Formed", "Keepalive", "ModelScheduler", "SchedulerConfig"]
