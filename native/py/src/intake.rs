@@ -1,6 +1,8 @@
 //! The §4.1 intake of a whole pulled batch in one call (sidecar-behaviour §4.1): for every message
-//! a `Delivery` (filled straight into its slots), its WorkItem decoded, the unsafe-reply and
-//! malformed-subject verdicts, and the accepted deliveries grouped by model.
+//! its delivery, the unsafe-reply and malformed-subject verdicts, and the accepted deliveries
+//! grouped by model. A `LazyDelivery` the inbound scanner made is itself the delivery; any other
+//! message becomes a `LazyDelivery` when its payload can be read in place, else the `Delivery`
+//! dataclass (filled straight into its slots) with its WorkItem decoded.
 //!
 //! The twin is the loop of `pipeline.intake.Intake.verdicts`; this runs only while both tombstone
 //! sets are empty (no cancellation lookup per item), which is the common case. Nothing is logged
@@ -166,8 +168,8 @@ fn plain_op<'py>(item: &Bound<'py, PyAny>) -> PyResult<Option<Bound<'py, PyStrin
 }
 
 /// The verdicts of a pulled batch whose tombstone sets are empty: `(groups, naks, drops, notes,
-/// plain)`,
-/// or `None` when `delivery_cls` is not the slot class this fills (the caller's loop decides).
+/// plain)`, or `None` when `delivery_cls` is not the slot class this fills (the caller's loop
+/// decides). `lazy=False` decodes every payload (the parity tests compare both).
 ///
 /// `subject_info(subject) -> (model | None, worker_direct)` is called once per run of equal
 /// subjects. `groups` maps each model to its accepted deliveries in arrival order. `notes` are

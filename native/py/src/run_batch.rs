@@ -112,6 +112,7 @@ struct Item<'a, 'py> {
     obj: &'a Bound<'py, PyAny>,
     names: &'a [Py<PyString>],
     source: Source<'a>,
+    ids: Ids<'py>,
 }
 
 impl<'py> Item<'_, 'py> {
@@ -130,16 +131,7 @@ impl<'py> Item<'_, 'py> {
         match &self.source {
             Source::Raw(raw, spans) => {
                 let (off, len) = spans[slot];
-                let value = &raw[off..off + len];
-                if value.is_empty() || (empty_list && value == [0xc0]) {
-                    if empty_list {
-                        write_array_header(out, 0);
-                    } else {
-                        write_nil(out);
-                    }
-                } else {
-                    out.extend_from_slice(value);
-                }
+                write_raw_value(out, &raw[off..off + len], slot);
                 Ok(())
             }
             Source::Attrs => {
@@ -158,10 +150,55 @@ impl<'py> Item<'_, 'py> {
         write_f64(out, float_of(&self.attr(i)?)?);
         Ok(())
     }
+}
 
-    /// `value or None`, as the Python builders write `profile_id` and `bundle_config_hash`.
-    fn write_or_none(&self, out: &mut Vec<u8>, i: usize) -> PyResult<()> {
-        let value = self.attr(i)?;
+/// The values of one RunBatchItem, wherever they come from: a WorkItem's attributes and payload
+/// (`Item`), or a `LazyDelivery`'s payload read in place (`InPayload`). `write_item` is the one
+/// statement of the layout.
+trait Values {
+    /// `work_item_id`, `request_id` and `item_index`, keys included (the wrapper and the body both carry them).
+    fn ids(&self, out: &mut Vec<u8>) -> PyResult<()>;
+    /// `total_items` and `float(timestamp)`, keys included.
+    fn total_and_timestamp(&self, out: &mut Vec<u8>) -> PyResult<()>;
+    /// A spliced value (`SPLICED` slot): `score_items` is `[]` when absent or nil, any other nil.
+    fn spliced(&self, out: &mut Vec<u8>, slot: usize) -> PyResult<()>;
+    fn is_query(&self, out: &mut Vec<u8>) -> PyResult<()>;
+    /// `value or None` of `profile_id` (`profile`) or `bundle_config_hash`.
+    fn or_none(&self, out: &mut Vec<u8>, profile: bool) -> PyResult<()>;
+}
+
+impl Values for Item<'_, '_> {
+    fn ids(&self, out: &mut Vec<u8>) -> PyResult<()> {
+        let ids = &self.ids;
+        write_str(out, "work_item_id");
+        pack(out, &ids.work_item_id)?;
+        write_str(out, "request_id");
+        pack(out, &ids.request_id)?;
+        write_str(out, "item_index");
+        pack(out, &ids.item_index)
+    }
+
+    fn total_and_timestamp(&self, out: &mut Vec<u8>) -> PyResult<()> {
+        write_str(out, "total_items");
+        self.write_attr(out, TOTAL_ITEMS)?;
+        write_str(out, "timestamp");
+        self.write_float(out, TIMESTAMP)
+    }
+
+    fn spliced(&self, out: &mut Vec<u8>, slot: usize) -> PyResult<()> {
+        self.write_spliced(out, slot)
+    }
+
+    fn is_query(&self, out: &mut Vec<u8>) -> PyResult<()> {
+        self.write_attr(out, IS_QUERY)
+    }
+
+    fn or_none(&self, out: &mut Vec<u8>, profile: bool) -> PyResult<()> {
+        let value = self.attr(if profile {
+            PROFILE_ID
+        } else {
+            BUNDLE_CONFIG_HASH
+        })?;
         if value.is_truthy()? {
             pack(out, &value)
         } else {
@@ -169,139 +206,156 @@ impl<'py> Item<'_, 'py> {
             Ok(())
         }
     }
+}
 
-    /// work_item_id, request_id, item_index, total_items, float(timestamp).
-    fn write_common(&self, out: &mut Vec<u8>, ids: &Ids<'py>) -> PyResult<()> {
+/// A `LazyDelivery`'s payload read in place (its WorkItem was never decoded).
+struct InPayload<'a> {
+    data: &'a [u8],
+    parsed: &'a Parsed,
+}
+
+impl Values for InPayload<'_> {
+    fn ids(&self, out: &mut Vec<u8>) -> PyResult<()> {
         write_str(out, "work_item_id");
-        pack(out, &ids.work_item_id)?;
+        write_str(out, self.parsed.str(self.data, lazy::WORK_ITEM_ID));
         write_str(out, "request_id");
-        pack(out, &ids.request_id)?;
+        write_str(out, self.parsed.str(self.data, lazy::REQUEST_ID));
         write_str(out, "item_index");
-        pack(out, &ids.item_index)?;
-        write_str(out, "total_items");
-        self.write_attr(out, TOTAL_ITEMS)?;
-        write_str(out, "timestamp");
-        self.write_float(out, TIMESTAMP)
+        write_uint(out, self.parsed.item_index);
+        Ok(())
     }
 
-    fn write_body(
-        &self,
-        out: &mut Vec<u8>,
-        op: Op,
-        ids: &Ids<'py>,
-        fetch_ms: f64,
-        prepared: Option<&Bound<'py, PyAny>>,
-    ) -> PyResult<()> {
+    fn total_and_timestamp(&self, out: &mut Vec<u8>) -> PyResult<()> {
+        write_str(out, "total_items");
+        write_uint(out, self.parsed.total_items);
+        write_str(out, "timestamp");
+        write_f64(out, self.parsed.timestamp);
+        Ok(())
+    }
+
+    fn spliced(&self, out: &mut Vec<u8>, slot: usize) -> PyResult<()> {
+        let (off, len) = self.parsed.spans[slot];
+        write_raw_value(out, &self.data[off as usize..(off + len) as usize], slot);
+        Ok(())
+    }
+
+    fn is_query(&self, out: &mut Vec<u8>) -> PyResult<()> {
+        write_bool(out, self.parsed.is_query);
+        Ok(())
+    }
+
+    fn or_none(&self, out: &mut Vec<u8>, profile: bool) -> PyResult<()> {
+        let field = if profile {
+            lazy::PROFILE_ID
+        } else {
+            lazy::BUNDLE_CONFIG_HASH
+        };
+        match self.parsed.str(self.data, field) {
+            "" => write_nil(out),
+            value => write_str(out, value),
+        }
+        Ok(())
+    }
+}
+
+/// A spliced value as it lies in the payload (empty: absent).
+fn write_raw_value(out: &mut Vec<u8>, value: &[u8], slot: usize) {
+    let empty_list = slot == SCORE_ITEMS;
+    if value.is_empty() || (empty_list && value == [0xc0]) {
+        if empty_list {
+            write_array_header(out, 0);
+        } else {
+            write_nil(out);
+        }
+    } else {
+        out.extend_from_slice(value);
+    }
+}
+
+/// One tagged RunBatchItem: the wrapper keys around the op's body (wire-protocol §4.1-4.3).
+fn write_item(
+    v: &impl Values,
+    out: &mut Vec<u8>,
+    op: Op,
+    op_name: &Bound<'_, PyAny>,
+    fetch_ms: f64,
+    prepared: Option<&Bound<'_, PyAny>>,
+) -> PyResult<()> {
+    write_map_header(out, 9);
+    write_str(out, "op");
+    pack(out, op_name)?;
+    v.ids(out)?;
+    for (key, this) in [
+        ("encode", Op::Encode),
+        ("score", Op::Score),
+        ("extract", Op::Extract),
+    ] {
+        write_str(out, key);
+        if this != op {
+            write_nil(out);
+            continue;
+        }
+        let spliced = |out: &mut Vec<u8>, key: &str, slot: usize| {
+            write_str(out, key);
+            v.spliced(out, slot)
+        };
         match op {
             Op::Encode => {
                 write_map_header(out, 14);
-                self.write_common(out, ids)?;
-                write_str(out, "item");
-                self.write_spliced(out, ITEM)?;
-                write_str(out, "output_types");
-                self.write_spliced(out, OUTPUT_TYPES)?;
-                write_str(out, "instruction");
-                self.write_spliced(out, INSTRUCTION)?;
+                v.ids(out)?;
+                v.total_and_timestamp(out)?;
+                spliced(out, "item", ITEM)?;
+                spliced(out, "output_types", OUTPUT_TYPES)?;
+                spliced(out, "instruction", INSTRUCTION)?;
                 write_str(out, "is_query");
-                self.write_attr(out, IS_QUERY)?;
-                write_str(out, "options");
-                self.write_spliced(out, OPTIONS)?;
-                write_str(out, "profile_id");
-                self.write_or_none(out, PROFILE_ID)?;
-                write_str(out, "bundle_config_hash");
-                self.write_or_none(out, BUNDLE_CONFIG_HASH)?;
-                write_str(out, "payload_fetch_ms");
-                write_f64(out, fetch_ms);
-                write_str(out, "prepared_tokens");
+                v.is_query(out)?;
+                spliced(out, "options", OPTIONS)?;
             }
             Op::Score => {
                 write_map_header(out, 12);
-                self.write_common(out, ids)?;
-                write_str(out, "query_item");
-                self.write_spliced(out, QUERY_ITEM)?;
-                write_str(out, "score_items");
-                self.write_spliced(out, SCORE_ITEMS)?;
-                write_str(out, "instruction");
-                self.write_spliced(out, INSTRUCTION)?;
-                write_str(out, "options");
-                self.write_spliced(out, OPTIONS)?;
-                write_str(out, "profile_id");
-                self.write_or_none(out, PROFILE_ID)?;
-                write_str(out, "payload_fetch_ms");
-                write_f64(out, fetch_ms);
-                write_str(out, "prepared_tokens");
+                v.ids(out)?;
+                v.total_and_timestamp(out)?;
+                spliced(out, "query_item", QUERY_ITEM)?;
+                spliced(out, "score_items", SCORE_ITEMS)?;
+                spliced(out, "instruction", INSTRUCTION)?;
+                spliced(out, "options", OPTIONS)?;
             }
             Op::Extract => {
                 write_map_header(out, 14);
-                self.write_common(out, ids)?;
-                write_str(out, "item");
-                self.write_spliced(out, ITEM)?;
-                write_str(out, "labels");
-                self.write_spliced(out, LABELS)?;
-                write_str(out, "output_schema");
-                self.write_spliced(out, OUTPUT_SCHEMA)?;
-                write_str(out, "instruction");
-                self.write_spliced(out, INSTRUCTION)?;
-                write_str(out, "options");
-                self.write_spliced(out, OPTIONS)?;
-                write_str(out, "profile_id");
-                self.write_or_none(out, PROFILE_ID)?;
-                write_str(out, "bundle_config_hash");
-                self.write_or_none(out, BUNDLE_CONFIG_HASH)?;
-                write_str(out, "payload_fetch_ms");
-                write_f64(out, fetch_ms);
-                write_str(out, "prepared_audio");
+                v.ids(out)?;
+                v.total_and_timestamp(out)?;
+                spliced(out, "item", ITEM)?;
+                spliced(out, "labels", LABELS)?;
+                spliced(out, "output_schema", OUTPUT_SCHEMA)?;
+                spliced(out, "instruction", INSTRUCTION)?;
+                spliced(out, "options", OPTIONS)?;
             }
         }
-        match prepared {
-            Some(p) => pack(out, p),
-            None => {
-                write_nil(out);
-                Ok(())
-            }
+        write_str(out, "profile_id");
+        v.or_none(out, true)?;
+        if op != Op::Score {
+            write_str(out, "bundle_config_hash");
+            v.or_none(out, false)?;
         }
-    }
-
-    /// One tagged RunBatchItem: the wrapper keys around the op's body.
-    fn write(
-        &self,
-        out: &mut Vec<u8>,
-        op: Op,
-        op_name: &Bound<'py, PyAny>,
-        fetch_ms: f64,
-        prepared: Option<&Bound<'py, PyAny>>,
-    ) -> PyResult<()> {
-        let ids = Ids {
-            work_item_id: self.attr(WORK_ITEM_ID)?,
-            request_id: self.attr(REQUEST_ID)?,
-            item_index: self.attr(ITEM_INDEX)?,
-        };
-        write_map_header(out, 9);
-        write_str(out, "op");
-        pack(out, op_name)?;
-        write_str(out, "work_item_id");
-        pack(out, &ids.work_item_id)?;
-        write_str(out, "request_id");
-        pack(out, &ids.request_id)?;
-        write_str(out, "item_index");
-        pack(out, &ids.item_index)?;
-        for (key, this) in [
-            ("encode", Op::Encode),
-            ("score", Op::Score),
-            ("extract", Op::Extract),
-        ] {
-            write_str(out, key);
-            if this == op {
-                self.write_body(out, op, &ids, fetch_ms, prepared)?;
+        write_str(out, "payload_fetch_ms");
+        write_f64(out, fetch_ms);
+        write_str(
+            out,
+            if op == Op::Extract {
+                "prepared_audio"
             } else {
-                write_nil(out);
-            }
+                "prepared_tokens"
+            },
+        );
+        match prepared {
+            Some(p) => pack(out, p)?,
+            None => write_nil(out),
         }
-        write_str(out, "traceparent");
-        self.write_spliced(out, TRACEPARENT)?;
-        write_str(out, "tracestate");
-        self.write_spliced(out, TRACESTATE)
     }
+    write_str(out, "traceparent");
+    v.spliced(out, TRACEPARENT)?;
+    write_str(out, "tracestate");
+    v.spliced(out, TRACESTATE)
 }
 
 /// The three ids both the wrapper and the body carry, read once.
@@ -382,7 +436,11 @@ pub fn write_run_batch_body<'py>(
         let p = prepared.as_ref().map(|v| &v[i]).filter(|p| !p.is_none());
         if let Ok(lazy) = obj.cast::<LazyDelivery>() {
             if let Some(view) = lazy.borrow().in_place(py) {
-                write_lazy(&mut out, kind, op, view.data(), &view.parsed, ms, p)?;
+                let values = InPayload {
+                    data: view.data(),
+                    parsed: &view.parsed,
+                };
+                write_item(&values, &mut out, kind, op, ms, p)?;
                 continue;
             }
             // Decoded since intake: its WorkItem (possibly edited) is the truth.
@@ -392,152 +450,20 @@ pub fn write_run_batch_body<'py>(
         }
         let raw = obj.getattr(names[RAW].bind(py))?;
         let spans = obj.getattr(names[SPANS].bind(py))?;
+        let attr = |i: usize| obj.getattr(names[i].bind(py));
         let item = Item {
             obj,
             names,
             source: Source::of(&raw, &spans),
+            ids: Ids {
+                work_item_id: attr(WORK_ITEM_ID)?,
+                request_id: attr(REQUEST_ID)?,
+                item_index: attr(ITEM_INDEX)?,
+            },
         };
-        item.write(&mut out, kind, op, ms, p)?;
+        write_item(&item, &mut out, kind, op, ms, p)?;
     }
     write_str(&mut out, "accepts_batched_f16_multivectors");
     write_bool(&mut out, true);
     Ok(PyBytes::new(py, &out))
-}
-
-/// One RunBatchItem of a `LazyDelivery` whose WorkItem was never decoded: every value from the
-/// payload in place (the same keys, order and normalisation as `Item::write`).
-fn write_lazy(
-    out: &mut Vec<u8>,
-    op: Op,
-    op_name: &Bound<'_, PyAny>,
-    data: &[u8],
-    p: &Parsed,
-    fetch_ms: f64,
-    prepared: Option<&Bound<'_, PyAny>>,
-) -> PyResult<()> {
-    let s = |field| p.str(data, field);
-    let spliced = |out: &mut Vec<u8>, slot: usize| {
-        let (off, len) = p.spans[slot];
-        let value = &data[off as usize..(off + len) as usize];
-        let empty_list = slot == SCORE_ITEMS;
-        if value.is_empty() || (empty_list && value == [0xc0]) {
-            if empty_list {
-                write_array_header(out, 0);
-            } else {
-                write_nil(out);
-            }
-        } else {
-            out.extend_from_slice(value);
-        }
-    };
-    let or_none = |out: &mut Vec<u8>, field| {
-        let v = s(field);
-        if v.is_empty() {
-            write_nil(out);
-        } else {
-            write_str(out, v);
-        }
-    };
-    let common = |out: &mut Vec<u8>| {
-        write_str(out, "work_item_id");
-        write_str(out, s(lazy::WORK_ITEM_ID));
-        write_str(out, "request_id");
-        write_str(out, s(lazy::REQUEST_ID));
-        write_str(out, "item_index");
-        write_uint(out, p.item_index);
-        write_str(out, "total_items");
-        write_uint(out, p.total_items);
-        write_str(out, "timestamp");
-        write_f64(out, p.timestamp);
-    };
-    write_map_header(out, 9);
-    write_str(out, "op");
-    pack(out, op_name)?;
-    write_str(out, "work_item_id");
-    write_str(out, s(lazy::WORK_ITEM_ID));
-    write_str(out, "request_id");
-    write_str(out, s(lazy::REQUEST_ID));
-    write_str(out, "item_index");
-    write_uint(out, p.item_index);
-    for (key, this) in [
-        ("encode", Op::Encode),
-        ("score", Op::Score),
-        ("extract", Op::Extract),
-    ] {
-        write_str(out, key);
-        if this != op {
-            write_nil(out);
-            continue;
-        }
-        match op {
-            Op::Encode => {
-                write_map_header(out, 14);
-                common(out);
-                write_str(out, "item");
-                spliced(out, ITEM);
-                write_str(out, "output_types");
-                spliced(out, OUTPUT_TYPES);
-                write_str(out, "instruction");
-                spliced(out, INSTRUCTION);
-                write_str(out, "is_query");
-                write_bool(out, p.is_query);
-                write_str(out, "options");
-                spliced(out, OPTIONS);
-                write_str(out, "profile_id");
-                or_none(out, lazy::PROFILE_ID);
-                write_str(out, "bundle_config_hash");
-                or_none(out, lazy::BUNDLE_CONFIG_HASH);
-                write_str(out, "payload_fetch_ms");
-                write_f64(out, fetch_ms);
-                write_str(out, "prepared_tokens");
-            }
-            Op::Score => {
-                write_map_header(out, 12);
-                common(out);
-                write_str(out, "query_item");
-                spliced(out, QUERY_ITEM);
-                write_str(out, "score_items");
-                spliced(out, SCORE_ITEMS);
-                write_str(out, "instruction");
-                spliced(out, INSTRUCTION);
-                write_str(out, "options");
-                spliced(out, OPTIONS);
-                write_str(out, "profile_id");
-                or_none(out, lazy::PROFILE_ID);
-                write_str(out, "payload_fetch_ms");
-                write_f64(out, fetch_ms);
-                write_str(out, "prepared_tokens");
-            }
-            Op::Extract => {
-                write_map_header(out, 14);
-                common(out);
-                write_str(out, "item");
-                spliced(out, ITEM);
-                write_str(out, "labels");
-                spliced(out, LABELS);
-                write_str(out, "output_schema");
-                spliced(out, OUTPUT_SCHEMA);
-                write_str(out, "instruction");
-                spliced(out, INSTRUCTION);
-                write_str(out, "options");
-                spliced(out, OPTIONS);
-                write_str(out, "profile_id");
-                or_none(out, lazy::PROFILE_ID);
-                write_str(out, "bundle_config_hash");
-                or_none(out, lazy::BUNDLE_CONFIG_HASH);
-                write_str(out, "payload_fetch_ms");
-                write_f64(out, fetch_ms);
-                write_str(out, "prepared_audio");
-            }
-        }
-        match prepared {
-            Some(v) => pack(out, v)?,
-            None => write_nil(out),
-        }
-    }
-    write_str(out, "traceparent");
-    spliced(out, TRACEPARENT);
-    write_str(out, "tracestate");
-    spliced(out, TRACESTATE);
-    Ok(())
 }
