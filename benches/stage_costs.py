@@ -139,7 +139,8 @@ def main(argv: list[str] | None = None) -> int:
     lazy = intake.intake(_scan(frames), None).groups[MODEL]
     decoded = [decode_work_item(_payload(i)) for i in range(n)]
     payloads = [_payload(i) for i in range(n)]
-    common = {"worker_id": "w", "current_hash": None, "max_payload": 1 << 20, "acks": True}
+    common: dict[str, Any] = {"worker_id": "w", "current_hash": None, "max_payload": 1 << 20, "acks": True}
+    wire_items: Callable[[], list[Any]] = lambda: [d.wire_item for d in lazy]  # noqa: E731
 
     def settle() -> None:
         for d in lazy:
@@ -150,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
         ("scan: frames to deliveries", lambda: _scan(frames)),
         ("intake: verdicts, groups", lambda: intake.intake(_scan(frames), None)),
         ("  (WorkItem decoder alone)", lambda: [decode_work_item(p) for p in payloads]),
-        ("RunBatch body, in place", lambda: run_batch_body(MODEL, "encode", [d.wire_item for d in lazy], "", n)),
+        ("RunBatch body, in place", lambda: run_batch_body(MODEL, "encode", wire_items(), "", n)),
         ("  (from decoded WorkItems)", lambda: run_batch_body(MODEL, "encode", decoded, "", n)),
         ("response: decode only", lambda: wire.decode_batch_outcome(response)),
         (
