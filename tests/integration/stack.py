@@ -90,10 +90,18 @@ class Stack:
     #: JetStream's max-deliveries advisories: each is an item whose delivery budget ran out.
     max_deliveries: list[dict[str, Any]] = field(default_factory=list)
 
-    async def publish(self, item: dict[str, Any], *, subject: str | None = None, data: bytes | None = None) -> str:
+    async def publish(
+        self,
+        item: dict[str, Any],
+        *,
+        subject: str | None = None,
+        data: bytes | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> str:
         """Publish through JetStream (waiting for the PubAck, like the gateway) and return the id."""
         subject = subject or wire.pool_work_subject(POOL, PROFILE, BUNDLE, item.get("model_id", MODEL))
-        await self.js.publish(subject, data if data is not None else msgpack.packb(item, use_bin_type=True))
+        payload = data if data is not None else msgpack.packb(item, use_bin_type=True)
+        await self.js.publish(subject, payload, headers=headers)
         return str(item.get("work_item_id", ""))
 
     async def cancel(self, subject: str) -> None:

@@ -89,6 +89,23 @@ async def test_unsafe_reply_subject_is_ack_dropped(nats_server: NatsServer, tmp_
         assert stack.adapter.batches == 0
 
 
+async def test_a_server_copied_message_is_ack_dropped(nats_server: NatsServer, tmp_path: Path) -> None:
+    """sidecar-behaviour §4.1 row 1 (newer than v0.7.1): a `Nats-` header other than `Nats-Msg-Id`
+    marks a message the server copied (a mirror, a source): ACK-dropped, no reply, no batch; the
+    publisher's own de-duplication header is ordinary work. (nats-server refuses a client-set
+    `Nats-Stream-Source`, so the copy is marked with another `Nats-` header, in lower case.)"""
+    async with running_stack(nats_server, tmp_path) as stack:
+        copied = await stack.publish(work_item(text="copied"), headers={"nats-copied-from": "ORIGIN 7"})
+        own = await stack.publish(work_item(text="own"), headers={"Nats-Msg-Id": "dedup-1", "X-Trace": "t"})
+        await stack.wait_for(lambda: len(stack.results_for(own)) == 1)
+        await stack.settled_pool()
+        await asyncio.sleep(0.2)
+        assert stack.results_for(copied) == []
+        assert stack.adapter.items == 1
+        consumer = await stack.pool_consumer()
+        assert consumer.num_redelivered == 0 and consumer.delivered.stream_seq == 2  # both were delivered
+
+
 async def test_empty_reply_subject_is_fire_and_forget(nats_server: NatsServer, tmp_path: Path) -> None:
     async with running_stack(nats_server, tmp_path) as stack:
         await stack.publish(work_item(reply_subject=""))

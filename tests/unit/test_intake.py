@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from sie_sidecar import wire
 from sie_sidecar.pipeline import intake as intake_module
-from sie_sidecar.pipeline.intake import ACCEPT, NAK, Intake
+from sie_sidecar.pipeline.intake import ACCEPT, NAK, Intake, server_copied
 
 
 class Msg:
@@ -235,3 +235,37 @@ def test_plain_hints_name_exactly_the_groups_the_dispatcher_would_pass_untouched
     for model, op in found.plain.items():
         ds = found.groups[model]
         assert _split_by_op(ds) == ({(op, ""): ds}, []) and _inline_text_only(ds)
+
+
+@pytest.mark.parametrize(
+    ("headers", "copied"),
+    [
+        (None, False),
+        ({}, False),
+        ({"Nats-Msg-Id": "x"}, False),
+        ({"NATS-MSG-ID": "x", "X-Trace": "t"}, False),
+        ({"Nats-Stream-Source": "ORIGIN 1"}, True),
+        ({"nats-stream": "ORIGIN"}, True),
+        ({"Nats-Msg-Id": "x", "Nats-Sequence": "4"}, True),
+        ({"Natsy": "x"}, False),
+    ],
+)
+def test_a_nats_header_other_than_the_msg_id_marks_a_server_copied_message(
+    headers: dict[str, str] | None, copied: bool
+) -> None:
+    """§4.1 row 1: ACK-dropped before any other rule (even a malformed subject), natively and in the twin."""
+
+    class WithHeaders(Msg):
+        def __init__(self, subject: str, data: bytes, headers: dict[str, str] | None) -> None:
+            super().__init__(subject, data)
+            self.headers = headers
+
+    assert server_copied(headers) is copied
+    good = msgpack.packb(item(1, model="org/m-a", reply="_INBOX.gw.1", router="gw", operation="encode"))
+    for subject in (SUBJECTS[0], "sie.work.bad"):
+        msg = WithHeaders(subject, good, headers)
+        for found in (Intake().verdicts([msg], None), Intake()._verdicts_py([msg], None, False)):
+            groups, naks, drops = found
+            assert ([d.msg for d in drops] == [msg]) is copied
+            if copied:
+                assert not groups and not naks

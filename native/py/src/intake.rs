@@ -131,6 +131,26 @@ impl<'py> Shared<'_, 'py> {
     }
 }
 
+/// sidecar-behaviour §4.1 row 1: a header beginning `Nats-` (case-insensitive) other than
+/// `Nats-Msg-Id` marks a message the server copied (`pipeline.intake.server_copied` is the twin).
+pub fn server_copied(headers: &Bound<'_, PyAny>) -> PyResult<bool> {
+    if !headers.is_truthy()? {
+        return Ok(false);
+    }
+    for name in headers.try_iter()? {
+        let name = name?;
+        let Ok(name) = name.cast::<PyString>() else {
+            continue;
+        };
+        let lowered = name.call_method0(intern!(name.py(), "lower"))?;
+        let lowered = lowered.cast::<PyString>()?.to_str()?;
+        if lowered.starts_with("nats-") && lowered != "nats-msg-id" {
+            return Ok(true);
+        }
+    }
+    Ok(false)
+}
+
 /// A decoded WorkItem's verdict parts: reply subject safe, payload names another model than the
 /// subject's, and its plain operation.
 fn checked(
@@ -203,6 +223,7 @@ pub fn intake_batch<'py>(
         notes: PyList::empty(py),
     };
     let (k_subject, k_data) = (intern!(py, "subject"), intern!(py, "data"));
+    let k_headers = intern!(py, "headers");
     let empty = PyString::intern(py, "");
     let no = false.into_py_any(py)?;
     let shared = Shared {
@@ -284,6 +305,15 @@ pub fn intake_batch<'py>(
             }
             (ld.into_any(), op)
         } else {
+            // §4.1 row 1 first: a server-copied message is not work for this worker.
+            if let Some(headers) = msg.getattr_opt(k_headers)? {
+                if server_copied(&headers)? {
+                    let d = shared.delivery(&msg, &direct, py.None(), empty.as_any())?;
+                    out.drops.append(&d)?;
+                    out.notes.append(("copied", &d, py.None()))?;
+                    continue;
+                }
+            }
             let Some(m) = &model else {
                 let d = shared.delivery(&msg, &direct, py.None(), empty.as_any())?;
                 out.naks.append(&d)?;

@@ -5,7 +5,7 @@ that cancellation consults at every later stage (before payload fetch, after it,
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
@@ -39,6 +39,24 @@ Verdict = Literal["accept", "nak", "drop"]
 ACCEPT: Final = "accept"  # grouped by model and handed on
 NAK: Final = "nak"  # malformed subject or undecodable payload: NAK with the base delay
 DROP: Final = "drop"  # unsafe reply subject or cancelled: ACK-dropped, nothing published
+
+
+#: The one `Nats-` header a publisher sets itself (JetStream de-duplication); any other marks a
+#: message the server copied (mirrors, sources, republish): not work for this worker.
+_OWN_NATS_HEADER: Final = "nats-msg-id"
+
+
+def server_copied(headers: Mapping[str, Any] | None) -> bool:
+    """sidecar-behaviour §4.1 row 1 (newer than v0.7.1): a work message with a header beginning
+    `Nats-` (case-insensitive) other than `Nats-Msg-Id` was copied by the server (e.g.
+    `Nats-Stream-Source`) and is ACK-dropped without a reply. The twin of the native intake's check."""
+    if not headers:
+        return False
+    for name in headers:
+        lowered = name.lower() if isinstance(name, str) else ""
+        if lowered.startswith("nats-") and lowered != _OWN_NATS_HEADER:
+            return True
+    return False
 
 
 def _subject_wins(item: WorkItem, model: str, subject: str) -> None:
@@ -116,6 +134,8 @@ class Intake:
         subject = d.msg.subject
         if kind == "undecodable":
             _warn.warning("undecodable WorkItem", key=subject, extra={"subject": subject, "error": detail})
+        elif kind == "copied":
+            _warn.warning("server-copied work message; dropped", key=subject, extra={"subject": subject})
         elif kind == "unsafe":
             item_id = d.item.work_item_id if d.item is not None else None
             _warn.warning("unsafe reply subject; dropped", key=subject, extra={"item": item_id})
@@ -167,6 +187,9 @@ class Intake:
         """The §4.1 rules for one message whose subject gave `model` (None: malformed) and `direct`;
         `check_cancel` is false while both tombstone sets are empty."""
         d = Delivery(msg=msg, worker_direct=direct, release=release)
+        if server_copied(getattr(msg, "headers", None)):
+            _warn.warning("server-copied work message; dropped", key=msg.subject, extra={"subject": msg.subject})
+            return d, DROP
         if model is None:
             return d, NAK
         try:
@@ -198,4 +221,4 @@ class Intake:
         return d.worker_direct and bool(self.batch_tombstones.is_cancelled(item.request_id))
 
 
-__all__ = ["ACCEPT", "DROP", "NAK", "Intake", "Verdict", "Verdicts"]
+__all__ = ["ACCEPT", "DROP", "NAK", "Intake", "Verdict", "Verdicts", "server_copied"]
