@@ -246,6 +246,39 @@ async def test_offloaded_payloads_resolve_and_bad_refs_fail_alone(nats_server: N
         assert escape["payload_fetch_ms"] is None  # a pre-execution error carries no timings
 
 
+async def test_run_batch_is_sent_to_a_backend_without_a_descriptor(nats_server: NatsServer, tmp_path: Path) -> None:
+    """v0.7.1 sends every batch as RunBatch and never reads `supports_run_batch` (issue 11)."""
+    adapter = NullAdapter(dim=8, preloaded_models=[MODEL], with_descriptor=False)
+    async with running_stack(nats_server, tmp_path, adapter=adapter) as stack:
+        ids = [await stack.publish(work_item(text=f"t{i}")) for i in range(5)]
+        await stack.wait_for(lambda: all(len(stack.results_for(i)) == 1 for i in ids))
+        assert stack.backend is not None
+        calls = stack.backend.method_calls
+        assert calls["RunBatch"] >= 1 and calls["ProcessEncodeBatch"] == 0
+
+
+async def test_a_backend_without_run_batch_gets_the_per_op_methods_after_one_refusal(
+    nats_server: NatsServer, tmp_path: Path
+) -> None:
+    """A backend that answers `unknown method RunBatch` is asked once; that batch and every later one
+    go through the per-op methods, and no item is NAKed for it (its delivery budget is untouched)."""
+    adapter = NullAdapter(dim=8, preloaded_models=[MODEL], supports_run_batch=False)
+    async with running_stack(nats_server, tmp_path, adapter=adapter) as stack:
+        first = [await stack.publish(work_item(text=f"a{i}")) for i in range(3)]
+        await stack.wait_for(lambda: all(len(stack.results_for(i)) == 1 for i in first))
+        score = await stack.publish(
+            work_item(operation="score", item=None, query_item={"text": "q"}, score_items=[{"text": "a", "id": "a"}])
+        )
+        later = [await stack.publish(work_item(text=f"b{i}")) for i in range(3)]
+        await stack.wait_for(lambda: all(len(stack.results_for(i)) == 1 for i in [*later, score]))
+        assert all(stack.results_for(i)[0]["success"] for i in [*first, *later, score])
+        assert stack.backend is not None
+        calls = stack.backend.method_calls
+        assert calls["RunBatch"] == 1
+        assert calls["ProcessEncodeBatch"] >= 2 and calls["ProcessScoreBatch"] == 1
+        assert (await stack.pool_consumer()).num_redelivered == 0
+
+
 async def test_score_and_extract_items(nats_server: NatsServer, tmp_path: Path) -> None:
     async with running_stack(nats_server, tmp_path) as stack:
         score = await stack.publish(

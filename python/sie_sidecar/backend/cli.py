@@ -67,7 +67,10 @@ def add_backend_arguments(parser: argparse.ArgumentParser) -> None:
         "--batch-log", default=None, metavar="PATH", help="append one JSON line per cost-model batch to PATH"
     )
     null.add_argument(
-        "--no-run-batch", dest="supports_run_batch", action="store_false", help="descriptor without RunBatch support"
+        "--no-run-batch",
+        dest="supports_run_batch",
+        action="store_false",
+        help="a per-op backend: RunBatch is an unknown method (as before RunBatch existed)",
     )
 
 

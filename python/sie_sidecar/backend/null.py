@@ -108,6 +108,9 @@ class NullAdapter(Adapter):
     SHA-256 id), so the sidecar tokenizes and costs items by tokens; `batch_log` appends one JSON
     line per simulated batch (`t_s` monotonic completion time, `items`, `tokens`, `device_ms`,
     `queued_ms`) for benchmarks that need batch sizes and device utilisation.
+    `supports_run_batch=False` makes it a per-op backend, as one from before RunBatch (the server
+    answers RunBatch with `unknown method RunBatch`); `with_descriptor=False` answers `ready`
+    without a model descriptor.
     """
 
     def __init__(
@@ -121,6 +124,7 @@ class NullAdapter(Adapter):
         oversized_bytes: int = 0,
         crash_after_batches: int = 0,
         supports_run_batch: bool = True,
+        with_descriptor: bool = True,
         batch_budget: int = 64,
         preloaded_models: Iterable[str] = (),
         batch_delay_s: float = 0.0,
@@ -141,6 +145,7 @@ class NullAdapter(Adapter):
         self.oversized_bytes = _positive_int("oversized_bytes", oversized_bytes)
         self.crash_after_batches = _positive_int("crash_after_batches", crash_after_batches)
         self.supports_run_batch = bool(supports_run_batch)
+        self.with_descriptor = bool(with_descriptor)
         self.batch_budget = _positive_int("batch_budget", batch_budget, minimum=1)
         if isinstance(batch_delay_s, bool) or not isinstance(batch_delay_s, int | float) or not batch_delay_s >= 0:
             raise ValueError(f"batch_delay_s must be a non-negative number, got {batch_delay_s!r}")
@@ -233,7 +238,8 @@ class NullAdapter(Adapter):
         self._promote()
         if model_id in self._loading:
             return ReadyResponse(LOADING_IN_PROGRESS)
-        return ReadyResponse(READY, batch_budget=self.batch_budget, descriptor=self.descriptor(model_id))
+        descriptor = self.descriptor(model_id) if self.with_descriptor else None
+        return ReadyResponse(READY, batch_budget=self.batch_budget, descriptor=descriptor)
 
     def loaded_models(self) -> Sequence[str]:
         self._promote()

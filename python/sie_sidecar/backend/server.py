@@ -16,6 +16,7 @@ import signal
 import socket
 import stat
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Final
 
@@ -107,6 +108,11 @@ class BackendServer:
         }
         for method in UNSUPPORTED_METHODS:
             self._handlers[method] = self._unsupported(method)
+        if getattr(adapter, "supports_run_batch", True) is False:
+            # A per-op backend, as one from before RunBatch: the method is unknown, not refused.
+            del self._handlers["RunBatch"]
+        #: Requests received per method (diagnostics and tests).
+        self.method_calls: Counter[str] = Counter()
 
     # -- state --------------------------------------------------------------------------------
 
@@ -317,6 +323,7 @@ class BackendServer:
             await self._send(conn, reply_id, None, "envelope missing fields", accepts_chunks=False)
             return True
         accepts_chunks = request.get("accepts_ipc_response_chunks_v1") is True
+        self.method_calls[method] += 1
         handler = self._handlers.get(method)
         if handler is None:
             await self._send(conn, request_id, None, f"unknown method {method}", accepts_chunks=False)

@@ -196,7 +196,7 @@ class IpcClient:
         return await self._request("RunBatch", body, self._request_timeout_s, decode)
 
     async def process_batch(self, method: str, body: bytes) -> wire.BatchOutcome:
-        """One of the per-op batch methods, for backends whose descriptor lacks `supports_run_batch`."""
+        """One of the per-op batch methods, for a backend that answered RunBatch `unknown method`."""
         if method not in PROCESS_BATCH_METHODS:
             raise ValueError(f"process_batch method must be one of {', '.join(PROCESS_BATCH_METHODS)}, got {method!r}")
         return await self._request(method, body, self._request_timeout_s, wire.decode_batch_outcome)

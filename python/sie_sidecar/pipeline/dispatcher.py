@@ -49,6 +49,8 @@ LOADING_RECHECK_CAP_MS = 15_000
 #: `nak_retry` outcome forgets it, so a backend that unloaded the model is asked again at once.
 READY_CACHE_S = 1.0
 KNOWN_OPS = ("encode", "score", "extract")
+#: What a backend without RunBatch answers it (wire-protocol §2: `unknown method <name>`).
+NO_RUN_BATCH = "unknown method RunBatch"
 
 
 class BackendClient(Protocol):
@@ -93,11 +95,10 @@ class _Executed:
 @dataclass(slots=True)
 class _Model:
     """What the pipeline keeps per model: its lane (scheduler and controller loop), the last `ready`
-    answer (reused for READY_CACHE_S), whether the backend takes RunBatch, and its batch budget."""
+    answer (reused for READY_CACHE_S) and its batch budget."""
 
     lane: ModelLane[Delivery] | None = None
     ready: tuple[float, ReadyResponse] | None = None
-    supports_run_batch: bool = True
     batch_budget: int | None = None
 
 
@@ -195,6 +196,10 @@ class Dispatcher:
         #: pull-ahead from it, docs/operations.md "derived defaults").
         self.on_count_cap: Callable[[int], None] | None = None
         self._count_cap = 0
+        #: v0.7.1 sends every batch as RunBatch, whatever the descriptor says (it never reads
+        #: `supports_run_batch`); a backend that answers "unknown method RunBatch" gets the per-op
+        #: methods from then on (one backend per sidecar, so once is for all models).
+        self._per_op_only = False
 
     @property
     def config(self) -> ConfigState:
@@ -290,7 +295,6 @@ class Dispatcher:
         if unknown:
             await self._out.publish_errors(unknown, BAD_OPERATION, "unknown operation", nak_on_failure=True)
         lane = self._lane(model)
-        state.supports_run_batch = bool(ready.descriptor is not None and ready.descriptor.supports_run_batch)
         lane.describe(
             max_concurrent_dispatch=ready.descriptor.max_concurrent_dispatch if ready.descriptor is not None else None,
             max_batch_tokens=ready.max_batch_tokens,
@@ -461,7 +465,6 @@ class Dispatcher:
             formed.lora,
             formed.items,
             formed.total_cost,
-            supports_run_batch=self._model(model).supports_run_batch,
         )
         if outcome is None:
             return None
@@ -497,9 +500,7 @@ class Dispatcher:
         for left in results:
             await self._out.nak_all(left, self.shutdown_nak_ms())
 
-    async def _execute(
-        self, model: str, op: str, lora: str, ds: list[Delivery], total_cost: int, *, supports_run_batch: bool
-    ) -> _Executed | None:
+    async def _execute(self, model: str, op: str, lora: str, ds: list[Delivery], total_cost: int) -> _Executed | None:
         """Cancellation, the config barrier, one batch RPC and the settlement of every item; returns
         what the lane learns from it, or None when the batch never reached the backend or failed there."""
         base = self._s.nak_delay_ms
@@ -516,21 +517,28 @@ class Dispatcher:
         prepared = [d.prepared_tokens for d in ds] if op == "encode" else None
         audio = [d.prepared_audio for d in ds] if op == "extract" else None
         try:
-            if supports_run_batch:
-                outcome = await self._backend.run_batch_with(
-                    run_batch_body(
-                        model,
-                        op,
-                        items,
-                        lora,
-                        total_cost,
-                        payload_fetch_ms=fetch_ms,
-                        prepared_tokens=prepared,
-                        prepared_audio=audio,
-                    ),
-                    self._out.response_decoder(ds),
-                )
-            else:
+            outcome = None
+            if not self._per_op_only:
+                try:
+                    outcome = await self._backend.run_batch_with(
+                        run_batch_body(
+                            model,
+                            op,
+                            items,
+                            lora,
+                            total_cost,
+                            payload_fetch_ms=fetch_ms,
+                            prepared_tokens=prepared,
+                            prepared_audio=audio,
+                        ),
+                        self._out.response_decoder(ds),
+                    )
+                except IpcServerError as exc:
+                    if exc.message != NO_RUN_BATCH:
+                        raise
+                    self._per_op_only = True  # nothing ran: this batch goes per-op too, at once
+                    log.warning("backend does not implement RunBatch; per-op batch methods from now on")
+            if outcome is None:
                 decoded = [d.item for d in ds if d.item is not None]
                 outcome = await self._backend.process_batch(
                     PER_OP_METHOD[op], per_op_body(model, op, decoded, fetch_ms, prepared, prepared_audio=audio)
