@@ -188,6 +188,8 @@ async def _start(settings: Settings, stop: asyncio.Event, resources: contextlib.
         telemetry=telemetry,
         acks_with_replies=writer.framed,  # one writer for both: a batch's ACKs follow its replies
     )
+    if probes is not None and settings.debug_endpoint:
+        probes.debug_state = dispatcher.debug_state
     subs: list[Subscription] = []
     resources.push_async_callback(unsubscribe_all, subs)
     try:

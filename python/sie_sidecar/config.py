@@ -450,6 +450,8 @@ class Settings:
     adaptive_batch_env: tuple[tuple[str, str], ...] = ()
     #: Directory for live, replayable controller traces (our extension; off when unset).
     controller_trace_dir: str | None = None
+    #: `GET /debug/state` on the probe port (our extension, `SIE_SIDECAR_DEBUG_ENDPOINT=1`; off by default).
+    debug_endpoint: bool = False
     adaptive_min_quantum_ms: float = 2.0
     adaptive_max_quantum_ms: float = 15.0
     adaptive_target_p50_ms: float = 50.0
@@ -940,6 +942,7 @@ class _Builder:
             **self._batcher(),
             adaptive_batch_env=self._adaptive_batch_env(),
             controller_trace_dir=self.text("SIE_SIDECAR_CONTROLLER_TRACE"),
+            debug_endpoint=self.env_flag("SIE_SIDECAR_DEBUG_ENDPOINT", default=False),
             pull_quantum_include_queue_ms=self.env_flag("SIE_PULL_QUANTUM_INCLUDE_QUEUE_MS", default=False),
             health_publish_enabled=self._health_publish_enabled(),
             generate_ipc_frame_timeout_s=self.env_uint("SIE_GENERATE_IPC_FRAME_TIMEOUT_S", 300),

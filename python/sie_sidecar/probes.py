@@ -1,5 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The `/healthz` and `/readyz` HTTP probes (sidecar-behaviour §10) on the probe port.
+"""The `/healthz` and `/readyz` HTTP probes (sidecar-behaviour §10) on the probe port, and (our
+extension, off unless `SIE_SIDECAR_DEBUG_ENDPOINT=1`) `GET /debug/state`: what the worker knows per
+model, as JSON, so an SRE debugging a pod needs no debugger.
 
 A minimal HTTP/1.1 responder on asyncio streams rather than aiohttp.web: importing aiohttp cost the
 sidecar ~0.15 s CPU before its first reply, and three fixed plain-text answers need no framework. One
@@ -11,8 +13,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any, Final
 from urllib.parse import unquote
 
 from .pipeline.readiness import Readiness
@@ -77,22 +82,32 @@ def _path_of(target: str) -> str:
     return unquote(path, errors="replace")
 
 
-def answer(readiness: Readiness, request: Request) -> tuple[int, str]:
-    """(status, body) for a request: GET or HEAD of a probe, `404 not found` for anything else."""
+#: What `/debug/state` serves: a JSON-able snapshot, taken when the request arrives.
+DebugState = Callable[[], dict[str, Any]]
+JSON: Final = "application/json"
+TEXT: Final = "text/plain; charset=utf-8"
+
+
+def answer(readiness: Readiness, request: Request, debug_state: DebugState | None = None) -> tuple[int, str, str]:
+    """(status, body, content type) for a request: GET or HEAD of a probe or, when `debug_state` is
+    given, of `/debug/state`; `404 not found` for anything else."""
     if request.method in ("GET", "HEAD"):
         if request.path == "/healthz":
-            return 200, "ok"
+            return 200, "ok", TEXT
         if request.path == "/readyz":
             reason = readiness.reason()
-            return (200, "ok") if reason is None else (503, f"not ready: {reason}")
-    return 404, "not found"
+            return (200, "ok", TEXT) if reason is None else (503, f"not ready: {reason}", TEXT)
+        if request.path == "/debug/state" and debug_state is not None:
+            state = {"ready": readiness.reason() is None, "not_ready_reason": readiness.reason(), **debug_state()}
+            return 200, json.dumps(state, sort_keys=True, default=str), JSON
+    return 404, "not found", TEXT
 
 
-def render_response(status: int, body: str, *, head_only: bool = False) -> bytes:
+def render_response(status: int, body: str, *, head_only: bool = False, content_type: str = TEXT) -> bytes:
     payload = body.encode("utf-8")
     head = (
         f"HTTP/1.1 {status} {_REASONS[status]}\r\n"
-        "Content-Type: text/plain; charset=utf-8\r\n"
+        f"Content-Type: {content_type}\r\n"
         f"Content-Length: {len(payload)}\r\n"
         "Connection: close\r\n\r\n"
     ).encode("ascii")
@@ -104,6 +119,8 @@ class ProbeServer:
 
     def __init__(self, readiness: Readiness) -> None:
         self._readiness = readiness
+        #: Serves `/debug/state` once set (the app sets it when the dispatcher exists, if enabled).
+        self.debug_state: DebugState | None = None
         self._server: asyncio.Server | None = None
         self._open: dict[asyncio.Task[None], asyncio.StreamWriter] = {}
 
@@ -157,8 +174,8 @@ class ProbeServer:
             if isinstance(request, BadRequest):
                 response = render_response(400, f"bad request: {request.reason}")
             else:
-                status, body = answer(self._readiness, request)
-                response = render_response(status, body, head_only=request.method == "HEAD")
+                status, body, content_type = answer(self._readiness, request, self.debug_state)
+                response = render_response(status, body, head_only=request.method == "HEAD", content_type=content_type)
         writer.write(response)
         async with asyncio.timeout(WRITE_TIMEOUT_S):
             await writer.drain()

@@ -55,6 +55,28 @@ async def test_probes_answer_as_the_spec_says(nats_server: NatsServer, tmp_path:
                 assert (r.status, await r.text()) == (404, "not found")
 
 
+async def test_debug_state_shows_each_model_when_enabled(nats_server: NatsServer, tmp_path: Path) -> None:
+    """Issue 11: `GET /debug/state` (SIE_SIDECAR_DEBUG_ENDPOINT=1) shows per model the readiness,
+    tokenizer mode, batch budget, controller knobs, queue depth and batches in flight."""
+    async with running_stack(nats_server, tmp_path, env={"SIE_SIDECAR_DEBUG_ENDPOINT": "1"}) as stack:
+        wid = await stack.publish(work_item(text="hello"))
+        await stack.wait_for(lambda: len(stack.results_for(wid)) == 1)
+        url = f"http://127.0.0.1:{stack.settings.worker_probe_port}/debug/state"
+        async with aiohttp.ClientSession() as http, http.get(url) as r:
+            assert r.status == 200 and r.headers["Content-Type"] == "application/json"
+            state = await r.json()
+        assert state["worker_id"] == stack.settings.worker_id and state["batch_method"] == "run_batch"
+        model = state["models"][MODEL]
+        assert model["ready_state"] == "ready" and model["tokenizer_mode"] == "none"
+        assert model["batch_budget"] == 64 and model["count_cap"] == 64
+        assert model["queue_depth"] == 0 and model["in_flight_batches"] == 0
+        assert model["cost_cap"] > 0 and model["wait_ms"] > 0
+    async with running_stack(nats_server, tmp_path) as stack:  # off by default
+        url = f"http://127.0.0.1:{stack.settings.worker_probe_port}/debug/state"
+        async with aiohttp.ClientSession() as http, http.get(url) as r:
+            assert r.status == 404
+
+
 async def test_health_heartbeat_and_shutdown_tombstone(nats_server: NatsServer, tmp_path: Path) -> None:
     beats: list[dict[str, Any]] = []
     async with running_stack(nats_server, tmp_path, env={"SIE_HEALTH_PUBLISH_INTERVAL_MS": "100"}) as stack:

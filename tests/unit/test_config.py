@@ -143,6 +143,7 @@ DEFAULTS: list[tuple[str, object]] = [
     ("batcher_cost_pinned", False),
     ("adaptive_batch_env", ()),
     ("controller_trace_dir", None),
+    ("debug_endpoint", False),
     ("adaptive_min_quantum_ms", 2.0),
     ("adaptive_max_quantum_ms", 15.0),
     ("adaptive_target_p50_ms", 50.0),
@@ -1124,3 +1125,8 @@ def test_the_steady_state_gc_freezes_start_up_and_collects_young_objects_less_of
     finally:
         gc.unfreeze()
         gc.set_threshold(*before)
+
+
+@pytest.mark.parametrize(("value", "on"), [("1", True), ("true", True), ("", False), ("0", False)])
+def test_the_debug_endpoint_is_off_unless_asked_for(value: str, on: bool) -> None:
+    assert build(SIE_SIDECAR_DEBUG_ENDPOINT=value).debug_endpoint is on

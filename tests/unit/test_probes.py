@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import socket
 import time
 from collections.abc import AsyncIterator
@@ -179,3 +180,28 @@ async def test_a_port_in_use_is_logged_and_none_returned(
 )
 def test_request_targets(target: str, path: str) -> None:
     assert parse_request_head(f"GET {target} HTTP/1.1\r\nHost: h\r\n\r\n".encode()) == Request("GET", path)
+
+
+async def test_debug_state_is_served_as_json_only_when_enabled(server: ProbeServer, readiness: Readiness) -> None:
+    """`/debug/state` (SIE_SIDECAR_DEBUG_ENDPOINT=1) is a 404 until the app hands the server a
+    state provider; then a JSON snapshot taken per request, with the readiness first."""
+    get = b"GET /debug/state HTTP/1.1\r\nHost: x\r\n\r\n"
+    assert await exchange(server.port, get) == response("404 Not Found", "not found")
+    calls: list[int] = []
+
+    def state() -> dict[str, object]:
+        calls.append(1)
+        return {"models": {"org/m": {"queue_depth": len(calls)}}}
+
+    server.debug_state = state
+    got = await exchange(server.port, get)
+    head, _, body = got.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200 OK") and b"Content-Type: application/json" in head
+    assert json.loads(body) == {
+        "ready": False,
+        "not_ready_reason": "handshake pending",
+        "models": {"org/m": {"queue_depth": 1}},
+    }
+    assert json.loads((await exchange(server.port, get)).partition(b"\r\n\r\n")[2])["models"]["org/m"] == {
+        "queue_depth": 2
+    }

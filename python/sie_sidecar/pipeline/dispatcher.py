@@ -574,6 +574,45 @@ class Dispatcher:
             dict.fromkeys(o.request_id for o in outcomes if o.disposition == "publish_and_ack"),
         )
 
+    def debug_state(self) -> dict[str, Any]:
+        """What `GET /debug/state` shows (SIE_SIDECAR_DEBUG_ENDPOINT=1): per model its readiness as
+        last answered, tokenizer mode, batch budget, controller knobs, queue depth and batches in
+        flight; and how batches reach the backend. A snapshot, read on the event loop."""
+        now = time.monotonic()
+        models: dict[str, Any] = {}
+        for model, state in sorted(self._models.items()):
+            tokenizer = self._tokenizers.get(model)
+            entry: dict[str, Any] = {
+                "ready_state": state.ready[1].state if state.ready is not None else None,
+                "ready_age_s": round(now - state.ready[0], 3) if state.ready is not None else None,
+                "tokenizer_mode": tokenizer.mode if tokenizer is not None else "none",
+                "batch_budget": state.batch_budget,
+            }
+            lane = state.lane
+            if lane is not None:
+                sched = lane.scheduler
+                entry |= {
+                    "cost_cap": lane.cost_cap,
+                    "wait_ms": lane.wait_ms,
+                    "cost_budget": lane.budget,
+                    "count_cap": sched.max_requests,
+                    "queue_depth": sched.pending,
+                    "in_flight_batches": sched.in_flight,
+                    "pipeline_depth": sched.depth,
+                    "flushes": dict(sched.flushes),
+                    "jit_holds": sched.jit_holds,
+                    "aged_items": sched.aged_items,
+                    "progress_acks": sched.progress_acks,
+                }
+            models[model] = entry
+        return {
+            "worker_id": self._s.worker_id,
+            "batch_method": "per_op" if self._per_op_only else "run_batch",
+            "config_hash": self._config.current,
+            "batches": self.batch_summary(),
+            "models": models,
+        }
+
     def batch_summary(self) -> dict[str, float]:
         """Count, mean, p50 and max of the items per backend batch so far."""
         sizes = sorted(self.batch_sizes.elements())
