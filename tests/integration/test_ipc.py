@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import re
 import shutil
 import signal
 import stat
@@ -338,8 +339,87 @@ async def test_worker_capabilities_and_generate_cancel(client: IpcClient) -> Non
         "loaded_models": ["b/model", MODEL],
     }
     assert wire.decode_body(await client.call("SignalGenerateCancel", pack({"request_id": "x"}))) == {"matched": False}
+    with pytest.raises(IpcServerError, match=r"^bad body for ApplyModelConfig: bundle_id is required"):
+        await client.call("ApplyModelConfig", pack({}))  # checked before the adapter is asked
+    apply = {
+        "bundle_id": "default",
+        "model_id": MODEL,
+        "epoch": 3,
+        "bundle_config_hash": "h3",
+        "profiles_added": [],
+        "model_config": "sie_id: org/model\n",
+    }
     with pytest.raises(IpcServerError, match=r"^NotImplementedError: ApplyModelConfig is not supported"):
-        await client.call("ApplyModelConfig", pack({}))
+        await client.call("ApplyModelConfig", pack(apply))  # the null adapter has no config hook
+
+
+async def test_model_config_methods_reach_the_adapters_hooks(sock_path: str) -> None:
+    """Issue 11: ApplyModelConfig, ReplaceModelConfigs and SetPinnedModels are checked by the
+    library (`bad body for <Method>: <detail>` before any hook runs) and carried out by the
+    adapter's hooks; the answers come back in the spec's key order with its defaults."""
+    from sie_sidecar.backend.model_config import (
+        ApplyModelConfigRequest,
+        ConfigApplied,
+        PinnedApplied,
+        ReplaceModelConfigsRequest,
+    )
+
+    seen: list[object] = []
+
+    class Configurable(NullAdapter):
+        async def apply_model_config(self, request: ApplyModelConfigRequest) -> ConfigApplied:
+            seen.append(request)
+            return ConfigApplied(True, "h4", config_version=4, unsupported_models=["z/m", "a/m"])
+
+        async def replace_model_configs(self, request: ReplaceModelConfigsRequest) -> ConfigApplied:
+            seen.append(request)
+            return ConfigApplied(True, "h5", config_version=5, applied_models=[m.model_id for m in request.models])
+
+        async def set_pinned_models(self, models: tuple[str, ...]) -> PinnedApplied:
+            seen.append(models)
+            return PinnedApplied(True, len(models))
+
+    server = BackendServer(Configurable(8), sock_path, worker_id="w")
+    await server.start()
+    ipc = IpcClient(sock_path, pool_size=1, request_timeout_s=10.0)
+    try:
+        body = {
+            "bundle_id": "default",
+            "model_id": MODEL,
+            "epoch": 4,
+            "bundle_config_hash": "h4",
+            "model_config": "sie_id: x\n",
+            "bundle_adapters": ["a.b"],
+        }
+        answer = msgpack.unpackb(await ipc.call("ApplyModelConfig", pack(body)))
+        assert list(answer.items()) == [
+            ("applied", True),
+            ("bundle_config_hash", "h4"),
+            ("config_version", 4),
+            ("unsupported_models", ["a/m", "z/m"]),
+        ]
+        assert seen[-1] == ApplyModelConfigRequest("default", MODEL, 4, "h4", "sie_id: x\n", (), ("a.b",))
+        snapshot = {"bundle_id": "default", "epoch": 5, "bundle_config_hash": "h5", "models": []}
+        answer = msgpack.unpackb(await ipc.call("ReplaceModelConfigs", pack(snapshot)))
+        assert answer["applied_models"] == [] and answer["config_version"] == 5  # an empty snapshot is valid
+        pinned = msgpack.unpackb(await ipc.call("SetPinnedModels", pack({"models": [MODEL, f"{MODEL}:l4"]})))
+        assert pinned == {"applied": True, "pinned_count": 2}
+        calls_before = len(seen)
+        bad = [
+            ("ApplyModelConfig", dict(body, model_config="   "), "model_config must not be blank"),
+            ("ApplyModelConfig", dict(body, epoch=-1), "epoch is required and must be an unsigned integer"),
+            ("ApplyModelConfig", dict(body, bundle_id=""), "bundle_id must not be empty"),
+            ("ReplaceModelConfigs", {k: v for k, v in snapshot.items() if k != "models"}, "models is required"),
+            ("ReplaceModelConfigs", dict(snapshot, models=[{"model_id": 1}]), "models[0].model_id is required"),
+            ("SetPinnedModels", {"models": [1]}, "models must be an array of strings"),
+        ]
+        for method, payload, detail in bad:
+            with pytest.raises(IpcServerError, match=re.escape(f"bad body for {method}: {detail}")):
+                await ipc.call(method, pack(payload))
+        assert len(seen) == calls_before  # no hook ran for a malformed body
+    finally:
+        await ipc.close()
+        await server.close()
 
 
 # -- batches --------------------------------------------------------------------------------------------

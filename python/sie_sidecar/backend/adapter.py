@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
 from ..ipc.types import ModelDescriptor, ReadyResponse
+from .model_config import ApplyModelConfigRequest, ConfigApplied, PinnedApplied, ReplaceModelConfigsRequest
 
 #: The operations a RunBatch may carry (wire-protocol §4.2).
 OPS: Final = ("encode", "score", "extract")
@@ -66,6 +67,21 @@ class Adapter(abc.ABC):
     async def aclose(self) -> None:
         """Release model resources when the server closes."""
         return None
+
+    # Model configuration from the control plane (wire-protocol §3.3-3.5). The server has already
+    # checked the request; the default answers the typed "not supported" error.
+
+    async def apply_model_config(self, request: ApplyModelConfigRequest) -> ConfigApplied:
+        """Apply one model's config delta."""
+        raise NotImplementedError("ApplyModelConfig is not supported by this backend")
+
+    async def replace_model_configs(self, request: ReplaceModelConfigsRequest) -> ConfigApplied:
+        """Replace the bundle's model configs with this snapshot."""
+        raise NotImplementedError("ReplaceModelConfigs is not supported by this backend")
+
+    async def set_pinned_models(self, models: tuple[str, ...]) -> PinnedApplied:
+        """Replace the set of pinned models (`sie_id` or `sie_id:profile`)."""
+        raise NotImplementedError("SetPinnedModels is not supported by this backend")
 
 
 def unit_counts(

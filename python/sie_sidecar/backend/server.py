@@ -28,6 +28,21 @@ from ..ipc.types import PingResponse, ReadyResponse
 from ..wire.limits import IPC_VERSION
 from .adapter import OPS, Adapter, item_outcome, outcome_for
 from .audio import prepared_audio_error
+from .bodies import BadBody
+from .bodies import opt_bool as _opt_bool
+from .bodies import opt_str as _opt_str
+from .bodies import opt_uint as _opt_uint
+from .bodies import req_list as _req_list
+from .bodies import req_str as _req_str
+from .bodies import req_uint as _req_uint
+from .model_config import (
+    apply_response,
+    decode_apply_model_config,
+    decode_replace_model_configs,
+    decode_set_pinned_models,
+    pinned_response,
+    replace_response,
+)
 
 log = logging.getLogger(__name__)
 
@@ -42,9 +57,7 @@ PROCESS_METHOD_OPS: Final = {
     "ProcessExtractBatch": "extract",
 }
 #: v0.7.1 methods this backend knows but does not implement (answered with a NotImplementedError envelope).
-UNSUPPORTED_METHODS: Final = frozenset(
-    {"ProcessGenerate", "ApplyModelConfig", "ReplaceModelConfigs", "SetPinnedModels"}
-)
+UNSUPPORTED_METHODS: Final = frozenset({"ProcessGenerate"})
 #: The backend considers its sidecar stale after this long without a Ping (wire-protocol §3.1).
 HEARTBEAT_STALE_S: Final = 10.0
 
@@ -55,10 +68,6 @@ _READ_SIZE: Final = 4 << 20
 Body = dict[str, Any]
 _Identity = tuple[str, str, int]  # a RunBatchItem's work_item_id, request_id, item_index
 Handler = Callable[[Body], Awaitable[Body]]
-
-
-class BadBody(Exception):
-    """A request body failed validation; answered as `bad body for <method>: <detail>`."""
 
 
 def encode_response(request_id: str, ok: bool, body: Mapping[str, Any] | None, error: str | None) -> bytes:
@@ -102,6 +111,9 @@ class BackendServer:
             "Drain": self._drain,
             "SignalGenerateCancel": self._signal_generate_cancel,
             "RunBatch": self._run_batch,
+            "ApplyModelConfig": self._apply_model_config,
+            "ReplaceModelConfigs": self._replace_model_configs,
+            "SetPinnedModels": self._set_pinned_models,
             "ProcessEncodeBatch": self._process_encode_batch,
             "ProcessScoreBatch": self._process_score_batch,
             "ProcessExtractBatch": self._process_extract_batch,
@@ -430,6 +442,17 @@ class BackendServer:
         _req_str(body, "request_id")
         return {"matched": False}  # no generation here, so nothing to match
 
+    # -- model configuration (§3.3-3.5): checked here, carried out by the adapter's hooks ----------
+
+    async def _apply_model_config(self, body: Body) -> Body:
+        return apply_response(await self._adapter.apply_model_config(decode_apply_model_config(body)))
+
+    async def _replace_model_configs(self, body: Body) -> Body:
+        return replace_response(await self._adapter.replace_model_configs(decode_replace_model_configs(body)))
+
+    async def _set_pinned_models(self, body: Body) -> Body:
+        return pinned_response(await self._adapter.set_pinned_models(decode_set_pinned_models(body)))
+
     @staticmethod
     def _unsupported(method: str) -> Handler:
         async def handler(body: Body) -> Body:
@@ -516,54 +539,6 @@ class BackendServer:
 
 
 # -- validation helpers ----------------------------------------------------------------------------
-
-
-def _req_str(body: Mapping[str, Any], key: str, where: str = "") -> str:
-    value = body.get(key)
-    if not isinstance(value, str):
-        raise BadBody(f"{where + '.' if where else ''}{key} is required and must be a string")
-    return value
-
-
-def _req_uint(body: Mapping[str, Any], key: str, where: str = "") -> int:
-    value = body.get(key)
-    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-        raise BadBody(f"{where + '.' if where else ''}{key} is required and must be an unsigned integer")
-    return value
-
-
-def _req_list(body: Mapping[str, Any], key: str, where: str = "") -> list[Any]:
-    value = body.get(key)
-    if not isinstance(value, list):
-        raise BadBody(f"{where + '.' if where else ''}{key} is required and must be an array")
-    return value
-
-
-def _opt_bool(body: Mapping[str, Any], key: str) -> bool:
-    value = body.get(key)
-    if value is None:
-        return False
-    if not isinstance(value, bool):
-        raise BadBody(f"{key} must be a bool")
-    return value
-
-
-def _opt_str(body: Mapping[str, Any], key: str, where: str) -> str:
-    value = body.get(key)
-    if value is None:
-        return ""
-    if not isinstance(value, str):
-        raise BadBody(f"{where}.{key} must be a string")
-    return value
-
-
-def _opt_uint(body: Mapping[str, Any], key: str, default: int, where: str) -> int:
-    value = body.get(key)
-    if value is None:
-        return default
-    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-        raise BadBody(f"{where}.{key} must be an unsigned integer")
-    return value
 
 
 def _check_payload(op: str, payload: object, where: str) -> None:
