@@ -425,6 +425,22 @@ async def test_model_config_methods_reach_the_adapters_hooks(sock_path: str) -> 
 # -- batches --------------------------------------------------------------------------------------------
 
 
+async def test_rejected_items_come_first_with_nil_results(client: IpcClient) -> None:
+    """Issue 11, as upstream's server answers: the items refused before the model ran come first in
+    the outcomes (some callers bind outcomes by position), and an error outcome's `result_msgpack` is
+    nil, not an empty bin; a missing `request_id` reads as ""."""
+    broken = wrapped("encode", 1) | {"encode": None}  # op encode, but no encode payload
+    anonymous = {k: v for k, v in wrapped("encode", 2).items() if k != "request_id"}
+    anonymous["encode"] = None
+    items = [wrapped("encode", 0), broken, wrapped("encode", 3), anonymous]
+    outcomes = msgpack.unpackb(await client.call("RunBatch", run_batch_body(items)))["outcomes"]  # the wire itself
+    assert [o["work_item_id"] for o in outcomes] == ["r.1", "r.2", "r.0", "r.3"]
+    rejected = outcomes[:2]
+    assert all(o["disposition"] == "publish_error_and_ack" and o["result_msgpack"] is None for o in rejected)
+    assert rejected[1]["request_id"] == ""
+    assert all(o["disposition"] == "publish_and_ack" and o["result_msgpack"] for o in outcomes[2:])
+
+
 async def test_run_batch_round_trip_256_items(client: IpcClient, adapter: NullAdapter) -> None:
     items = [wrapped("encode", i) for i in range(256)]
     result = await client.run_batch(run_batch_body(items))

@@ -103,7 +103,7 @@ def item_outcome(
     disposition: str,
     *,
     nak_delay_ms: int | None = None,
-    result_msgpack: bytes = b"",
+    result_msgpack: bytes | None = None,
     error: str | None = None,
     error_code: str | None = None,
     inference_ms: float | None = None,
@@ -113,7 +113,8 @@ def item_outcome(
     units: Mapping[str, int | None] | None = None,
     retry_after_s: int | None = None,
 ) -> dict[str, Any]:
-    """An ItemOutcome map with the v0.7.1 keys in spec order; `retry_after_s` (newer) only when set."""
+    """An ItemOutcome map with the v0.7.1 keys in spec order; `retry_after_s` (newer) only when set.
+    `result_msgpack` is nil unless given (an error or NAK carries no result, as upstream writes it)."""
     outcome: dict[str, Any] = {
         "work_item_id": work_item_id,
         "request_id": request_id,

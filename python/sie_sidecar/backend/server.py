@@ -508,7 +508,8 @@ class BackendServer:
                 continue
             valid.append(_with_lora(payload, lora_key) if op != "score" and lora_key else payload)
         outcomes = await self._adapter.run_batch(model_id, ops[0], valid, lora_key) if valid else []
-        return {"outcomes": [*outcomes, *rejected], "batched_f16_multivectors": []}
+        # Rejected first, as upstream's server answers (some callers bind outcomes by position).
+        return {"outcomes": [*rejected, *outcomes], "batched_f16_multivectors": []}
 
     async def _process_batch(self, op: str, body: Body) -> Body:
         """Process{Encode,Score,Extract}Batch (§3.10): the per-op form, items unwrapped, no batch LoRA."""
@@ -526,7 +527,7 @@ class BackendServer:
             else:
                 rejected.append(outcome_for(item, "publish_error_and_ack", error=bad_audio, error_code=INVALID_INPUT))
         outcomes = await self._adapter.run_batch(model_id, op, valid, "") if valid else []
-        return {"outcomes": [*outcomes, *rejected], "batched_f16_multivectors": []}
+        return {"outcomes": [*rejected, *outcomes], "batched_f16_multivectors": []}  # rejected first
 
     async def _process_encode_batch(self, body: Body) -> Body:
         return await self._process_batch("encode", body)
