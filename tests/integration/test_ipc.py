@@ -1011,3 +1011,38 @@ async def test_backend_subprocess_stops_cleanly_on_sigterm(sock_path: str) -> No
         if proc.returncode is None:
             proc.kill()
             await proc.wait()
+
+
+async def test_a_stale_socket_path_is_cleared_and_a_live_one_refused(sock_path: str) -> None:
+    """Issue 11: a regular file or a dead socket left at the path is removed at start; a socket
+    another running server accepts on is refused, and that server keeps serving."""
+    import socket as socket_module
+
+    from sie_sidecar.backend.server import BackendAlreadyRunning
+
+    with open(sock_path, "w") as f:  # a regular file left behind
+        f.write("stale")
+    first = BackendServer(NullAdapter(8), sock_path, worker_id="first")
+    await first.start()
+    await first.close()
+    dead = socket_module.socket(socket_module.AF_UNIX, socket_module.SOCK_STREAM)
+    dead.bind(sock_path)  # a socket nobody listens on (a crashed server's)
+    dead.close()
+    live = BackendServer(NullAdapter(8), sock_path, worker_id="live")
+    await live.start()
+    try:
+        with pytest.raises(BackendAlreadyRunning, match="another backend is serving"):
+            await BackendServer(NullAdapter(8), sock_path, worker_id="intruder").start()
+        ipc = IpcClient(sock_path, pool_size=1, request_timeout_s=5.0)
+        try:
+            assert (await ipc.ping()).worker_id == "live"
+        finally:
+            await ipc.close()
+    finally:
+        await live.close()
+    os.mkdir(sock_path)
+    try:
+        with pytest.raises(FileExistsError, match="neither a socket nor a regular file"):
+            await BackendServer(NullAdapter(8), sock_path, worker_id="x").start()
+    finally:
+        os.rmdir(sock_path)

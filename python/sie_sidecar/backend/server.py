@@ -191,14 +191,15 @@ class BackendServer:
     async def start(self) -> None:
         """Bind, listen, then move the socket into place: the path appears only when it already
         accepts connections and is already mode 0600 (waiting for the file is a readiness check).
-        A stale socket file is replaced; any other kind of file is an error."""
+
+        What a previous run left at the path is cleared: a regular file, or a socket nobody
+        listens on. A socket another running server accepts on is refused (`BackendAlreadyRunning`),
+        and any other kind of file (a directory, a link) is an error: neither is ours to remove."""
         if self._server is not None:
             return
         if self._closed:
             raise RuntimeError("BackendServer is closed")
-        with contextlib.suppress(FileNotFoundError):
-            if not stat.S_ISSOCK(os.lstat(self._path).st_mode):
-                raise FileExistsError(f"{self._path} exists and is not a socket")
+        _clear_stale_path(self._path)
         staging = self._path + ".new"
         if len(os.fsencode(staging)) > _MAX_SOCKET_PATH:
             staging = self._path  # no room for a staging name: bind in place
@@ -579,6 +580,36 @@ def _with_lora(payload: dict[str, Any], lora_key: str) -> dict[str, Any]:
     return {**payload, "options": options}
 
 
+class BackendAlreadyRunning(FileExistsError):
+    """Another server accepts connections on the socket path: starting would steal its sidecar."""
+
+
+def _clear_stale_path(path: str) -> None:
+    """Remove a regular file or a dead socket left at `path`; refuse a live socket or anything else."""
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return
+    if stat.S_ISREG(mode):
+        log.warning("a regular file was at the socket path; removed", extra={"socket": path})
+        os.unlink(path)
+        return
+    if not stat.S_ISSOCK(mode):
+        raise FileExistsError(f"{path} exists and is neither a socket nor a regular file")
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    probe.settimeout(1.0)
+    try:
+        probe.connect(path)
+    except OSError:  # refused, or gone meanwhile: nobody listens there
+        log.info("stale socket at the socket path; replaced", extra={"socket": path})
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+        return
+    finally:
+        probe.close()
+    raise BackendAlreadyRunning(f"another backend is serving on {path}")
+
+
 def _reject(identity: _Identity, message: str, code: str) -> dict[str, Any]:
     work_item_id, request_id, item_index = identity
     return item_outcome(work_item_id, request_id, item_index, "publish_error_and_ack", error=message, error_code=code)
@@ -603,6 +634,7 @@ async def serve_until_signalled(server: BackendServer) -> None:
 __all__ = [
     "HEARTBEAT_STALE_S",
     "HEAVY_METHODS",
+    "BackendAlreadyRunning",
     "BackendServer",
     "BadBody",
     "encode_response",
