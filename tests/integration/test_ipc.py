@@ -1046,3 +1046,25 @@ async def test_a_stale_socket_path_is_cleared_and_a_live_one_refused(sock_path: 
             await BackendServer(NullAdapter(8), sock_path, worker_id="x").start()
     finally:
         os.rmdir(sock_path)
+
+
+async def test_ping_ready_awaits_the_adapters_health_hook(sock_path: str) -> None:
+    """Issue 11: Ping's `ready` is the adapter's awaited health (a device check may await)."""
+    checks: list[bool] = []
+
+    class Checked(NullAdapter):
+        async def health(self) -> bool:
+            await asyncio.sleep(0)  # e.g. awaiting a device probe
+            checks.append(True)
+            return len(checks) < 2
+
+    server = BackendServer(Checked(8), sock_path, worker_id="w")
+    await server.start()
+    ipc = IpcClient(sock_path, pool_size=1, request_timeout_s=5.0)
+    try:
+        assert (await ipc.ping()).ready is True
+        assert (await ipc.ping()).ready is False  # the device check failed
+        assert len(checks) == 2
+    finally:
+        await ipc.close()
+        await server.close()

@@ -49,8 +49,14 @@ class Adapter(abc.ABC):
     # Optional hooks with the answers of a simple single-bundle backend.
 
     def healthy(self) -> bool:
-        """Ping's `ready`: backend readiness and accelerator health."""
+        """Ping's `ready`: backend readiness and accelerator health (see `health`)."""
         return True
+
+    async def health(self) -> bool:
+        """What Ping's `ready` reports, awaited on every Ping, so an adapter can await a device
+        check (a CUDA sync, a probe kernel); the default is `healthy()`. Keep it fast: the sidecar
+        pings every 2 s and calls a heartbeat stale after its multiplier."""
+        return self.healthy()
 
     def bundle_config_hash(self) -> str:
         """Ping's `bundle_config_hash`: the hash of the registry this backend serves ("" = none)."""

@@ -407,7 +407,7 @@ class BackendServer:
         return PingResponse(
             timestamp_ms=float(timestamp),
             worker_id=self._worker_id,
-            ready=adapter.healthy() and (not self._draining or self._ping_ready_while_draining),
+            ready=await adapter.health() and (not self._draining or self._ping_ready_while_draining),
             bundle_config_hash=adapter.bundle_config_hash(),
             loaded_models=tuple(sorted(set(adapter.loaded_models()))),
             loading_models=tuple(sorted(set(adapter.loading_models()))),
