@@ -1068,3 +1068,26 @@ async def test_ping_ready_awaits_the_adapters_health_hook(sock_path: str) -> Non
     finally:
         await ipc.close()
         await server.close()
+
+
+async def test_a_stop_lets_in_flight_batches_finish_within_the_grace(sock_path: str) -> None:
+    """Issue 11: closing the server without a Drain lets a batch in flight finish and answer
+    (bounded by `stop_grace_s`), instead of cancelling it; past the bound it is cancelled."""
+    for grace, answered in ((5.0, True), (0.05, False)):
+        server = BackendServer(
+            NullAdapter(8, batch_delay_s=0.3, preloaded_models=[MODEL]), sock_path, worker_id="w", stop_grace_s=grace
+        )
+        await server.start()
+        ipc = IpcClient(sock_path, pool_size=1, request_timeout_s=5.0)
+        try:
+            call = asyncio.ensure_future(ipc.run_batch(run_batch_body([wrapped("encode", 0)])))
+            while not server._heavy:  # the batch is in flight
+                await asyncio.sleep(0.01)
+            await server.close()
+            if answered:
+                assert [o.disposition for o in (await call).outcomes] == ["publish_and_ack"]
+            else:
+                with pytest.raises(Exception):  # noqa: B017 (the connection went away mid-batch)
+                    await call
+        finally:
+            await ipc.close()

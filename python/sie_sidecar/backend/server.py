@@ -58,6 +58,8 @@ PROCESS_METHOD_OPS: Final = {
 }
 #: v0.7.1 methods this backend knows but does not implement (answered with a NotImplementedError envelope).
 UNSUPPORTED_METHODS: Final = frozenset({"ProcessGenerate"})
+#: How long a stop lets in-flight batches finish (upstream's bound; a Drain deadline, if tighter, wins).
+STOP_GRACE_S: Final = 25.0
 #: The backend considers its sidecar stale after this long without a Ping (wire-protocol §3.1).
 HEARTBEAT_STALE_S: Final = 10.0
 
@@ -89,8 +91,13 @@ class _Connection:
 class BackendServer:
     """Serves one adapter on a Unix socket (mode 0600), any number of concurrent connections."""
 
-    def __init__(self, adapter: Adapter, socket_path: str, *, worker_id: str) -> None:
+    def __init__(
+        self, adapter: Adapter, socket_path: str, *, worker_id: str, stop_grace_s: float = STOP_GRACE_S
+    ) -> None:
+        """`stop_grace_s`: how long `close` lets in-flight batches finish (a Drain deadline, when
+        tighter, wins)."""
         self._adapter = adapter
+        self._stop_grace_s = max(0.0, stop_grace_s)
         self._path = socket_path
         self._worker_id = worker_id
         self._server: asyncio.Server | None = None
@@ -232,7 +239,8 @@ class BackendServer:
             await self.close()
 
     async def close(self) -> None:
-        """Stop accepting, let drained work finish within the drain cap, cancel the rest, unlink."""
+        """Stop accepting, let in-flight batches finish (up to `stop_grace_s`, or the Drain deadline
+        when tighter; new batch work is refused with `draining` meanwhile), cancel the rest, unlink."""
         if self._closed:
             return
         self._closed = True
@@ -242,8 +250,13 @@ class BackendServer:
         server, self._server = self._server, None
         if server is not None:
             server.close()
-        if self._draining and self._heavy and self._drain_deadline_ms:
-            await asyncio.wait(set(self._heavy), timeout=self._drain_deadline_ms / 1000.0)
+        if self._heavy:
+            bound = self._stop_grace_s
+            if self._drain_deadline_ms:
+                bound = min(bound, self._drain_deadline_ms / 1000.0)
+            self._draining = True  # a graceful stop: batches in flight finish, new ones are refused
+            if bound > 0:
+                await asyncio.wait(set(self._heavy), timeout=bound)
         heavy = list(self._heavy)
         for task in heavy:
             task.cancel()
@@ -616,7 +629,7 @@ def _reject(identity: _Identity, message: str, code: str) -> dict[str, Any]:
 
 
 async def serve_until_signalled(server: BackendServer) -> None:
-    """Start `server`, serve until SIGTERM or SIGINT, then close it (in-flight batches are cancelled)."""
+    """Start `server`, serve until SIGTERM or SIGINT, then close it (in-flight batches finish first, bounded)."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
