@@ -1,0 +1,101 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The conformance kit (`sie_sidecar.tools.conformance`) against the reference backend over a real
+socket: every check passes, its command reports it, and a backend that breaks the protocol fails
+the checks it should."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import tempfile
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from sie_sidecar.backend.null import NullAdapter
+from sie_sidecar.backend.server import BackendServer
+from sie_sidecar.tools import conformance
+
+MODEL = "org/conformance"
+
+
+@pytest.fixture
+async def socket_path() -> AsyncIterator[str]:
+    directory = tempfile.mkdtemp(prefix="sie-conf-", dir="/tmp")
+    try:
+        yield os.path.join(directory, "backend.sock")
+    finally:
+        for name in os.listdir(directory):
+            os.unlink(os.path.join(directory, name))
+        os.rmdir(directory)
+
+
+async def test_the_reference_backend_passes_every_check(socket_path: str) -> None:
+    server = BackendServer(NullAdapter(8, load_delay_s=0.2), socket_path, worker_id="ref")
+    await server.start()
+    try:
+        results = await conformance.run_checks(socket_path, MODEL)
+    finally:
+        await server.close()
+    assert [(name, failure) for name, failure in results if failure is not None] == []
+    assert len(results) == len(conformance.CHECKS)
+
+
+async def test_a_per_op_backend_fails_only_the_run_batch_check(socket_path: str) -> None:
+    server = BackendServer(
+        NullAdapter(8, supports_run_batch=False, preloaded_models=[MODEL]), socket_path, worker_id="old"
+    )
+    await server.start()
+    try:
+        results = dict(await conformance.run_checks(socket_path, MODEL))
+    finally:
+        await server.close()
+    assert results["RunBatch"] == "RunBatch failed: unknown method RunBatch"
+    failed = {name for name, failure in results.items() if failure is not None}
+    assert failed == {"RunBatch", "Drain (last: leaves the backend draining)"}  # its refusal says "unknown method"
+
+
+async def test_a_backend_with_a_broken_envelope_fails_loudly(socket_path: str) -> None:
+    """A server answering with the envelope keys out of order (the fast path needs them in order)."""
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        import struct
+
+        import msgpack
+
+        try:
+            while True:
+                try:
+                    head = await reader.readexactly(4)
+                except asyncio.IncompleteReadError:
+                    return
+                request: dict[str, Any] = msgpack.unpackb(await reader.readexactly(struct.unpack(">I", head)[0]))
+                reply = {"ok": True, "version": 1, "request_id": request["request_id"], "body": {}, "error": None}
+                data = msgpack.packb(reply)
+                writer.write(struct.pack(">I", len(data)) + data)
+                await writer.drain()
+        finally:
+            writer.close()
+
+    server = await asyncio.start_unix_server(serve, socket_path)
+    try:
+        results = await conformance.run_checks(socket_path, MODEL)
+    finally:
+        server.close()
+        await server.wait_closed()
+    assert all(failure is not None and "in order" in failure for _, failure in results)
+
+
+def test_the_command_prints_pass_and_fail_per_check(socket_path: str, capsys: pytest.CaptureFixture[str]) -> None:
+    async def main() -> int:
+        server = BackendServer(NullAdapter(8, preloaded_models=[MODEL]), socket_path, worker_id="ref")
+        await server.start()
+        try:
+            return await asyncio.to_thread(conformance.main, ["--socket", socket_path, "--model", MODEL])
+        finally:
+            await server.close()
+
+    assert asyncio.run(main()) == 0
+    out = capsys.readouterr().out
+    assert "pass  Ping" in out and f"{len(conformance.CHECKS)}/{len(conformance.CHECKS)} passed" in out
