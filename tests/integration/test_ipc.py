@@ -1091,3 +1091,26 @@ async def test_a_stop_lets_in_flight_batches_finish_within_the_grace(sock_path: 
                     await call
         finally:
             await ipc.close()
+
+
+def test_batched_f16_buffers_are_checked_before_they_are_sent() -> None:
+    """Issue 11, wire-protocol §4.7: the library never sends a buffer the sidecar must refuse."""
+    from sie_sidecar.backend.adapter import F16Multivector
+    from sie_sidecar.backend.server import batched_f16_output
+
+    good = batched_f16_output(b"\x00" * 24, [F16Multivector("a", 0, 2, 3), F16Multivector("b", 12, 2, 3)])
+    assert good["items"][1] == {
+        "work_item_id": "b",
+        "byte_offset": 12,
+        "byte_len": 12,
+        "num_tokens": 2,
+        "token_dims": 3,
+    }
+    for buffer, slices, why in [
+        (b"\x00" * 3, [], "odd length"),
+        (b"\x00" * 12, [F16Multivector("a", 2, 2, 3)], "outside the buffer"),
+        (b"\x00" * 12, [F16Multivector("a", 1, 1, 1)], "outside the buffer or odd"),
+        (b"\x00" * 24, [F16Multivector("a", 0, 2, 3), F16Multivector("a", 12, 2, 3)], "given twice"),
+    ]:
+        with pytest.raises(ValueError, match=why):
+            batched_f16_output(buffer, slices)

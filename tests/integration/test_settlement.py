@@ -424,3 +424,48 @@ async def test_model_unloaded_behind_the_readiness_cache_is_reloaded(
         # 50 ms for the rest of the second instead of asking EnsureModelReady.
         assert adapter.batches == 3
         assert (await stack.pool_consumer()).num_redelivered == 0  # all settled at the end
+
+
+async def test_batched_f16_multivectors_from_the_backend_library_reach_the_replies(
+    nats_server: NatsServer, tmp_path: Path
+) -> None:
+    """Issue 11: an adapter returns token embeddings as one half-float buffer (wire-protocol §4.7)
+    through `run_batch_outputs`; the library checks and sends it (the sidecar accepts it), and each
+    item's reply is the float16 multivector of its slice."""
+    from sie_sidecar import wire
+    from sie_sidecar.backend.adapter import BatchOutputs, F16Multivector, outcome_for
+
+    class Tokens(NullAdapter):
+        async def run_batch_outputs(
+            self, model_id: str, op: str, items: list[dict[str, Any]], lora_key: str, *, accepts_f16: bool
+        ) -> BatchOutputs:
+            assert accepts_f16
+            buffer = b""
+            slices = []
+            for n, item in enumerate(items):
+                rows = np.full((2, 3), n + 1, dtype=np.float16)  # 2 tokens x 3 dims
+                slices.append(F16Multivector(str(item["work_item_id"]), len(buffer), 2, 3))
+                buffer += rows.astype("<f2").tobytes()
+            outcomes = [outcome_for(item, "publish_and_ack") for item in items]  # result_msgpack nil: in the buffer
+            return BatchOutputs(outcomes, [(buffer, slices)])
+
+    async with running_stack(nats_server, tmp_path, adapter=Tokens(dim=8, preloaded_models=[MODEL])) as stack:
+        ids = [await stack.publish(work_item(text=f"t{i}", output_types=["multivector"])) for i in range(3)]
+        await stack.wait_for(lambda: all(len(stack.results_for(i)) == 1 for i in ids))
+        for wid in ids:
+            (reply,) = stack.results_for(wid)
+            assert reply["success"] is True, reply
+            framed = msgpack.unpackb(reply["result_msgpack"])
+            expected = msgpack.unpackb(
+                wire.frame_multivector(None, 2, 3, dtype="float16", values_f16=framed_values(framed))
+            )
+            assert framed == expected
+            values = np.frombuffer(framed_values(framed), dtype="<f2")
+            assert values.shape == (6,) and len(set(values.tolist())) == 1  # one item's own slice
+
+
+def framed_values(framed: dict[Any, Any]) -> bytes:
+    """The half-float bytes of a framed multivector result (its nd sentinel's data)."""
+    node = framed["multivector"]["values"] if "multivector" in framed else framed[b"multivector"][b"values"]
+    data = node[b"data"] if b"data" in node else node["data"]
+    return bytes(data)

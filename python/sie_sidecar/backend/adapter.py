@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Final
 
 from ..ipc.types import ModelDescriptor, ReadyResponse
@@ -17,6 +18,28 @@ from .model_config import ApplyModelConfigRequest, ConfigApplied, PinnedApplied,
 
 #: The operations a RunBatch may carry (wire-protocol §4.2).
 OPS: Final = ("encode", "score", "extract")
+
+
+@dataclass(frozen=True, slots=True)
+class F16Multivector:
+    """Where one item's half-float token embeddings lie in a batched buffer (wire-protocol §4.7)."""
+
+    work_item_id: str
+    byte_offset: int
+    num_tokens: int
+    token_dims: int
+
+    @property
+    def byte_len(self) -> int:
+        return self.num_tokens * self.token_dims * 2
+
+
+@dataclass(frozen=True, slots=True)
+class BatchOutputs:
+    """A batch's ItemOutcome maps and, optionally, batched f16 multivector buffers with their items."""
+
+    outcomes: list[dict[str, Any]]
+    f16_buffers: Sequence[tuple[bytes, Sequence[F16Multivector]]] = ()
 
 
 class Adapter(abc.ABC):
@@ -41,6 +64,15 @@ class Adapter(abc.ABC):
         self, model_id: str, op: str, items: list[dict[str, Any]], lora_key: str
     ) -> list[dict[str, Any]]:
         """Run one homogeneous batch; one ItemOutcome map per item, bound by `work_item_id`."""
+
+    async def run_batch_outputs(
+        self, model_id: str, op: str, items: list[dict[str, Any]], lora_key: str, *, accepts_f16: bool
+    ) -> BatchOutputs:
+        """`run_batch`, plus batched f16 multivectors (wire-protocol §4.7) when the caller accepts
+        them (`accepts_f16`): an adapter that returns token embeddings as half floats overrides this
+        and puts them in one buffer, leaving those items' `result_msgpack` empty. The default runs
+        `run_batch` and returns no buffers."""
+        return BatchOutputs(await self.run_batch(model_id, op, items, lora_key))
 
     @abc.abstractmethod
     def loaded_models(self) -> Sequence[str]:

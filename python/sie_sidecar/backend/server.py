@@ -17,7 +17,7 @@ import socket
 import stat
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Final
 
 import msgpack
@@ -26,7 +26,7 @@ from .. import wire
 from ..errors import INVALID_INPUT, RUN_BATCH_INVALID_ITEM, RUN_BATCH_MIXED_OP, DecodeError, FrameTooLarge
 from ..ipc.types import PingResponse, ReadyResponse
 from ..wire.limits import IPC_VERSION
-from .adapter import OPS, Adapter, item_outcome, outcome_for
+from .adapter import OPS, Adapter, F16Multivector, item_outcome, outcome_for
 from .audio import prepared_audio_error
 from .bodies import BadBody
 from .bodies import opt_bool as _opt_bool
@@ -483,7 +483,7 @@ class BackendServer:
         lora_key = _req_str(body, "lora_key")
         _req_uint(body, "total_cost")
         items = _req_list(body, "items")
-        _opt_bool(body, "accepts_batched_f16_multivectors")
+        accepts_f16 = _opt_bool(body, "accepts_batched_f16_multivectors")
         wrappers: list[tuple[str, _Identity, Any]] = []
         for i, item in enumerate(items):
             where = f"items[{i}]"
@@ -521,16 +521,26 @@ class BackendServer:
                 rejected.append(_reject(identity, bad_audio, INVALID_INPUT))
                 continue
             valid.append(_with_lora(payload, lora_key) if op != "score" and lora_key else payload)
-        outcomes = await self._adapter.run_batch(model_id, ops[0], valid, lora_key) if valid else []
+        outcomes, f16 = await self._outputs(model_id, ops[0], valid, lora_key, accepts_f16)
         # Rejected first, as upstream's server answers (some callers bind outcomes by position).
-        return {"outcomes": [*rejected, *outcomes], "batched_f16_multivectors": []}
+        return {"outcomes": [*rejected, *outcomes], "batched_f16_multivectors": f16}
+
+    async def _outputs(
+        self, model_id: str, op: str, items: list[dict[str, Any]], lora_key: str, accepts_f16: bool
+    ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        """The adapter's outcomes and its batched f16 multivectors (checked, §4.7), for the valid items."""
+        if not items:
+            return [], []
+        result = await self._adapter.run_batch_outputs(model_id, op, items, lora_key, accepts_f16=accepts_f16)
+        if result.f16_buffers and not accepts_f16:
+            raise ValueError("the adapter returned batched f16 multivectors the caller did not accept")
+        return result.outcomes, [batched_f16_output(buffer, slices) for buffer, slices in result.f16_buffers]
 
     async def _process_batch(self, op: str, body: Body) -> Body:
         """Process{Encode,Score,Extract}Batch (§3.10): the per-op form, items unwrapped, no batch LoRA."""
         model_id = _req_str(body, "model_id")
         items = _req_list(body, "items")
-        if op == "encode":
-            _opt_bool(body, "accepts_batched_f16_multivectors")
+        accepts_f16 = op == "encode" and _opt_bool(body, "accepts_batched_f16_multivectors")
         valid: list[dict[str, Any]] = []
         rejected: list[dict[str, Any]] = []
         for i, item in enumerate(items):
@@ -540,8 +550,8 @@ class BackendServer:
                 valid.append(item)
             else:
                 rejected.append(outcome_for(item, "publish_error_and_ack", error=bad_audio, error_code=INVALID_INPUT))
-        outcomes = await self._adapter.run_batch(model_id, op, valid, "") if valid else []
-        return {"outcomes": [*rejected, *outcomes], "batched_f16_multivectors": []}  # rejected first
+        outcomes, f16 = await self._outputs(model_id, op, valid, "", accepts_f16)
+        return {"outcomes": [*rejected, *outcomes], "batched_f16_multivectors": f16}  # rejected first
 
     async def _process_encode_batch(self, body: Body) -> Body:
         return await self._process_batch("encode", body)
@@ -591,6 +601,33 @@ def _with_lora(payload: dict[str, Any], lora_key: str) -> dict[str, Any]:
             extra={"work_item_id": payload.get("work_item_id"), "item_lora": existing, "lora_key": lora_key},
         )
     return {**payload, "options": options}
+
+
+def batched_f16_output(buffer: bytes, slices: Sequence[F16Multivector]) -> dict[str, Any]:
+    """A BatchedF16MultivectorOutput map (wire-protocol §4.7), checked so a sidecar never gets a
+    buffer it must refuse: even length, every slice even, inside the buffer, of
+    num_tokens x token_dims x 2 bytes, one slice per work item."""
+    if len(buffer) % 2:
+        raise ValueError("batched f16 multivector buffer has an odd length")
+    seen: set[str] = set()
+    items = []
+    for s in slices:
+        end = s.byte_offset + s.byte_len
+        if s.byte_offset % 2 or s.byte_offset < 0 or end > len(buffer) or min(s.num_tokens, s.token_dims) < 0:
+            raise ValueError(f"batched f16 multivector slice of {s.work_item_id!r} is outside the buffer or odd")
+        if s.work_item_id in seen:
+            raise ValueError(f"batched f16 multivector slice of {s.work_item_id!r} given twice")
+        seen.add(s.work_item_id)
+        items.append(
+            {
+                "work_item_id": s.work_item_id,
+                "byte_offset": s.byte_offset,
+                "byte_len": s.byte_len,
+                "num_tokens": s.num_tokens,
+                "token_dims": s.token_dims,
+            }
+        )
+    return {"values_f16": bytes(buffer), "items": items}
 
 
 class BackendAlreadyRunning(FileExistsError):
