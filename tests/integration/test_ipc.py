@@ -1048,6 +1048,25 @@ async def test_a_stale_socket_path_is_cleared_and_a_live_one_refused(sock_path: 
         os.rmdir(sock_path)
 
 
+async def test_worker_capabilities_report_what_the_adapter_serves(sock_path: str) -> None:
+    """Issue 11: generation models come from the adapter (sorted, deduplicated, with the flag)."""
+
+    class Generative(NullAdapter):
+        def generation_models(self) -> list[str]:
+            return ["z/gen", "a/gen", "z/gen"]
+
+    server = BackendServer(Generative(8, preloaded_models=[MODEL]), sock_path, worker_id="w")
+    await server.start()
+    ipc = IpcClient(sock_path, pool_size=1, request_timeout_s=5.0)
+    try:
+        caps = wire.decode_body(await ipc.call("WorkerCapabilities", pack({})))
+        assert caps["has_generation_models"] is True and caps["generation_models"] == ["a/gen", "z/gen"]
+        assert caps["loaded_models"] == [MODEL]
+    finally:
+        await ipc.close()
+        await server.close()
+
+
 async def test_ping_ready_awaits_the_adapters_health_hook(sock_path: str) -> None:
     """Issue 11: Ping's `ready` is the adapter's awaited health (a device check may await)."""
     checks: list[bool] = []

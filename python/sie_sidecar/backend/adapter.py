@@ -102,6 +102,10 @@ class Adapter(abc.ABC):
         """Configured model ids (WorkerCapabilities)."""
         return self.loaded_models()
 
+    def generation_models(self) -> Sequence[str]:
+        """Configured ids with a generate task (WorkerCapabilities; none until generation lands)."""
+        return ()
+
     async def aclose(self) -> None:
         """Release model resources when the server closes."""
         return None

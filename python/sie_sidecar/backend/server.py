@@ -435,9 +435,10 @@ class BackendServer:
 
     async def _worker_capabilities(self, body: Body) -> Body:
         adapter = self._adapter
+        generation = sorted(set(adapter.generation_models()))
         return {
-            "has_generation_models": False,
-            "generation_models": [],
+            "has_generation_models": bool(generation),
+            "generation_models": generation,
             "supported_models": sorted(set(adapter.supported_models())),
             "loaded_models": sorted(set(adapter.loaded_models())),
         }
@@ -521,7 +522,7 @@ class BackendServer:
                 rejected.append(_reject(identity, bad_audio, INVALID_INPUT))
                 continue
             valid.append(_with_lora(payload, lora_key) if op != "score" and lora_key else payload)
-        outcomes, f16 = await self._outputs(model_id, ops[0], valid, lora_key, accepts_f16)
+        outcomes, f16 = await self._outputs(model_id, ops[0] if ops else "", valid, lora_key, accepts_f16)
         # Rejected first, as upstream's server answers (some callers bind outcomes by position).
         return {"outcomes": [*rejected, *outcomes], "batched_f16_multivectors": f16}
 
