@@ -20,9 +20,7 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # numpy's threads would spin
 import argparse
 import asyncio
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -32,6 +30,7 @@ sys.path.insert(0, str(ROOT))
 from tests.pipeline.memory import MemoryAcks, MemorySink, MemorySource  # noqa: E402
 from tests.pipeline.test_sequencing import _item, _msg  # noqa: E402
 
+from benches.null_backend import null_backend  # noqa: E402
 from sie_sidecar.app import tune_gc_for_steady_state  # noqa: E402
 from sie_sidecar.ipc.client import IpcClient  # noqa: E402
 from sie_sidecar.pipeline.delivery import Settler  # noqa: E402
@@ -49,20 +48,8 @@ async def _dropped(_: object) -> bool:
 
 async def measure(items: int, rounds: int) -> list[float]:
     """µs of this process's CPU per item, one figure per round (after a warm-up)."""
-    with tempfile.TemporaryDirectory() as tmp:
-        sock = f"{tmp}/backend.sock"
-        backend = subprocess.Popen(
-            [sys.executable, "-m", "sie_sidecar", "backend", "--adapter", "null", "--socket", sock, "--preload", MODEL],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        try:
-            while not Path(sock).exists():
-                await asyncio.sleep(0.05)
-            return await _rounds(sock, items, rounds)
-        finally:
-            backend.terminate()
-            backend.wait()
+    async with null_backend(MODEL) as sock:
+        return await _rounds(sock, items, rounds)
 
 
 async def _rounds(sock: str, items: int, rounds: int) -> list[float]:

@@ -21,9 +21,7 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 import argparse
 import asyncio
 import functools
-import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -32,6 +30,8 @@ from typing import Any
 import msgpack
 from nats.aio.msg import Msg
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from benches.null_backend import null_backend
 from sie_sidecar import wire
 from sie_sidecar._native import deliveries_of_run
 from sie_sidecar._native.wire import scan_direct_msgs
@@ -86,30 +86,18 @@ def _scan(frames: bytes) -> list[Any]:
 
 async def _response(n: int) -> bytes:
     """One RunBatch response of the reference null backend for `n` encode items."""
-    with tempfile.TemporaryDirectory() as tmp:
-        sock = f"{tmp}/backend.sock"
-        backend = subprocess.Popen(
-            [sys.executable, "-m", "sie_sidecar", "backend", "--adapter", "null", "--socket", sock, "--preload", MODEL],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        try:
-            while not Path(sock).exists():
-                await asyncio.sleep(0.05)
-            ipc = IpcClient(sock, pool_size=1, request_timeout_s=10.0)
-            await ipc.ensure_model_ready(MODEL)
-            items = [decode_work_item(_payload(i)) for i in range(n)]
-            captured: list[bytes] = []
+    async with null_backend(MODEL) as sock:
+        ipc = IpcClient(sock, pool_size=1, request_timeout_s=10.0)
+        await ipc.ensure_model_ready(MODEL)
+        items = [decode_work_item(_payload(i)) for i in range(n)]
+        captured: list[bytes] = []
 
-            def keep(raw: memoryview) -> None:
-                captured.append(bytes(raw))
+        def keep(raw: memoryview) -> None:
+            captured.append(bytes(raw))
 
-            await ipc.run_batch_with(run_batch_body(MODEL, "encode", items, "", n), keep)
-            await ipc.close()
-            return captured[0]
-        finally:
-            backend.terminate()
-            backend.wait()
+        await ipc.run_batch_with(run_batch_body(MODEL, "encode", items, "", n), keep)
+        await ipc.close()
+        return captured[0]
 
 
 def best_us(fn: Callable[[], object], n: int, loops: int, repeats: int) -> float:

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from sie_sidecar import wire
 from sie_sidecar.pipeline.intake import Intake
 
+from ..unit.test_intake import Msg
 from .strategies import mutated
 
 pytestmark = [pytest.mark.fuzz, pytest.mark.skipif(not wire.USING_NATIVE, reason="the native intake")]
@@ -39,15 +40,6 @@ SUBJECTS = st.one_of(
     st.just(wire.worker_direct_subject("default", "cpu", "b", "org/m", "w")),
     st.text(max_size=40),
 )
-
-
-class Msg:
-    def __init__(self, subject: str, data: bytes) -> None:
-        self.subject, self.data, self.reply = subject, data, "$JS.ACK.x"
-
-    async def ack(self) -> None: ...
-    async def nak(self, delay: int | float | None = None) -> None: ...
-    async def in_progress(self) -> None: ...
 
 
 @given(batch=st.lists(st.tuples(SUBJECTS, st.one_of(mutated(GOOD), st.binary(max_size=64))), max_size=12))

@@ -1,0 +1,31 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The reference null backend in its own process, for the benches that measure only the sidecar's side."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import subprocess
+import sys
+import tempfile
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+
+@contextlib.asynccontextmanager
+async def null_backend(model: str) -> AsyncIterator[str]:
+    """Start `sie_sidecar backend --adapter null` with `model` preloaded; yield its socket path once it listens."""
+    with tempfile.TemporaryDirectory() as tmp:
+        sock = f"{tmp}/backend.sock"
+        backend = subprocess.Popen(
+            [sys.executable, "-m", "sie_sidecar", "backend", "--adapter", "null", "--socket", sock, "--preload", model],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        try:
+            while not Path(sock).exists():
+                await asyncio.sleep(0.05)
+            yield sock
+        finally:
+            backend.terminate()
+            backend.wait()
