@@ -195,6 +195,35 @@ async def check_run_batch(c: Connection, model: str) -> None:
     _check_outcomes(r.body, 2)
 
 
+async def check_run_batch_score(c: Connection, model: str) -> None:
+    r = await c.call("RunBatch", _run_batch_body(model, "score", [_item("score", 0), _item("score", 1)]))
+    expect(r.ok, f"RunBatch (score) failed: {r.error}")
+    _check_outcomes(r.body, 2)
+
+
+async def check_run_batch_extract(c: Connection, model: str) -> None:
+    r = await c.call("RunBatch", _run_batch_body(model, "extract", [_item("extract", 0), _item("extract", 1)]))
+    expect(r.ok, f"RunBatch (extract) failed: {r.error}")
+    _check_outcomes(r.body, 2)
+
+
+async def check_mixed_run_batch_is_refused_per_item(c: Connection, model: str) -> None:
+    """One op per RunBatch: a mixed batch gets an error outcome for every item, not a failed call."""
+    r = await c.call("RunBatch", _run_batch_body(model, "encode", [_item("encode", 0)]) | mixed_items(model))
+    expect(r.ok, f"a mixed RunBatch failed the whole call: {r.error}")
+    _check_outcomes(r.body, 2)
+    expect(
+        all(o["disposition"] == "publish_error_and_ack" for o in r.body["outcomes"]),
+        "a mixed RunBatch was not refused item by item",
+    )
+
+
+def mixed_items(model: str) -> dict[str, Any]:
+    encode = _run_batch_body(model, "encode", [_item("encode", 0)])["items"]
+    score = _run_batch_body(model, "score", [_item("score", 1)])["items"]
+    return {"items": encode + score, "total_cost": 2}
+
+
 async def check_process_encode_batch(c: Connection, model: str) -> None:
     r = await c.call("ProcessEncodeBatch", {"model_id": model, "items": [_item("encode", 0), _item("encode", 1)]})
     expect(r.ok, f"ProcessEncodeBatch failed: {r.error}")
@@ -235,6 +264,9 @@ CHECKS: list[tuple[str, Check]] = [
     ("EnsureModelReady", check_ensure_model_ready),
     ("WorkerCapabilities", check_worker_capabilities),
     ("RunBatch", check_run_batch),
+    ("RunBatch score", check_run_batch_score),
+    ("RunBatch extract", check_run_batch_extract),
+    ("RunBatch mixed ops", check_mixed_run_batch_is_refused_per_item),
     ("ProcessEncodeBatch", check_process_encode_batch),
     ("unknown method", check_unknown_method),
     ("bad body", check_bad_body),
