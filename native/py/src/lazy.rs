@@ -351,19 +351,43 @@ impl LazyDelivery {
         item_cls: Py<PyType>,
     ) -> Self {
         let len = buffer.as_bytes().len() as u32;
+        let mut d = Self::unsettled(
+            py,
+            Some(msg),
+            None,
+            buffer.unbind(),
+            (0, len),
+            Some(parsed),
+            item_cls,
+        );
+        (d.worker_direct, d.model, d.release) = (worker_direct, model, release);
+        d
+    }
+
+    /// A delivery not yet settled, its payload at `payload` in `buffer`; no model, no release
+    /// (intake sets them), nothing fetched or prepared.
+    fn unsettled(
+        py: Python<'_>,
+        msg: Option<Py<PyAny>>,
+        origin: Option<Origin>,
+        buffer: Py<PyBytes>,
+        payload: (u32, u32),
+        parsed: Option<Parsed>,
+        item_cls: Py<PyType>,
+    ) -> Self {
         Self {
-            worker_direct,
-            model,
+            worker_direct: false,
+            model: py.None(),
             settled: false,
             payload_fetch_ms: 0.0,
             prepared_tokens: py.None(),
             prepared_audio: py.None(),
-            release,
-            msg: Some(msg),
-            origin: None,
-            buffer: buffer.unbind(),
-            payload: (0, len),
-            parsed: Some(parsed),
+            release: py.None(),
+            msg,
+            origin,
+            buffer,
+            payload,
+            parsed,
             item_cls,
             item: None,
         }
@@ -551,7 +575,6 @@ pub fn deliveries_of_run<'py>(
     let u32_at =
         |i: usize| u32::from_le_bytes([table[i], table[i + 1], table[i + 2], table[i + 3]]);
     let out = PyList::empty(py);
-    let none = py.None();
     for (i, subject) in subjects.iter().enumerate() {
         let at = i * 16;
         let reply = (u32_at(at), u32_at(at + 4));
@@ -565,28 +588,22 @@ pub fn deliveries_of_run<'py>(
             }
         }
         let data = &bytes[payload.0 as usize..(payload.0 + payload.1) as usize];
-        let d = LazyDelivery {
-            worker_direct: false,
-            model: none.clone_ref(py),
-            settled: false,
-            payload_fetch_ms: 0.0,
-            prepared_tokens: none.clone_ref(py),
-            prepared_audio: none.clone_ref(py),
-            release: none.clone_ref(py),
-            msg: None,
-            origin: Some(Origin {
-                subject: subject.cast_into::<PyString>()?.unbind(),
-                reply,
-                sid,
-                client: client.clone().unbind(),
-                msg_cls: msg_cls.clone().unbind(),
-            }),
-            buffer: run.clone().unbind(),
-            payload,
-            parsed: parse(data),
-            item_cls: item_cls.clone().unbind(),
-            item: None,
+        let origin = Origin {
+            subject: subject.cast_into::<PyString>()?.unbind(),
+            reply,
+            sid,
+            client: client.clone().unbind(),
+            msg_cls: msg_cls.clone().unbind(),
         };
+        let d = LazyDelivery::unsettled(
+            py,
+            None,
+            Some(origin),
+            run.clone().unbind(),
+            payload,
+            parse(data),
+            item_cls.clone().unbind(),
+        );
         out.append(Bound::new(py, d)?)?;
     }
     Ok(out)

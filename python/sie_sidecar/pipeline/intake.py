@@ -130,7 +130,7 @@ class Intake:
         return Verdicts(*self._verdicts_py(messages, release, check_cancel))
 
     def _note(self, kind: str, d: Delivery, detail: str | None) -> None:
-        """Log what the native intake found (and make the subject's model win on a mismatch)."""
+        """Log what intake found, native or twin (and make the subject's model win on a mismatch)."""
         subject = d.msg.subject
         if kind == "undecodable":
             _warn.warning("undecodable WorkItem", key=subject, extra={"subject": subject, "error": detail})
@@ -188,24 +188,23 @@ class Intake:
         `check_cancel` is false while both tombstone sets are empty."""
         d = Delivery(msg=msg, worker_direct=direct, release=release)
         if server_copied(getattr(msg, "headers", None)):
-            _warn.warning("server-copied work message; dropped", key=msg.subject, extra={"subject": msg.subject})
+            self._note("copied", d, None)
             return d, DROP
         if model is None:
             return d, NAK
         try:
             d.item = item = decode_work_item(msg.data)
         except WorkItemError as exc:
-            subject = msg.subject
-            _warn.warning("undecodable WorkItem", key=subject, extra={"subject": subject, "error": str(exc)})
+            self._note("undecodable", d, str(exc))
             return d, NAK
         if not wire.is_safe_reply_subject(item.reply_subject):
-            _warn.warning("unsafe reply subject; dropped", key=msg.subject, extra={"item": item.work_item_id})
+            self._note("unsafe", d, None)
             return d, DROP
         if check_cancel and item.operation != "generate" and self.cancelled(d):
             return d, DROP
-        if item.model_id != model:
-            _subject_wins(item, model, msg.subject)
         d.model = model
+        if item.model_id != model:
+            self._note("mismatch", d, None)
         return d, ACCEPT
 
     def any_tombstones(self) -> bool:
