@@ -274,7 +274,7 @@ async def _start(settings: Settings, stop: asyncio.Event, resources: contextlib.
         return max(SHUTDOWN_NAK_MS, round(live_s * 1000))
 
     dispatcher.shutdown_nak_ms = shutdown_nak_ms
-    dispatcher.on_draining = lambda: readiness.backend_refused(settings.nak_delay_ms / 1000.0)
+    dispatcher.on_draining = readiness.backend_refused
     nats_budget = settings.nats_fetch_budget
 
     pull_stop = asyncio.Event()

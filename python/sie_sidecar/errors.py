@@ -55,6 +55,10 @@ class IpcServerError(WireError):
         self.message = message
 
 
+#: What a backend without RunBatch answers it (wire-protocol §2: `unknown method <name>`).
+NO_RUN_BATCH = "unknown method RunBatch"
+
+
 class ShapeError(WireError):
     """Output framing rejected its input; the item becomes a raw_output_shape_error result."""
 
@@ -187,6 +191,7 @@ __all__ = [
     "INVALID_INPUT",
     "INVALID_REQUEST",
     "MODEL_LOAD_FAILED",
+    "NO_RUN_BATCH",
     "PAYLOAD_ERROR",
     "PAYLOAD_TOO_LARGE",
     "RAW_OUTPUT_SHAPE_ERROR",

@@ -98,7 +98,14 @@ def answer(readiness: Readiness, request: Request, debug_state: DebugState | Non
             reason = readiness.reason()
             return (200, "ok", TEXT) if reason is None else (503, f"not ready: {reason}", TEXT)
         if request.path == "/debug/state" and debug_state is not None:
-            state = {"ready": readiness.reason() is None, "not_ready_reason": readiness.reason(), **debug_state()}
+            state = {
+                "ready": readiness.reason() is None,
+                "not_ready_reason": readiness.reason(),
+                "pulling": readiness.pull_reason() is None,
+                "not_pulling_reason": readiness.pull_reason(),
+                "backend_draining": readiness.backend_draining,
+                **debug_state(),
+            }
             return 200, json.dumps(state, sort_keys=True, default=str), JSON
     return 404, "not found", TEXT
 

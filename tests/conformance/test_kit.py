@@ -31,24 +31,32 @@ async def socket_path() -> AsyncIterator[str]:
         os.rmdir(directory)
 
 
-async def test_the_reference_backend_passes_every_check(socket_path: str) -> None:
+VIAS = ["frames", "client"]
+
+
+@pytest.mark.parametrize("via", VIAS)
+async def test_the_reference_backend_passes_every_check(socket_path: str, via: conformance.Via) -> None:
+    """Raw frames prove the backend against the spec; the same transcripts through the sidecar's IPC
+    client and typed decoders prove the two halves of a pod agree."""
     server = BackendServer(NullAdapter(8, load_delay_s=0.2), socket_path, worker_id="ref")
     await server.start()
     try:
-        results = await conformance.run_checks(socket_path, MODEL)
+        results = await conformance.run_checks(socket_path, MODEL, via=via)
     finally:
         await server.close()
     assert [(name, failure) for name, failure in results if failure is not None] == []
     assert len(results) == len(conformance.CHECKS)
+    assert server.method_calls["RunBatch"] >= 6 and server.method_calls["Drain"] == 1
 
 
-async def test_a_per_op_backend_fails_only_the_run_batch_check(socket_path: str) -> None:
+@pytest.mark.parametrize("via", VIAS)
+async def test_a_per_op_backend_fails_only_the_run_batch_check(socket_path: str, via: conformance.Via) -> None:
     server = BackendServer(
         NullAdapter(8, supports_run_batch=False, preloaded_models=[MODEL]), socket_path, worker_id="old"
     )
     await server.start()
     try:
-        results = dict(await conformance.run_checks(socket_path, MODEL))
+        results = dict(await conformance.run_checks(socket_path, MODEL, via=via))
     finally:
         await server.close()
     assert results["RunBatch"] == "RunBatch failed: unknown method RunBatch"
@@ -89,15 +97,37 @@ async def test_a_backend_with_a_broken_envelope_fails_loudly(socket_path: str) -
     assert all(failure is not None and "in order" in failure for _, failure in results)
 
 
+async def test_the_client_path_fails_an_answer_the_sidecar_cannot_decode(socket_path: str) -> None:
+    """A backend whose Ping says `ready: "yes"`: the frames path names the field, and the client path
+    reports that the sidecar's own decoder refuses the answer (a pod with it would never be ready)."""
+    server = BackendServer(NullAdapter(8, preloaded_models=[MODEL]), socket_path, worker_id="odd")
+
+    async def odd_ping(body: dict[str, Any]) -> dict[str, Any]:
+        return {"timestamp_ms": body["timestamp_ms"], "worker_id": "odd", "ready": "yes"}
+
+    server._handlers["Ping"] = odd_ping  # a backend built elsewhere, answering a non-bool
+    await server.start()
+    try:
+        frames = dict(await conformance.run_checks(socket_path, MODEL, conformance.CHECKS[:1]))
+        client = dict(await conformance.run_checks(socket_path, MODEL, conformance.CHECKS[:1], via="client"))
+    finally:
+        await server.close()
+    assert frames["Ping"] == "ready is not a bool"
+    assert (client["Ping"] or "").startswith("the sidecar's decoder refused the Ping answer: ")
+
+
 def test_the_command_prints_pass_and_fail_per_check(socket_path: str, capsys: pytest.CaptureFixture[str]) -> None:
     async def main() -> int:
         server = BackendServer(NullAdapter(8, preloaded_models=[MODEL]), socket_path, worker_id="ref")
         await server.start()
         try:
-            return await asyncio.to_thread(conformance.main, ["--socket", socket_path, "--model", MODEL])
+            args = ["--socket", socket_path, "--model", MODEL]
+            frames = await asyncio.to_thread(conformance.main, args)
+            server.undrain()  # the Drain check leaves it draining
+            return frames + await asyncio.to_thread(conformance.main, [*args, "--via", "client"])
         finally:
             await server.close()
 
     assert asyncio.run(main()) == 0
     out = capsys.readouterr().out
-    assert "pass  Ping" in out and f"{len(conformance.CHECKS)}/{len(conformance.CHECKS)} passed" in out
+    assert "pass  Ping" in out and out.count(f"{len(conformance.CHECKS)}/{len(conformance.CHECKS)} passed") == 2

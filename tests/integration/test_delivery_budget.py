@@ -63,16 +63,19 @@ async def test_batches_refused_as_draining_are_naked_with_the_base_delay(
     nats_server: NatsServer, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     """A backend restarting gracefully refuses batches with `draining` for seconds while its heartbeat
-    still says ready. NAKed after 100 ms, every item was redelivered 20 times within 2 s and a third
-    of them were never answered; with the base delay each comes back a few times at most."""
+    still says ready (Ping's `ready` is health, not drain state). NAKed after 100 ms, every item was
+    redelivered 20 times within 2 s and a third of them were never answered; with the base delay and
+    the pull gate closed at the first refusal, each comes back a few times at most."""
     async with running_stack(nats_server, tmp_path, env={"SIE_NAK_DELAY_S": "1.0"}) as stack:
         assert stack.backend is not None
-        stack.backend.drain_for(3.0, ping_ready=True)
+        warm = await stack.publish(work_item(text="warm"))  # the handshake is done and the gate is open
+        await stack.wait_for(lambda: answered_once(stack, [warm]))
+        stack.backend.drain_for(3.0)
         ids = [await stack.publish(work_item(text=f"t{i}")) for i in range(200)]
         await stack.wait_for(lambda: answered_once(stack, ids), timeout=20)
         await stack.settled_pool()
         assert answered_once(stack, ids) and stack.max_deliveries == []
-        assert stack.adapter.items == len(ids)
+        assert stack.adapter.items == len(ids) + 1
         refused = [r for r in caplog.records if r.getMessage() == "batch RPC refused"]
         assert 1 <= len(refused) <= 2  # one line per model per 10 s, however many batches were refused
 
@@ -80,8 +83,10 @@ async def test_batches_refused_as_draining_are_naked_with_the_base_delay(
 async def test_nothing_is_pulled_while_the_backend_is_left_draining(
     nats_server: NatsServer, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """A backend left draining by the previous sidecar's SIGTERM: `/readyz` says handshake pending, and
-    the sidecar must not pull (it used to, NAKing 15,358 times in 5 minutes until every item was gone)."""
+    """A backend left draining by the previous sidecar's SIGTERM (its heartbeat says ready: it is
+    healthy): the handshake's drain probe finds it refusing work, and the sidecar must not pull (it
+    used to, NAKing 15,358 times in 5 minutes until every item was gone). The probe is an empty
+    batch, so the backend sees no item while it drains."""
     caplog.set_level(logging.INFO, logger="sie_sidecar.pipeline.gate")
     sock = str(tmp_path / "backend.sock")
     backend = BackendServer(NullAdapter(dim=8, preloaded_models=[MODEL]), sock, worker_id="backend-0")
@@ -93,13 +98,15 @@ async def test_nothing_is_pulled_while_the_backend_is_left_draining(
             await asyncio.sleep(1.0)  # an observation window: nothing may be delivered in it
             info = await stack.pool_consumer()
             assert (info.delivered.consumer_seq, info.num_pending) == (0, len(ids))
-            assert await stack.readyz() == (503, "not ready: handshake pending")
+            assert backend.refused_items == 0 and backend.method_calls["RunBatch"] >= 1  # probes only
             backend.undrain()
             await stack.wait_for(lambda: answered_once(stack, ids))
             await stack.settled_pool()
             assert (await stack.pool_consumer()).num_redelivered == 0
-            gate = [r.getMessage() for r in caplog.records if r.getMessage().startswith(("not pulling:", "pulling:"))]
-            assert gate == ["not pulling: the backend cannot serve", "pulling: the backend is ready"]
+            gate = [r for r in caplog.records if r.getMessage().startswith(("not pulling:", "pulling:"))]
+            assert [r.getMessage() for r in gate][-1] == "pulling: the backend is ready"
+            assert sum(r.getMessage() == "pulling: the backend is ready" for r in gate) == 1
+            assert any(getattr(r, "reason", "").startswith("backend draining") for r in gate)
     finally:
         await backend.close()
 
@@ -107,10 +114,10 @@ async def test_nothing_is_pulled_while_the_backend_is_left_draining(
 async def test_pulling_stops_while_the_backend_drains_and_resumes_after(
     nats_server: NatsServer, tmp_path: Path
 ) -> None:
-    """Mid-run drain (the heartbeat says ready=false): the sidecar stops pulling at the next heartbeat,
-    hands back what it buffered with a delay, and takes the work again when the backend is back. Only
-    what it held when the drain began is refused, once; without the gate every item was, each time
-    its NAK delay ran out."""
+    """Mid-run drain (the heartbeat still says ready): the first batch refused as draining stops the
+    pulling, what the sidecar buffered goes back with a delay, the drain probe of each heartbeat keeps
+    the gate shut, and the work is taken again when the backend is back. Only what it held when the
+    drain began is refused, once; without the gate every item was, each time its NAK delay ran out."""
     adapter = NullAdapter(dim=8, preloaded_models=[MODEL], batch_delay_s=0.02)
     async with running_stack(nats_server, tmp_path, adapter=adapter, env={"SIE_NAK_DELAY_S": "0.5"}) as stack:
         backend = stack.backend
@@ -235,7 +242,7 @@ async def test_chaos_sidecar_restart_and_backend_drain_under_load(nats_server: N
         assert backend.draining
         second = await start_stack(nats_server, tmp_path, env=env, external_backend=sock)
         await asyncio.sleep(0.5)
-        assert await second.readyz() == (503, "not ready: handshake pending")
+        # The heartbeat says ready (the backend is healthy); the handshake's drain probe keeps the gate shut.
         assert backend.refused_items == 0  # the new sidecar sent nothing to the backend left draining
         backend.undrain()  # the backend restarted
         await asyncio.sleep(1.0)

@@ -850,8 +850,9 @@ async def test_drain_refuses_later_batches(client: IpcClient, backend: BackendSe
     assert info.value.message == "draining"
     with pytest.raises(IpcServerError, match=r"^draining$"):
         await client.process_batch("ProcessEncodeBatch", pack({"model_id": MODEL, "items": []}))
-    pong = await client.ping()  # cheap methods still answer
-    assert pong.ready is False
+    pong = await client.ping()  # cheap methods still answer, and `ready` is health, not drain state
+    assert pong.ready is True
+    assert await client.probe_draining(MODEL) is True  # the empty-batch probe is how a drain shows
 
 
 class SlowModelAdapter(NullAdapter):

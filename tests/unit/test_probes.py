@@ -200,6 +200,9 @@ async def test_debug_state_is_served_as_json_only_when_enabled(server: ProbeServ
     assert json.loads(body) == {
         "ready": False,
         "not_ready_reason": "handshake pending",
+        "pulling": False,
+        "not_pulling_reason": "handshake pending",
+        "backend_draining": False,
         "models": {"org/m": {"queue_depth": 1}},
     }
     assert json.loads((await exchange(server.port, get)).partition(b"\r\n\r\n")[2])["models"]["org/m"] == {

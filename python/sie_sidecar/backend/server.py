@@ -104,7 +104,6 @@ class BackendServer:
         self._connections: dict[asyncio.Task[Any], _Connection] = {}
         self._heavy: set[asyncio.Task[None]] = set()
         self._draining = False
-        self._ping_ready_while_draining = False
         self._undrain: asyncio.TimerHandle | None = None
         #: Batch items refused with `draining` (tests count how much work a sidecar sent meanwhile).
         self.refused_items = 0
@@ -151,18 +150,17 @@ class BackendServer:
     def draining(self) -> bool:
         return self._draining
 
-    def drain_for(self, seconds: float | None = None, *, ping_ready: bool = False) -> None:
+    def drain_for(self, seconds: float | None = None) -> None:
         """Test hook: refuse batch work with `draining`, as after a `Drain`, for `seconds` (None: until
-        `undrain()`), like a backend restarting gracefully. The heartbeat answers ready=false meanwhile,
-        unless `ping_ready` (a backend whose heartbeat is served apart from its batch workers)."""
+        `undrain()`), like a backend restarting gracefully. The heartbeat keeps answering the adapter's
+        health: a drain is reported by the refusals, as upstream's server does."""
         if self._undrain is not None:
             self._undrain.cancel()
             self._undrain = None
         self._draining = True
-        self._ping_ready_while_draining = ping_ready
         if seconds is not None:
             self._undrain = asyncio.get_running_loop().call_later(seconds, self.undrain)
-        log.info("backend draining (test hook)", extra={"seconds": seconds, "ping_ready": ping_ready})
+        log.info("backend draining (test hook)", extra={"seconds": seconds})
 
     def undrain(self) -> None:
         """Test hook: take batch work again (a drained backend restarted, or `drain_for` ran out)."""
@@ -170,7 +168,6 @@ class BackendServer:
             self._undrain.cancel()
             self._undrain = None
         self._draining = False
-        self._ping_ready_while_draining = False
         log.info("backend serving again (test hook)")
 
     @property
@@ -420,7 +417,7 @@ class BackendServer:
         return PingResponse(
             timestamp_ms=float(timestamp),
             worker_id=self._worker_id,
-            ready=await adapter.health() and (not self._draining or self._ping_ready_while_draining),
+            ready=await adapter.health(),  # health only: a Drain shows as `draining` refusals (§3.9)
             bundle_config_hash=adapter.bundle_config_hash(),
             loaded_models=tuple(sorted(set(adapter.loaded_models()))),
             loading_models=tuple(sorted(set(adapter.loading_models()))),

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Final, Self, TypeVar
 import msgpack
 
 from .. import wire
-from ..errors import DecodeError, IpcServerError, IpcTimeout, IpcTransportError, ProtocolError
+from ..errors import NO_RUN_BATCH, DecodeError, IpcServerError, IpcTimeout, IpcTransportError, ProtocolError
 from ..logs import Throttled
 from ..wire.limits import IPC_VERSION
 from .types import PingResponse, ReadyResponse
@@ -145,6 +145,9 @@ class IpcClient:
         for slot in reversed(self._slots):
             self._idle.put_nowait(slot)
         self._closed = False
+        #: v0.7.1 sends every batch as RunBatch (it never reads `supports_run_batch`); a backend that
+        #: answered "unknown method RunBatch" once, to a batch or a drain probe, gets per-op methods.
+        self._runs_batches = True
 
     # -- properties ---------------------------------------------------------------------------
 
@@ -164,6 +167,11 @@ class IpcClient:
     @property
     def closed(self) -> bool:
         return self._closed
+
+    @property
+    def runs_batches(self) -> bool:
+        """False once the backend answered RunBatch `unknown method` (remembered per backend)."""
+        return self._runs_batches
 
     # -- typed calls --------------------------------------------------------------------------
 
@@ -188,18 +196,49 @@ class IpcClient:
 
     async def run_batch(self, body: bytes) -> wire.BatchOutcome:
         """RunBatch with an already-encoded RunBatchRequest."""
-        return await self._request("RunBatch", body, self._request_timeout_s, wire.decode_batch_outcome)
+        return await self.run_batch_with(body, wire.decode_batch_outcome)
 
     async def run_batch_with(self, body: bytes, decode: Callable[[memoryview], T]) -> T:
         """RunBatch whose response body goes to `decode` while the client still holds its bytes
         (the pipeline frames replies straight from them); `decode` must not keep the view."""
-        return await self._request("RunBatch", body, self._request_timeout_s, decode)
+        try:
+            return await self._request("RunBatch", body, self._request_timeout_s, decode)
+        except IpcServerError as exc:
+            if exc.message == NO_RUN_BATCH and self._runs_batches:
+                self._runs_batches = False
+                log.warning("backend does not implement RunBatch; per-op batch methods from now on")
+            raise
 
     async def process_batch(self, method: str, body: bytes) -> wire.BatchOutcome:
         """One of the per-op batch methods, for a backend that answered RunBatch `unknown method`."""
         if method not in PROCESS_BATCH_METHODS:
             raise ValueError(f"process_batch method must be one of {', '.join(PROCESS_BATCH_METHODS)}, got {method!r}")
         return await self._request(method, body, self._request_timeout_s, wire.decode_batch_outcome)
+
+    async def probe_draining(self, model_id: str = "") -> bool:
+        """Whether the backend refuses batch work as `draining`, found with an empty batch (§4.1: empty
+        `items` → empty outcomes), so no work item spends a delivery to learn it. A Ping cannot tell:
+        its `ready` is the backend's health, not its drain state. Any answer but `draining` (outcomes,
+        or an error about the empty body) means it takes work; transport failures raise."""
+        if not self._runs_batches:
+            return await self._per_op_draining(model_id)
+        body = _pack({"model_id": model_id, "batch_id": 0, "lora_key": "", "total_cost": 0, "items": []})
+        try:
+            await self.run_batch_with(body, bytes)
+        except IpcServerError as exc:
+            if exc.message == NO_RUN_BATCH:  # a per-op backend: ask one of its methods
+                return await self._per_op_draining(model_id)
+            return exc.message == "draining"
+        return False
+
+    async def _per_op_draining(self, model_id: str) -> bool:
+        try:
+            await self._request(
+                "ProcessEncodeBatch", _pack({"model_id": model_id, "items": []}), self._request_timeout_s, bytes
+            )
+        except IpcServerError as exc:
+            return exc.message == "draining"
+        return False
 
     async def drain(self, deadline_ms: int = 15000) -> bool:
         """Tell the backend to stop taking batch work; returns its `acknowledged` flag."""

@@ -17,7 +17,7 @@ from itertools import compress
 from typing import Any, Protocol
 
 from .. import wire
-from ..errors import BAD_OPERATION, INVALID_REQUEST, MODEL_LOAD_FAILED, PAYLOAD_ERROR, IpcServerError
+from ..errors import BAD_OPERATION, INVALID_REQUEST, MODEL_LOAD_FAILED, NO_RUN_BATCH, PAYLOAD_ERROR, IpcServerError
 from ..ipc.requests import PER_OP_METHOD, encode_item, lora_key, per_op_body, run_batch_body
 from ..ipc.types import ReadyResponse
 from ..logs import Throttled
@@ -49,12 +49,14 @@ LOADING_RECHECK_CAP_MS = 15_000
 #: `nak_retry` outcome forgets it, so a backend that unloaded the model is asked again at once.
 READY_CACHE_S = 1.0
 KNOWN_OPS = ("encode", "score", "extract")
-#: What a backend without RunBatch answers it (wire-protocol §2: `unknown method <name>`).
-NO_RUN_BATCH = "unknown method RunBatch"
 
 
 class BackendClient(Protocol):
     """The IPC calls the dispatcher makes (`ipc.client.IpcClient`)."""
+
+    @property
+    def runs_batches(self) -> bool:
+        """False once the backend answered RunBatch `unknown method`: per-op methods from then on."""
 
     async def ensure_model_ready(self, model_id: str) -> ReadyResponse: ...
     async def run_batch(self, body: bytes) -> Any: ...
@@ -196,10 +198,6 @@ class Dispatcher:
         #: pull-ahead from it, docs/operations.md "derived defaults").
         self.on_count_cap: Callable[[int], None] | None = None
         self._count_cap = 0
-        #: v0.7.1 sends every batch as RunBatch, whatever the descriptor says (it never reads
-        #: `supports_run_batch`); a backend that answers "unknown method RunBatch" gets the per-op
-        #: methods from then on (one backend per sidecar, so once is for all models).
-        self._per_op_only = False
 
     @property
     def config(self) -> ConfigState:
@@ -519,7 +517,9 @@ class Dispatcher:
         audio = [d.prepared_audio for d in ds] if op == "extract" else None
         try:
             outcome = None
-            if not self._per_op_only:
+            # v0.7.1 sends every batch as RunBatch, whatever the descriptor says (it never reads
+            # `supports_run_batch`); the client remembers a backend that answered `unknown method`.
+            if self._backend.runs_batches:
                 try:
                     outcome = await self._backend.run_batch_with(
                         run_batch_body(
@@ -536,9 +536,7 @@ class Dispatcher:
                     )
                 except IpcServerError as exc:
                     if exc.message != NO_RUN_BATCH:
-                        raise
-                    self._per_op_only = True  # nothing ran: this batch goes per-op too, at once
-                    log.warning("backend does not implement RunBatch; per-op batch methods from now on")
+                        raise  # nothing ran on NO_RUN_BATCH: this batch goes per-op too, at once
             if outcome is None:
                 decoded = [d.item for d in ds if d.item is not None]
                 outcome = await self._backend.process_batch(
@@ -607,7 +605,7 @@ class Dispatcher:
             models[model] = entry
         return {
             "worker_id": self._s.worker_id,
-            "batch_method": "per_op" if self._per_op_only else "run_batch",
+            "batch_method": "run_batch" if self._backend.runs_batches else "per_op",
             "config_hash": self._config.current,
             "batches": self.batch_summary(),
             "models": models,

@@ -26,10 +26,15 @@ class Readiness:
     last_ping_ok: float | None = None  # time.monotonic() of the last successful heartbeat
     loaded_models: list[str] = field(default_factory=list)
     ready_children: int = 0
-    #: The latest heartbeat was answered, and every answer said "not ready" (a draining backend).
+    #: The latest heartbeat was answered, and every answer said "not ready" (an unhealthy backend).
     backend_refusing: bool = False
-    #: Until then (monotonic) the backend counts as not ready: it refused a batch as draining.
-    refused_until: float = 0.0
+    #: The backend refuses batch work as `draining` (a batch was refused, or the drain probe said so);
+    #: only a drain probe that finds it taking work again clears it. Ping cannot tell (§3.1, §3.9).
+    backend_draining: bool = False
+    #: No drain probe has run since the backend last answered ready (the handshake needs one).
+    probe_due: bool = True
+    #: Batches refused as draining so far: a probe that began before the latest refusal cannot clear it.
+    refusals: int = 0
     #: Set after every heartbeat round (the pull gate waits on it).
     changed: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -56,20 +61,22 @@ class Readiness:
         every item pulled then would only be refused and NAKed."""
         reason = self.reason(now)
         if reason is None and self.backend_refusing:
-            return "backend not ready (it answers the heartbeat with ready=false; draining?)"
-        if reason is None and (time.monotonic() if now is None else now) < self.refused_until:
-            return "backend not ready (it refused a batch as draining)"
+            return "backend not ready (it answers the heartbeat with ready=false)"
+        if reason is None and self.backend_draining:
+            return "backend draining (it refuses batch work; probed each heartbeat)"
         return reason
 
-    def backend_refused(self, hold_s: float) -> None:
-        """The backend refused a batch as draining: stop pulling now, for `hold_s`, rather than at
-        the next heartbeat (every item pulled meanwhile would be refused too)."""
-        self.refused_until = max(self.refused_until, time.monotonic() + hold_s)
+    def backend_refused(self) -> None:
+        """The backend refused a batch as draining: stop pulling now, not at the next heartbeat (every
+        item pulled meanwhile would be refused too), until a drain probe finds it taking work."""
+        self.backend_draining = True
+        self.refusals += 1
         self.changed.set()
 
 
 class PingClient(Protocol):
     async def ping(self) -> Any: ...
+    async def probe_draining(self, model_id: str = "") -> bool: ...
 
 
 class ConfigSink(Protocol):
@@ -77,7 +84,10 @@ class ConfigSink(Protocol):
 
 
 async def heartbeat(clients: list[PingClient], readiness: Readiness, config: ConfigSink, stop: asyncio.Event) -> None:
-    """Ping every backend child each interval (first tick at once); record success and models."""
+    """Ping every backend child each interval (first tick at once); record success and models. While a
+    drain probe is due (the handshake, a batch refused as draining, a drain seen before) the children
+    that answered ready are probed too, before the round is published, so the pull gate never opens
+    on a backend that would refuse what it pulls."""
     failures = 0
     while not stop.is_set():
         replies = await asyncio.gather(*(c.ping() for c in clients), return_exceptions=True)
@@ -85,6 +95,11 @@ async def heartbeat(clients: list[PingClient], readiness: Readiness, config: Con
         ready = [r for r in answered if getattr(r, "ready", False)]
         readiness.ready_children = len(ready)
         readiness.backend_refusing = bool(answered) and not ready
+        if not ready:
+            readiness.probe_due = True  # when it answers ready again, the handshake probes again
+        elif readiness.probe_due or readiness.backend_draining:
+            ready_clients = [c for c, r in zip(clients, replies, strict=True) if getattr(r, "ready", False)]
+            await _probe_drain(ready_clients, ready, readiness)
         if ready:
             failures = 0
             readiness.last_ping_ok = time.monotonic()
@@ -98,6 +113,27 @@ async def heartbeat(clients: list[PingClient], readiness: Readiness, config: Con
         readiness.changed.set()
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), readiness.ping_interval_ms / 1000.0)
+
+
+async def _probe_drain(clients: list[PingClient], pongs: list[Any], readiness: Readiness) -> None:
+    """Ask each ready child whether it refuses batch work (an empty batch, so no delivery is spent);
+    a child that cannot be asked leaves the verdict as it was, and the next round asks again."""
+    models = [next(iter(getattr(p, "loaded_models", ()) or ()), "") for p in pongs]
+    refusals = readiness.refusals
+    answers = await asyncio.gather(
+        *(c.probe_draining(m) for c, m in zip(clients, models, strict=True)), return_exceptions=True
+    )
+    verdicts = [a for a in answers if isinstance(a, bool)]
+    if len(verdicts) < len(answers):
+        errors = [repr(a) for a in answers if isinstance(a, BaseException)]
+        log.warning("backend drain probe failed", extra={"errors": errors[:3]})
+        readiness.probe_due = True
+        return
+    draining = any(verdicts) or readiness.refusals != refusals  # refused while asking: still draining
+    if draining != readiness.backend_draining:
+        log.info("backend draining" if draining else "backend takes batch work again")
+    readiness.backend_draining = draining
+    readiness.probe_due = False
 
 
 __all__ = ["PingClient", "Readiness", "heartbeat"]

@@ -7,9 +7,15 @@ sends, method by method, without a sidecar or NATS in the loop. Each check sends
 (4-byte big-endian length + msgpack envelope) and checks the envelope (the five keys, in order) and
 the body's required fields, types and rules; the model must be one the backend serves.
 
-Run it against any backend: `python -m sie_sidecar.tools.conformance --socket PATH [--model ID]`
-prints pass/fail per check and exits 1 when any fails. `Drain` is checked last and leaves the
-backend draining (for a few seconds at most: the request asks for a 1 s deadline).
+The same checks run two ways. `frames` (the default) writes the envelopes itself, so it proves the
+backend against the spec alone. `client` sends the same request bodies through the sidecar's own IPC
+client (its pool, envelope and response-chunk handling) and decodes every answer with the sidecar's
+typed decoders as well (PingResponse, ReadyResponse, BatchOutcome): it proves the two halves of a
+pod agree, not only each half against the spec.
+
+Run it against any backend: `python -m sie_sidecar.tools.conformance --socket PATH [--model ID]
+[--via frames|client]` prints pass/fail per check and exits 1 when any fails. `Drain` is checked last
+and leaves the backend draining (for a few seconds at most: the request asks for a 1 s deadline).
 """
 
 from __future__ import annotations
@@ -21,9 +27,14 @@ import struct
 import sys
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal, Protocol
 
 import msgpack
+
+from .. import wire
+from ..errors import IpcServerError
+from ..ipc.client import IpcClient
+from ..ipc.types import PingResponse, ReadyResponse
 
 ENVELOPE_KEYS = ["version", "request_id", "ok", "body", "error"]
 READY_STATES = {"ready", "loading_started", "loading_in_progress", "retry_later", "failed"}
@@ -44,6 +55,13 @@ class Response:
     ok: bool
     body: Any
     error: str | None
+
+
+class Caller(Protocol):
+    """What a check sends its requests through."""
+
+    async def call(self, method: str, body: Any, *, accepts_chunks: bool = False) -> Response: ...
+    async def close(self) -> None: ...
 
 
 class Connection:
@@ -91,6 +109,47 @@ class Connection:
             await self._writer.wait_closed()
 
 
+#: The sidecar's typed decoder for each method's response body (the client path runs them too).
+_TYPED: dict[str, Callable[[bytes], object]] = {
+    "Ping": lambda raw: PingResponse.from_body(msgpack.unpackb(raw, raw=False)),
+    "EnsureModelReady": lambda raw: ReadyResponse.from_body(msgpack.unpackb(raw, raw=False)),
+    "RunBatch": wire.decode_batch_outcome,
+    "ProcessEncodeBatch": wire.decode_batch_outcome,
+    "ProcessScoreBatch": wire.decode_batch_outcome,
+    "ProcessExtractBatch": wire.decode_batch_outcome,
+}
+
+
+class ClientCaller:
+    """The checks' requests through the sidecar's `IpcClient` (which always offers response chunks),
+    every answer decoded by the sidecar's typed decoder as well as checked field by field."""
+
+    def __init__(self, client: IpcClient) -> None:
+        self._client = client
+
+    @classmethod
+    async def open(cls, path: str, timeout_s: float = 30.0) -> ClientCaller:
+        return cls(IpcClient(path, pool_size=1, request_timeout_s=timeout_s, model_ready_timeout_s=timeout_s))
+
+    async def call(self, method: str, body: Any, *, accepts_chunks: bool = False) -> Response:
+        try:
+            raw = await self._client.call(method, msgpack.packb(body, use_bin_type=True))
+        except IpcServerError as exc:
+            return Response(False, None, exc.message)
+        typed = _TYPED.get(method)
+        if typed is not None:
+            try:
+                typed(raw)
+            except Exception as exc:
+                raise Failed(f"the sidecar's decoder refused the {method} answer: {type(exc).__name__}: {exc}") from exc
+        got = msgpack.unpackb(raw, raw=False, strict_map_key=False)
+        expect(isinstance(got, dict), "the response body is not a msgpack map")
+        return Response(True, got, None)
+
+    async def close(self) -> None:
+        await self._client.close()
+
+
 def _item(op: str, i: int, model_text: str = "conformance") -> dict[str, Any]:
     payload: dict[str, Any] = {
         "work_item_id": f"conf.{i}",
@@ -125,10 +184,10 @@ def _check_outcomes(body: Any, items: int) -> None:
     expect(ids == {f"conf.{i}" for i in range(items)}, "outcomes do not bind to the items sent")
 
 
-Check = Callable[[Connection, str], Awaitable[None]]
+Check = Callable[[Caller, str], Awaitable[None]]
 
 
-async def check_ping(c: Connection, model: str) -> None:
+async def check_ping(c: Caller, model: str) -> None:
     r = await c.call("Ping", {"timestamp_ms": 1234.5})
     expect(r.ok, f"Ping failed: {r.error}")
     expect(r.body.get("timestamp_ms") == 1234.5, "timestamp_ms not echoed")
@@ -138,7 +197,7 @@ async def check_ping(c: Connection, model: str) -> None:
     expect(isinstance(loaded, list) and loaded == sorted(loaded), "loaded_models is not a sorted array")
 
 
-async def check_ensure_model_ready(c: Connection, model: str) -> None:
+async def check_ensure_model_ready(c: Caller, model: str) -> None:
     for _ in range(600):  # up to a minute for a load
         r = await c.call("EnsureModelReady", {"model_id": model})
         expect(r.ok, f"EnsureModelReady failed: {r.error}")
@@ -155,7 +214,7 @@ async def check_ensure_model_ready(c: Connection, model: str) -> None:
     raise Failed(f"model {model} never became ready")
 
 
-async def check_worker_capabilities(c: Connection, model: str) -> None:
+async def check_worker_capabilities(c: Caller, model: str) -> None:
     r = await c.call("WorkerCapabilities", {})
     expect(r.ok, f"WorkerCapabilities failed: {r.error}")
     for key in ("generation_models", "supported_models", "loaded_models"):
@@ -189,25 +248,25 @@ def _run_batch_body(model: str, op: str, items: list[dict[str, Any]]) -> dict[st
     }
 
 
-async def check_run_batch(c: Connection, model: str) -> None:
+async def check_run_batch(c: Caller, model: str) -> None:
     r = await c.call("RunBatch", _run_batch_body(model, "encode", [_item("encode", 0), _item("encode", 1)]))
     expect(r.ok, f"RunBatch failed: {r.error}")
     _check_outcomes(r.body, 2)
 
 
-async def check_run_batch_score(c: Connection, model: str) -> None:
+async def check_run_batch_score(c: Caller, model: str) -> None:
     r = await c.call("RunBatch", _run_batch_body(model, "score", [_item("score", 0), _item("score", 1)]))
     expect(r.ok, f"RunBatch (score) failed: {r.error}")
     _check_outcomes(r.body, 2)
 
 
-async def check_run_batch_extract(c: Connection, model: str) -> None:
+async def check_run_batch_extract(c: Caller, model: str) -> None:
     r = await c.call("RunBatch", _run_batch_body(model, "extract", [_item("extract", 0), _item("extract", 1)]))
     expect(r.ok, f"RunBatch (extract) failed: {r.error}")
     _check_outcomes(r.body, 2)
 
 
-async def check_mixed_run_batch_is_refused_per_item(c: Connection, model: str) -> None:
+async def check_mixed_run_batch_is_refused_per_item(c: Caller, model: str) -> None:
     """One op per RunBatch: a mixed batch gets an error outcome for every item, not a failed call."""
     r = await c.call("RunBatch", _run_batch_body(model, "encode", [_item("encode", 0)]) | mixed_items(model))
     expect(r.ok, f"a mixed RunBatch failed the whole call: {r.error}")
@@ -224,39 +283,56 @@ def mixed_items(model: str) -> dict[str, Any]:
     return {"items": encode + score, "total_cost": 2}
 
 
-async def check_process_encode_batch(c: Connection, model: str) -> None:
+async def check_process_encode_batch(c: Caller, model: str) -> None:
     r = await c.call("ProcessEncodeBatch", {"model_id": model, "items": [_item("encode", 0), _item("encode", 1)]})
     expect(r.ok, f"ProcessEncodeBatch failed: {r.error}")
     _check_outcomes(r.body, 2)
 
 
-async def check_unknown_method(c: Connection, model: str) -> None:
+async def check_unknown_method(c: Caller, model: str) -> None:
     r = await c.call("NoSuchMethod", {})
     expect(not r.ok and r.error == "unknown method NoSuchMethod", f"got {r.error!r}")
 
 
-async def check_bad_body(c: Connection, model: str) -> None:
+async def check_bad_body(c: Caller, model: str) -> None:
     r = await c.call("EnsureModelReady", {"model_id": 7})
     expect(not r.ok and (r.error or "").startswith("bad body for EnsureModelReady: "), f"got {r.error!r}")
 
 
-async def check_signal_generate_cancel(c: Connection, model: str) -> None:
+async def check_signal_generate_cancel(c: Caller, model: str) -> None:
     r = await c.call("SignalGenerateCancel", {"request_id": "conf-unknown"})
     expect(r.ok and isinstance(r.body.get("matched"), bool), f"got {r.error or r.body!r}")
 
 
-async def check_model_config_methods(c: Connection, model: str) -> None:
-    """Each answers its response shape, or a typed error (not `unknown method`): all 13 are known."""
-    for method in ("ApplyModelConfig", "ReplaceModelConfigs", "SetPinnedModels"):
+async def check_model_config_methods(c: Caller, model: str) -> None:
+    """Each answers its response shape, or a typed error (not `unknown method`): all 13 are known.
+    ProcessGenerate with an empty body is refused before any stream starts, so one answer comes."""
+    for method in ("ApplyModelConfig", "ReplaceModelConfigs", "SetPinnedModels", "ProcessGenerate"):
         r = await c.call(method, {})
         expect(r.ok or not (r.error or "").startswith("unknown method"), f"{method} is unknown to the backend")
 
 
-async def check_drain(c: Connection, model: str) -> None:
+async def check_empty_run_batch(c: Caller, model: str) -> None:
+    """§4.1: empty `items` → empty outcomes (a sidecar asks this way whether the backend is draining)."""
+    r = await c.call("RunBatch", _run_batch_body(model, "encode", []))
+    expect(r.ok, f"an empty RunBatch failed: {r.error}")
+    expect(r.body.get("outcomes") == [], f"an empty RunBatch answered outcomes {r.body.get('outcomes')!r}")
+
+
+async def check_drain(c: Caller, model: str) -> None:
+    """§3.9: batch work (an empty batch too) is refused with `draining`; Ping still answers, and its
+    `ready` stays the backend's health (a drain is not reported there)."""
+    before = await c.call("Ping", {"timestamp_ms": 1.0})
     r = await c.call("Drain", {"deadline_ms": 1000})
     expect(r.ok and isinstance(r.body.get("acknowledged", False), bool), f"got {r.error or r.body!r}")
     refused = await c.call("RunBatch", _run_batch_body(model, "encode", [_item("encode", 0)]))
     expect(not refused.ok and refused.error == "draining", f"a batch after Drain got {refused.error or 'ok'!r}")
+    empty = await c.call("RunBatch", _run_batch_body(model, "encode", []))
+    expect(not empty.ok and empty.error == "draining", f"an empty batch after Drain got {empty.error or 'ok'!r}")
+    after = await c.call("Ping", {"timestamp_ms": 2.0})
+    expect(after.ok, f"Ping after Drain failed: {after.error}")
+    ready = before.body.get("ready", False), after.body.get("ready", False)
+    expect(ready[0] == ready[1], f"Ping's ready went {ready[0]} → {ready[1]} on Drain (it is health, not drain state)")
 
 
 CHECKS: list[tuple[str, Check]] = [
@@ -264,6 +340,7 @@ CHECKS: list[tuple[str, Check]] = [
     ("EnsureModelReady", check_ensure_model_ready),
     ("WorkerCapabilities", check_worker_capabilities),
     ("RunBatch", check_run_batch),
+    ("RunBatch empty", check_empty_run_batch),
     ("RunBatch score", check_run_batch_score),
     ("RunBatch extract", check_run_batch_extract),
     ("RunBatch mixed ops", check_mixed_run_batch_is_refused_per_item),
@@ -276,12 +353,16 @@ CHECKS: list[tuple[str, Check]] = [
 ]
 
 
+Via = Literal["frames", "client"]
+
+
 async def run_checks(
-    socket_path: str, model: str, checks: Sequence[tuple[str, Check]] = CHECKS
+    socket_path: str, model: str, checks: Sequence[tuple[str, Check]] = CHECKS, *, via: Via = "frames"
 ) -> list[tuple[str, str | None]]:
-    """(name, None when it passed, else why it failed) for every check, in order, on one connection."""
+    """(name, None when it passed, else why it failed) for every check, in order, on one connection
+    (`frames`: raw envelopes; `client`: the sidecar's IPC client and decoders)."""
     results: list[tuple[str, str | None]] = []
-    conn = await Connection.open(socket_path)
+    conn: Caller = await (Connection.open(socket_path) if via == "frames" else ClientCaller.open(socket_path))
     try:
         for name, check in checks:
             try:
@@ -300,8 +381,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--socket", required=True, help="the backend's Unix socket path")
     parser.add_argument("--model", default="sentence-transformers/all-MiniLM-L6-v2", help="a model it serves")
+    parser.add_argument(
+        "--via",
+        choices=["frames", "client"],
+        default="frames",
+        help="frames: raw envelopes written from the spec; client: the sidecar's own IPC client and decoders",
+    )
     args = parser.parse_args(argv)
-    results = asyncio.run(run_checks(args.socket, args.model))
+    results = asyncio.run(run_checks(args.socket, args.model, via=args.via))
     for name, failure in results:
         print(f"{'pass' if failure is None else 'FAIL'}  {name}" + ("" if failure is None else f": {failure}"))
     failed = sum(failure is not None for _, failure in results)
