@@ -37,6 +37,7 @@ from sie_sidecar._native import deliveries_of_run
 from sie_sidecar._native.wire import scan_direct_msgs
 from sie_sidecar.ipc.client import IpcClient
 from sie_sidecar.ipc.requests import run_batch_body
+from sie_sidecar.pipeline.admission import Admission, PoolDecision
 from sie_sidecar.pipeline.delivery import Settler
 from sie_sidecar.pipeline.intake import Intake
 from sie_sidecar.wire.workitem import WorkItem, decode_work_item
@@ -125,6 +126,9 @@ def main(argv: list[str] | None = None) -> int:
     frames = _frames(n)
     intake = Intake()
     lazy = intake.intake(_scan(frames), None).groups[MODEL]
+    gated = Intake()  # pool admission on (§8): each item's admission_pool checked, in place
+    gated.admission = Admission("default")
+    gated.admission.record(PoolDecision(True, "assigned", frozenset({"tenant-x"})))
     decoded = [decode_work_item(_payload(i)) for i in range(n)]
     payloads = [_payload(i) for i in range(n)]
     common: dict[str, Any] = {"worker_id": "w", "current_hash": None, "max_payload": 1 << 20, "acks": True}
@@ -138,6 +142,7 @@ def main(argv: list[str] | None = None) -> int:
     stages: list[tuple[str, Callable[[], object]]] = [
         ("scan: frames to deliveries", lambda: _scan(frames)),
         ("intake: verdicts, groups", lambda: intake.intake(_scan(frames), None)),
+        ("intake, pool admission on", lambda: gated.intake(_scan(frames), None)),
         ("  (WorkItem decoder alone)", lambda: [decode_work_item(p) for p in payloads]),
         ("RunBatch body, in place", lambda: run_batch_body(MODEL, "encode", wire_items(), "", n)),
         ("  (from decoded WorkItems)", lambda: run_batch_body(MODEL, "encode", decoded, "", n)),

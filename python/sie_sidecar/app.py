@@ -23,9 +23,11 @@ from .bus.publisher import Publisher
 from .bus.pull import PullConsumer
 from .bus.topology import POOL_ACK_WAIT_S, TopologySpec, consumer_ack_wait_s, establish_topology, reconcile_forever
 from .config import Settings
+from .control.gateway import poll_forever
 from .errors import ConfigError, StartupError, TopologyError
 from .ipc.client import IpcClient
 from .payloads import PayloadStore, PayloadStoreConfigError
+from .pipeline.admission import Admission
 from .pipeline.delivery import Settler
 from .pipeline.dispatcher import SHUTDOWN_NAK_MS, ConfigState, Dispatcher, DispatchSettings
 from .pipeline.feed import feed
@@ -63,6 +65,11 @@ def tune_gc_for_steady_state() -> None:
     gc.set_threshold(GC_GEN0_THRESHOLD, gen1, gen2)
 
 
+#: The redelivery envelope (§2.3): 30 s per delivery, capped at about 30 years.
+REDELIVERY_STEP_S = 30.0
+REDELIVERY_ENVELOPE_CAP_S = 30 * 365 * 86400.0
+
+
 def _dispatch_settings(settings: Settings, *, ack_wait_s: float = POOL_ACK_WAIT_S) -> DispatchSettings:
     """The dispatcher's and the schedulers' share of the settings (§1.2 batching and pipelining);
     `ack_wait_s` sets the schedulers' progress-ACK interval and their bound on any item's wait."""
@@ -90,6 +97,7 @@ def _dispatch_settings(settings: Settings, *, ack_wait_s: float = POOL_ACK_WAIT_
         controller_env=dict(settings.adaptive_batch_env),
         controller_trace_dir=settings.controller_trace_dir,
         cost_pinned=settings.batcher_cost_pinned,
+        parked_deadline_s=min(REDELIVERY_STEP_S * settings.max_deliver, REDELIVERY_ENVELOPE_CAP_S),
     )
 
 
@@ -202,6 +210,27 @@ async def _start(settings: Settings, stop: asyncio.Event, resources: contextlib.
     health_stop = asyncio.Event()
     resources.push_async_callback(_end_tasks, background, hb_stop, health_stop)
     background.append(asyncio.create_task(heartbeat([ipc], readiness, config, hb_stop)))
+    admission: Admission | None = None
+    if settings.pool_admission_active and settings.gateway_url is not None:
+        admission = Admission(
+            settings.pool,
+            stale_after_s=settings.pool_admission_stale_after_ms / 1000.0,
+            on_change=readiness.changed.set,  # the gate re-checks at once
+        )
+        dispatcher.set_admission(admission)
+        background.append(
+            asyncio.create_task(
+                poll_forever(
+                    admission,
+                    hb_stop,
+                    gateway_url=settings.gateway_url,
+                    api_key=settings.gateway_api_key,
+                    worker=settings.worker_id,
+                    machine_profile=settings.machine_profile,
+                    interval_s=settings.pool_admission_check_interval_ms / 1000.0,
+                )
+            )
+        )
     if settings.nats_consumer_reconcile_interval_ms > 0:
         background.append(
             asyncio.create_task(
@@ -309,6 +338,8 @@ async def _start(settings: Settings, stop: asyncio.Event, resources: contextlib.
             pull_stop,
             return_delay_s=settings.nak_delay_ms / 1000.0,
             poll_s=settings.worker_ping_interval_ms / 1000.0,
+            admission=admission,
+            admission_pause_s=settings.pool_admission_pause_ms / 1000.0,
         )
     )
     resources.push_async_callback(_end_tasks, [gate], pull_stop)
@@ -353,6 +384,8 @@ async def _drain(r: _Running) -> None:
                 "in-flight batches cancelled at the drain deadline; JetStream redelivers them",
                 extra={"tasks": len(pending)},
             )
+    # Parked groups (§15.4 step 4) saw the stop and hand their items back; bounded.
+    await r.dispatcher.join_parked()
     # Scheduler drain (§15.4 step 5): flush what is queued, bounded; the rest is NAKed to come back.
     await r.dispatcher.close_schedulers(settings.scheduler_drain_deadline_ms / 1000.0)
     await unsubscribe_all(r.subs)

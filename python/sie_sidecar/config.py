@@ -216,20 +216,14 @@ RUN_FLAGS: tuple[RunFlag, ...] = (
 )
 
 
-#: §1.1 settings this build does not act on yet (local ingest, several backend children, pool
-#: admission, the config service and live config): still parsed, so that a value given is seen (and
+#: §1.1 settings this build does not act on yet (local ingest, several backend children, the config
+#: service and live config): still parsed, so that a value given is seen (and
 #: refused where start-up refuses it), but not offered in `--help` until they work.
 NOT_YET_FLAGS = frozenset(
     {
         "SIE_SIDECAR_INGEST",
         "SIE_SIDECAR_LOCAL_SOCKET",
         "SIE_IPC_SOCKET_PATHS",
-        "SIE_GATEWAY_URL",
-        "SIE_GATEWAY_API_KEY",
-        "SIE_POOL_ADMISSION_ENABLED",
-        "SIE_POOL_ADMISSION_CHECK_INTERVAL_S",
-        "SIE_POOL_ADMISSION_PAUSE_S",
-        "SIE_POOL_ADMISSION_STALE_AFTER_S",
         "SIE_CONFIG_SERVICE_URL",
         "SIE_CONFIG_SERVICE_TOKEN",
         "SIE_ADMIN_TOKEN",
@@ -643,12 +637,6 @@ NOT_YET: tuple[tuple[str, str], ...] = (
     ("ingest", "SIE_SIDECAR_INGEST"),  # local ingest (§11)
     ("local_socket", "SIE_SIDECAR_LOCAL_SOCKET"),
     ("ipc_socket_paths", "SIE_IPC_SOCKET_PATHS"),  # one backend child only; the default is the primary
-    ("gateway_url", "SIE_GATEWAY_URL"),  # pool admission (§8)
-    ("gateway_api_key", "SIE_GATEWAY_API_KEY"),
-    ("pool_admission_enabled", "SIE_POOL_ADMISSION_ENABLED"),
-    ("pool_admission_check_interval_ms", "SIE_POOL_ADMISSION_CHECK_INTERVAL_S"),
-    ("pool_admission_pause_ms", "SIE_POOL_ADMISSION_PAUSE_S"),
-    ("pool_admission_stale_after_ms", "SIE_POOL_ADMISSION_STALE_AFTER_S"),
     ("config_service_url", "SIE_CONFIG_SERVICE_URL"),  # live config (§9)
     ("config_service_token", "SIE_CONFIG_SERVICE_TOKEN"),
     ("admin_token", "SIE_ADMIN_TOKEN"),

@@ -118,6 +118,18 @@ class WorkItemError(ValueError):
     """The payload is not a decodable WorkItem (settled as NAK with the base delay)."""
 
 
+class PoolsResponseError(ValueError):
+    """The gateway's `/v1/pools` answered something that is not a pool list (§8: an admission error)."""
+
+
+class PoolsPollError(Exception):
+    """One `/v1/pools` poll failed; `detail` (no URL, no bearer) is what the admission reason carries."""
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(detail)
+        self.detail = detail
+
+
 # ------------------------------------------------------------------------------------------ payloads (§12)
 
 Reason = Literal["not_found", "permission_denied", "io", "invalid_ref", "unsupported", "object_store", "too_large"]
@@ -217,6 +229,8 @@ __all__ = [
     "PayloadStoreConfigError",
     "PayloadTooLarge",
     "PayloadUnsupported",
+    "PoolsPollError",
+    "PoolsResponseError",
     "ProtocolError",
     "Reason",
     "ShapeError",

@@ -6,7 +6,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import shutil
 import subprocess
+import tempfile
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from pathlib import Path
 
@@ -224,3 +226,13 @@ async def nc(nats_server: NatsServer, reconnect_hooks: list[Callable[[], None]])
         yield client
     finally:
         await client.close()
+
+
+@pytest.fixture
+def sock_dir() -> Iterator[str]:
+    """A short private directory: Unix socket paths are limited to 107 bytes."""
+    path = tempfile.mkdtemp(prefix="sie-ipc-", dir="/tmp")
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)

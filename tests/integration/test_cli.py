@@ -39,7 +39,7 @@ def run(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
         ({**BASE, "SIE_IPC_SOCKET_PATHS": "/a.sock,/b.sock,/a.sock"}, "SIE_IPC_SOCKET_PATHS"),
         ({**BASE, "SIE_WORKER_LIVENESS_BUDGET_S": "900"}, "SIE_WORKER_LIVENESS_BUDGET_S"),
         ({**BASE, "SIE_MAX_ACK_PENDING": "99999999999999999999"}, "SIE_MAX_ACK_PENDING: 99999999999999999999 is out"),
-        ({**BASE, "SIE_GATEWAY_URL": "http://gw:8080"}, "SIE_GATEWAY_URL is not supported yet"),
+        ({**BASE, "SIE_CONFIG_SERVICE_URL": "http://cfg:8080"}, "SIE_CONFIG_SERVICE_URL is not supported yet"),
     ],
 )
 def test_invalid_configuration_exits_2_with_one_line(env: dict[str, str], needle: str) -> None:
@@ -53,7 +53,8 @@ def test_invalid_configuration_exits_2_with_one_line(env: dict[str, str], needle
 def test_help_shows_no_secret_values() -> None:
     result = run({**BASE, "SIE_GATEWAY_API_KEY": "s3cret-key", "SIE_ADMIN_TOKEN": "t0ken"}, "--help")
     assert result.returncode == 0
-    assert "--nats-url" in result.stdout and "--gateway-api-key" not in result.stdout  # not offered yet
+    assert "--nats-url" in result.stdout and "--gateway-api-key" in result.stdout
+    assert "--config-service-url" not in result.stdout  # not offered yet
     assert "s3cret-key" not in result.stdout and "t0ken" not in result.stdout
 
 

@@ -8,9 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import shutil
-import tempfile
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 
 import pytest
 
@@ -30,15 +28,6 @@ class AdoptedHashes:
 
     def adopt(self, backend_hash: str) -> None:
         self.hashes.append(backend_hash)
-
-
-@pytest.fixture
-def sock_dir() -> Iterator[str]:
-    path = tempfile.mkdtemp(prefix="sie-probe-", dir="/tmp")
-    try:
-        yield path
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
 
 
 async def serve(sock_dir: str, name: str, *, supports_run_batch: bool = True) -> BackendServer:

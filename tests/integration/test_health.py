@@ -29,6 +29,7 @@ HEALTH_KEYS = [
     "bundle",
     "bundle_config_hash",
     "loaded_models",
+    "loading_models",
     "queue_depth",
     "pending_cost",
     "inflight_batches",
@@ -87,7 +88,7 @@ async def test_health_heartbeat_and_shutdown_tombstone(nats_server: NatsServer, 
         await stack.nc.subscribe(f"sie.health.{WORKER}", cb=on_beat)
         await stack.wait_for(lambda: any(b["ready"] for b in beats), timeout=10)
         beat = next(b for b in beats if b["ready"])
-        assert list(beat) == HEALTH_KEYS  # the v0.7.1 fields, in order
+        assert list(beat) == HEALTH_KEYS  # the v0.7.1 fields in order, and `loading_models` after loaded
         assert (beat["name"], beat["machine_profile"], beat["pool_name"], beat["bundle"]) == (
             WORKER,
             PROFILE,
@@ -101,6 +102,33 @@ async def test_health_heartbeat_and_shutdown_tombstone(nats_server: NatsServer, 
         await asyncio.sleep(0.2)
         last = beats[-1]
         assert (last["terminated"], last["ready"], last["ready_gpu_slots"]) == (True, False, 0)
+
+
+async def test_a_beat_goes_out_at_once_when_a_model_starts_or_finishes_loading(
+    nats_server: NatsServer, tmp_path: Path
+) -> None:
+    """Newer than v0.7.1 (§10): `loading_models` from the backend's Ping, and a heartbeat as soon as
+    the loaded or loading set changes, not at the next 30 s interval."""
+    beats: list[tuple[float, dict[str, Any]]] = []
+    adapter = NullAdapter(dim=8, preloaded_models=[MODEL], load_delay_s=1.0)
+    env = {"SIE_HEALTH_PUBLISH_INTERVAL_MS": "30000"}
+    async with running_stack(nats_server, tmp_path, adapter=adapter, env=env) as stack:
+
+        async def on_beat(msg: Any) -> None:
+            beats.append((time.monotonic(), json.loads(msg.data)))
+
+        await stack.nc.subscribe(f"sie.health.{WORKER}", cb=on_beat)
+        await stack.wait_for(lambda: any(b["ready"] for _, b in beats), timeout=10)
+        cold = "org/cold"
+        subject = f"sie.work.{POOL}.{PROFILE}.{BUNDLE}.{cold}"
+        wid = await stack.publish(work_item(model=cold), subject=subject)
+        await stack.wait_for(lambda: any(cold in b["loading_models"] for _, b in beats), timeout=5)
+        await stack.wait_for(lambda: any(cold in b["loaded_models"] for _, b in beats), timeout=5)
+        await stack.wait_for(lambda: len(stack.results_for(wid)) == 1)
+        loading = next(t for t, b in beats if cold in b["loading_models"])
+        loaded = next(t for t, b in beats if cold in b["loaded_models"])
+        assert 0.5 < loaded - loading < 5.0  # each change had its own beat, long before the interval
+        assert all(b["loading_models"] == [] for _, b in beats if cold in b["loaded_models"])
 
 
 def test_readiness_reasons() -> None:

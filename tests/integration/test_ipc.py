@@ -12,12 +12,10 @@ import asyncio
 import contextlib
 import os
 import re
-import shutil
 import signal
 import stat
 import sys
-import tempfile
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 import msgpack
@@ -235,16 +233,6 @@ def ping_reply(request_id: str) -> bytes:
 
 
 # -- fixtures ---------------------------------------------------------------------------------------
-
-
-@pytest.fixture
-def sock_dir() -> Iterator[str]:
-    """A short private directory: Unix socket paths are limited to 107 bytes."""
-    path = tempfile.mkdtemp(prefix="sie-ipc-", dir="/tmp")
-    try:
-        yield path
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture

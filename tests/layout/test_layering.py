@@ -48,6 +48,8 @@ def violations(edges: list[ImportEdge]) -> list[str]:
             bad("wire/ is the bottom layer: it imports only errors and the extension")
         if room == "backend" and _is(e.target, *(f"sie_sidecar.{r}" for r in ("bus", "pipeline", "sched", "app"))):
             bad("backend/ is a library backends embed: it does not depend on the sidecar's runtime")
+        if room == "control" and _is(e.target, "sie_sidecar.bus", "sie_sidecar.ipc", "sie_sidecar.app"):
+            bad("control/ polls HTTP services and records into pipeline state: no NATS, no backend")
         if room == "telemetry" and _is(e.target, "sie_sidecar"):
             bad("telemetry imports nothing of the package: every room may record into it")
         if room not in NOT_RUNTIME and _is(e.target, "sie_sidecar.tools"):
@@ -69,6 +71,7 @@ def test_the_package_keeps_its_layering() -> None:
         ("app_probe.py", "from .tools import demo\n", "the runtime does not import tools/"),
         ("wire/_probe.py", "from ..sched import scheduler\n", "wire/ is the bottom layer"),
         ("backend/_probe.py", "from ..sched.scheduler import ModelScheduler\n", "backend/ is a library"),
+        ("control/_probe.py", "from ..bus.pull import PullConsumer\n", "control/ polls HTTP services"),
         ("pipeline/_probe.py", "if TYPE_CHECKING:\n    from nats.aio.msg import Msg\n", "nats is imported only"),
     ],
 )

@@ -136,6 +136,8 @@ class MemoryPipeline:
     dispatcher: Dispatcher
     settler: Settler
     adapter: NullAdapter
+    #: The dispatcher's shutdown event (what SIGTERM sets).
+    stop: asyncio.Event
 
     def send(self, messages: Sequence[MemoryMessage]) -> None:
         for m in messages:
@@ -156,6 +158,8 @@ async def memory_pipeline(
     adapter: NullAdapter | None = None,
     nak_delay_ms: int = 5000,
     acks_with_replies: bool = False,
+    parked_deadline_s: float = 600.0,
+    fetch_budget: int = 64,
 ) -> AsyncIterator[MemoryPipeline]:
     """The dispatcher fed by `feed()` from a memory source, talking to a real backend over a socket."""
     adapter = adapter or NullAdapter(dim=8, preloaded_models=["org/model-a", "org/model-b"])
@@ -169,7 +173,9 @@ async def memory_pipeline(
     stop = asyncio.Event()
     quantum = QuantumController(LatencyWindow(), min_ms=1, max_ms=5, target_p50_ms=10)
     dispatcher = Dispatcher(
-        DispatchSettings(worker_id="w-mem", nak_delay_ms=nak_delay_ms),
+        DispatchSettings(
+            worker_id="w-mem", nak_delay_ms=nak_delay_ms, parked_deadline_s=parked_deadline_s, fetch_budget=fetch_budget
+        ),
         ipc,
         sink,
         settler,
@@ -182,11 +188,12 @@ async def memory_pipeline(
         feed(source, dispatcher.handle, budget=64, inflight=2, stop=stop, tasks=tasks, quantum=quantum)
     )
     try:
-        yield MemoryPipeline(source, sink, acks, dispatcher, settler, adapter)
+        yield MemoryPipeline(source, sink, acks, dispatcher, settler, adapter, stop)
     finally:
         stop.set()
         source.stop()
         await asyncio.wait_for(loop, 10)
+        await dispatcher.join_parked()
         await dispatcher.close_schedulers(1.0)
         await ipc.close()
         await backend.close()

@@ -970,12 +970,13 @@ def test_help_offers_only_what_works_and_points_to_the_env_only_tuning() -> None
     parser = argparse.ArgumentParser(prog="sie-sidecar run")
     add_run_arguments(parser)
     text = " ".join(parser.format_help().split())
-    for hidden in ("--gateway-url", "--pool-admission-enabled", "--config-service-url", "--sidecar-ingest"):
+    for hidden in ("--config-service-url", "--sidecar-ingest"):
         assert hidden not in text
+    assert "--gateway-url" in text and "--pool-admission-enabled" in text  # pool admission has landed
     assert "gs://" not in text and "oss://" not in text and "s3://" in text
     assert "docs/operations.md" in text and "SIE_NAK_DELAY_S" in text
     # Hidden flags still parse, so a value given is not silently taken for a typo'd positional.
-    assert parser.parse_args(["--gateway-url", "http://gw"]).gateway_url == "http://gw"
+    assert parser.parse_args(["--config-service-url", "http://cfg"]).config_service_url == "http://cfg"
 
 
 def test_help_after_parsing_secret_flags_still_hides_them() -> None:

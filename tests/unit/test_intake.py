@@ -269,3 +269,98 @@ def test_a_nats_header_other_than_the_msg_id_marks_a_server_copied_message(
             assert ([d.msg for d in drops] == [msg]) is copied
             if copied:
                 assert not groups and not naks
+
+
+# -- §4.1 row 11: pool admission ----------------------------------------------------------------------
+
+#: Admission pools as gateways and clients write them: empty, the own pool in any case and padding,
+#: logical pools, others, and padding that Rust's `trim` and Python's `strip` disagree on.
+ADMISSION_POOLS = st.sampled_from(
+    ["", "  ", "pool-a", " Pool-A\t", "POOL-A", "pool-l", "\u3000pool-l\u2028", "other", "\x1cpool-a", "pool-a\x1f"]
+)
+RULES = st.tuples(
+    st.booleans(), st.sampled_from(["pool-a", "default"]), st.sampled_from([frozenset(), frozenset({"pool-l"})])
+)
+
+
+@st.composite
+def admission_messages(draw: st.DrawFn) -> list[Msg]:
+    out = []
+    for i in range(draw(st.integers(0, 12))):
+        body = item(i, model="org/m-a", reply=draw(REPLIES), router="gw", operation="encode")
+        body["admission_pool"] = draw(ADMISSION_POOLS)
+        if draw(st.booleans()):
+            body["options"] = {"x": 1}  # the decoder's path as well as the in-place one
+        out.append(Msg(draw(st.sampled_from(SUBJECTS)), msgpack.packb(body)))
+    return out
+
+
+def _verdict_of(found: Any) -> list[tuple[str, Any]]:
+    groups, naks, drops = found
+    out = [("nak", d.msg) for d in naks] + [("drop", d.msg) for d in drops]
+    return out + [("accept", d.msg) for ds in groups.values() for d in ds]
+
+
+@given(batch=admission_messages(), rule=RULES)
+def test_an_item_whose_admission_pool_is_not_admitted_is_naked(batch: list[Msg], rule: Any) -> None:
+    """Row 11 by the per-message rules: an item whose `admission_pool` (trimmed, lowercase) is empty or
+    the own pool takes the physical decision, any other must be a logical pool; else NAK."""
+    from sie_sidecar.pipeline.admission import Admission, PoolDecision, item_admitted
+
+    physical, own, logical = rule
+    admission = Admission(own)
+    admission.record(PoolDecision(physical, "assigned" if physical else "not_assigned", logical))
+    intake = Intake()
+    intake.admission = admission
+    for msg in batch:
+        d, verdict = intake.verdict(msg, None)
+        if d.item is None or not wire.is_safe_reply_subject(d.item.reply_subject):
+            continue
+        key = msgpack.unpackb(msg.data)["admission_pool"].strip(" \t\u3000\u2028").lower()
+        admitted = physical if key in ("", own) else key in logical
+        assert item_admitted(d.item.admission_pool, admission.item_rule()) is admitted
+        assert (verdict is NAK) is (not admitted or wire.model_from_subject(msg.subject) is None)
+
+
+@pytest.mark.skipif(not wire.USING_NATIVE, reason="the native intake is the extension's")
+@given(batch=admission_messages(), rule=RULES)
+def test_native_admission_check_matches_its_twin(batch: list[Msg], rule: Any) -> None:
+    """The native intake (in place and decoded) and the twin NAK the same items, with the same notes."""
+    from sie_sidecar._native import intake_batch
+    from sie_sidecar.pipeline.admission import Admission, PoolDecision
+    from sie_sidecar.pipeline.delivery import Delivery
+    from sie_sidecar.wire.workitem import WorkItem
+
+    admission = Admission(rule[1])
+    admission.record(PoolDecision(rule[0], "r", rule[2]))
+    twin = Intake()
+    twin.admission = admission
+    expected = _verdict_of(twin._verdicts_py(batch, None, False, admission.item_rule()))
+    for lazy in (True, False):
+        found = intake_batch(batch, twin._subject_info, Delivery, WorkItem, None, lazy, admission.item_rule())
+        assert found is not None
+        groups, naks, drops, notes, _ = found
+        assert _verdict_of((groups, naks, drops)) == expected
+        unadmitted = [(d.msg, detail) for kind, d, detail in notes if kind == "unadmitted"]
+        assert unadmitted == [
+            (d.msg, msgpack.unpackb(d.msg.data)["admission_pool"]) for d in naks if d.item is not None
+        ]
+
+
+def test_unadmitted_items_are_counted_and_logged_once_per_pool(caplog: pytest.LogCaptureFixture) -> None:
+    from sie_sidecar.pipeline.admission import Admission, PoolDecision
+
+    intake = Intake()
+    intake.admission = Admission("pool-a")
+    intake.admission.record(PoolDecision(True, "assigned", frozenset()))
+    body = item(1, model="org/m-a", reply="_INBOX.gw.1", router="gw", operation="encode")
+    batch = [
+        Msg(SUBJECTS[0], msgpack.packb(body | {"admission_pool": p}))
+        for p in ["not-yet-logged", "not-yet-logged", "", "Pool-A"]
+    ]
+    with caplog.at_level("WARNING", logger="sie_sidecar.pipeline.intake"):
+        groups, naks, _ = intake.verdicts(batch, None)
+    assert [d.msg for d in naks] == batch[:2] and [d.msg for d in groups["org/m-a"]] == batch[2:]
+    assert intake.unadmitted == 2
+    lines = [r for r in caplog.records if r.getMessage() == "work item's admission pool is not admitted; NAKed"]
+    assert len(lines) == 1 and getattr(lines[0], "admission_pool", None) == "not-yet-logged"

@@ -215,3 +215,26 @@ def test_scanned_deliveries_get_the_verdicts_messages_get(payloads: list[bytes])
     assert sorted(map(id, handed)) == sorted(map(id, scanned))
     assert found.plain == expected.plain
     assert all(d.release == released.append and not d.settled for d in handed)
+
+
+@given(
+    pools=st.lists(st.sampled_from(["", "pool-a", " POOL-A ", "pool-l", "other", "\x1cpool-a"]), max_size=6),
+    physical=st.booleans(),
+)
+def test_scanned_deliveries_get_the_admission_verdicts_messages_get(pools: list[str], physical: bool) -> None:
+    """§4.1 row 11 on the scanner's deliveries (the admission pool read in place) equals the twin's."""
+    from sie_sidecar.pipeline.admission import Admission, PoolDecision
+
+    payloads = [msgpack.packb(BASE | {"item": {"text": "x"}, "admission_pool": p}) for p in pools]
+    admission = Admission("pool-a")
+    admission.record(PoolDecision(physical, "r", frozenset({"pool-l"})))
+    native, twin = Intake(), Intake()
+    native.admission = twin.admission = admission
+    found = native.intake(_scanned(payloads, make_run=True), None)
+    expected = twin._verdicts_py(_scanned(payloads, make_run=False), None, False, admission.item_rule())
+    assert sorted((k, m) for k, m, _ in _verdicts(found)) == sorted(
+        [("nak", d.model) for d in expected[1]] + [("accept", d.model) for ds in expected[0].values() for d in ds]
+    )
+    assert len(found.naks) == sum(
+        not (physical if p.strip(" ").lower() in ("", "pool-a") else p == "pool-l") for p in pools
+    )

@@ -14,7 +14,7 @@ use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyBytes, PyDict, PyList, PyString, PyTuple, PyType};
 use pyo3::IntoPyObjectExt;
 
-use crate::lazy::{parse, LazyDelivery, MODEL_ID, REPLY_SUBJECT};
+use crate::lazy::{parse, LazyDelivery, ADMISSION_POOL, MODEL_ID, REPLY_SUBJECT};
 use crate::slots::SlotLayout;
 use crate::workitem::{decode_work_item, WorkItemError};
 
@@ -151,6 +151,42 @@ pub fn server_copied(headers: &Bound<'_, PyAny>) -> PyResult<bool> {
     Ok(false)
 }
 
+/// How pool names compare (§8): trimmed of Unicode White_Space (what `str::trim` strips; the twin
+/// strips the same set), lowercase.
+fn pool_key(name: &str) -> String {
+    name.trim().to_lowercase()
+}
+
+/// The pool admission rule of §4.1 row 11 (`pipeline.admission.Admission.item_rule`): the
+/// physical decision, the own pool's key, and the logical pools' keys (a frozenset).
+pub struct AdmissionRule<'py> {
+    physical: bool,
+    own: String,
+    logical: Bound<'py, PyAny>,
+}
+
+impl<'py> AdmissionRule<'py> {
+    /// §8 per item: an empty or own-pool `admission_pool` takes the physical decision; any other
+    /// must be one of the logical pools (twin: `pipeline.admission.item_admitted`).
+    fn admits(&self, admission_pool: &str) -> PyResult<bool> {
+        if admission_pool.is_empty() {
+            return Ok(self.physical); // the usual item: no allocation
+        }
+        let key = pool_key(admission_pool);
+        if key.is_empty() || key == self.own {
+            return Ok(self.physical);
+        }
+        self.logical.contains(key)
+    }
+
+    /// The rule against a decoded WorkItem's `admission_pool`.
+    fn admits_item(&self, item: &Bound<'py, PyAny>) -> PyResult<(bool, Bound<'py, PyAny>)> {
+        let pool = item.getattr(intern!(item.py(), "admission_pool"))?;
+        let ok = self.admits(pool.cast::<PyString>()?.to_str()?)?;
+        Ok((ok, pool))
+    }
+}
+
 /// A decoded WorkItem's verdict parts: reply subject safe, payload names another model than the
 /// subject's, and its plain operation.
 fn checked(
@@ -198,8 +234,12 @@ fn plain_op<'py>(item: &Bound<'py, PyAny>) -> PyResult<Option<Bound<'py, PyStrin
 /// subject: the caller makes the subject's model win). `plain` maps each model whose accepted
 /// deliveries are all of one operation, encode or score, with no options and no offloaded
 /// payload, to that operation.
+///
+/// `admission` (the pool admission rule, `None` without a gateway) NAKs an accepted item whose
+/// `admission_pool` is not admitted (§4.1 row 11), with the note `"unadmitted"` (detail: the pool).
 #[pyfunction]
-#[pyo3(signature = (messages, subject_info, delivery_cls, item_cls, release, lazy = true))]
+#[pyo3(signature = (messages, subject_info, delivery_cls, item_cls, release, lazy = true, admission = None))]
+#[allow(clippy::too_many_arguments)]
 pub fn intake_batch<'py>(
     py: Python<'py>,
     messages: &Bound<'py, PyAny>,
@@ -208,7 +248,13 @@ pub fn intake_batch<'py>(
     item_cls: &Bound<'py, PyType>,
     release: &Bound<'py, PyAny>,
     lazy: bool,
+    admission: Option<(bool, String, Bound<'py, PyAny>)>,
 ) -> PyResult<Option<Bound<'py, PyTuple>>> {
+    let admission = admission.map(|(physical, own, logical)| AdmissionRule {
+        physical,
+        own,
+        logical,
+    });
     let layout = LAYOUT
         .get_or_try_init(py, || layout_of(delivery_cls))?
         .as_ref()
@@ -271,17 +317,34 @@ pub fn intake_batch<'py>(
                 continue;
             };
             let view = ld.borrow().in_place(py);
+            let mut unadmitted: Option<Bound<'py, PyAny>> = None;
             let verdict = match view {
                 Some(view) => {
                     let raw = view.data();
                     let reply_ok = safe_reply_subject(view.parsed.str(raw, REPLY_SUBJECT));
+                    if let Some(rule) = &admission {
+                        let pool = view.parsed.str(raw, ADMISSION_POOL);
+                        if reply_ok && !rule.admits(pool)? {
+                            unadmitted = Some(PyString::new(py, pool).into_any());
+                        }
+                    }
                     let mismatch = view.parsed.str(raw, MODEL_ID) != m.to_str()?;
                     (reply_ok, mismatch, view.parsed.plain_op(raw).map(static_op))
                 }
                 None => {
                     let decoded = ld.borrow_mut().decode(py);
                     match decoded {
-                        Ok(item) => checked(item.bind(py), m)?,
+                        Ok(item) => {
+                            let item = item.bind(py);
+                            let verdict = checked(item, m)?;
+                            if let Some(rule) = &admission {
+                                let (ok, pool) = rule.admits_item(item)?;
+                                if verdict.0 && !ok {
+                                    unadmitted = Some(pool);
+                                }
+                            }
+                            verdict
+                        }
                         Err(e) if e.is_instance_of::<WorkItemError>(py) => {
                             ld.borrow_mut().clear_item(py);
                             out.naks.append(&ld)?;
@@ -297,6 +360,11 @@ pub fn intake_batch<'py>(
             if !reply_ok {
                 out.drops.append(&ld)?;
                 out.notes.append(("unsafe", &ld, py.None()))?;
+                continue;
+            }
+            if let Some(pool) = unadmitted {
+                out.naks.append(&ld)?;
+                out.notes.append(("unadmitted", &ld, pool))?;
                 continue;
             }
             ld.borrow_mut().model = m.clone().into_any().unbind();
@@ -330,7 +398,18 @@ pub fn intake_batch<'py>(
                 let reply_ok = safe_reply_subject(p.str(raw, REPLY_SUBJECT));
                 let mismatch = reply_ok && p.str(raw, MODEL_ID) != m.to_str()?;
                 let op = p.plain_op(raw).map(static_op);
-                let model_of = if reply_ok { m.as_any() } else { empty.as_any() };
+                let unadmitted = match &admission {
+                    Some(rule) if reply_ok => {
+                        let pool = p.str(raw, ADMISSION_POOL);
+                        (!rule.admits(pool)?).then(|| PyString::new(py, pool))
+                    }
+                    _ => None,
+                };
+                let model_of = if reply_ok && unadmitted.is_none() {
+                    m.as_any()
+                } else {
+                    empty.as_any()
+                };
                 let d = Bound::new(
                     py,
                     LazyDelivery::of_message(
@@ -348,6 +427,11 @@ pub fn intake_batch<'py>(
                 if !reply_ok {
                     out.drops.append(&d)?;
                     out.notes.append(("unsafe", &d, py.None()))?;
+                    continue;
+                }
+                if let Some(pool) = unadmitted {
+                    out.naks.append(&d)?;
+                    out.notes.append(("unadmitted", &d, pool))?;
                     continue;
                 }
                 if mismatch {
@@ -372,6 +456,15 @@ pub fn intake_batch<'py>(
                     out.drops.append(&d)?;
                     out.notes.append(("unsafe", &d, py.None()))?;
                     continue;
+                }
+                if let Some(rule) = &admission {
+                    let (ok, pool) = rule.admits_item(&item)?;
+                    if !ok {
+                        let d = shared.delivery(&msg, &direct, item.unbind(), empty.as_any())?;
+                        out.naks.append(&d)?;
+                        out.notes.append(("unadmitted", &d, pool))?;
+                        continue;
+                    }
                 }
                 let d = shared.delivery(&msg, &direct, item.unbind(), m.as_any())?;
                 if mismatch {

@@ -27,7 +27,8 @@ pub const BUNDLE_CONFIG_HASH: usize = 3;
 pub const OPERATION: usize = 4;
 pub const PROFILE_ID: usize = 5;
 pub const MODEL_ID: usize = 6;
-const STR_COUNT: usize = 7;
+pub const ADMISSION_POOL: usize = 7;
+const STR_COUNT: usize = 8;
 
 /// Where a WorkItem's fields lie in its payload (offset, length), and its scalars.
 #[derive(Clone, Copy, Default)]
@@ -101,7 +102,8 @@ fn field_of(key: &[u8]) -> Option<(Field, Option<usize>)> {
         b"machine_profile" => (Field::Str(usize::MAX), Some(7)),
         b"reply_subject" => (Field::Str(REPLY_SUBJECT), Some(8)),
         b"profile_id" => (Field::StrOrEmpty(Some(PROFILE_ID)), None),
-        b"engine" | b"admission_pool" | b"router_id" => (Field::StrOrEmpty(None), None),
+        b"admission_pool" => (Field::StrOrEmpty(Some(ADMISSION_POOL)), None),
+        b"engine" | b"router_id" => (Field::StrOrEmpty(None), None),
         b"bundle_config_hash" => (Field::StrOrEmpty(Some(BUNDLE_CONFIG_HASH)), None),
         b"item" => (Field::Any(0), None),
         b"payload_ref" => (Field::PayloadRef(false), None),

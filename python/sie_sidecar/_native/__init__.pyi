@@ -390,6 +390,7 @@ def intake_batch(
     item_cls: type[Any],
     release: Any,
     lazy: bool = True,
+    admission: tuple[bool, str, frozenset[str]] | None = None,
 ) -> tuple[dict[str, list[Any]], list[Any], list[Any], list[tuple[str, Any, str | None]], dict[str, str]] | None: ...
 def write_run_batch_body(
     model_id: str,

@@ -5,7 +5,6 @@ publisher that sends it every interval and a tombstone at shutdown."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 from dataclasses import dataclass
@@ -96,6 +95,7 @@ def health_payload(
         "bundle": identity.bundle,
         "bundle_config_hash": bundle_config_hash,
         "loaded_models": readiness.loaded_models,
+        "loading_models": readiness.loading_models,  # newer than v0.7.1 (§10), after loaded_models
         "queue_depth": queue_depth,
         "pending_cost": pending_cost,
         "inflight_batches": inflight_batches,
@@ -151,18 +151,31 @@ async def publish_health(
     stop: asyncio.Event,
 ) -> None:
     """The NATS heartbeat (§10): first beat at once, then every interval until `stop`; the load fields
-    and `saturated` come from the telemetry registry. Failures are logged on counts 1, 5, 30, every 120."""
+    and `saturated` come from the telemetry registry, and a beat goes out at once when the loaded or
+    loading set changes. Failures are logged on counts 1, 5, 30, every 120."""
     subject = wire.health_subject(reporter.identity.worker_id)
     failures = 0
     while not stop.is_set():
+        reporter.readiness.models_changed.clear()
         try:
             await nc.publish(subject, reporter.payload(config.current or ""))
         except Exception as exc:  # logged on counts 1, 5, 30, every 120 (§10)
             failures += 1
             if should_log(failures):
                 log.warning("health publish failed", extra={"failures": failures, "error": repr(exc)})
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stop.wait(), interval_ms / 1000.0)
+        await _next_beat(reporter.readiness.models_changed, stop, interval_ms / 1000.0)
+
+
+async def _next_beat(models_changed: asyncio.Event, stop: asyncio.Event, interval_s: float) -> None:
+    """Until the interval has passed, `stop` is set, or the loaded or loading set changed (newer than
+    v0.7.1: a beat at once, so the gateway routes to a model the moment it is ready). The caller
+    clears `models_changed` before it builds a beat, so a change during the publish is not lost."""
+    waiters = {asyncio.ensure_future(stop.wait()), asyncio.ensure_future(models_changed.wait())}
+    try:
+        await asyncio.wait(waiters, timeout=interval_s, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for waiter in waiters:
+            waiter.cancel()
 
 
 __all__ = [

@@ -33,6 +33,7 @@ from ..sched.quantum import QuantumController
 from ..sched.scheduler import Formed, SchedulerConfig
 from ..telemetry import BATCH_COST, BATCH_SIZE, Registry
 from ..wire.workitem import WorkItem
+from .admission import Admission
 from .config_gate import ConfigState
 from .delivery import Delivery, Settler
 from .intake import Intake
@@ -45,6 +46,10 @@ _warn = Throttled(log)
 OVERFLOW_NAK_MS = 100
 SHUTDOWN_NAK_MS = 100
 LOADING_RECHECK_CAP_MS = 15_000
+#: A parked group's items are progress-ACKed at least this often (§4.5), whatever the backend does.
+PARKED_PROGRESS_S = 15.0
+#: Shutdown waits this long for parked groups to hand their items back (§15.4 step 4).
+PARKED_JOIN_S = 15.0
 #: How long a `ready` answer is reused for later groups of the same model. Any IPC failure or
 #: `nak_retry` outcome forgets it, so a backend that unloaded the model is asked again at once.
 READY_CACHE_S = 1.0
@@ -81,6 +86,17 @@ class DispatchSettings:
     controller_trace_dir: str | None = None
     #: SIE_BATCHER_MAX_BATCH_COST was set: reported `max_batch_tokens` budgets are ignored (§3.7).
     cost_pinned: bool = False
+    #: How long a group parked while its model loads may wait before it is handed back: the
+    #: redelivery envelope, 30 s times max_deliver (§2.3).
+    parked_deadline_s: float = 600.0
+
+
+@dataclass(frozen=True, slots=True)
+class _Loading:
+    """The model answered loading (`state`: loading_started or loading_in_progress): the group is
+    to be parked."""
+
+    state: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,6 +181,10 @@ class Dispatcher:
         self._shutdown = shutdown or asyncio.Event()
         self._payloads = payloads
         self._group_slots = asyncio.Semaphore(max(1, settings.max_concurrent_batches))
+        #: Items of groups parked while their model loads (§5.3, newer than v0.7.1): they hold no
+        #: group slot and no pull permit, but one of these (capacity: the fetch budget).
+        self._parked_free = max(1, settings.fetch_budget)
+        self._parked: set[asyncio.Task[None]] = set()
         #: Items per backend batch call, for the shutdown summary and the demo.
         self.batch_sizes: Counter[int] = Counter()
         #: model → (when, ready response): saves an EnsureModelReady round trip per batch at load.
@@ -227,6 +247,10 @@ class Dispatcher:
 
     # -- intake ------------------------------------------------------------------------------
 
+    def set_admission(self, admission: Admission) -> None:
+        """Check each item's `admission_pool` against this gate at intake (§4.1 row 11)."""
+        self._intake.admission = admission
+
     async def handle(self, messages: Sequence[Any], release: Callable[[int], None] | None = None) -> None:
         """Settle every message of one pulled batch exactly once; `release` returns pull capacity."""
         found = self._intake.intake(messages, release)
@@ -256,29 +280,41 @@ class Dispatcher:
 
     # -- model group -------------------------------------------------------------------------
 
-    async def _run_group(self, model: str, ds: list[Delivery], plain_op: str | None = None) -> None:
+    async def _run_group(
+        self, model: str, ds: list[Delivery], plain_op: str | None = None, ready: ReadyResponse | None = None
+    ) -> None:
         async with self._group_slots:
             try:
-                await self._group(model, ds, plain_op)
+                parked = await self._group(model, ds, plain_op, ready)
             except Exception:
+                parked = None
                 log.exception("model group failed; NAKing what is left", extra={"model": model})
                 for d in ds:
                     if not d.settled:
                         await self._settler.nak(d, self._s.nak_delay_ms)
+        if parked is not None:
+            self._park(model, ds, plain_op, parked.state)
 
-    async def _group(self, model: str, ds: list[Delivery], plain_op: str | None = None) -> None:
+    async def _group(
+        self, model: str, ds: list[Delivery], plain_op: str | None = None, ready: ReadyResponse | None = None
+    ) -> _Loading | None:
         """`plain_op`: intake found every delivery of the group plain (`Verdicts.plain`), so the
-        per-item operation split and payload checks are skipped."""
+        per-item operation split and payload checks are skipped. `ready`: a parked group's answer,
+        already waited for. Returns the loading answer when the group is to be parked."""
         base = self._s.nak_delay_ms
         ds = await self._drop_cancelled(ds)
         if not ds:
-            return
+            return None
         if not self._config.accepts_all(d.wire_item for d in ds):
             await self._out.nak_all(ds, base)
-            return
-        ready = await self._wait_ready(model, ds)
+            return None
         if ready is None:
-            return
+            found = await self._first_ready(model, ds)
+            if isinstance(found, _Loading):
+                return found
+            ready = found
+        if ready is None:
+            return None
         ds = await self._drop_cancelled(ds)
         budget = ready.batch_budget or self._s.fetch_budget
         state = self._model(model)
@@ -312,46 +348,175 @@ class Dispatcher:
             await asyncio.gather(
                 *(self._enqueue(lane, op, lora, part, tokenizer) for (op, lora), part in by_op.items())
             )
+        return None
 
-    async def _wait_ready(self, model: str, ds: list[Delivery]) -> ReadyResponse | None:
-        """The v0.7.1 readiness loop: progress-ACK and re-probe while the model loads."""
+    # -- parked groups (§5.3, newer than v0.7.1) -------------------------------------------------
+
+    def _park(self, model: str, ds: list[Delivery], plain_op: str | None, state: str) -> None:
+        """Move a loading model's group to its own task, off the group slot, so warm models keep
+        flowing. Each item gives its pull permit back for a parked one; those beyond the parked
+        capacity are NAKed with the base delay (§4.2, "parked-item capacity exhausted")."""
+        live = [d for d in ds if not d.settled]
+        take = min(len(live), self._parked_free)
+        kept, over = live[:take], live[take:]
+        if over:
+            _warn.warning(
+                "parked-item capacity exhausted; NAKing", key=model, extra={"model": model, "items": len(over)}
+            )
+            task = asyncio.create_task(self._out.nak_all(over, self._s.nak_delay_ms))
+            self._parked.add(task)
+            task.add_done_callback(self._parked.discard)
+        if not kept:
+            return
+        self._parked_free -= len(kept)
+        releases: list[tuple[Callable[[int], None], int]] = []
+        for d in kept:
+            if d.release is not None:
+                releases.append((d.release, 1))
+            d.release = self._unpark
+        for release, n in releases:
+            release(n)  # the pull loop may take more work meanwhile
+        task = asyncio.create_task(self._parked_group(model, kept, plain_op, state), name=f"parked:{model}")
+        self._parked.add(task)
+        task.add_done_callback(self._parked.discard)
+
+    def _unpark(self, n: int) -> None:
+        """A parked item was settled: its parked permit comes back."""
+        self._parked_free += n
+
+    async def _parked_group(self, model: str, ds: list[Delivery], plain_op: str | None, state: str) -> None:
+        """Wait for the model without a group slot, progress-ACKing every PARKED_PROGRESS_S and
+        after each loading answer; hand the group back at the deadline or at shutdown; once
+        ready, refresh the progress once more and run it as any other group."""
+        base = self._s.nak_delay_ms
+        deadline = time.monotonic() + self._s.parked_deadline_s
+        try:
+            ready = await self._wait_parked(model, ds, deadline, state)
+            if ready is None:
+                return
+            if self._shutdown.is_set():  # ready just as the process stops: hand the group back
+                await self._out.nak_all(ds, self.shutdown_nak_ms())
+                return
+            await self._keepalive(ds)  # refreshed once more before taking a group slot
+            await self._run_group(model, ds, plain_op, ready)
+        except Exception:
+            log.exception("parked model group failed; NAKing what is left", extra={"model": model})
+            await self._out.nak_all([d for d in ds if not d.settled], base)
+
+    async def _wait_parked(self, model: str, ds: list[Delivery], deadline: float, state: str) -> ReadyResponse | None:
+        """Re-probe a parked group's model after each pause (as v0.7.1 slept: the base delay after
+        `loading_started`, twice it after `loading_in_progress`, at most 15 s), `state` being the
+        last answer's. Each call races shutdown, the deadline and the PARKED_PROGRESS_S tick."""
         base = self._s.nak_delay_ms
         while True:
-            live = await self._drop_cancelled([d for d in ds if not d.settled])
-            ds[:] = live
+            wait_s = min(base if state == "loading_started" else 2 * base, LOADING_RECHECK_CAP_MS) / 1000.0
+            try:
+                await asyncio.wait_for(self._shutdown.wait(), max(0.0, min(wait_s, deadline - time.monotonic())))
+            except TimeoutError:
+                pass
+            else:
+                await self._out.nak_all(ds, self.shutdown_nak_ms())
+                return None
+            ds[:] = await self._drop_cancelled([d for d in ds if not d.settled])
             if not ds:
                 return None
-            cached = self._model(model).ready
-            if cached is not None and time.monotonic() - cached[0] < READY_CACHE_S:
-                return cached[1]
-            try:
-                ready = await self._backend.ensure_model_ready(model)
-            except Exception as exc:  # any IPC failure (transport, timeout, server, decode): NAK the group
-                _warn.warning("EnsureModelReady failed", key=model, extra={"model": model, "error": repr(exc)})
+            if (cached := self._cached_ready(model)) is not None:
+                return cached
+            ready = await self._parked_probe(model, ds, deadline)
+            if ready is None:
+                return None
+            verdict = await self._loading_verdict(model, ds, ready)
+            if not isinstance(verdict, _Loading):
+                return verdict
+            state = ready.state
+
+    async def _parked_probe(self, model: str, ds: list[Delivery], deadline: float) -> ReadyResponse | None:
+        """One EnsureModelReady for a parked group, progress-ACKing every PARKED_PROGRESS_S while it
+        runs; the group is NAKed (and None returned) at the deadline, at shutdown or on failure."""
+        base = self._s.nak_delay_ms
+        call = asyncio.ensure_future(self._backend.ensure_model_ready(model))
+        try:
+            while not call.done():
+                left = deadline - time.monotonic()
+                if left <= 0 or self._shutdown.is_set():
+                    call.cancel()
+                    if left <= 0:
+                        _warn.warning(
+                            "parked group waited past the redelivery envelope", key=model, extra={"model": model}
+                        )
+                    await self._out.nak_all(ds, base if left <= 0 else self.shutdown_nak_ms())
+                    return None
+                stop = asyncio.ensure_future(self._shutdown.wait())
+                done, _ = await asyncio.wait(
+                    {call, stop}, timeout=min(PARKED_PROGRESS_S, left), return_when=asyncio.FIRST_COMPLETED
+                )
+                stop.cancel()
+                if not done:
+                    await self._keepalive(ds)
+            return call.result()
+        except asyncio.CancelledError:
+            call.cancel()
+            raise
+        except Exception as exc:
+            _warn.warning("EnsureModelReady failed", key=model, extra={"model": model, "error": repr(exc)})
+            await self._out.nak_all(ds, base)
+            return None
+
+    async def join_parked(self, timeout_s: float = PARKED_JOIN_S) -> None:
+        """Shutdown (§15.4 step 4): parked groups see the stop and NAK; wait for them, bounded;
+        the unfinished are cancelled, and JetStream redelivers their items after ack_wait."""
+        if not self._parked:
+            return
+        _, pending = await asyncio.wait(set(self._parked), timeout=timeout_s)
+        for task in pending:
+            task.cancel()
+        if pending:
+            log.warning("parked groups cancelled at shutdown", extra={"groups": len(pending)})
+
+    def _cached_ready(self, model: str) -> ReadyResponse | None:
+        """The model's `ready` answer if it is younger than READY_CACHE_S."""
+        cached = self._model(model).ready
+        return cached[1] if cached is not None and time.monotonic() - cached[0] < READY_CACHE_S else None
+
+    async def _first_ready(self, model: str, ds: list[Delivery]) -> ReadyResponse | _Loading | None:
+        """One readiness answer for a group holding a slot (§4.2): ready, or `_Loading` (every item
+        progress-ACKed; the caller parks the group so that it frees the slot while the model loads:
+        the v0.7.1 loop slept here, and 4 loading models stopped every warm one), or None (settled)."""
+        ds[:] = await self._drop_cancelled([d for d in ds if not d.settled])
+        if not ds:
+            return None
+        if (cached := self._cached_ready(model)) is not None:
+            return cached
+        try:
+            ready = await self._backend.ensure_model_ready(model)
+        except Exception as exc:  # any IPC failure (transport, timeout, server, decode): NAK the group
+            _warn.warning("EnsureModelReady failed", key=model, extra={"model": model, "error": repr(exc)})
+            await self._out.nak_all(ds, self._s.nak_delay_ms)
+            return None
+        return await self._loading_verdict(model, ds, ready)
+
+    async def _loading_verdict(
+        self, model: str, ds: list[Delivery], ready: ReadyResponse
+    ) -> ReadyResponse | _Loading | None:
+        """One EnsureModelReady answer (§4.2): ready (cached), failed (published), loading (every item
+        progress-ACKed: `_Loading`), anything else NAKed; None when the group was settled here."""
+        base = self._s.nak_delay_ms
+        if ready.state == "ready":
+            self._model(model).ready = (time.monotonic(), ready)
+            return ready
+        if ready.state == "failed":
+            await self._out.publish_errors(
+                ds, MODEL_LOAD_FAILED, f"Model '{model}' failed to load permanently.", nak_on_failure=True
+            )
+            return None
+        if ready.state not in ("loading_started", "loading_in_progress"):
+            await self._out.nak_all(ds, base)  # retry_later, or a state this version does not know
+            return None
+        for d in ds:
+            if not await self._settler.progress(d):
                 await self._out.nak_all(ds, base)
                 return None
-            if ready.state == "ready":
-                self._model(model).ready = (time.monotonic(), ready)
-                return ready
-            if ready.state == "failed":
-                await self._out.publish_errors(
-                    ds, MODEL_LOAD_FAILED, f"Model '{model}' failed to load permanently.", nak_on_failure=True
-                )
-                return None
-            if ready.state not in ("loading_started", "loading_in_progress"):
-                await self._out.nak_all(ds, base)  # retry_later, or a state this version does not know
-                return None
-            for d in ds:
-                if not await self._settler.progress(d):
-                    await self._out.nak_all(ds, base)
-                    return None
-            wait_ms = base if ready.state == "loading_started" else 2 * base
-            try:
-                await asyncio.wait_for(self._shutdown.wait(), min(wait_ms, LOADING_RECHECK_CAP_MS) / 1000.0)
-            except TimeoutError:
-                continue
-            await self._out.nak_all(ds, self.shutdown_nak_ms())
-            return None
+        return _Loading(ready.state)
 
     # -- batches -------------------------------------------------------------------------------
 
@@ -603,10 +768,12 @@ class Dispatcher:
                     "progress_acks": sched.progress_acks,
                 }
             models[model] = entry
+        admission = self._intake.admission
         return {
             "worker_id": self._s.worker_id,
             "batch_method": "run_batch" if self._backend.runs_batches else "per_op",
             "config_hash": self._config.current,
+            "pool_admission": None if admission is None else admission.snapshot(),
             "batches": self.batch_summary(),
             "models": models,
         }

@@ -14,6 +14,7 @@ import logging
 from collections.abc import Sequence
 from typing import Protocol
 
+from .admission import Admission
 from .readiness import Readiness
 
 log = logging.getLogger(__name__)
@@ -33,14 +34,21 @@ async def gate_pulls(
     *,
     return_delay_s: float,
     poll_s: float,
+    admission: Admission | None = None,
+    admission_pause_s: float | None = None,
 ) -> None:
     """Pause every source while `readiness.pull_reason()` says why not (handshake pending, heartbeat
-    stale, backend draining) and resume when it clears. Sources start paused, so nothing is pulled
-    before the first good handshake. One log line per change of state (or of the kind of reason).
-    Checked after every heartbeat round and every `poll_s` (staleness comes with time alone)."""
+    stale, backend draining), or the pool admission gate does (§8: not admitted, or the first gateway
+    poll not answered yet; then both the pool and the worker-direct consumer stop), and resume when it
+    clears. Sources start paused, so nothing is pulled before the first good handshake (and the first
+    poll). One log line per change of state (or of the kind of reason). Checked after every heartbeat
+    round and admission change, every `poll_s` (staleness comes with time alone), and every
+    `admission_pause_s` while not admitted (the §5.1 pause)."""
     logged: str | None = ""  # the kind of reason last logged; None: pulling; "": nothing logged yet
     while not stop.is_set():
         reason = readiness.pull_reason()
+        admission_reason = admission.pull_reason() if admission is not None and reason is None else None
+        reason = reason or admission_reason
         kind = None if reason is None else reason.split(" (")[0]
         if reason is None:
             for source in sources:
@@ -50,14 +58,16 @@ async def gate_pulls(
                 source.pause(reason, return_delay_s=return_delay_s)
         if kind != logged:
             if reason is None:
-                log.info("pulling: the backend is ready")
+                log.info("pulling: the backend is ready" + ("" if admission is None else " and the pool admitted"))
             else:  # at start-up (before the first heartbeat) this is expected: info, not a warning
                 level = logging.INFO if logged == "" else logging.WARNING
-                log.log(level, "not pulling: the backend cannot serve", extra={"reason": reason})
+                what = "the pool is not admitted" if admission_reason else "the backend cannot serve"
+                log.log(level, f"not pulling: {what}", extra={"reason": reason})
             logged = kind
         readiness.changed.clear()
+        wait_s = poll_s if admission_reason is None or admission_pause_s is None else min(poll_s, admission_pause_s)
         with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(poll_s):
+            async with asyncio.timeout(wait_s):
                 await readiness.changed.wait()
 
 

@@ -12,6 +12,7 @@ from typing import Any, Final, Literal
 from .. import wire
 from ..logs import Throttled
 from ..wire.workitem import WorkItem, WorkItemError, decode_work_item
+from .admission import Admission, item_admitted
 from .delivery import Delivery
 from .source import SettleHandle
 
@@ -37,7 +38,7 @@ SUBJECT_CACHE_SIZE = 4096
 
 Verdict = Literal["accept", "nak", "drop"]
 ACCEPT: Final = "accept"  # grouped by model and handed on
-NAK: Final = "nak"  # malformed subject or undecodable payload: NAK with the base delay
+NAK: Final = "nak"  # malformed subject, undecodable payload, or pool not admitted: NAK with the base delay
 DROP: Final = "drop"  # unsafe reply subject or cancelled: ACK-dropped, nothing published
 
 
@@ -86,6 +87,10 @@ class Intake:
     def __init__(self, tombstones: Any = None, batch_tombstones: Any = None) -> None:
         self.tombstones = tombstones if tombstones is not None else wire.TombstoneSet()
         self.batch_tombstones = batch_tombstones if batch_tombstones is not None else wire.BatchTombstones()
+        #: The pool admission gate (§8), when the gateway is polled: row 11 checks each item against it.
+        self.admission: Admission | None = None
+        #: Items NAKed because their `admission_pool` was not admitted (metric reason `pool_not_assigned`).
+        self.unadmitted = 0
         self._subjects: dict[str, tuple[str | None, bool]] = {}
 
     def _subject_info(self, subject: str) -> tuple[str | None, bool]:
@@ -120,14 +125,15 @@ class Intake:
         the whole batch in one call (`_native.intake_batch`); `_verdicts_py` is its twin (and gives
         no plain hints: they only let the dispatcher skip checks)."""
         check_cancel = self.any_tombstones()
+        rule = self.admission.item_rule() if self.admission is not None else None
         if not check_cancel and _intake_batch is not None:
-            found = _intake_batch(messages, self._subject_info, Delivery, WorkItem, release)
+            found = _intake_batch(messages, self._subject_info, Delivery, WorkItem, release, admission=rule)
             if found is not None:
                 groups, naks, drops, notes, plain = found
                 for kind, d, detail in notes:
                     self._note(kind, d, detail)
                 return Verdicts(groups, naks, drops, plain)
-        return Verdicts(*self._verdicts_py(messages, release, check_cancel))
+        return Verdicts(*self._verdicts_py(messages, release, check_cancel, rule))
 
     def _note(self, kind: str, d: Delivery, detail: str | None) -> None:
         """Log what intake found, native or twin (and make the subject's model win on a mismatch)."""
@@ -139,11 +145,22 @@ class Intake:
         elif kind == "unsafe":
             item_id = d.item.work_item_id if d.item is not None else None
             _warn.warning("unsafe reply subject; dropped", key=subject, extra={"item": item_id})
+        elif kind == "unadmitted":
+            self.unadmitted += 1
+            _warn.warning(
+                "work item's admission pool is not admitted; NAKed",
+                key=f"unadmitted:{detail}",
+                extra={"admission_pool": detail, "reason": "pool_not_assigned"},
+            )
         elif d.item is not None:  # "mismatch"
             _subject_wins(d.item, d.model, subject)
 
     def _verdicts_py(
-        self, messages: Sequence[SettleHandle], release: Callable[[int], None] | None, check_cancel: bool
+        self,
+        messages: Sequence[SettleHandle],
+        release: Callable[[int], None] | None,
+        check_cancel: bool,
+        rule: tuple[bool, str, frozenset[str]] | None = None,
     ) -> tuple[dict[str, list[Delivery]], list[Delivery], list[Delivery]]:
         """The per-message loop: with tombstones set, and the twin of `wire.intake_batch`."""
         groups: dict[str, list[Delivery]] = {}
@@ -158,7 +175,7 @@ class Intake:
             if subject != last_subject:
                 model, direct = self._subject_info(subject)
                 last_subject = subject
-            d, verdict = decide(msg, model, direct, release, check_cancel)
+            d, verdict = decide(msg, model, direct, release, check_cancel, rule=rule)
             if verdict is ACCEPT:
                 group = groups.get(d.model)
                 if group is None:
@@ -174,7 +191,8 @@ class Intake:
     def verdict(self, msg: SettleHandle, release: Callable[[int], None] | None) -> tuple[Delivery, Verdict]:
         """§4.1 checks for one message, without awaiting: the verdict says how `handle` settles it."""
         model, direct = self._subject_info(msg.subject)
-        return self._decide(msg, model, direct, release, self.any_tombstones())
+        rule = self.admission.item_rule() if self.admission is not None else None
+        return self._decide(msg, model, direct, release, self.any_tombstones(), rule=rule)
 
     def _decide(
         self,
@@ -183,9 +201,11 @@ class Intake:
         direct: bool,
         release: Callable[[int], None] | None,
         check_cancel: bool,
+        *,
+        rule: tuple[bool, str, frozenset[str]] | None = None,
     ) -> tuple[Delivery, Verdict]:
         """The §4.1 rules for one message whose subject gave `model` (None: malformed) and `direct`;
-        `check_cancel` is false while both tombstone sets are empty."""
+        `check_cancel` is false while both tombstone sets are empty; `rule` is the admission rule."""
         d = Delivery(msg=msg, worker_direct=direct, release=release)
         if server_copied(getattr(msg, "headers", None)):
             self._note("copied", d, None)
@@ -202,6 +222,9 @@ class Intake:
             return d, DROP
         if check_cancel and item.operation != "generate" and self.cancelled(d):
             return d, DROP
+        if rule is not None and not item_admitted(item.admission_pool, rule):  # row 11, generation too
+            self._note("unadmitted", d, item.admission_pool)
+            return d, NAK
         d.model = model
         if item.model_id != model:
             self._note("mismatch", d, None)

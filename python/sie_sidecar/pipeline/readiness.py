@@ -25,6 +25,10 @@ class Readiness:
     draining: bool = False
     last_ping_ok: float | None = None  # time.monotonic() of the last successful heartbeat
     loaded_models: list[str] = field(default_factory=list)
+    #: Models whose load is in progress on a ready child (newer than v0.7.1: Ping's `loading_models`).
+    loading_models: list[str] = field(default_factory=list)
+    #: Set when the loaded or loading set changes (the health heartbeat publishes at once).
+    models_changed: asyncio.Event = field(default_factory=asyncio.Event)
     ready_children: int = 0
     #: The latest heartbeat was answered, and every answer said "not ready" (an unhealthy backend).
     backend_refusing: bool = False
@@ -104,7 +108,11 @@ async def heartbeat(clients: list[PingClient], readiness: Readiness, config: Con
             failures = 0
             readiness.last_ping_ok = time.monotonic()
             config.adopt(ready[0].bundle_config_hash)
-            readiness.loaded_models = sorted({m for r in ready for m in r.loaded_models})
+            loaded = sorted({m for r in ready for m in r.loaded_models})
+            loading = sorted({m for r in ready for m in getattr(r, "loading_models", ())})
+            if (loaded, loading) != (readiness.loaded_models, readiness.loading_models):
+                readiness.models_changed.set()
+            readiness.loaded_models, readiness.loading_models = loaded, loading
         else:
             failures += 1
             if should_log(failures):
