@@ -335,12 +335,14 @@ def test_native_admission_check_matches_its_twin(batch: list[Msg], rule: Any) ->
     admission.record(PoolDecision(rule[0], "r", rule[2]))
     twin = Intake()
     twin.admission = admission
-    expected = _verdict_of(twin._verdicts_py(batch, None, False, admission.item_rule()))
+    twin_found = twin._verdicts_py(batch, None, False, admission.item_rule())
+    expected = _verdict_of(twin_found)
     for lazy in (True, False):
         found = intake_batch(batch, twin._subject_info, Delivery, WorkItem, None, lazy, admission.item_rule())
         assert found is not None
         groups, naks, drops, notes, _ = found
         assert _verdict_of((groups, naks, drops)) == expected
+        assert [_fields(d) for d in naks] == [_fields(d) for d in twin_found[1]]  # model "" when NAKed
         unadmitted = [(d.msg, detail) for kind, d, detail in notes if kind == "unadmitted"]
         assert unadmitted == [
             (d.msg, msgpack.unpackb(d.msg.data)["admission_pool"]) for d in naks if d.item is not None

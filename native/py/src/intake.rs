@@ -179,11 +179,44 @@ impl<'py> AdmissionRule<'py> {
         self.logical.contains(key)
     }
 
-    /// The rule against a decoded WorkItem's `admission_pool`.
-    fn admits_item(&self, item: &Bound<'py, PyAny>) -> PyResult<(bool, Bound<'py, PyAny>)> {
+    /// The pool an item read in place names, when it is not admitted (the note's detail).
+    fn refuses(&self, py: Python<'py>, admission_pool: &str) -> PyResult<Option<Bound<'py, PyAny>>> {
+        Ok((!self.admits(admission_pool)?).then(|| PyString::new(py, admission_pool).into_any()))
+    }
+
+    /// The same for a decoded WorkItem (its `admission_pool` str is the detail).
+    fn refuses_item(&self, item: &Bound<'py, PyAny>) -> PyResult<Option<Bound<'py, PyAny>>> {
         let pool = item.getattr(intern!(item.py(), "admission_pool"))?;
         let ok = self.admits(pool.cast::<PyString>()?.to_str()?)?;
-        Ok((ok, pool))
+        Ok((!ok).then_some(pool))
+    }
+}
+
+impl<'py> Verdicts<'py> {
+    /// §4.1 rows 5 and 11 for a decoded delivery, and the subject-wins note: false when it was
+    /// ACK-dropped (unsafe reply subject) or NAKed (`unadmitted`: the pool not admitted).
+    fn accepts(
+        &self,
+        d: &Bound<'py, PyAny>,
+        reply_ok: bool,
+        unadmitted: Option<Bound<'py, PyAny>>,
+        mismatch: bool,
+    ) -> PyResult<bool> {
+        let py = d.py();
+        if !reply_ok {
+            self.drops.append(d)?;
+            self.notes.append(("unsafe", d, py.None()))?;
+            return Ok(false);
+        }
+        if let Some(pool) = unadmitted {
+            self.naks.append(d)?;
+            self.notes.append(("unadmitted", d, pool))?;
+            return Ok(false);
+        }
+        if mismatch {
+            self.notes.append(("mismatch", d, py.None()))?;
+        }
+        Ok(true)
     }
 }
 
@@ -322,11 +355,8 @@ pub fn intake_batch<'py>(
                 Some(view) => {
                     let raw = view.data();
                     let reply_ok = safe_reply_subject(view.parsed.str(raw, REPLY_SUBJECT));
-                    if let Some(rule) = &admission {
-                        let pool = view.parsed.str(raw, ADMISSION_POOL);
-                        if reply_ok && !rule.admits(pool)? {
-                            unadmitted = Some(PyString::new(py, pool).into_any());
-                        }
+                    if let (Some(rule), true) = (&admission, reply_ok) {
+                        unadmitted = rule.refuses(py, view.parsed.str(raw, ADMISSION_POOL))?;
                     }
                     let mismatch = view.parsed.str(raw, MODEL_ID) != m.to_str()?;
                     (reply_ok, mismatch, view.parsed.plain_op(raw).map(static_op))
@@ -337,11 +367,8 @@ pub fn intake_batch<'py>(
                         Ok(item) => {
                             let item = item.bind(py);
                             let verdict = checked(item, m)?;
-                            if let Some(rule) = &admission {
-                                let (ok, pool) = rule.admits_item(item)?;
-                                if verdict.0 && !ok {
-                                    unadmitted = Some(pool);
-                                }
+                            if let (Some(rule), true) = (&admission, verdict.0) {
+                                unadmitted = rule.refuses_item(item)?;
                             }
                             verdict
                         }
@@ -357,20 +384,10 @@ pub fn intake_batch<'py>(
                 }
             };
             let (reply_ok, mismatch, op) = verdict;
-            if !reply_ok {
-                out.drops.append(&ld)?;
-                out.notes.append(("unsafe", &ld, py.None()))?;
-                continue;
-            }
-            if let Some(pool) = unadmitted {
-                out.naks.append(&ld)?;
-                out.notes.append(("unadmitted", &ld, pool))?;
+            if !out.accepts(ld.as_any(), reply_ok, unadmitted, mismatch)? {
                 continue;
             }
             ld.borrow_mut().model = m.clone().into_any().unbind();
-            if mismatch {
-                out.notes.append(("mismatch", &ld, py.None()))?;
-            }
             (ld.into_any(), op)
         } else {
             // §4.1 row 1 first: a server-copied message is not work for this worker.
@@ -399,10 +416,7 @@ pub fn intake_batch<'py>(
                 let mismatch = reply_ok && p.str(raw, MODEL_ID) != m.to_str()?;
                 let op = p.plain_op(raw).map(static_op);
                 let unadmitted = match &admission {
-                    Some(rule) if reply_ok => {
-                        let pool = p.str(raw, ADMISSION_POOL);
-                        (!rule.admits(pool)?).then(|| PyString::new(py, pool))
-                    }
+                    Some(rule) if reply_ok => rule.refuses(py, p.str(raw, ADMISSION_POOL))?,
                     _ => None,
                 };
                 let model_of = if reply_ok && unadmitted.is_none() {
@@ -424,18 +438,8 @@ pub fn intake_batch<'py>(
                     ),
                 )?
                 .into_any();
-                if !reply_ok {
-                    out.drops.append(&d)?;
-                    out.notes.append(("unsafe", &d, py.None()))?;
+                if !out.accepts(&d, reply_ok, unadmitted, mismatch)? {
                     continue;
-                }
-                if let Some(pool) = unadmitted {
-                    out.naks.append(&d)?;
-                    out.notes.append(("unadmitted", &d, pool))?;
-                    continue;
-                }
-                if mismatch {
-                    out.notes.append(("mismatch", &d, py.None()))?;
                 }
                 (d, op)
             } else {
@@ -451,24 +455,18 @@ pub fn intake_batch<'py>(
                     Err(e) => return Err(e),
                 };
                 let (reply_ok, mismatch, op) = checked(&item, m)?;
-                if !reply_ok {
-                    let d = shared.delivery(&msg, &direct, item.unbind(), empty.as_any())?;
-                    out.drops.append(&d)?;
-                    out.notes.append(("unsafe", &d, py.None()))?;
+                let unadmitted = match &admission {
+                    Some(rule) if reply_ok => rule.refuses_item(&item)?,
+                    _ => None,
+                };
+                let model_of = if reply_ok && unadmitted.is_none() {
+                    m.as_any()
+                } else {
+                    empty.as_any()
+                };
+                let d = shared.delivery(&msg, &direct, item.unbind(), model_of)?;
+                if !out.accepts(&d, reply_ok, unadmitted, mismatch)? {
                     continue;
-                }
-                if let Some(rule) = &admission {
-                    let (ok, pool) = rule.admits_item(&item)?;
-                    if !ok {
-                        let d = shared.delivery(&msg, &direct, item.unbind(), empty.as_any())?;
-                        out.naks.append(&d)?;
-                        out.notes.append(("unadmitted", &d, pool))?;
-                        continue;
-                    }
-                }
-                let d = shared.delivery(&msg, &direct, item.unbind(), m.as_any())?;
-                if mismatch {
-                    out.notes.append(("mismatch", &d, py.None()))?;
                 }
                 (d, op)
             }

@@ -164,18 +164,13 @@ class Admission:
         self.errors += 1
         last = self.last_success
         if last is not None and self._clock() - last <= self.stale_after_s:
-            self._set(self.decision)
-            return
+            return  # a success came before, so the first poll is answered: nothing changes
         self._set(PoolDecision(self.own == DEFAULT_POOL, f"status_error:{detail}"))
 
     def _set(self, decision: PoolDecision) -> None:
         first, self.polled = not self.polled, True
         before, self.decision = self.decision, decision
-        if (before.pull_allowed, before.reason, before.logical) != (
-            decision.pull_allowed,
-            decision.reason,
-            decision.logical,
-        ):
+        if before != decision:
             level = logging.INFO if decision.pull_allowed else logging.WARNING
             log.log(
                 level,

@@ -64,7 +64,6 @@ class BackendClient(Protocol):
         """False once the backend answered RunBatch `unknown method`: per-op methods from then on."""
 
     async def ensure_model_ready(self, model_id: str) -> ReadyResponse: ...
-    async def run_batch(self, body: bytes) -> Any: ...
     async def run_batch_with(self, body: bytes, decode: Callable[[memoryview], Any]) -> Any: ...
     async def process_batch(self, method: str, body: bytes) -> Any: ...
 
@@ -369,13 +368,10 @@ class Dispatcher:
         if not kept:
             return
         self._parked_free -= len(kept)
-        releases: list[tuple[Callable[[int], None], int]] = []
         for d in kept:
             if d.release is not None:
-                releases.append((d.release, 1))
+                d.release(1)  # the pull loop may take more work meanwhile
             d.release = self._unpark
-        for release, n in releases:
-            release(n)  # the pull loop may take more work meanwhile
         task = asyncio.create_task(self._parked_group(model, kept, plain_op, state), name=f"parked:{model}")
         self._parked.add(task)
         task.add_done_callback(self._parked.discard)
