@@ -180,7 +180,11 @@ impl<'py> AdmissionRule<'py> {
     }
 
     /// The pool an item read in place names, when it is not admitted (the note's detail).
-    fn refuses(&self, py: Python<'py>, admission_pool: &str) -> PyResult<Option<Bound<'py, PyAny>>> {
+    fn refuses(
+        &self,
+        py: Python<'py>,
+        admission_pool: &str,
+    ) -> PyResult<Option<Bound<'py, PyAny>>> {
         Ok((!self.admits(admission_pool)?).then(|| PyString::new(py, admission_pool).into_any()))
     }
 
