@@ -5,7 +5,8 @@
 |---|---|
 | unset or `""` | local, no base directory: every read is an invalid ref |
 | `s3://bucket[/prefix]` | S3 (obstore, credentials from the standard AWS environment) |
-| `gs://`, `abfs://`, `abfss://`, `oss://` | start-up error: not in this build yet |
+| `gs://bucket[/prefix]` | GCS (obstore, credentials from the standard Google environment) |
+| `abfs://`, `abfss://`, `oss://` | start-up error: not in this build yet |
 | `file://<path>` or any other string | local, pinned base directory `<path>` |
 """
 
@@ -22,7 +23,7 @@ if TYPE_CHECKING:
 #: §12 envelope cap: the widest accepted extract request (34 MiB) plus 64 KiB of msgpack overhead.
 PAYLOAD_ENVELOPE_LIMIT = 34 * 1024 * 1024 + 64 * 1024
 FILE_SCHEME = "file://"
-NOT_YET = ("gs://", "abfs://", "abfss://", "oss://")
+NOT_YET = ("abfs://", "abfss://", "oss://")
 
 
 class PayloadReader(Protocol):
@@ -49,6 +50,10 @@ class PayloadStore:
             from .s3 import S3Reader  # obstore is imported only when an object store is configured
 
             return cls(S3Reader(url), "s3")
+        if url.startswith("gs://"):
+            from .gcs import GCSReader
+
+            return cls(GCSReader(url), "gcs")
         if url.startswith(NOT_YET):
             scheme = url.split("://", 1)[0]
             raise PayloadStoreConfigError(f"{scheme}:// payload stores are not supported by this build yet")
