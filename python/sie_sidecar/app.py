@@ -15,6 +15,7 @@ from typing import Any
 
 from . import wire
 from .bus import connect as connection
+from .bus.config_sub import subscribe_config
 from .bus.connect import NATS_FAILURES, NatsClient
 from .bus.control import Subscription, subscribe_cancels, unsubscribe_all
 from .bus.health import HealthIdentity, HealthReporter, publish_health
@@ -23,8 +24,11 @@ from .bus.publisher import Publisher
 from .bus.pull import PullConsumer
 from .bus.topology import POOL_ACK_WAIT_S, TopologySpec, consumer_ack_wait_s, establish_topology, reconcile_forever
 from .config import Settings
+from .control.config_service import Reconciler
 from .control.gateway import poll_forever
+from .control.live_config import LiveConfig
 from .errors import ConfigError, StartupError, TopologyError
+from .ipc.children import BackendChildren
 from .ipc.client import IpcClient
 from .payloads import PayloadStore, PayloadStoreConfigError
 from .pipeline.admission import Admission
@@ -32,7 +36,7 @@ from .pipeline.delivery import Settler
 from .pipeline.dispatcher import SHUTDOWN_NAK_MS, ConfigState, Dispatcher, DispatchSettings
 from .pipeline.feed import feed
 from .pipeline.gate import gate_pulls
-from .pipeline.readiness import Readiness, heartbeat
+from .pipeline.readiness import PingClient, Readiness, heartbeat
 from .prep.audio import configure_permits as configure_audio_permits
 from .probes import start_probes
 from .sched.quantum import LatencyWindow, QuantumController
@@ -101,13 +105,29 @@ def _dispatch_settings(settings: Settings, *, ack_wait_s: float = POOL_ACK_WAIT_
     )
 
 
+def _backend_client(settings: Settings) -> IpcClient | BackendChildren:
+    """One IPC client, or one per backend child with placement and the config fan-out (§9.5)."""
+    limits = settings.concurrency
+    paths = list(dict.fromkeys(settings.ipc_socket_paths)) or [settings.ipc_socket_path]
+    clients = [
+        IpcClient(
+            path,
+            pool_size=limits.ipc_connections,
+            request_timeout_s=settings.ipc_request_timeout_s,
+            model_ready_timeout_s=settings.model_ready_timeout_s,
+        )
+        for path in paths
+    ]
+    return clients[0] if len(clients) == 1 else BackendChildren(clients)
+
+
 @dataclass
 class _Running:
     """What `_start` opened, for the drain (§15.4); the exit stack closes it all on every path."""
 
     settings: Settings
     nc: NatsClient
-    ipc: IpcClient
+    ipc: IpcClient | BackendChildren
     readiness: Readiness
     dispatcher: Dispatcher
     settler: Settler
@@ -149,12 +169,7 @@ async def _start(settings: Settings, stop: asyncio.Event, resources: contextlib.
     probes = await start_probes(readiness, settings.worker_probe_port)  # a bind failure is logged only (§10)
     if probes is not None:
         resources.push_async_callback(probes.cleanup)
-    ipc = IpcClient(
-        settings.ipc_socket_path,
-        pool_size=limits.ipc_connections,
-        request_timeout_s=settings.ipc_request_timeout_s,
-        model_ready_timeout_s=settings.model_ready_timeout_s,
-    )
+    ipc = _backend_client(settings)
     resources.push_async_callback(ipc.close)
 
     events = connection.NatsEvents(settings.redact_text)
@@ -196,8 +211,6 @@ async def _start(settings: Settings, stop: asyncio.Event, resources: contextlib.
         telemetry=telemetry,
         acks_with_replies=writer.framed,  # one writer for both: a batch's ACKs follow its replies
     )
-    if probes is not None and settings.debug_endpoint:
-        probes.debug_state = dispatcher.debug_state
     subs: list[Subscription] = []
     resources.push_async_callback(unsubscribe_all, subs)
     try:
@@ -209,7 +222,32 @@ async def _start(settings: Settings, stop: asyncio.Event, resources: contextlib.
     hb_stop = asyncio.Event()
     health_stop = asyncio.Event()
     resources.push_async_callback(_end_tasks, background, hb_stop, health_stop)
-    background.append(asyncio.create_task(heartbeat([ipc], readiness, config, hb_stop)))
+    # Live config (§9): the subscriber, then the reconciler; both write under the execution barrier.
+    live = LiveConfig(
+        config,
+        ipc,
+        bundle=settings.bundle,
+        pool=settings.pool,
+        allow_list=settings.config_producer_allow_list,
+        stop=stop,
+        telemetry=telemetry,
+        on_commit=readiness.models_changed.set,  # the health beat carries the new hash at once
+    )
+    await subscribe_config(nc, live, subs, stop)
+    reconciler: Reconciler | None = None
+    if settings.config_service_url is not None:
+        reconciler = Reconciler(
+            live,
+            settings.config_service_url,
+            settings.config_service_bearer,
+            poll_interval_s=settings.worker_config_poll_interval_ms / 1000.0,
+            full_export_interval_s=settings.worker_config_full_export_interval_ms / 1000.0,
+            stop=hb_stop,
+        )
+        live.on_behind = config.on_refused = reconciler.wake
+        background.append(asyncio.create_task(reconciler.run()))
+    pingers: list[PingClient] = [*ipc.pingers()] if isinstance(ipc, BackendChildren) else [ipc]
+    background.append(asyncio.create_task(heartbeat(pingers, readiness, config, hb_stop)))
     admission: Admission | None = None
     if settings.pool_admission_active and settings.gateway_url is not None:
         admission = Admission(
@@ -243,8 +281,21 @@ async def _start(settings: Settings, stop: asyncio.Event, resources: contextlib.
         pool_name=settings.pool,
         bundle=settings.bundle,
         gpu_count=settings.gpu_count,
+        backend_children=len(pingers),
     )
     reporter = HealthReporter(identity, readiness, telemetry, max_concurrent_batches=limits.model_groups)
+    if probes is not None and settings.debug_endpoint:
+
+        def debug_state() -> dict[str, Any]:
+            state = dispatcher.debug_state()
+            state["placement"] = ipc.placement() if isinstance(ipc, BackendChildren) else {}
+            state["pool_quarantined"] = isinstance(ipc, BackendChildren) and ipc.quarantined
+            state["live_config"] = live.snapshot() | {
+                "reconciler": None if reconciler is None else reconciler.snapshot()
+            }
+            return state
+
+        probes.debug_state = debug_state
     if settings.health_publish_enabled:
         background.append(
             asyncio.create_task(
@@ -395,7 +446,9 @@ async def _drain(r: _Running) -> None:
     r.health_stop.set()
     if settings.health_publish_enabled:
         with contextlib.suppress(Exception):
-            tombstone = r.reporter.payload(r.config.current or "", terminated=True)
+            tombstone = r.reporter.payload(
+                r.config.current or "", unsupported_models=r.config.unsupported_models, terminated=True
+            )
             await r.nc.publish(wire.health_subject(settings.worker_id), tombstone)
             await r.nc.flush(timeout=round(HEALTH_TOMBSTONE_WAIT_S))
     await _end_tasks(r.background)

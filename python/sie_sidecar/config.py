@@ -223,14 +223,6 @@ NOT_YET_FLAGS = frozenset(
     {
         "SIE_SIDECAR_INGEST",
         "SIE_SIDECAR_LOCAL_SOCKET",
-        "SIE_IPC_SOCKET_PATHS",
-        "SIE_CONFIG_SERVICE_URL",
-        "SIE_CONFIG_SERVICE_TOKEN",
-        "SIE_ADMIN_TOKEN",
-        "SIE_WORKER_CONFIG_POLL_INTERVAL_MS",
-        "SIE_WORKER_CONFIG_FULL_EXPORT_INTERVAL_MS",
-        "SIE_NATS_CONFIG_TRUSTED_PRODUCERS",
-        "SIE_NATS_CONFIG_TRUST_ANY_PRODUCER",
     }
 )
 ENV_ONLY_HELP = (
@@ -636,14 +628,6 @@ _DEFAULTS: Mapping[str, object] = {
 NOT_YET: tuple[tuple[str, str], ...] = (
     ("ingest", "SIE_SIDECAR_INGEST"),  # local ingest (§11)
     ("local_socket", "SIE_SIDECAR_LOCAL_SOCKET"),
-    ("ipc_socket_paths", "SIE_IPC_SOCKET_PATHS"),  # one backend child only; the default is the primary
-    ("config_service_url", "SIE_CONFIG_SERVICE_URL"),  # live config (§9)
-    ("config_service_token", "SIE_CONFIG_SERVICE_TOKEN"),
-    ("admin_token", "SIE_ADMIN_TOKEN"),
-    ("worker_config_poll_interval_ms", "SIE_WORKER_CONFIG_POLL_INTERVAL_MS"),
-    ("worker_config_full_export_interval_ms", "SIE_WORKER_CONFIG_FULL_EXPORT_INTERVAL_MS"),
-    ("nats_config_trusted_producers", "SIE_NATS_CONFIG_TRUSTED_PRODUCERS"),
-    ("nats_config_trust_any_producer", "SIE_NATS_CONFIG_TRUST_ANY_PRODUCER"),
     ("stream_replicas", "SIE_STREAM_REPLICAS"),
     ("generate_ipc_frame_timeout_s", "SIE_GENERATE_IPC_FRAME_TIMEOUT_S"),  # generation streaming (§14)
     ("ipc_mux", "SIE_IPC_MUX"),

@@ -130,6 +130,19 @@ class PoolsPollError(Exception):
         self.detail = detail
 
 
+class ConfigServiceError(Exception):
+    """One config-service request (`/v1/configs/*`, §9.3) failed or answered a body of the wrong shape;
+    `detail` names neither the URL nor the bearer."""
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(detail)
+        self.detail = detail
+
+
+class NotificationError(ValueError):
+    """A `sie.config.models.*` notification that is not the §9.1 JSON object (outcome `parse_error`)."""
+
+
 # ------------------------------------------------------------------------------------------ payloads (§12)
 
 Reason = Literal["not_found", "permission_denied", "io", "invalid_ref", "unsupported", "object_store", "too_large"]

@@ -77,14 +77,6 @@ def test_every_setting_is_read_or_refused(name: str) -> None:
 NOT_DEFAULT = {
     "SIE_SIDECAR_INGEST": "local",
     "SIE_SIDECAR_LOCAL_SOCKET": "/tmp/local-ingest.sock",
-    "SIE_IPC_SOCKET_PATHS": "/tmp/a.sock,/tmp/b.sock",
-    "SIE_CONFIG_SERVICE_URL": "http://sie-config:8080",
-    "SIE_CONFIG_SERVICE_TOKEN": "cfg-token-0xFACADE",
-    "SIE_ADMIN_TOKEN": "admin-token-0xC0FFEE",
-    "SIE_WORKER_CONFIG_POLL_INTERVAL_MS": "60000",
-    "SIE_WORKER_CONFIG_FULL_EXPORT_INTERVAL_MS": "0",
-    "SIE_NATS_CONFIG_TRUSTED_PRODUCERS": "sie-config,other",
-    "SIE_NATS_CONFIG_TRUST_ANY_PRODUCER": "true",
     "SIE_STREAM_REPLICAS": "3",
     "SIE_GENERATE_IPC_FRAME_TIMEOUT_S": "60",
     "SIE_IPC_MUX": "1",
@@ -95,10 +87,6 @@ NOT_DEFAULT = {
 #: The same variables at their defaults: accepted (a harmless carried value is not refused).
 AT_DEFAULT = {
     "SIE_SIDECAR_INGEST": "nats",
-    "SIE_IPC_SOCKET_PATHS": "/tmp/sie-ipc.sock",
-    "SIE_WORKER_CONFIG_POLL_INTERVAL_MS": "30000",
-    "SIE_NATS_CONFIG_TRUSTED_PRODUCERS": "sie-config",
-    "SIE_NATS_CONFIG_TRUST_ANY_PRODUCER": "false",
     "SIE_STREAM_REPLICAS": "1",
     "SIE_GENERATE_IPC_FRAME_TIMEOUT_S": "300",
     "SIE_IPC_MUX": "0",

@@ -46,6 +46,9 @@ def add_backend_arguments(parser: argparse.ArgumentParser) -> None:
         "--crash-after-batches", type=_non_negative(0), default=0, help="exit(1) when the Nth batch arrives (0 = never)"
     )
     null.add_argument("--batch-delay-s", type=_seconds, default=0.0, help="time every batch takes (default 0)")
+    null.add_argument(
+        "--config-apply-delay-s", type=_seconds, default=0.0, help="time every model-config write takes (default 0)"
+    )
     null.add_argument("--batch-budget", type=_non_negative(1), default=64, help="batch_budget reported on ready")
     null.add_argument(
         "--batch-time",
@@ -131,6 +134,7 @@ def build_adapter(args: argparse.Namespace) -> Adapter:
         supports_run_batch=args.supports_run_batch,
         batch_budget=args.batch_budget,
         preloaded_models=args.preload,
+        config_apply_delay_s=args.config_apply_delay_s,
     )
 
 

@@ -27,6 +27,8 @@ from ..errors import INFERENCE_ERROR
 from ..ipc.types import FAILED, LOADING_IN_PROGRESS, LOADING_STARTED, READY, RETRY_LATER, ModelDescriptor, ReadyResponse
 from ..prep.tokenize import tokenizer_id_of
 from .adapter import Adapter, outcome_for, unit_counts
+from .config_registry import ModelConfigRegistry
+from .model_config import ApplyModelConfigRequest, ConfigApplied, ReplaceModelConfigsRequest
 
 #: Redelivery delay for items of a model that is not loaded (the Python backend's SIE_NAK_DELAY_S).
 NOT_LOADED_NAK_MS: Final = 5000
@@ -111,7 +113,9 @@ class NullAdapter(Adapter):
     utilisation.
     `supports_run_batch=False` makes it a per-op backend, as one from before RunBatch (the server
     answers RunBatch with `unknown method RunBatch`); `with_descriptor=False` answers `ready`
-    without a model descriptor.
+    without a model descriptor. Model configs (ApplyModelConfig, ReplaceModelConfigs) go to a
+    `ModelConfigRegistry` whose hash Ping reports; `config_apply_delay_s` makes each write take that
+    long (for tests of config changes racing batches).
     """
 
     def __init__(
@@ -134,6 +138,7 @@ class NullAdapter(Adapter):
         tokenizer_path: str | os.PathLike[str] | None = None,
         declared_tokenizer_id: str | None = None,
         batch_log: str | os.PathLike[str] | None = None,
+        config_apply_delay_s: float = 0.0,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], Awaitable[object]] = asyncio.sleep,
     ) -> None:
@@ -167,6 +172,11 @@ class NullAdapter(Adapter):
         )
         self._clock = clock
         self._sleep = sleep
+        self.configs = ModelConfigRegistry()
+        self.config_apply_delay_s = _non_negative_number("config_apply_delay_s", config_apply_delay_s)
+        self._config_writing = 0
+        self.batches_during_config_write = 0
+        self.items_on_wrong_hash = 0
         self._device_free_at = float("-inf")  # when the simulated device finishes its queued batches
         self.tokens = 0
         self.device_s = 0.0
@@ -256,6 +266,42 @@ class NullAdapter(Adapter):
     def supported_models(self) -> Sequence[str]:
         return sorted(self._loaded | set(self._loading))
 
+    # -- model configuration ------------------------------------------------------------------
+
+    def bundle_config_hash(self) -> str:
+        return self.configs.bundle_config_hash
+
+    async def apply_model_config(self, request: ApplyModelConfigRequest) -> ConfigApplied:
+        return await self._config_write(lambda: self.configs.apply(request))
+
+    async def replace_model_configs(self, request: ReplaceModelConfigsRequest) -> ConfigApplied:
+        return await self._config_write(lambda: self.configs.replace(request))
+
+    async def _config_write(self, write: Callable[[], ConfigApplied]) -> ConfigApplied:
+        """A write that takes `config_apply_delay_s`, during which the registry is half-applied: a batch
+        that runs meanwhile is recorded in `batches_during_config_write` (the sidecar's barrier must
+        keep that at zero)."""
+        self._config_writing += 1
+        try:
+            if self.config_apply_delay_s:
+                await self._sleep(self.config_apply_delay_s / 2)
+                answer = write()
+                await self._sleep(self.config_apply_delay_s / 2)
+                return answer
+            return write()
+        finally:
+            self._config_writing -= 1
+
+    def _check_config(self, items: list[dict[str, Any]]) -> None:
+        """Record a batch that overlaps a config write, or whose items pin another hash than ours."""
+        if self._config_writing:
+            self.batches_during_config_write += 1
+        current = self.configs.bundle_config_hash
+        for item in items:
+            pinned = item.get("bundle_config_hash")
+            if pinned and pinned != current:
+                self.items_on_wrong_hash += 1
+
     # -- inference ----------------------------------------------------------------------------
 
     def vector(self, text: str, lora: str = "") -> npt.NDArray[np.float32]:
@@ -293,8 +339,10 @@ class NullAdapter(Adapter):
         if self.crash_after_batches and self.batches >= self.crash_after_batches:
             os._exit(1)  # a backend child dying mid-batch, for the sidecar's transport-error tests
         self.items += len(items)
+        self._check_config(items)
         if self.batch_delay_s:
             await asyncio.sleep(self.batch_delay_s)  # a slow GPU, for drain and mid-flight failure tests
+        self._check_config(items)
         self._promote()
         if model_id not in self._loaded:
             return [

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -25,6 +26,8 @@ class ConfigSource(Protocol):
 
     @property
     def current(self) -> str | None: ...
+    @property
+    def unsupported_models(self) -> Sequence[str]: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +78,7 @@ def health_payload(
     readiness: Readiness,
     *,
     bundle_config_hash: str,
+    unsupported_models: Sequence[str] = (),
     queue_depth: int = 0,
     pending_cost: int = 0,
     inflight_batches: int = 0,
@@ -101,6 +105,8 @@ def health_payload(
         "inflight_batches": inflight_batches,
         "saturated": saturated,
     }
+    if unsupported_models:  # newer than v0.7.1: omitted when empty
+        body["unsupported_models"] = list(unsupported_models)
     return json.dumps(body, separators=(",", ":")).encode()
 
 
@@ -121,7 +127,9 @@ class HealthReporter:
         self._total_slots = telemetry.gauge(GPU_SLOTS, (("state", "total"),))
         self._ready_slots = telemetry.gauge(GPU_SLOTS, (("state", "ready"),))
 
-    def payload(self, bundle_config_hash: str, *, terminated: bool = False) -> bytes:
+    def payload(
+        self, bundle_config_hash: str, *, unsupported_models: Sequence[str] = (), terminated: bool = False
+    ) -> bytes:
         """The next heartbeat (or, with `terminated`, the shutdown tombstone)."""
         _, total, ready_slots = gpu_slots(self.identity, self.readiness, terminated=terminated)
         depth = max(0, int(self._queued.value))
@@ -134,6 +142,7 @@ class HealthReporter:
             self.identity,
             self.readiness,
             bundle_config_hash=bundle_config_hash,
+            unsupported_models=unsupported_models,
             queue_depth=depth,
             pending_cost=max(0, int(self._queued_cost.value)),
             inflight_batches=inflight,
@@ -158,7 +167,9 @@ async def publish_health(
     while not stop.is_set():
         reporter.readiness.models_changed.clear()
         try:
-            await nc.publish(subject, reporter.payload(config.current or ""))
+            await nc.publish(
+                subject, reporter.payload(config.current or "", unsupported_models=config.unsupported_models)
+            )
         except Exception as exc:  # logged on counts 1, 5, 30, every 120 (§10)
             failures += 1
             if should_log(failures):

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 from typing import TYPE_CHECKING, Any, Final
 
 from ..errors import PoolsPollError, PoolsResponseError
 from ..logs import should_log
 from ..pipeline.admission import Admission, decide
+from .http import get_json
 
 if TYPE_CHECKING:
     import aiohttp
@@ -26,7 +26,6 @@ log = logging.getLogger(__name__)
 POLL_TIMEOUT_S: Final = 5.0
 #: A `/v1/pools` body larger than this is refused (a gateway lists pools, not payloads).
 MAX_BODY_BYTES: Final = 8 << 20
-_DETAIL_MAX: Final = 120
 
 
 def pools_url(gateway_url: str) -> str:
@@ -38,42 +37,7 @@ async def fetch_pools(
 ) -> Any:
     """One `GET /v1/pools` (bounded by `timeout_s`, redirects not followed): the decoded JSON body,
     or `PoolsPollError`."""
-    import aiohttp
-
-    headers = {"Accept": "application/json"}
-    if api_key:
-        headers["Authorization"] = f"Bearer {api_key}"
-    try:
-        async with session.get(
-            url, headers=headers, timeout=aiohttp.ClientTimeout(total=timeout_s), allow_redirects=False
-        ) as response:
-            if not 200 <= response.status < 300:
-                raise PoolsPollError(f"HTTP {response.status}")
-            if (response.content_length or 0) > MAX_BODY_BYTES:
-                raise PoolsPollError(f"body over {MAX_BODY_BYTES} bytes")
-            body = await _read_bounded(response.content)
-    except (aiohttp.ClientError, TimeoutError, OSError) as exc:
-        raise PoolsPollError(_short(f"transport: {type(exc).__name__}")) from None
-    try:
-        return json.loads(body)
-    except (UnicodeDecodeError, ValueError) as exc:
-        raise PoolsPollError(_short(f"json: {exc}")) from None
-
-
-async def _read_bounded(content: aiohttp.StreamReader) -> bytes:
-    """The whole body, refused past `MAX_BODY_BYTES` (a chunked body has no length to check first)."""
-    parts: list[bytes] = []
-    size = 0
-    while chunk := await content.read(1 << 16):
-        size += len(chunk)
-        if size > MAX_BODY_BYTES:
-            raise PoolsPollError(f"body over {MAX_BODY_BYTES} bytes")
-        parts.append(chunk)
-    return b"".join(parts)
-
-
-def _short(detail: str) -> str:
-    return detail if len(detail) <= _DETAIL_MAX else detail[: _DETAIL_MAX - 1] + "…"
+    return await get_json(session, url, api_key, timeout_s=timeout_s, max_bytes=MAX_BODY_BYTES, error=PoolsPollError)
 
 
 async def poll_once(

@@ -26,7 +26,7 @@ from .. import wire
 from ..errors import NO_RUN_BATCH, DecodeError, IpcServerError, IpcTimeout, IpcTransportError, ProtocolError
 from ..logs import Throttled
 from ..wire.limits import IPC_VERSION
-from .types import PingResponse, ReadyResponse
+from .types import ConfigResponse, PingResponse, ReadyResponse
 
 if TYPE_CHECKING:
     from types import TracebackType
@@ -194,6 +194,10 @@ class IpcClient:
             "EnsureModelReady", body, self._model_ready_timeout_s, _typed(ReadyResponse.from_body)
         )
 
+    def client_for(self, model_id: str) -> Self:
+        """The client that serves `model_id`'s batches: this one (one child serves every model)."""
+        return self
+
     async def run_batch(self, body: bytes) -> wire.BatchOutcome:
         """RunBatch with an already-encoded RunBatchRequest."""
         return await self.run_batch_with(body, wire.decode_batch_outcome)
@@ -239,6 +243,18 @@ class IpcClient:
         except IpcServerError as exc:
             return exc.message == "draining"
         return False
+
+    async def apply_model_config(self, body: dict[str, Any]) -> ConfigResponse:
+        """ApplyModelConfig (§3.3) with the ordinary IPC timeout; the caller retries transient errors."""
+        return await self._request(
+            "ApplyModelConfig", _pack(body), self._request_timeout_s, _typed(ConfigResponse.from_body)
+        )
+
+    async def replace_model_configs(self, body: dict[str, Any]) -> ConfigResponse:
+        """ReplaceModelConfigs (§3.4): an authoritative snapshot of the bundle's configs."""
+        return await self._request(
+            "ReplaceModelConfigs", _pack(body), self._request_timeout_s, _typed(ConfigResponse.from_body)
+        )
 
     async def drain(self, deadline_ms: int = 15000) -> bool:
         """Tell the backend to stop taking batch work; returns its `acknowledged` flag."""

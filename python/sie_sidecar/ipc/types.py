@@ -122,6 +122,36 @@ class PingResponse:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class ConfigResponse:
+    """ApplyModelConfig / ReplaceModelConfigs answer (§3.3, §3.4): `applied` and the hash are required;
+    `applied_models` and `applied_profiles` are ReplaceModelConfigs only (empty for Apply)."""
+
+    applied: bool
+    bundle_config_hash: str
+    config_version: int = 0
+    applied_models: tuple[str, ...] = ()
+    applied_profiles: tuple[str, ...] = ()
+    unsupported_models: tuple[str, ...] = ()
+
+    @classmethod
+    def from_body(cls, body: Mapping[str, Any]) -> ConfigResponse:
+        what = "ConfigResponse"
+        body = _mapping(body, what)
+        if not isinstance(body.get("applied"), bool):
+            raise DecodeError(f"{what} 'applied' is required and must be a bool")
+        if not isinstance(body.get("bundle_config_hash"), str):
+            raise DecodeError(f"{what} 'bundle_config_hash' is required and must be a string")
+        return cls(
+            applied=body["applied"],
+            bundle_config_hash=body["bundle_config_hash"],
+            config_version=_opt_uint(body, "config_version", what) or 0,
+            applied_models=_str_list(body, "applied_models", what),
+            applied_profiles=_str_list(body, "applied_profiles", what),
+            unsupported_models=_str_list(body, "unsupported_models", what),
+        )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class ModelDescriptor:
     """Per-model capabilities reported with `ready` (every field defaulted, wire-protocol §3.2)."""
 

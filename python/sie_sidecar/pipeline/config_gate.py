@@ -1,38 +1,175 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The config gate (sidecar-behaviour §5.5): an item carrying a bundle-config hash runs only while that
-hash is the worker's current one. Checked at intake and again right before execution; the live
-config of a later issue moves `current` under the execution barrier."""
+"""The config gate (sidecar-behaviour §5.5, §9.4): an item carrying a bundle-config hash runs only
+while that hash is the worker's advertised one, checked at the group pre-check and again right before
+execution, under the execution barrier that every config mutation takes exclusively.
+
+The advertised state is one (epoch, hash, unsupported models) triple. A live apply or an export
+commits it as a whole; the backend's Ping hash is adopted only while nothing was ever committed and
+the hash is empty, so a backend that drifted from the control plane can never silently move it
+(quarantine: work pinned to the new hash is NAKed until reconciliation succeeds).
+"""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Callable, Iterable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from ..wire.workitem import WorkItem
 
 
+class ExecutionBarrier:
+    """A writer-preferring shared/exclusive lock (§5.5): executions share it, config mutation takes it
+    alone, and a waiting writer stops new executions from entering, so a config change waits only for
+    the batches already at the backend, never for a stream of later ones.
+
+    Uncontended, entering the shared side is two attribute reads and an increment (once per batch)."""
+
+    def __init__(self) -> None:
+        self._readers = 0
+        self._writing = False
+        self._writers_waiting = 0
+        self._waiters: list[asyncio.Future[None]] = []
+
+    @property
+    def executions(self) -> int:
+        """Executions holding the shared side now."""
+        return self._readers
+
+    @property
+    def writing(self) -> bool:
+        """Whether a config mutation holds the barrier (or waits for it)."""
+        return self._writing or self._writers_waiting > 0
+
+    def _wake(self) -> None:
+        waiters, self._waiters = self._waiters, []
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+
+    async def _wait(self) -> None:
+        waiter = asyncio.get_running_loop().create_future()
+        self._waiters.append(waiter)
+        await waiter
+
+    @contextlib.asynccontextmanager
+    async def shared(self) -> AsyncIterator[None]:
+        """One execution: from just before the hash check until the backend call returns."""
+        while self._writing or self._writers_waiting:
+            await self._wait()
+        self._readers += 1
+        try:
+            yield
+        finally:
+            self._readers -= 1
+            if not self._readers:
+                self._wake()
+
+    @contextlib.asynccontextmanager
+    async def exclusive(self) -> AsyncIterator[None]:
+        """One config mutation: no execution runs while it is held."""
+        self._writers_waiting += 1
+        try:
+            while self._writing or self._readers:
+                await self._wait()
+        except BaseException:
+            self._writers_waiting -= 1
+            self._wake()  # executions held back for this writer may go
+            raise
+        self._writers_waiting -= 1
+        self._writing = True
+        try:
+            yield
+        finally:
+            self._writing = False
+            self._wake()
+
+
 class ConfigState:
-    """The worker's advertised bundle-config hash; `None` until one is known (then every hash passes)."""
+    """The worker's advertised bundle-config state; `current` is None while no hash is advertised.
+
+    `on_refused` is called (no arguments) when the gate refuses an item's hash: the reconciler uses
+    it to look for drift at once rather than at its next poll, so quarantined work waits less."""
 
     def __init__(self, initial: str = "") -> None:
-        self.current: str | None = initial or None
+        self._hash = initial
+        self.epoch = 0
+        self.committed = False
+        self._unsupported: frozenset[str] = frozenset()
+        self.unsupported_models: tuple[str, ...] = ()
+        self.barrier = ExecutionBarrier()
+        self.on_refused: Callable[[], None] | None = None
+        #: Models and profiles the control plane told us of (§9.2 step 12), for telemetry.
+        self.catalog_models: set[str] = set()
+        self.catalog_profiles: set[str] = set()
+
+    @property
+    def current(self) -> str | None:
+        """The advertised hash, or None while there is none (then only legacy items pass)."""
+        return self._hash or None
 
     def accepts(self, item_hash: str) -> bool:
-        """An empty (legacy) hash always passes; otherwise it must equal the current one."""
-        return not item_hash or self.current is None or item_hash == self.current
+        """An empty (legacy) hash always passes; otherwise it must equal the advertised one."""
+        return not item_hash or item_hash == self._hash
 
     def accepts_all(self, items: Iterable[WorkItem | None]) -> bool:
-        """`accepts` for every item; one attribute read per item only while a hash is current."""
-        current = self.current
-        if current is None:
-            return True
-        return all(item is None or not item.bundle_config_hash or item.bundle_config_hash == current for item in items)
+        """`accepts` for every item; calls `on_refused` when one is refused."""
+        current = self._hash
+        for item in items:
+            if item is not None and item.bundle_config_hash and item.bundle_config_hash != current:
+                if self.on_refused is not None:
+                    self.on_refused()
+                return False
+        return True
+
+    def supports(self, model_id: str) -> bool:
+        """False for a model the backend reported it cannot serve (case-insensitive; newer than v0.7.1)."""
+        return not self._unsupported or model_id.lower() not in self._unsupported
 
     def adopt(self, backend_hash: str) -> None:
-        """Take the backend's hash when the worker has none yet (first ready Ping)."""
-        if self.current is None and backend_hash:
-            self.current = backend_hash
+        """Take the backend's Ping hash while nothing is committed and none is advertised (§9.4)."""
+        if not self.committed and not self._hash and backend_hash:
+            self._hash = backend_hash
+
+    def commit(self, epoch: int, bundle_hash: str, unsupported: Iterable[str] = (), *, force: bool = False) -> bool:
+        """§9.2 step 12: with epoch 0 set the hash and leave the epoch; otherwise raise the epoch and set
+        the hash together, or change nothing when the epoch is not greater (`force`: an export that
+        rewinds or re-asserts the epoch). Returns whether the advertised state changed."""
+        models = tuple(sorted({m.strip() for m in unsupported if m.strip()}))
+        if epoch != 0 and not force and epoch <= self.epoch:
+            return False
+        before = (self.epoch, self._hash, self.unsupported_models, self.committed)
+        if epoch != 0 or force:
+            self.epoch = epoch
+        self._hash = bundle_hash
+        self.unsupported_models = models
+        self._unsupported = frozenset(m.lower() for m in models)
+        self.committed = True
+        return before != (self.epoch, self._hash, self.unsupported_models, self.committed)
+
+    def raise_epoch(self, epoch: int) -> bool:
+        """An epoch bump (§9.2 step 6): the hash stays; returns whether the epoch rose."""
+        if epoch <= self.epoch:
+            return False
+        self.epoch = epoch
+        return True
+
+    def is_stale(self, epoch: int) -> bool:
+        """§9.2 step 5: older than ours, or the same non-zero epoch."""
+        return epoch < self.epoch or (epoch == self.epoch and epoch != 0)
+
+    def snapshot(self) -> dict[str, object]:
+        """For /debug/state."""
+        return {
+            "epoch": self.epoch,
+            "bundle_config_hash": self._hash,
+            "committed": self.committed,
+            "unsupported_models": list(self.unsupported_models),
+            "config_writer_waiting": self.barrier.writing,
+            "executions": self.barrier.executions,
+        }
 
 
-__all__ = ["ConfigState"]
+__all__ = ["ConfigState", "ExecutionBarrier"]

@@ -56,16 +56,27 @@ READY_CACHE_S = 1.0
 KNOWN_OPS = ("encode", "score", "extract")
 
 
+class BatchClient(Protocol):
+    """The batch calls of the backend child that serves one model."""
+
+    @property
+    def runs_batches(self) -> bool:
+        """False once the backend answered RunBatch `unknown method`: per-op methods from then on."""
+
+    async def run_batch_with(self, body: bytes, decode: Callable[[memoryview], Any]) -> Any: ...
+    async def process_batch(self, method: str, body: bytes) -> Any: ...
+
+
 class BackendClient(Protocol):
-    """The IPC calls the dispatcher makes (`ipc.client.IpcClient`)."""
+    """The IPC calls the dispatcher makes (`ipc.client.IpcClient`, or `ipc.children.BackendChildren`
+    for several backend children, which places each model on one of them)."""
 
     @property
     def runs_batches(self) -> bool:
         """False once the backend answered RunBatch `unknown method`: per-op methods from then on."""
 
     async def ensure_model_ready(self, model_id: str) -> ReadyResponse: ...
-    async def run_batch_with(self, body: bytes, decode: Callable[[memoryview], Any]) -> Any: ...
-    async def process_batch(self, method: str, body: bytes) -> Any: ...
+    def client_for(self, model_id: str) -> BatchClient: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -304,7 +315,8 @@ class Dispatcher:
         ds = await self._drop_cancelled(ds)
         if not ds:
             return None
-        if not self._config.accepts_all(d.wire_item for d in ds):
+        # The group pre-check (§4.2): a hash no longer current, or a model the backend cannot serve.
+        if not self._config.accepts_all(d.wire_item for d in ds) or not self._config.supports(model):
             await self._out.nak_all(ds, base)
             return None
         if ready is None:
@@ -667,22 +679,62 @@ class Dispatcher:
         ds = await self._drop_cancelled(ds)  # before_ipc
         if not ds:
             return None
-        # The config barrier, right before execution: any non-empty hash must still be current.
-        if not self._config.accepts_all(d.wire_item for d in ds):
+        # The execution barrier (§5.5): from the hash check until the backend call returns, no config
+        # mutation runs; a waiting one holds this batch back until it is done.
+        async with self._config.barrier.shared():
+            if not self._config.accepts_all(d.wire_item for d in ds) or not self._config.supports(model):
+                refused: BaseException | None = None
+                outcome = None
+            else:
+                outcome, refused = await self._call_backend(model, op, lora, ds, total_cost)
+        if outcome is None:
+            if isinstance(refused, IpcServerError):
+                # `draining` too gets the base delay, as v0.7.1 does in practice (§4.2, last row): a
+                # backend restarting gracefully refuses for seconds, and 100 ms NAKs spent an item's
+                # 20 deliveries in 2 s. The readiness gate stops the pulling meanwhile.
+                self._forget_ready(model)
+                _warn.warning("batch RPC refused", key=model, extra={"model": model, "error": refused.message})
+                if refused.message == "draining" and self.on_draining is not None:
+                    self.on_draining()
+            elif refused is not None:  # transport, timeout, decode: the whole batch goes back
+                self._forget_ready(model)
+                _warn.warning("batch RPC failed", key=model, extra={"model": model, "error": repr(refused)})
             await self._out.nak_all(ds, base)
             return None
+        items_count = len(ds)
+        self.batch_sizes[items_count] += 1
+        attrs = (("operation", op),)
+        self.telemetry.histogram(BATCH_SIZE, attrs).record(items_count)
+        self.telemetry.histogram(BATCH_COST, attrs).record(total_cost)
+        if isinstance(outcome, wire.FramedResponse):  # replies already framed from the response bytes
+            await self._out.settle_response(ds, outcome)
+            rids = outcome.request_ids
+            return _Executed(outcome.inference_ms, dict.fromkeys(compress(rids, outcome.success)), rids)
+        await self._out.apply(ds, outcome)
+        outcomes = outcome.outcomes
+        return _Executed(
+            outcomes[0].inference_ms if outcomes else None,
+            dict.fromkeys(o.request_id for o in outcomes if o.disposition == "publish_and_ack"),
+        )
+
+    async def _call_backend(
+        self, model: str, op: str, lora: str, ds: list[Delivery], total_cost: int
+    ) -> tuple[Any, BaseException | None]:
+        """One batch RPC (RunBatch, or the per-op method for a backend without it): the outcome, or
+        None and what refused it. Runs inside the execution barrier."""
         # The RunBatch writer reads undecoded items in place (`wire_item`); every one has an item.
         items = [item for item in (d.wire_item for d in ds) if item is not None]
         fetch_ms = [d.payload_fetch_ms for d in ds]
         prepared = [d.prepared_tokens for d in ds] if op == "encode" else None
         audio = [d.prepared_audio for d in ds] if op == "extract" else None
         try:
+            backend = self._backend.client_for(model)  # the child the model is placed on
             outcome = None
             # v0.7.1 sends every batch as RunBatch, whatever the descriptor says (it never reads
             # `supports_run_batch`); the client remembers a backend that answered `unknown method`.
-            if self._backend.runs_batches:
+            if backend.runs_batches:
                 try:
-                    outcome = await self._backend.run_batch_with(
+                    outcome = await backend.run_batch_with(
                         run_batch_body(
                             model,
                             op,
@@ -700,38 +752,12 @@ class Dispatcher:
                         raise  # nothing ran on NO_RUN_BATCH: this batch goes per-op too, at once
             if outcome is None:
                 decoded = [d.item for d in ds if d.item is not None]
-                outcome = await self._backend.process_batch(
+                outcome = await backend.process_batch(
                     PER_OP_METHOD[op], per_op_body(model, op, decoded, fetch_ms, prepared, prepared_audio=audio)
                 )
-        except IpcServerError as exc:
-            # `draining` too gets the base delay, as v0.7.1 does in practice (§4.2, last row): a
-            # backend restarting gracefully refuses for seconds, and 100 ms NAKs spent an item's 20
-            # deliveries in 2 s. The readiness gate stops the pulling meanwhile.
-            self._forget_ready(model)
-            _warn.warning("batch RPC refused", key=model, extra={"model": model, "error": exc.message})
-            if exc.message == "draining" and self.on_draining is not None:
-                self.on_draining()
-            await self._out.nak_all(ds, base)
-            return None
-        except Exception as exc:  # transport, timeout, decode: the whole batch goes back
-            self._forget_ready(model)
-            _warn.warning("batch RPC failed", key=model, extra={"model": model, "error": repr(exc)})
-            await self._out.nak_all(ds, base)
-            return None
-        self.batch_sizes[len(items)] += 1
-        attrs = (("operation", op),)
-        self.telemetry.histogram(BATCH_SIZE, attrs).record(len(items))
-        self.telemetry.histogram(BATCH_COST, attrs).record(total_cost)
-        if isinstance(outcome, wire.FramedResponse):  # replies already framed from the response bytes
-            await self._out.settle_response(ds, outcome)
-            rids = outcome.request_ids
-            return _Executed(outcome.inference_ms, dict.fromkeys(compress(rids, outcome.success)), rids)
-        await self._out.apply(ds, outcome)
-        outcomes = outcome.outcomes
-        return _Executed(
-            outcomes[0].inference_ms if outcomes else None,
-            dict.fromkeys(o.request_id for o in outcomes if o.disposition == "publish_and_ack"),
-        )
+        except Exception as exc:
+            return None, exc
+        return outcome, None
 
     def debug_state(self) -> dict[str, Any]:
         """What `GET /debug/state` shows (SIE_SIDECAR_DEBUG_ENDPOINT=1): per model its readiness as
@@ -769,6 +795,7 @@ class Dispatcher:
             "worker_id": self._s.worker_id,
             "batch_method": "run_batch" if self._backend.runs_batches else "per_op",
             "config_hash": self._config.current,
+            "config": self._config.snapshot(),
             "pool_admission": None if admission is None else admission.snapshot(),
             "batches": self.batch_summary(),
             "models": models,
