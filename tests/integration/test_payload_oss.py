@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import aiohttp
 import msgpack
 import pytest
 from aiohttp import web
@@ -39,6 +40,7 @@ from sie_sidecar.payloads import (
     ResolveFailure,
     resolve_items,
 )
+from sie_sidecar.payloads import oss as oss_module
 from sie_sidecar.payloads.oss import OssReader
 from sie_sidecar.tools.localhost import free_port
 from sie_sidecar.wire.workitem import WorkItem
@@ -121,6 +123,9 @@ class FakeOss:
         pending = self.script.get(name)
         if pending:
             answer = pending.pop(0)
+            if answer == "stall":  # longer than the (shortened) request timeout
+                await asyncio.sleep(1.0)
+                return web.Response(body=b"late")
             if answer == "drop":  # half the body, then the connection goes
                 data = self.objects[name]
                 resp = web.StreamResponse(headers={"Content-Length": str(len(data))})
@@ -307,6 +312,39 @@ async def test_a_dropped_connection_is_retried(reader: OssReader, oss: FakeOss) 
     oss.script[f"{PREFIX}/drop.bin"] = ["drop"]
     assert await reader.fetch("drop.bin", 200_000) == b"d" * 100_000
     assert oss.hits[f"{PREFIX}/drop.bin"] == 2
+
+
+async def test_a_stalled_request_times_out_and_is_retried(
+    reader: OssReader, oss: FakeOss, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The 30 s request timeout (shortened here) bounds each attempt; a timeout is retried."""
+    assert oss_module.REQUEST_TIMEOUT_S == 30.0
+    monkeypatch.setattr(oss_module, "_TIMEOUT", aiohttp.ClientTimeout(total=0.2))
+    put(oss, "slow.bin", b"in time")
+    oss.script[f"{PREFIX}/slow.bin"] = ["stall"]
+    assert await reader.fetch("slow.bin", 100) == b"in time"
+    oss.script[f"{PREFIX}/slow.bin"] = ["stall"] * 3
+    started = time.monotonic()
+    with pytest.raises(ObjectStoreError) as info:
+        await reader.fetch("slow.bin", 100)
+    assert str(info.value) == "OSS GET failed after 3 attempts (transport error, TimeoutError)"
+    assert oss.hits[f"{PREFIX}/slow.bin"] == 5 and time.monotonic() - started < 2.0
+
+
+async def test_close_at_shutdown_closes_the_session(oss: FakeOss, oss_endpoint: str) -> None:
+    """The store's synchronous close, called from the running loop (as the app's exit stack does)."""
+    put(oss, "c.bin", b"c")
+    store = PayloadStore(OssReader(f"oss://{BUCKET}/{PREFIX}", ENV, endpoint=oss_endpoint), "oss")
+    assert await store.fetch("c.bin") == b"c"
+    reader = store.reader
+    assert isinstance(reader, OssReader)
+    session = reader._session
+    assert session is not None and not session.closed
+    store.close()
+    await asyncio.sleep(0.05)
+    assert session.closed
+    assert await store.fetch("c.bin") == b"c"  # a read after close opens a new session
+    await reader.aclose()
 
 
 async def test_server_errors_exhaust_three_attempts(reader: OssReader, oss: FakeOss) -> None:

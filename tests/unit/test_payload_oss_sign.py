@@ -26,8 +26,9 @@ NOW = datetime(2026, 12, 2, 7, 30, 5, tzinfo=UTC)
 
 def sdk_sign(
     *, host: str, bucket: str, key: str, region: str, key_id: str, secret: str, token: str | None, now: datetime
-) -> tuple[str, str]:
-    """(Authorization, string to sign) as the SDK's V4 signer computes them, host signed additionally."""
+) -> tuple[str, str, str]:
+    """(Authorization, string to sign, canonical request) as the SDK's V4 signer computes them, with host
+    signed additionally (the canonical request through the signer's own, private, step)."""
     request = HttpRequest("GET", f"https://{host}/{key}", headers={"host": host})
     ctx = SigningContext(
         product="oss",
@@ -39,8 +40,10 @@ def sdk_sign(
         signing_time=now,
         additional_headers={"host"},
     )
-    SignerV4().sign(ctx)
-    return str(request.headers["Authorization"]), str(ctx.string_to_sign)
+    signer = SignerV4()
+    signer.sign(ctx)
+    canonical = signer._calc_canonical_request(signing_ctx=ctx, additional_headers=["host"])
+    return str(request.headers["Authorization"]), str(ctx.string_to_sign), str(canonical)
 
 
 def ours(
@@ -63,9 +66,12 @@ def test_authorization_and_string_to_sign_equal_the_sdk() -> None:
     args = {"host": HOST, "bucket": "bkt-1", "key": "gw/r1_0.bin", "region": "cn-hangzhou"}
     for token in (None, "CAIS+token/with==chars"):
         mine = ours(**args, key_id="LTAI5tExample", secret="s3cr3t", token=token, now=NOW)
-        authorization, to_sign = sdk_sign(**args, key_id="LTAI5tExample", secret="s3cr3t", token=token, now=NOW)
+        authorization, to_sign, canonical = sdk_sign(
+            **args, key_id="LTAI5tExample", secret="s3cr3t", token=token, now=NOW
+        )
         assert mine.headers["authorization"] == authorization
         assert mine.string_to_sign == to_sign
+        assert mine.canonical_request == canonical
         assert mine.string_to_sign.endswith(hashlib.sha256(mine.canonical_request.encode()).hexdigest())
 
 
@@ -121,5 +127,5 @@ def test_property_every_request_signs_like_the_sdk(
     host = f"bkt-1.oss-{region}.aliyuncs.com"
     args = {"host": host, "bucket": "bkt-1", "key": key, "region": region, "key_id": "AKID", "secret": secret}
     mine = ours(**args, token=token, now=now)
-    authorization, to_sign = sdk_sign(**args, token=token, now=now)
-    assert (mine.headers["authorization"], mine.string_to_sign) == (authorization, to_sign)
+    expected = sdk_sign(**args, token=token, now=now)
+    assert (mine.headers["authorization"], mine.string_to_sign, mine.canonical_request) == expected
