@@ -604,6 +604,11 @@ class Settings:
                 value = REDACTED if value else value
             elif f.name in _URL_FIELDS and isinstance(value, str):
                 value = redact_url_userinfo(value)
+            elif f.name == "payload_store_url" and isinstance(value, str) and "://" in value:
+                # `s3://key:secret@bucket` is refused later, but must not reach the start-up log first;
+                # abfs(s):// names `container@account`, which is no secret.
+                if not value.startswith(("abfs://", "abfss://")):
+                    value = redact_url_userinfo(value)
             elif isinstance(value, tuple):
                 value = list(value)
             out[f.name] = value
@@ -615,7 +620,7 @@ class Settings:
 
 
 _SECRET_FIELDS = frozenset({"gateway_api_key", "admin_token", "config_service_token", "nats_password"})
-# Userinfo in these may carry credentials. Not the payload store: abfs:// uses `container@account`.
+# Userinfo in these may carry credentials (the payload store too, except abfs:// `container@account`).
 _URL_FIELDS = frozenset({"nats_url", "gateway_url", "config_service_url"})
 _DEFAULTS: Mapping[str, object] = {
     f.name: f.default for f in dataclasses.fields(Settings) if f.default is not dataclasses.MISSING

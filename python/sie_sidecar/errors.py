@@ -199,6 +199,17 @@ class ObjectStoreError(PayloadError):
     reason: ClassVar[Reason] = "object_store"
 
 
+class StsError(ObjectStoreError):
+    """STS refused or failed the exchange; only the HTTP status and a sanitised STS code are kept."""
+
+    def __init__(self, status: int | None, code: str, *, retryable: bool) -> None:
+        where = f"HTTP {status}" if status is not None else "transport"
+        super().__init__(f"OSS credentials: STS AssumeRoleWithOIDC failed ({where}, {code})")
+        self.status = status
+        self.code = code
+        self.retryable = retryable
+
+
 class PayloadOversized(PayloadError):
     """The stored blob is larger than the fetch limit (from metadata or while reading)."""
 

@@ -24,6 +24,7 @@ import pytest
 
 from sie_sidecar import wire
 from sie_sidecar.backend import BackendServer, NullAdapter
+from sie_sidecar.backend.config_registry import registry_hash
 from sie_sidecar.backend.null import pad_result
 from sie_sidecar.backend.server import encode_response
 from sie_sidecar.errors import (
@@ -337,8 +338,14 @@ async def test_worker_capabilities_and_generate_cancel(client: IpcClient) -> Non
         "profiles_added": [],
         "model_config": "sie_id: org/model\n",
     }
-    with pytest.raises(IpcServerError, match=r"^NotImplementedError: ApplyModelConfig is not supported"):
-        await client.call("ApplyModelConfig", pack(apply))  # the null adapter has no config hook
+    # The null adapter keeps a config registry: the answer carries the hash of what it now holds.
+    answer = await client.apply_model_config(apply)
+    assert answer.applied and answer.bundle_config_hash == registry_hash("default", {MODEL: apply["model_config"]})
+    assert (await client.ping()).bundle_config_hash == answer.bundle_config_hash
+    refused = await client.apply_model_config(apply | {"model_config": "reject: true"})
+    assert not refused.applied and refused.bundle_config_hash == answer.bundle_config_hash
+    with pytest.raises(IpcServerError, match="invalid"):
+        await client.apply_model_config(apply | {"model_config": "invalid: true"})
 
 
 async def test_model_config_methods_reach_the_adapters_hooks(sock_path: str) -> None:

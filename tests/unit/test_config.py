@@ -937,6 +937,20 @@ def test_redacted_replaces_secrets() -> None:
     assert not any(value in text for value in [*SECRET_VALUES, "gw-pass-0xF00D"])
 
 
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        ("oss://AKID:s3cretKey@bucket/p", "oss://<redacted>@bucket/p"),
+        ("s3://AKID:s3cretKey@bucket", "s3://<redacted>@bucket"),
+        ("abfss://container@account.dfs.core.windows.net/p", "abfss://container@account.dfs.core.windows.net/p"),
+        ("/data/payloads", "/data/payloads"),
+    ],
+)
+def test_the_payload_store_url_is_logged_without_credentials(url: str, shown: str) -> None:
+    """A mistaken `oss://key:secret@bucket` is refused at start-up, but the start-up line comes first."""
+    assert build(SIE_PAYLOAD_STORE_URL=url).redacted()["payload_store_url"] == shown
+
+
 def test_redacted_keeps_unset_secrets_visible_as_unset() -> None:
     out = build().redacted()
     assert out["gateway_api_key"] is None

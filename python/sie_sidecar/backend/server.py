@@ -105,8 +105,10 @@ class BackendServer:
         self._heavy: set[asyncio.Task[None]] = set()
         self._draining = False
         self._undrain: asyncio.TimerHandle | None = None
-        #: Batch items refused with `draining` (tests count how much work a sidecar sent meanwhile).
+        #: Batch items refused with `draining` (tests count how much work a sidecar sent meanwhile),
+        #: and how often each work item was refused (a delivery the item spent for nothing).
         self.refused_items = 0
+        self.refusals: Counter[str] = Counter()
         self._drain_deadline_ms: float | None = None
         self._last_ping: float | None = None
         self._closed = False
@@ -354,6 +356,7 @@ class BackendServer:
             if self._draining:
                 items = body.get("items")
                 self.refused_items += len(items) if isinstance(items, list) else 0
+                self._count_refusals(items)
                 await self._send(conn, request_id, None, "draining", accepts_chunks=False)
             else:
                 task = asyncio.create_task(
@@ -366,6 +369,17 @@ class BackendServer:
         else:
             await self._answer(conn, method, request_id, body, handler, accepts_chunks=accepts_chunks)
         return True
+
+    def _count_refusals(self, items: object) -> None:
+        if not isinstance(items, list):
+            return
+        for item in items:
+            inner = next(
+                (item.get(op) for op in ("encode", "score", "extract") if isinstance(item, dict) and item.get(op)), item
+            )
+            work_item_id = inner.get("work_item_id") if isinstance(inner, dict) else None
+            if isinstance(work_item_id, str):
+                self.refusals[work_item_id] += 1
 
     async def _answer(
         self, conn: _Connection, method: str, request_id: str, body: Body, handler: Handler, *, accepts_chunks: bool

@@ -19,6 +19,7 @@ from ..errors import (
     PayloadStoreConfigError,
     PayloadUnsupported,
     Reason,
+    StsError,
 )
 
 __all__ = [
@@ -32,4 +33,5 @@ __all__ = [
     "PayloadStoreConfigError",
     "PayloadUnsupported",
     "Reason",
+    "StsError",
 ]

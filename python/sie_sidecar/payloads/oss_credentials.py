@@ -27,7 +27,7 @@ from typing import Protocol
 
 import aiohttp
 
-from .errors import ObjectStoreError, PayloadStoreConfigError
+from .errors import PayloadStoreConfigError, StsError
 
 ALIBABA_PAIR = ("ALIBABA_CLOUD_ACCESS_KEY_ID", "ALIBABA_CLOUD_ACCESS_KEY_SECRET", "ALIBABA_CLOUD_SECURITY_TOKEN")
 OSS_PAIR = ("OSS_ACCESS_KEY_ID", "OSS_ACCESS_KEY_SECRET", "OSS_SESSION_TOKEN")
@@ -72,17 +72,6 @@ class StaticCredentials:
     async def get(self, session: aiohttp.ClientSession) -> OssCredentials:
         """The same credentials every time."""
         return self.credentials
-
-
-class StsError(ObjectStoreError):
-    """STS refused or failed the exchange; only the HTTP status and a sanitised STS code are kept."""
-
-    def __init__(self, status: int | None, code: str, *, retryable: bool) -> None:
-        where = f"HTTP {status}" if status is not None else "transport"
-        super().__init__(f"OSS credentials: STS AssumeRoleWithOIDC failed ({where}, {code})")
-        self.status = status
-        self.code = code
-        self.retryable = retryable
 
 
 def sanitised_code(value: object) -> str:
