@@ -30,6 +30,7 @@ from .control.live_config import LiveConfig
 from .errors import ConfigError, StartupError, TopologyError
 from .ipc.children import BackendChildren
 from .ipc.client import IpcClient
+from .ipc.mux import MuxIpcClient
 from .payloads import PayloadStore, PayloadStoreConfigError
 from .pipeline.admission import Admission
 from .pipeline.delivery import Settler
@@ -106,18 +107,26 @@ def _dispatch_settings(settings: Settings, *, ack_wait_s: float = POOL_ACK_WAIT_
 
 
 def _backend_client(settings: Settings) -> IpcClient | BackendChildren:
-    """One IPC client, or one per backend child with placement and the config fan-out (§9.5)."""
+    """One IPC client, or one per backend child with placement and the config fan-out (§9.5); each
+    pooled, or multiplexed over one connection with `SIE_IPC_MUX` (§1.2)."""
     limits = settings.concurrency
     paths = list(dict.fromkeys(settings.ipc_socket_paths)) or [settings.ipc_socket_path]
-    clients = [
-        IpcClient(
-            path,
-            pool_size=limits.ipc_connections,
-            request_timeout_s=settings.ipc_request_timeout_s,
-            model_ready_timeout_s=settings.model_ready_timeout_s,
-        )
-        for path in paths
-    ]
+    clients: list[IpcClient] = []
+    for path in paths:
+        if settings.ipc_mux:
+            client: IpcClient = MuxIpcClient(
+                path,
+                request_timeout_s=settings.ipc_request_timeout_s,
+                model_ready_timeout_s=settings.model_ready_timeout_s,
+            )
+        else:
+            client = IpcClient(
+                path,
+                pool_size=limits.ipc_connections,
+                request_timeout_s=settings.ipc_request_timeout_s,
+                model_ready_timeout_s=settings.model_ready_timeout_s,
+            )
+        clients.append(client)
     return clients[0] if len(clients) == 1 else BackendChildren(clients)
 
 

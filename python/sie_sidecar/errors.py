@@ -110,6 +110,15 @@ class IpcTransportError(Exception):
     """The backend could not be reached or dropped the connection (after the one retry)."""
 
 
+class TransportFailure(Exception):
+    """Inside the IPC client: one attempt failed at the transport level; `retryable` says whether §1.2 retries it."""
+
+    def __init__(self, cause: BaseException, *, retryable: bool) -> None:
+        super().__init__(str(cause) or type(cause).__name__)
+        self.cause = cause
+        self.retryable = retryable
+
+
 class IpcTimeout(Exception):
     """The exchange (write, response and any reassembly) did not finish in time; the slot was discarded."""
 

@@ -43,20 +43,24 @@ def reaped(procs: list[subprocess.Popen[bytes]]) -> Iterator[None]:
             proc.wait()
 
 
-@pytest.mark.parametrize("children", [2, 3])
+@pytest.mark.parametrize(("children", "mux"), [(2, "0"), (3, "1")])
 async def test_children_serve_while_one_is_killed_and_restarted(
-    nats_server: NatsServer, tmp_path: Path, children: int
+    nats_server: NatsServer, tmp_path: Path, children: int, mux: str
 ) -> None:
     """Child 0 holds MODEL, child 1 holds OTHER. Under load child 0 is SIGKILLed, then restarted on
     the same socket: MODEL moves to a live child, every item is answered exactly once, and the
-    health beat counts the slots down and up again."""
+    health beat counts the slots down and up again. Over the pooled transport, and the mux."""
     socks = [str(tmp_path / f"child-{n}.sock") for n in range(children)]
     models = [MODEL, OTHER] + [f"org/spare-{n}" for n in range(children - 2)]
     procs = [backend_process(sock, "--preload", model) for sock, model in zip(socks, models, strict=True)]
     with reaped(procs):
         for sock, proc in zip(socks, procs, strict=True):
             await wait_socket(sock, proc)
-        env = DEBUG_ENV | {"SIE_IPC_SOCKET_PATHS": ",".join(socks), "SIE_HEALTH_PUBLISH_INTERVAL_MS": "200"}
+        env = DEBUG_ENV | {
+            "SIE_IPC_SOCKET_PATHS": ",".join(socks),
+            "SIE_HEALTH_PUBLISH_INTERVAL_MS": "200",
+            "SIE_IPC_MUX": mux,
+        }
         async with running_stack(nats_server, tmp_path, external_backend=socks[0], env=env) as stack:
             beats: list[dict[str, Any]] = []
 

@@ -36,6 +36,7 @@ from sie_sidecar.errors import (
     ProtocolError,
 )
 from sie_sidecar.ipc.client import IpcClient, IpcTimeout, IpcTransportError
+from sie_sidecar.ipc.mux import MuxIpcClient
 from sie_sidecar.ipc.types import ModelDescriptor, PingResponse, ReadyResponse
 from sie_sidecar.wire.limits import MAX_FRAME, MiB
 
@@ -256,9 +257,13 @@ async def backend(adapter: NullAdapter, sock_path: str) -> AsyncIterator[Backend
         await server.close()
 
 
-@pytest.fixture
-async def client(backend: BackendServer) -> AsyncIterator[IpcClient]:
-    ipc = IpcClient(backend.socket_path, pool_size=2, request_timeout_s=10.0)
+@pytest.fixture(params=["pool", "mux"])
+async def client(backend: BackendServer, request: pytest.FixtureRequest) -> AsyncIterator[IpcClient]:
+    """Every test of the typed calls runs over both transports (wire-protocol §1.2)."""
+    if request.param == "mux":
+        ipc: IpcClient = MuxIpcClient(backend.socket_path, request_timeout_s=10.0)
+    else:
+        ipc = IpcClient(backend.socket_path, pool_size=2, request_timeout_s=10.0)
     try:
         yield ipc
     finally:
@@ -330,17 +335,18 @@ async def test_worker_capabilities_and_generate_cancel(client: IpcClient) -> Non
     assert wire.decode_body(await client.call("SignalGenerateCancel", pack({"request_id": "x"}))) == {"matched": False}
     with pytest.raises(IpcServerError, match=r"^bad body for ApplyModelConfig: bundle_id is required"):
         await client.call("ApplyModelConfig", pack({}))  # checked before the adapter is asked
-    apply = {
+    config = "sie_id: org/model\n"
+    apply: dict[str, Any] = {
         "bundle_id": "default",
         "model_id": MODEL,
         "epoch": 3,
         "bundle_config_hash": "h3",
         "profiles_added": [],
-        "model_config": "sie_id: org/model\n",
+        "model_config": config,
     }
     # The null adapter keeps a config registry: the answer carries the hash of what it now holds.
     answer = await client.apply_model_config(apply)
-    assert answer.applied and answer.bundle_config_hash == registry_hash("default", {MODEL: apply["model_config"]})
+    assert answer.applied and answer.bundle_config_hash == registry_hash("default", {MODEL: config})
     assert (await client.ping()).bundle_config_hash == answer.bundle_config_hash
     refused = await client.apply_model_config(apply | {"model_config": "reject: true"})
     assert not refused.applied and refused.bundle_config_hash == answer.bundle_config_hash
@@ -807,7 +813,8 @@ async def test_pool_runs_requests_concurrently(client: IpcClient) -> None:
     body = run_batch_body([wrapped("encode", i) for i in range(8)])
     results = await asyncio.gather(*(client.run_batch(body) for _ in range(6)))
     assert all(len(r.outcomes) == 8 for r in results)
-    assert client.open_connections == client.pool_size == 2
+    # The pool opened each of its connections; the mux carried all six on its one.
+    assert client.open_connections == client.pool_size == (1 if isinstance(client, MuxIpcClient) else 2)
 
 
 async def test_closed_client_refuses_calls(sock_path: str) -> None:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import errno
 import itertools
 import logging
 import time
@@ -26,6 +25,7 @@ from .. import wire
 from ..errors import NO_RUN_BATCH, DecodeError, IpcServerError, IpcTimeout, IpcTransportError, ProtocolError
 from ..logs import Throttled
 from ..wire.limits import IPC_VERSION
+from .transport import READ_LIMIT, READ_SIZE, TransportFailure, is_retryable
 from .types import ConfigResponse, PingResponse, ReadyResponse
 
 if TYPE_CHECKING:
@@ -39,41 +39,6 @@ T = TypeVar("T")
 
 #: The per-op batch methods `process_batch` may call (wire-protocol §3.10).
 PROCESS_BATCH_METHODS: Final = ("ProcessEncodeBatch", "ProcessScoreBatch", "ProcessExtractBatch")
-
-# StreamReader buffer limit and read size: large enough that a 32 MiB frame or a 128 MiB chunked
-# transfer is read in few wake-ups, small enough to keep backpressure on the socket.
-_READ_LIMIT: Final = 1 << 20
-_READ_SIZE: Final = 4 << 20
-
-# errno values of the transport failures that get the one retry (wire-protocol §1.2): broken pipe,
-# reset, aborted, not connected, would-block, not found, refused.
-_RETRY_ERRNOS: Final = frozenset(
-    {
-        errno.EPIPE,
-        errno.ECONNRESET,
-        errno.ECONNABORTED,
-        errno.ENOTCONN,
-        errno.EAGAIN,
-        errno.EWOULDBLOCK,
-        errno.ENOENT,
-        errno.ECONNREFUSED,
-    }
-)
-
-
-class _TransportFailure(Exception):
-    """Internal: one attempt failed at the transport level; `retryable` says whether §1.2 retries it."""
-
-    def __init__(self, cause: BaseException, *, retryable: bool) -> None:
-        super().__init__(str(cause) or type(cause).__name__)
-        self.cause = cause
-        self.retryable = retryable
-
-
-def _is_retryable(exc: BaseException) -> bool:
-    if isinstance(exc, EOFError | asyncio.IncompleteReadError | ConnectionError | FileNotFoundError):
-        return True
-    return isinstance(exc, OSError) and exc.errno in _RETRY_ERRNOS
 
 
 class _Slot:
@@ -326,7 +291,7 @@ class IpcClient:
             assert slot is not None
             try:
                 return await self._attempt(slot, frame, request_id, timeout_s, decode)
-            except _TransportFailure as first:
+            except TransportFailure as first:
                 if not first.retryable:
                     raise IpcTransportError(f"{method} {request_id} to {self._path}: {first}") from first.cause
                 _warn.warning(
@@ -338,7 +303,7 @@ class IpcClient:
                 slot = await self._acquire_other(failed)
             try:
                 return await self._attempt(slot, frame, request_id, timeout_s, decode)
-            except _TransportFailure as second:
+            except TransportFailure as second:
                 raise IpcTransportError(
                     f"{method} {request_id} to {self._path} failed after one retry: {second}"
                 ) from second.cause
@@ -365,7 +330,7 @@ class IpcClient:
             except TimeoutError:
                 raise IpcTimeout(f"IPC request {request_id} timed out after {timeout_s:g} s") from None
             except (OSError, EOFError) as exc:
-                raise _TransportFailure(exc, retryable=_is_retryable(exc)) from exc
+                raise TransportFailure(exc, retryable=is_retryable(exc)) from exc
             try:
                 env = assembled.decode()
                 try:
@@ -392,7 +357,7 @@ class IpcClient:
             slot.disconnect()  # the backend closed this idle connection; reconnecting is not a retry
             writer = None
         if writer is None:
-            reader, writer = await asyncio.open_unix_connection(self._path, limit=_READ_LIMIT)
+            reader, writer = await asyncio.open_unix_connection(self._path, limit=READ_LIMIT)
             slot.reader, slot.writer = reader, writer
         return writer
 
@@ -403,7 +368,7 @@ class IpcClient:
             reader = slot.reader
             if reader is None:
                 raise EOFError("connection was closed")
-            data = await reader.read(_READ_SIZE)
+            data = await reader.read(READ_SIZE)
             if not data:
                 raise EOFError("backend closed the connection before the response was complete")
             slot.pending.extend(slot.splitter.feed(data))
