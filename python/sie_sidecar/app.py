@@ -18,7 +18,7 @@ from .bus import connect as connection
 from .bus.config_sub import subscribe_config
 from .bus.connect import NATS_FAILURES, NatsClient
 from .bus.control import Subscription, subscribe_cancels, unsubscribe_all
-from .bus.health import HealthIdentity, HealthReporter, publish_health
+from .bus.health import HealthIdentity, HealthReporter, publish_health, publish_tombstone
 from .bus.outbound import FramedWriter
 from .bus.publisher import Publisher
 from .bus.pull import PullConsumer
@@ -152,6 +152,7 @@ class _Running:
     background: list[asyncio.Task[Any]]
     hb_stop: asyncio.Event
     health_stop: asyncio.Event
+    health: asyncio.Task[None] | None
 
 
 async def _end_tasks(tasks: list[asyncio.Task[Any]], *events: asyncio.Event) -> None:
@@ -254,6 +255,7 @@ async def _start(settings: Settings, stop: asyncio.Event, resources: contextlib.
             stop=hb_stop,
         )
         live.on_behind = config.on_refused = reconciler.wake
+        config.on_diverged = reconciler.resync
         background.append(asyncio.create_task(reconciler.run()))
     pingers: list[PingClient] = [*ipc.pingers()] if isinstance(ipc, BackendChildren) else [ipc]
     background.append(asyncio.create_task(heartbeat(pingers, readiness, config, hb_stop)))
@@ -305,18 +307,18 @@ async def _start(settings: Settings, stop: asyncio.Event, resources: contextlib.
             return state
 
         probes.debug_state = debug_state
+    health: asyncio.Task[None] | None = None
     if settings.health_publish_enabled:
-        background.append(
-            asyncio.create_task(
-                publish_health(
-                    nc,
-                    reporter,
-                    config=config,
-                    interval_ms=settings.health_publish_interval_ms,
-                    stop=health_stop,
-                )
+        health = asyncio.create_task(
+            publish_health(
+                nc,
+                reporter,
+                config=config,
+                interval_ms=settings.health_publish_interval_ms,
+                stop=health_stop,
             )
         )
+        background.append(health)
 
     outstanding = limits.pull_outstanding
     consumers = [
@@ -422,6 +424,7 @@ async def _start(settings: Settings, stop: asyncio.Event, resources: contextlib.
         background=background,
         hb_stop=hb_stop,
         health_stop=health_stop,
+        health=health,
     )
 
 
@@ -449,17 +452,15 @@ async def _drain(r: _Running) -> None:
     # Scheduler drain (§15.4 step 5): flush what is queued, bounded; the rest is NAKed to come back.
     await r.dispatcher.close_schedulers(settings.scheduler_drain_deadline_ms / 1000.0)
     await unsubscribe_all(r.subs)
-    # 2. Readiness off, heartbeat stopped; 3. health tombstone.
+    # 2. Readiness off, heartbeat stopped; 3. health tombstones: the publisher sends one as it
+    # stops (waited for up to 2 s), then main sends the second (§10).
     r.readiness.draining = True
     r.hb_stop.set()
     r.health_stop.set()
     if settings.health_publish_enabled:
-        with contextlib.suppress(Exception):
-            tombstone = r.reporter.payload(
-                r.config.current or "", unsupported_models=r.config.unsupported_models, terminated=True
-            )
-            await r.nc.publish(wire.health_subject(settings.worker_id), tombstone)
-            await r.nc.flush(timeout=round(HEALTH_TOMBSTONE_WAIT_S))
+        if r.health is not None:
+            await asyncio.wait({r.health}, timeout=HEALTH_TOMBSTONE_WAIT_S)
+        await publish_tombstone(r.nc, r.reporter, r.config)
     await _end_tasks(r.background)
     # 7. Backend drain; 8. (the exit stack) NATS flush and close, probes off.
     with contextlib.suppress(Exception):

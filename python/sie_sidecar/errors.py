@@ -107,7 +107,15 @@ class StartupError(Exception):
 
 
 class IpcTransportError(Exception):
-    """The backend could not be reached or dropped the connection (after the one retry)."""
+    """The backend could not be reached or dropped the connection (after the one retry).
+
+    `transient` is the §1.2 classification of the underlying failure (broken pipe, refused, reset,
+    aborted, EOF, not found, not connected, would-block): a config write retries only those (§9.2
+    step 9). A closed client, a permission error or a bad socket path are not transient."""
+
+    def __init__(self, message: str, *, transient: bool = True) -> None:
+        super().__init__(message)
+        self.transient = transient
 
 
 class TransportFailure(Exception):
@@ -117,6 +125,11 @@ class TransportFailure(Exception):
         super().__init__(str(cause) or type(cause).__name__)
         self.cause = cause
         self.retryable = retryable
+
+
+class ConfigNotAttested(Exception):
+    """Hash-pinned work was not sent: the backend child's last Ping does not attest the advertised
+    bundle config (§9.4), or the connection is new since one was lost (a restarted backend)."""
 
 
 class IpcTimeout(Exception):

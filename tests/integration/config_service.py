@@ -41,6 +41,9 @@ class ConfigService:
     fail_status: int | None = None
     #: (path, Authorization header) of each request.
     requests: list[tuple[str, str | None]] = field(default_factory=list)
+    #: When set, the hashes this service attests are computed over other bytes: a control plane
+    #: that disagrees with every backend (a persistent hash mismatch).
+    hash_salt: str = ""
 
     @property
     def url(self) -> str:
@@ -54,12 +57,14 @@ class ConfigService:
         }
 
     def bundle_hash(self, bundle: str = "default", pool: str = "default") -> str:
-        return registry_hash(bundle, self.configs_for(bundle, pool))
+        return registry_hash(bundle + self.hash_salt, self.configs_for(bundle, pool))
 
-    def write(self, model_id: str, config: str, **kw: Any) -> None:
-        """A control-plane write: the model's config replaced and the epoch raised."""
+    def write(self, model_id: str, config: str, *, bump: bool = True, **kw: Any) -> None:
+        """A control-plane write: the model's config replaced and (unless `bump=False`, a control plane
+        without epochs) the epoch raised."""
         self.models[model_id] = ExportedConfig(model_id, config, **kw)
-        self.epoch += 1
+        if bump:
+            self.epoch += 1
 
     def notification(self, model_id: str, *, producer: str = PRODUCER, **overrides: Any) -> bytes:
         """The §9.1 message for the last write of `model_id`."""

@@ -19,12 +19,17 @@ import pytest
 
 from sie_sidecar.backend.config_registry import registry_hash
 from sie_sidecar.backend.null import NullAdapter
-from sie_sidecar.backend.server import BackendServer
+from sie_sidecar.backend.server import BackendServer, encode_response
+from sie_sidecar.errors import IpcTimeout, IpcTransportError
+from sie_sidecar.ipc.children import BackendChildren, merge
+from sie_sidecar.ipc.client import IpcClient
+from sie_sidecar.ipc.types import ConfigResponse, PingResponse
 
 from .config_service import running_config_service
 from .conftest import NatsServer
 from .stack import MODEL, running_stack, work_item
 from .test_failures import backend_process, wait_socket
+from .test_ipc import RawServer, request_id_of
 from .test_live_config import DEBUG_ENV, debug, live, notify
 
 pytestmark = pytest.mark.timeout(120)
@@ -143,3 +148,60 @@ async def test_config_fans_out_to_every_child_and_a_split_quarantines_the_pool(
     finally:
         for server in servers:
             await server.close()
+
+
+async def test_generate_cancel_goes_to_every_child_and_matches_if_any_did(tmp_path: Path) -> None:
+    """§9.5: SignalGenerateCancel to every child; a child that is gone does not stop the others."""
+    socks = [str(tmp_path / f"g{n}.sock") for n in range(3)]
+    matched = {"value": True}
+
+    def respond(_: int, body: bytes) -> list[bytes]:
+        return [encode_response(request_id_of(body), True, {"matched": matched["value"]}, None)]
+
+    real = BackendServer(NullAdapter(dim=8), socks[0], worker_id="real")
+    await real.start()
+    children = BackendChildren([IpcClient(s, request_timeout_s=2) for s in socks])  # socks[2]: nobody there
+    try:
+        async with RawServer(socks[1], respond) as raw:
+            assert await children.signal_generate_cancel("req-7") is True
+            matched["value"] = False
+            assert await children.signal_generate_cancel("req-7") is False
+            assert len(raw.requests) == 2
+        assert real.method_calls["SignalGenerateCancel"] == 2
+    finally:
+        await children.close()
+        await real.close()
+
+
+def answer(
+    applied: bool = True, config_hash: str = "h", version: int = 1, models: tuple[str, ...] = ()
+) -> ConfigResponse:
+    return ConfigResponse(
+        applied=applied, bundle_config_hash=config_hash, config_version=version, applied_models=models
+    )
+
+
+def test_the_fan_out_merge() -> None:
+    """§9.5: applied only if every child applied with agreeing non-empty hashes (and, for a replace,
+    the same applied models); the version is the maximum."""
+    assert merge([answer(version=2), answer(version=5)], replace=False) == answer(version=5)
+    assert merge([answer(), answer(config_hash="")], replace=False).applied  # empty hashes do not disagree
+    assert not merge([answer(), answer(config_hash="other")], replace=False).applied
+    assert not merge([answer(), answer(applied=False)], replace=False).applied
+    assert merge([answer(models=("a",)), answer(models=("a",))], replace=True).applied
+    assert not merge([answer(models=("a",)), answer(models=("a", "b"))], replace=True).applied
+
+
+def test_placement_prefers_the_holding_child_then_the_least_placed_ready_one(tmp_path: Path) -> None:
+    children = BackendChildren([IpcClient(str(tmp_path / f"p{n}.sock")) for n in range(3)])
+    children.observe(0, PingResponse(ready=True, loaded_models=("a",)))
+    children.observe(1, PingResponse(ready=True, loaded_models=("b",)))
+    children.observe(2, PingResponse(ready=False))
+    assert children._choose("b") == 1 and children._choose("a") == 0
+    children._placed.update({"a": 0, "c": 0})
+    assert children._choose("new") == 1  # child 2 is not ready; child 1 has the fewest models
+    children.observe(0, IpcTransportError("gone"))
+    assert children.placement() == {}  # a child that cannot be reached loses its placements
+    children._placed["x"] = 1
+    children.observe(1, IpcTimeout("slow"))
+    assert children.placement() == {"x": 1}  # a slow one keeps them

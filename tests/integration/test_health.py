@@ -100,8 +100,11 @@ async def test_health_heartbeat_and_shutdown_tombstone(nats_server: NatsServer, 
         await asyncio.wait_for(stack.task, 30)
         await stack.nc.flush()
         await asyncio.sleep(0.2)
-        last = beats[-1]
-        assert (last["terminated"], last["ready"], last["ready_gpu_slots"]) == (True, False, 0)
+        # Two tombstones (§10): the publisher's as it stops, then main's after waiting for it.
+        tombstones = [b for b in beats if b["terminated"]]
+        assert len(tombstones) == 2 and beats[-2:] == tombstones
+        for last in tombstones:
+            assert (last["terminated"], last["ready"], last["ready_gpu_slots"]) == (True, False, 0)
 
 
 async def test_a_beat_goes_out_at_once_when_a_model_starts_or_finishes_loading(

@@ -173,11 +173,14 @@ async def test_unsupported_models_are_committed_with_the_hash_and_reach_health(
         await stack.wait_for(lambda: any(b.get("bundle_config_hash") == expected for b in beats), timeout=5)
         beat = next(b for b in beats if b.get("bundle_config_hash") == expected)
         assert beat["unsupported_models"] == [MODEL]
-        # An item for that model is never executed: the group pre-check NAKs it.
+        # An item for that model is never executed: the group pre-check NAKs it (it comes back).
         items_before = adapter.items
-        await stack.publish(work_item(text="never"))
-        await asyncio.sleep(1.0)
-        assert adapter.items == items_before
+        never = await stack.publish(work_item(text="never"))
+        deadline = time.monotonic() + 10
+        while (await stack.pool_consumer()).num_redelivered < 1:
+            assert time.monotonic() < deadline, "the item was not NAKed"
+            await asyncio.sleep(0.05)
+        assert adapter.items == items_before and not stack.results_for(never)
 
 
 async def test_quarantined_work_waits_until_reconciliation_succeeds(nats_server: NatsServer, tmp_path: Path) -> None:
@@ -204,7 +207,8 @@ async def test_quarantined_work_waits_until_reconciliation_succeeds(nats_server:
             await asyncio.sleep(1.0)  # several NAK rounds (0.2 s here)
             assert all(not stack.results_for(i) for i in ids)
             assert adapter.items_on_wrong_hash == 0
-            # The config service recovers; the reconciler (woken by the refusals, not its 60 s poll) repairs.
+            # The config service recovers; the reconciler (polling sooner while degraded, and woken by
+            # the refusals; its period is 60 s) repairs.
             service.fail_status = None
             await stack.wait_for(lambda: all(len(stack.results_for(i)) == 1 for i in ids), timeout=15)
             state = await live(stack)
@@ -322,3 +326,102 @@ async def test_oversized_and_retried_writes(tmp_path: Path) -> None:
     finally:
         await client.close()
         await server.close()
+
+
+async def test_a_persistent_hash_mismatch_is_not_rewritten_in_a_loop(nats_server: NatsServer, tmp_path: Path) -> None:
+    """A control plane whose hash no backend can match: each export is a `hash_mismatch`, and even
+    with refused items waking the reconciler every second, exports back off (1, 2, 4 s ...)."""
+    adapter = NullAdapter(dim=8, preloaded_models=[MODEL])
+    async with running_config_service() as service:
+        service.hash_salt = "-elsewhere"
+        service.write("org/a", "sie_id: org/a")
+        # The default 30 s period: degraded, the epoch is polled sooner (1, 2, 4, 5 s), but exports
+        # back off (1, 2, 4 ... up to the period) however often refusals wake the reconciler.
+        env = DEBUG_ENV | {"SIE_CONFIG_SERVICE_URL": service.url}
+        async with running_stack(nats_server, tmp_path, adapter=adapter, env=env) as stack:
+            await stack.wait_for(lambda: adapter.configs.writes >= 1)
+            started = time.monotonic()
+            pinned = service.bundle_hash()
+            ids = [await stack.publish(work_item(text=f"p{n}", bundle_config_hash=pinned)) for n in range(30)]
+            # (each is refused at the gate every NAK round: a wake each time)
+            await asyncio.sleep(6.0)
+            elapsed = time.monotonic() - started
+            state = await live(stack)
+            assert state["outcomes"].get("export/full_export/hash_mismatch", 0) == adapter.configs.writes
+            # Start-up, then at most one export per backoff step (1 + 2 + 4 s): never one per wake.
+            assert adapter.configs.writes <= 4, (adapter.configs.writes, elapsed)
+            assert state["bundle_config_hash"] != pinned  # never committed (Ping's may be adopted)
+            assert not any(stack.results_for(i) for i in ids) and adapter.items_on_wrong_hash == 0
+
+
+async def test_a_periodic_export_that_changes_nothing_sends_no_ipc(nats_server: NatsServer, tmp_path: Path) -> None:
+    """§9.3 with a control plane at epoch 0: the periodic export whose signature equals the last
+    successful one is `no_change`, with no IPC; a changed fingerprint exports and writes again."""
+    adapter = NullAdapter(dim=8, preloaded_models=[MODEL])
+    async with running_config_service() as service:
+        service.write("org/a", "sie_id: org/a", bump=False)
+        env = DEBUG_ENV | {
+            "SIE_CONFIG_SERVICE_URL": service.url,
+            "SIE_WORKER_CONFIG_POLL_INTERVAL_MS": "1000",
+            "SIE_WORKER_CONFIG_FULL_EXPORT_INTERVAL_MS": "1000",
+        }
+        async with running_stack(nats_server, tmp_path, adapter=adapter, env=env) as stack:
+            await stack.wait_for(lambda: adapter.configs.writes == 1)
+            deadline = time.monotonic() + 10
+            while (await live(stack))["outcomes"].get("export/full_export/no_change", 0) < 2:
+                assert time.monotonic() < deadline, "no periodic export"
+                await asyncio.sleep(0.1)
+            assert adapter.configs.writes == 1
+            state = await live(stack)
+            assert (state["epoch"], state["bundle_config_hash"]) == (0, service.bundle_hash())
+            service.write("org/b", "sie_id: org/b", bump=False)  # same epoch, new fingerprint
+            await stack.wait_for(lambda: adapter.configs.configs == service.configs_for(), timeout=10)
+            assert adapter.configs.writes == 2
+
+
+async def test_a_restarted_backend_gets_its_config_back_before_pinned_work_runs(
+    nats_server: NatsServer, tmp_path: Path
+) -> None:
+    """The backend restarts with an empty registry (its Ping hash is ""): the control plane shows no
+    drift, but the pinned work is refused on that backend (never executed against no config), the
+    reconciler resyncs it from an export, and then the work runs."""
+    sock = str(tmp_path / "restarting.sock")
+    first = BackendServer(NullAdapter(dim=8, preloaded_models=[MODEL]), sock, worker_id="first")
+    await first.start()
+    fresh = NullAdapter(dim=8, preloaded_models=[MODEL])
+    second: BackendServer | None = None
+    try:
+        async with running_config_service() as service:
+            service.write(MODEL, f"sie_id: {MODEL}")
+            env = DEBUG_ENV | {"SIE_CONFIG_SERVICE_URL": service.url, "SIE_WORKER_CONFIG_POLL_INTERVAL_MS": "60000"}
+            async with running_stack(nats_server, tmp_path, external_backend=sock, env=env) as stack:
+                pinned = service.bundle_hash()
+                warm = await stack.publish(work_item(text="warm", bundle_config_hash=pinned))
+                await stack.wait_for(lambda: len(stack.results_for(warm)) == 1)
+                await first.close()
+                Path(sock).unlink(missing_ok=True)
+                second = BackendServer(fresh, sock, worker_id="second")
+                await second.start()
+                ids = [await stack.publish(work_item(text=f"after {n}", bundle_config_hash=pinned)) for n in range(5)]
+                await stack.wait_for(lambda: all(len(stack.results_for(i)) == 1 for i in ids), timeout=20)
+                assert fresh.items_on_wrong_hash == 0
+                assert fresh.configs.bundle_config_hash == pinned
+                outcomes = (await live(stack))["outcomes"]
+                assert outcomes["export/full_export/applied"] >= 2  # start-up, then the resync
+    finally:
+        if second is not None:
+            await second.close()
+
+
+async def test_a_transport_error_that_is_not_transient_is_an_apply_error(tmp_path: Path) -> None:
+    """§9.2 step 9 retries only the transient kinds: a socket path the OS refuses is `apply_error`
+    at once, not a retry loop holding the execution barrier until shutdown."""
+    client = IpcClient(str(tmp_path / ("x" * 120) / "backend.sock"), request_timeout_s=2)
+    state = ConfigState()
+    config = LiveConfig(state, client, bundle="default", pool="default", allow_list=(), stop=asyncio.Event())
+    a = "sie_id: org/a"
+    outcome = await asyncio.wait_for(
+        config.handle_notification(doc(model_id="org/a", model_config=a, bundle_config_hash=hash_of({"org/a": a}))), 5
+    )
+    assert outcome == "apply_error" and not state.barrier.writing
+    await client.close()

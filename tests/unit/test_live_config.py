@@ -338,3 +338,18 @@ def test_the_reconciler_drift_rules() -> None:
 def test_a_config_service_url_that_is_not_http_is_a_client_error(url: str) -> None:
     with pytest.raises(ConfigServiceError, match="client"):
         ConfigServiceClient(url, None)
+
+
+def test_a_child_must_attest_the_advertised_config_for_pinned_work() -> None:
+    diverged: list[int] = []
+    state = ConfigState("h")
+    state.on_diverged = lambda: diverged.append(1)
+    assert state.executes_on("h")
+    assert state.executes_on("")  # a legacy backend attests nothing: trusted while nothing is committed
+    assert not state.executes_on(None)  # unknown: no Ping since a lost connection
+    assert not state.executes_on("other")
+    state.commit(1, "h")
+    assert not state.executes_on("")  # committed: "" is a backend that lost its config
+    assert diverged == [1, 1, 1]
+    assert state.gate([item(""), None]) is False and state.gate([item("h")]) is True
+    assert state.gate([item("x")]) is None

@@ -20,6 +20,9 @@ from ..telemetry import GPU_SLOTS, INFLIGHT_BATCHES, PENDING_COST, PENDING_ITEMS
 
 log = logging.getLogger(__name__)
 
+#: How long a tombstone's flush may take (main waits 2 s for the publisher's, §15.4 step 3).
+TOMBSTONE_FLUSH_S = 2
+
 
 class ConfigSource(Protocol):
     """Where the advertised bundle-config hash is read (the pipeline's config gate)."""
@@ -175,6 +178,18 @@ async def publish_health(
             if should_log(failures):
                 log.warning("health publish failed", extra={"failures": failures, "error": repr(exc)})
         await _next_beat(reporter.readiness.models_changed, stop, interval_ms / 1000.0)
+    await publish_tombstone(nc, reporter, config)  # the first of the two (§10); main sends the second
+
+
+async def publish_tombstone(nc: NatsClient, reporter: HealthReporter, config: ConfigSource) -> None:
+    """The shutdown beat (`ready=false`, `terminated=true`, no ready slots), flushed; failures are
+    logged, never raised: shutdown goes on."""
+    payload = reporter.payload(config.current or "", unsupported_models=config.unsupported_models, terminated=True)
+    try:
+        await nc.publish(wire.health_subject(reporter.identity.worker_id), payload)
+        await nc.flush(timeout=TOMBSTONE_FLUSH_S)
+    except Exception as exc:
+        log.warning("health tombstone not published", extra={"error": repr(exc)})
 
 
 async def _next_beat(models_changed: asyncio.Event, stop: asyncio.Event, interval_s: float) -> None:
@@ -197,4 +212,5 @@ __all__ = [
     "gpu_slots",
     "health_payload",
     "publish_health",
+    "publish_tombstone",
 ]

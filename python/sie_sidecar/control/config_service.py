@@ -43,6 +43,7 @@ WAKE_MIN_INTERVAL_S: Final = 1.0
 #: While the config is degraded (a failed poll, export or write), the next poll comes after this,
 #: doubling up to the poll interval: a known drift is repaired soon after the service is back.
 DEGRADED_RETRY_FIRST_S: Final = 1.0
+DEGRADED_POLL_MAX_S: Final = 5.0
 _SUCCESS: Final = frozenset({"applied", "no_change", "no_relevant_models"})
 
 
@@ -107,9 +108,21 @@ class Reconciler:
         self.exports = 0
         self._last_full_export = float("-inf")
         self._retry_s = DEGRADED_RETRY_FIRST_S
+        #: After a failed export, the next one waits 1 s doubling up to the poll interval, however
+        #: often the reconciler is woken: a backend that keeps answering another hash is not rewritten
+        #: in a loop (each write holds the execution barrier).
+        self._export_backoff_s = DEGRADED_RETRY_FIRST_S
+        self._export_not_before = float("-inf")
+        self._resync = False
 
     def wake(self) -> None:
         """Poll now rather than at the next period (rate-limited by the loop)."""
+        self._woken.set()
+
+    def resync(self) -> None:
+        """A backend child does not hold the advertised config (restarted, say): export at the next
+        round even though the control plane shows no drift (within the export backoff)."""
+        self._resync = True
         self._woken.set()
 
     async def run(self) -> None:
@@ -121,26 +134,43 @@ class Reconciler:
             self.live.record("export", "poll", "client_error", error=exc.detail)
             return  # §9.3: the reconciler stops
         async with aiohttp.ClientSession() as session:
-            info = await self._poll(client, session)
-            await self._export(client, session, ExportRequest("startup"), info)
+            first = True
             while not self._stop.is_set():
-                await self._sleep()
-                if self._stop.is_set():
-                    break
-                info = await self._poll(client, session)
-                if info is None:
-                    continue
-                request = self._drift(info)
-                if request is not None:
-                    await self._export(client, session, request, info)
+                if not first:
+                    await self._sleep()
+                    if self._stop.is_set():
+                        break
+                try:
+                    await self._round(client, session, startup=first)
+                except Exception as exc:  # a defect must not end reconciliation silently
+                    log.error("config reconcile round failed", exc_info=exc)
+                first = False
+
+    async def _round(self, client: ConfigServiceClient, session: aiohttp.ClientSession, *, startup: bool) -> None:
+        """One poll, and an export on drift (at start-up, always)."""
+        info = await self._poll(client, session)
+        if startup:
+            await self._export(client, session, ExportRequest("startup"), info)
+            return
+        if info is None:
+            return
+        request = self._drift(info)
+        if request is None and self._resync:
+            request = ExportRequest("backend_diverged")
+        if request is None:
+            return
+        if time.monotonic() < self._export_not_before:
+            return  # the last export failed: the next one waits out its backoff
+        self._resync = False
+        await self._export(client, session, request, info)
 
     async def _sleep(self) -> None:
-        """One period (shorter, with backoff, while degraded), or less when woken (never two
-        wake-driven polls within the minimum interval)."""
+        """One period (shorter while degraded: 1 s doubling to `DEGRADED_POLL_MAX_S`), or less when
+        woken (never two wake-driven polls within `WAKE_MIN_INTERVAL_S`)."""
         period = self.poll_interval_s
         if self.live.degraded:
             period = min(period, self._retry_s)
-            self._retry_s = min(self._retry_s * 2, self.poll_interval_s)
+            self._retry_s = min(self._retry_s * 2, DEGRADED_POLL_MAX_S)
         else:
             self._retry_s = DEGRADED_RETRY_FIRST_S
         deadline = time.monotonic() + period
@@ -200,10 +230,17 @@ class Reconciler:
         try:
             export = await client.export(session)
         except ConfigServiceError as exc:
-            return self.live.record("export", "full_export", "fetch_error", error=exc.detail, reason=request.reason)
-        outcome = await self.live.apply_export(export, request)
-        if outcome in _SUCCESS and info is not None:
-            self.fingerprint = info.fingerprint
+            outcome = self.live.record("export", "full_export", "fetch_error", error=exc.detail, reason=request.reason)
+        else:
+            outcome = await self.live.apply_export(export, request)
+        if outcome in _SUCCESS:
+            if info is not None:
+                self.fingerprint = info.fingerprint
+            self._export_backoff_s = DEGRADED_RETRY_FIRST_S
+            self._export_not_before = float("-inf")
+        else:
+            self._export_not_before = time.monotonic() + self._export_backoff_s
+            self._export_backoff_s = min(self._export_backoff_s * 2, max(self.poll_interval_s, DEGRADED_RETRY_FIRST_S))
         return outcome
 
     def snapshot(self) -> dict[str, object]:

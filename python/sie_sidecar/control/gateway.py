@@ -81,9 +81,13 @@ async def poll_forever(
     url = pools_url(gateway_url)
     async with aiohttp.ClientSession() as session:
         while not stop.is_set():
-            await poll_once(
-                session, admission, url=url, api_key=api_key, worker=worker, machine_profile=machine_profile
-            )
+            try:
+                await poll_once(
+                    session, admission, url=url, api_key=api_key, worker=worker, machine_profile=machine_profile
+                )
+            except Exception as exc:  # a defect must not end admission polling silently (fail closed)
+                log.error("gateway pools poll failed unexpectedly", exc_info=exc)
+                admission.record_error("internal error")
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), interval_s)
 

@@ -50,6 +50,8 @@ async def get_json(
             body = await _read_bounded(response.content, max_bytes, error)
     except (aiohttp.ClientError, TimeoutError, OSError) as exc:
         raise error(short(f"transport: {type(exc).__name__}")) from None
+    except ValueError:  # aiohttp refuses, e.g., userinfo in the URL together with a bearer
+        raise error("request: the URL cannot be used (credentials in the URL and a bearer?)") from None
     try:
         return json.loads(body)
     except (UnicodeDecodeError, ValueError) as exc:

@@ -161,16 +161,18 @@ class LiveConfig:
             log.info("config " + outcome, extra=extra)
         else:
             log.debug("config skipped", extra=extra)
-        if outcome in BEHIND and self.on_behind is not None:
+        # A notification that did not apply means the control plane is ahead: look now. An export's
+        # own failure does not wake it (that would repeat the export at once, §9.3: once per poll).
+        if outcome in BEHIND and source == "notification" and self.on_behind is not None:
             self.on_behind()
         return outcome
 
     # -- the retry of §9.2 step 9 -------------------------------------------------------------
 
     async def _retrying(self, call: Callable[[], Awaitable[ConfigAnswer]]) -> ConfigAnswer:
-        """The write, retried on transient IPC failures (the transport ones and timeouts) 250 ms
-        doubling to 5 s until it answers or the stop signal arrives (`_Shutdown`). Server errors and
-        undecodable answers are not transient: they raise."""
+        """The write, retried on transient IPC failures (the §9.2 transport kinds and timeouts) 250 ms
+        doubling to 5 s until it answers or the stop signal arrives (`_Shutdown`). Server errors,
+        undecodable answers and other transport failures are not transient: they raise."""
         delay = RETRY_FIRST_S
         attempt = 0
         while True:
@@ -179,6 +181,8 @@ class LiveConfig:
             try:
                 return await call()
             except (IpcTransportError, IpcTimeout) as exc:
+                if isinstance(exc, IpcTransportError) and not exc.transient:
+                    raise  # a closed client, a permission error, a bad path: `apply_error`
                 attempt += 1
                 if attempt in (1, 5) or attempt % 30 == 0:
                     log.warning("config write: backend unreachable, retrying", extra={"error": repr(exc)})

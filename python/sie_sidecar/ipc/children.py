@@ -11,7 +11,9 @@ Config writes fan out to every child in turn (§9.5). For their duration the poo
 every model call fails at once with the §9.5 server error (work is NAKed with the base delay) and
 the heartbeat counts no child ready. A fan-out that every child applied, with agreeing hashes (and,
 for a replace, the same applied models), lifts the quarantine; anything else keeps it until a later
-fan-out succeeds, so no batch ever runs on a pool whose children hold different configs.
+fan-out succeeds. A child that restarts comes back without the pool's config and no fan-out follows
+by itself: hash-pinned work is sent only to a child whose last Ping attests the advertised hash
+(`attest`, checked by its client on the connection the batch goes to), and the reconciler resyncs it.
 """
 
 from __future__ import annotations
@@ -21,8 +23,8 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any, Final, TypeVar
 
-from ..errors import IpcServerError, IpcTimeout, IpcTransportError
-from .client import IpcClient
+from ..errors import IpcServerError, IpcTransportError
+from .client import Attest, IpcClient
 from .types import READY, ConfigResponse, PingResponse, ReadyResponse
 
 T = TypeVar("T")
@@ -59,10 +61,12 @@ class BackendChildren:
     # -- the heartbeat's view -----------------------------------------------------------------
 
     def observe(self, index: int, pong: PingResponse | BaseException) -> None:
-        """Record one child's Ping answer (its health and loaded models) for placement."""
+        """Record one child's Ping answer (its health and loaded models) for placement; a child that
+        cannot be reached loses its placements (a slow one, a timeout, keeps them)."""
         if isinstance(pong, BaseException):
             self._ready[index] = False
-            self._unplace(index)
+            if isinstance(pong, IpcTransportError):
+                self._unplace(index)
             return
         self._ready[index] = pong.ready
         self._loaded[index] = frozenset(pong.loaded_models)
@@ -96,7 +100,7 @@ class BackendChildren:
     async def _on(self, index: int, call: Callable[[IpcClient], Any]) -> Any:
         try:
             return await call(self.clients[index])
-        except (IpcTransportError, IpcTimeout):
+        except IpcTransportError:  # gone (killed, restarting): its models go elsewhere next time
             self._ready[index] = False
             self._unplace(index)
             raise
@@ -111,17 +115,29 @@ class BackendChildren:
             self._placed.pop(model_id, None)
         return answer
 
-    def client_for(self, model_id: str) -> _PlacedClient:
-        """The batch client of the model's child (quarantine checked at each call)."""
+    async def client_for(self, model_id: str) -> _PlacedClient:
+        """The batch client of the model's child (quarantine checked at each call). A model whose
+        child was lost since its readiness was checked is made ready on its new child first: a batch
+        never goes to a child that has not answered `ready` for its model."""
         self._check()
         index = self._placed.get(model_id)
         if index is None:
-            index = self._choose(model_id)
-            self._placed[model_id] = index
+            answer = await self.ensure_model_ready(model_id)
+            index = self._placed.get(model_id)
+            if answer.state != READY or index is None:
+                raise IpcServerError(f"model {model_id} is not ready on its new backend child ({answer.state})")
         return _PlacedClient(self, index)
 
     async def probe_draining(self, model_id: str = "") -> bool:
         return await self.clients[0].probe_draining(model_id)
+
+    async def signal_generate_cancel(self, request_id: str) -> bool:
+        """Sent to every child (§9.5): matched if any child had the generation; a child that cannot
+        be reached does not stop the others."""
+        answers = await asyncio.gather(
+            *(c.signal_generate_cancel(request_id) for c in self.clients), return_exceptions=True
+        )
+        return any(a is True for a in answers)
 
     async def drain(self, deadline_ms: int = 15000) -> bool:
         """Drain every child (§15.4 step 7); True when every one acknowledged."""
@@ -164,14 +180,20 @@ class _PlacedClient:
     def runs_batches(self) -> bool:
         return self._children.clients[self._index].runs_batches
 
-    async def run_batch_with(self, body: bytes, decode: Callable[[memoryview], T]) -> T:
+    @property
+    def reported_hash(self) -> str | None:
+        return self._children.clients[self._index].reported_hash
+
+    async def run_batch_with(
+        self, body: bytes, decode: Callable[[memoryview], T], *, attest: Attest | None = None
+    ) -> T:
         self._children._check()
-        result: T = await self._children._on(self._index, lambda c: c.run_batch_with(body, decode))
+        result: T = await self._children._on(self._index, lambda c: c.run_batch_with(body, decode, attest=attest))
         return result
 
-    async def process_batch(self, method: str, body: bytes) -> Any:
+    async def process_batch(self, method: str, body: bytes, *, attest: Attest | None = None) -> Any:
         self._children._check()
-        return await self._children._on(self._index, lambda c: c.process_batch(method, body))
+        return await self._children._on(self._index, lambda c: c.process_batch(method, body, attest=attest))
 
 
 class _ChildPinger:

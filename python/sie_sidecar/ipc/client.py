@@ -22,7 +22,15 @@ from typing import TYPE_CHECKING, Any, Final, Self, TypeVar
 import msgpack
 
 from .. import wire
-from ..errors import NO_RUN_BATCH, DecodeError, IpcServerError, IpcTimeout, IpcTransportError, ProtocolError
+from ..errors import (
+    NO_RUN_BATCH,
+    ConfigNotAttested,
+    DecodeError,
+    IpcServerError,
+    IpcTimeout,
+    IpcTransportError,
+    ProtocolError,
+)
 from ..logs import Throttled
 from ..wire.limits import IPC_VERSION
 from .transport import READ_LIMIT, READ_SIZE, TransportFailure, is_retryable
@@ -36,6 +44,8 @@ log = logging.getLogger(__name__)
 _warn = Throttled(log)
 
 T = TypeVar("T")
+#: Whether the hash a backend last reported lets hash-pinned work run on it (`ConfigState.executes_on`).
+Attest = Callable[[str | None], bool]
 
 #: The per-op batch methods `process_batch` may call (wire-protocol §3.10).
 PROCESS_BATCH_METHODS: Final = ("ProcessEncodeBatch", "ProcessScoreBatch", "ProcessExtractBatch")
@@ -113,6 +123,9 @@ class IpcClient:
         #: v0.7.1 sends every batch as RunBatch (it never reads `supports_run_batch`); a backend that
         #: answered "unknown method RunBatch" once, to a batch or a drain probe, gets per-op methods.
         self._runs_batches = True
+        #: The bundle-config hash this backend reported in its last Ping; None before the first one
+        #: and after a transport failure (a restarted backend may hold another config, §9.4).
+        self.reported_hash: str | None = None
 
     # -- properties ---------------------------------------------------------------------------
 
@@ -148,7 +161,9 @@ class IpcClient:
         """Heartbeat; `timestamp_ms` defaults to the wall clock in milliseconds."""
         ts = time.time() * 1000.0 if timestamp_ms is None else float(timestamp_ms)
         body = _pack({"timestamp_ms": ts})
-        return await self._request("Ping", body, self._request_timeout_s, _typed(PingResponse.from_body))
+        pong = await self._request("Ping", body, self._request_timeout_s, _typed(PingResponse.from_body))
+        self.reported_hash = pong.bundle_config_hash
+        return pong
 
     async def ensure_model_ready(self, model_id: str) -> ReadyResponse:
         """Ask the backend to make `model_id` ready; bounded by `model_ready_timeout_s`."""
@@ -159,7 +174,7 @@ class IpcClient:
             "EnsureModelReady", body, self._model_ready_timeout_s, _typed(ReadyResponse.from_body)
         )
 
-    def client_for(self, model_id: str) -> Self:
+    async def client_for(self, model_id: str) -> Self:
         """The client that serves `model_id`'s batches: this one (one child serves every model)."""
         return self
 
@@ -167,22 +182,29 @@ class IpcClient:
         """RunBatch with an already-encoded RunBatchRequest."""
         return await self.run_batch_with(body, wire.decode_batch_outcome)
 
-    async def run_batch_with(self, body: bytes, decode: Callable[[memoryview], T]) -> T:
+    async def run_batch_with(
+        self, body: bytes, decode: Callable[[memoryview], T], *, attest: Attest | None = None
+    ) -> T:
         """RunBatch whose response body goes to `decode` while the client still holds its bytes
-        (the pipeline frames replies straight from them); `decode` must not keep the view."""
+        (the pipeline frames replies straight from them); `decode` must not keep the view.
+
+        `attest` (for hash-pinned work): called with the hash the backend reported in its last Ping,
+        on the connection the batch is about to be written to; False raises `ConfigNotAttested` and
+        nothing is sent. A connection opened after one was lost has no attested hash (None): the
+        process behind it may be a restarted backend that lost its config."""
         try:
-            return await self._request("RunBatch", body, self._request_timeout_s, decode)
+            return await self._request("RunBatch", body, self._request_timeout_s, decode, attest=attest)
         except IpcServerError as exc:
             if exc.message == NO_RUN_BATCH and self._runs_batches:
                 self._runs_batches = False
                 log.warning("backend does not implement RunBatch; per-op batch methods from now on")
             raise
 
-    async def process_batch(self, method: str, body: bytes) -> wire.BatchOutcome:
+    async def process_batch(self, method: str, body: bytes, *, attest: Attest | None = None) -> wire.BatchOutcome:
         """One of the per-op batch methods, for a backend that answered RunBatch `unknown method`."""
         if method not in PROCESS_BATCH_METHODS:
             raise ValueError(f"process_batch method must be one of {', '.join(PROCESS_BATCH_METHODS)}, got {method!r}")
-        return await self._request(method, body, self._request_timeout_s, wire.decode_batch_outcome)
+        return await self._request(method, body, self._request_timeout_s, wire.decode_batch_outcome, attest=attest)
 
     async def probe_draining(self, model_id: str = "") -> bool:
         """Whether the backend refuses batch work as `draining`, found with an empty batch (§4.1: empty
@@ -221,6 +243,11 @@ class IpcClient:
             "ReplaceModelConfigs", _pack(body), self._request_timeout_s, _typed(ConfigResponse.from_body)
         )
 
+    async def signal_generate_cancel(self, request_id: str) -> bool:
+        """SignalGenerateCancel (§3.8): whether the backend had a generation of `request_id` to stop."""
+        body = _pack({"request_id": request_id})
+        return await self._request("SignalGenerateCancel", body, self._request_timeout_s, _typed(_matched))
+
     async def drain(self, deadline_ms: int = 15000) -> bool:
         """Tell the backend to stop taking batch work; returns its `acknowledged` flag."""
         if isinstance(deadline_ms, bool) or not isinstance(deadline_ms, int) or deadline_ms < 0:
@@ -257,11 +284,11 @@ class IpcClient:
 
     async def _acquire(self) -> _Slot:
         if self._closed:
-            raise IpcTransportError(f"IPC client for {self._path} is closed")
+            raise IpcTransportError(f"IPC client for {self._path} is closed", transient=False)
         slot = await self._idle.get()
         if self._closed:
             self._release(slot)
-            raise IpcTransportError(f"IPC client for {self._path} is closed")
+            raise IpcTransportError(f"IPC client for {self._path} is closed", transient=False)
         return slot
 
     async def _acquire_other(self, failed: _Slot) -> _Slot:
@@ -275,7 +302,7 @@ class IpcClient:
         self._release(failed)
         if self._closed:
             self._release(other)
-            raise IpcTransportError(f"IPC client for {self._path} is closed")
+            raise IpcTransportError(f"IPC client for {self._path} is closed", transient=False)
         return other
 
     def _release(self, slot: _Slot) -> None:
@@ -283,17 +310,37 @@ class IpcClient:
             slot.disconnect()
         self._idle.put_nowait(slot)
 
-    async def _request(self, method: str, body: bytes, timeout_s: float, decode: Callable[[memoryview], T]) -> T:
+    async def _request(
+        self,
+        method: str,
+        body: bytes,
+        timeout_s: float,
+        decode: Callable[[memoryview], T],
+        *,
+        attest: Attest | None = None,
+    ) -> T:
+        try:
+            return await self._exchange_once(method, body, timeout_s, decode, attest)
+        except IpcTransportError:
+            self.reported_hash = None  # whatever answers next may be a restarted backend
+            raise
+
+    async def _exchange_once(
+        self, method: str, body: bytes, timeout_s: float, decode: Callable[[memoryview], T], attest: Attest | None
+    ) -> T:
+        """One request over a pool slot, with the §1.2 transport retry on another slot."""
         request_id = f"w-{next(self._ids)}"
         frame = wire.encode_request(method, request_id, body, True)  # FrameTooLarge: nothing written
         slot: _Slot | None = await self._acquire()
         try:
             assert slot is not None
             try:
-                return await self._attempt(slot, frame, request_id, timeout_s, decode)
+                return await self._attempt(slot, frame, request_id, timeout_s, decode, attest=attest)
             except TransportFailure as first:
                 if not first.retryable:
-                    raise IpcTransportError(f"{method} {request_id} to {self._path}: {first}") from first.cause
+                    raise IpcTransportError(
+                        f"{method} {request_id} to {self._path}: {first}", transient=False
+                    ) from first.cause
                 _warn.warning(
                     "IPC transport error; retrying once",
                     key=method,
@@ -302,17 +349,25 @@ class IpcClient:
                 failed, slot = slot, None
                 slot = await self._acquire_other(failed)
             try:
-                return await self._attempt(slot, frame, request_id, timeout_s, decode)
+                return await self._attempt(slot, frame, request_id, timeout_s, decode, attest=attest)
             except TransportFailure as second:
                 raise IpcTransportError(
-                    f"{method} {request_id} to {self._path} failed after one retry: {second}"
+                    f"{method} {request_id} to {self._path} failed after one retry: {second}",
+                    transient=second.retryable,
                 ) from second.cause
         finally:
             if slot is not None:
                 self._release(slot)
 
     async def _attempt(
-        self, slot: _Slot, frame: bytes, request_id: str, timeout_s: float, decode: Callable[[memoryview], T]
+        self,
+        slot: _Slot,
+        frame: bytes,
+        request_id: str,
+        timeout_s: float,
+        decode: Callable[[memoryview], T],
+        *,
+        attest: Attest | None = None,
     ) -> T:
         """One write and the response(s) on one slot; the slot is disconnected unless `keep`."""
         assembler = wire.IpcChunkAssembler(request_id, self._budget)
@@ -321,6 +376,9 @@ class IpcClient:
             try:
                 async with asyncio.timeout(timeout_s):
                     writer = await self._connect(slot)
+                    if attest is not None and not attest(self.reported_hash):
+                        keep = True  # nothing was written: the connection is in step
+                        raise ConfigNotAttested(f"backend at {self._path} does not attest the config")
                     writer.write(frame)
                     await writer.drain()
                     while True:
@@ -330,6 +388,7 @@ class IpcClient:
             except TimeoutError:
                 raise IpcTimeout(f"IPC request {request_id} timed out after {timeout_s:g} s") from None
             except (OSError, EOFError) as exc:
+                self.reported_hash = None  # the process that answers next may be another one
                 raise TransportFailure(exc, retryable=is_retryable(exc)) from exc
             try:
                 env = assembled.decode()
@@ -355,6 +414,7 @@ class IpcClient:
         writer = slot.writer
         if writer is not None and slot.reader is not None and (slot.reader.at_eof() or writer.is_closing()):
             slot.disconnect()  # the backend closed this idle connection; reconnecting is not a retry
+            self.reported_hash = None  # ... but whatever answers may be a restarted backend
             writer = None
         if writer is None:
             reader, writer = await asyncio.open_unix_connection(self._path, limit=READ_LIMIT)
@@ -386,6 +446,17 @@ def _typed(from_body: Callable[[Any], T]) -> Callable[[memoryview], T]:
         return from_body(wire.decode_body(raw))
 
     return decode
+
+
+def _matched(body: Any) -> bool:
+    if not isinstance(body, dict):
+        raise DecodeError("SignalGenerateCancelResponse must be a map")
+    value = body.get("matched")
+    if value is None:
+        return False
+    if not isinstance(value, bool):
+        raise DecodeError("SignalGenerateCancelResponse 'matched' must be a bool")
+    return value
 
 
 def _acknowledged(body: Any) -> bool:

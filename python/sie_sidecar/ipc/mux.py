@@ -22,9 +22,9 @@ from collections.abc import Callable
 from typing import Final, TypeVar
 
 from .. import wire
-from ..errors import IpcTimeout, IpcTransportError, ProtocolError
+from ..errors import ConfigNotAttested, IpcTimeout, IpcTransportError, ProtocolError
 from ..logs import Throttled
-from .client import IpcClient
+from .client import Attest, IpcClient
 from .transport import READ_LIMIT, READ_SIZE, TransportFailure, is_retryable
 
 T = TypeVar("T")
@@ -111,7 +111,7 @@ class MuxIpcClient(IpcClient):
             if conn is not None and not conn.dead:
                 return conn
             if self._closed:
-                raise IpcTransportError(f"IPC client for {self._path} is closed")
+                raise IpcTransportError(f"IPC client for {self._path} is closed", transient=False)
             wait = self._last_failed_connect + RECONNECT_BACKOFF_S - time.monotonic()
             if wait > 0:
                 await asyncio.sleep(wait)
@@ -120,6 +120,8 @@ class MuxIpcClient(IpcClient):
             except OSError:
                 self._last_failed_connect = time.monotonic()
                 raise
+            if self._conn is not None:  # a lost connection: the process behind the new one may be new
+                self.reported_hash = None
             conn = _Connection(writer)
             conn.reader_task = asyncio.create_task(self._read_loop(reader, conn))
             self._conn = conn
@@ -145,30 +147,38 @@ class MuxIpcClient(IpcClient):
 
     # -- requests -----------------------------------------------------------------------------
 
-    async def _request(self, method: str, body: bytes, timeout_s: float, decode: Callable[[memoryview], T]) -> T:
+    async def _exchange_once(
+        self, method: str, body: bytes, timeout_s: float, decode: Callable[[memoryview], T], attest: Attest | None
+    ) -> T:
+        """One request on the shared connection, with the §1.2 transport retry on a new one."""
         request_id = f"w-{next(self._ids)}"
         frame = wire.encode_request(method, request_id, body, True)  # FrameTooLarge: nothing written
         if self._closed:
-            raise IpcTransportError(f"IPC client for {self._path} is closed")
+            raise IpcTransportError(f"IPC client for {self._path} is closed", transient=False)
         async with self._in_flight:
             try:
-                return await self._exchange(frame, request_id, timeout_s, decode)
+                return await self._exchange(frame, request_id, timeout_s, decode, attest)
             except TransportFailure as first:
                 if not first.retryable:
-                    raise IpcTransportError(f"{method} {request_id} to {self._path}: {first}") from first.cause
+                    raise IpcTransportError(
+                        f"{method} {request_id} to {self._path}: {first}", transient=False
+                    ) from first.cause
                 _warn.warning(
                     "IPC transport error; retrying once",
                     key=method,
                     extra={"method": method, "request_id": request_id, "error": str(first), "transport": "mux"},
                 )
             try:
-                return await self._exchange(frame, request_id, timeout_s, decode)
+                return await self._exchange(frame, request_id, timeout_s, decode, attest)
             except TransportFailure as second:
                 raise IpcTransportError(
-                    f"{method} {request_id} to {self._path} failed after one retry: {second}"
+                    f"{method} {request_id} to {self._path} failed after one retry: {second}",
+                    transient=second.retryable,
                 ) from second.cause
 
-    async def _exchange(self, frame: bytes, request_id: str, timeout_s: float, decode: Callable[[memoryview], T]) -> T:
+    async def _exchange(
+        self, frame: bytes, request_id: str, timeout_s: float, decode: Callable[[memoryview], T], attest: Attest | None
+    ) -> T:
         assembler = wire.IpcChunkAssembler(request_id, self._budget)
         queue: asyncio.Queue[Frame | BaseException] = asyncio.Queue()
         conn: _Connection | None = None
@@ -177,6 +187,8 @@ class MuxIpcClient(IpcClient):
             try:
                 async with asyncio.timeout(timeout_s):
                     conn = await self._connection()
+                    if attest is not None and not attest(self.reported_hash):
+                        raise ConfigNotAttested(f"backend at {self._path} does not attest the config")
                     conn.inflight[request_id] = queue
                     conn.writer.write(frame)
                     await conn.writer.drain()
@@ -190,6 +202,7 @@ class MuxIpcClient(IpcClient):
             except TimeoutError:
                 raise IpcTimeout(f"IPC request {request_id} timed out after {timeout_s:g} s") from None
             except (OSError, EOFError) as exc:
+                self.reported_hash = None  # the process that answers next may be another one
                 raise TransportFailure(exc, retryable=is_retryable(exc)) from exc
             finally:
                 if conn is not None:

@@ -13,11 +13,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import AsyncIterator, Callable, Iterable
 from typing import TYPE_CHECKING
 
+from ..logs import Throttled
+
 if TYPE_CHECKING:
     from ..wire.workitem import WorkItem
+
+_warn = Throttled(logging.getLogger(__name__))
 
 
 class ExecutionBarrier:
@@ -101,6 +106,8 @@ class ConfigState:
         self.unsupported_models: tuple[str, ...] = ()
         self.barrier = ExecutionBarrier()
         self.on_refused: Callable[[], None] | None = None
+        #: Called when a backend child does not attest the advertised config (`executes_on`).
+        self.on_diverged: Callable[[], None] | None = None
         #: Models and profiles the control plane told us of (§9.2 step 12), for telemetry.
         self.catalog_models: set[str] = set()
         self.catalog_profiles: set[str] = set()
@@ -123,6 +130,37 @@ class ConfigState:
                     self.on_refused()
                 return False
         return True
+
+    def gate(self, items: Iterable[WorkItem | None]) -> bool | None:
+        """The check right before execution: None when some item's hash is refused (`on_refused` is
+        called), else whether any item is pinned to the advertised hash (legacy-only: False)."""
+        current = self._hash
+        pinned = False
+        for item in items:
+            if item is not None and item.bundle_config_hash:
+                if item.bundle_config_hash != current:
+                    if self.on_refused is not None:
+                        self.on_refused()
+                    return None
+                pinned = True
+        return pinned
+
+    def executes_on(self, reported: str | None) -> bool:
+        """Whether a backend child that reported `reported` in its last Ping may run pinned work: it
+        must attest the advertised hash. A child that attests nothing ("") is trusted only while no
+        config was committed (a legacy backend); once the control plane wrote one, "" is a child that
+        lost it (restarted). Unknown (None: no Ping since a transport failure) is refused. A refusal
+        calls `on_diverged`, so the reconciler rewrites the backend's config from an export."""
+        if reported is not None and (reported == self._hash or (not reported and not self.committed)):
+            return True
+        _warn.warning(
+            "a backend child does not attest the advertised config; its hash-pinned work is NAKed",
+            key="diverged",
+            extra={"advertised": self._hash, "reported": reported},
+        )
+        if self.on_diverged is not None:
+            self.on_diverged()
+        return False
 
     def supports(self, model_id: str) -> bool:
         """False for a model the backend reported it cannot serve (case-insensitive; newer than v0.7.1)."""

@@ -17,7 +17,15 @@ from itertools import compress
 from typing import Any, Protocol
 
 from .. import wire
-from ..errors import BAD_OPERATION, INVALID_REQUEST, MODEL_LOAD_FAILED, NO_RUN_BATCH, PAYLOAD_ERROR, IpcServerError
+from ..errors import (
+    BAD_OPERATION,
+    INVALID_REQUEST,
+    MODEL_LOAD_FAILED,
+    NO_RUN_BATCH,
+    PAYLOAD_ERROR,
+    ConfigNotAttested,
+    IpcServerError,
+)
 from ..ipc.requests import PER_OP_METHOD, encode_item, lora_key, per_op_body, run_batch_body
 from ..ipc.types import ReadyResponse
 from ..logs import Throttled
@@ -63,8 +71,16 @@ class BatchClient(Protocol):
     def runs_batches(self) -> bool:
         """False once the backend answered RunBatch `unknown method`: per-op methods from then on."""
 
-    async def run_batch_with(self, body: bytes, decode: Callable[[memoryview], Any]) -> Any: ...
-    async def process_batch(self, method: str, body: bytes) -> Any: ...
+    @property
+    def reported_hash(self) -> str | None:
+        """The bundle-config hash the child reported in its last Ping (None: unknown)."""
+
+    async def run_batch_with(
+        self, body: bytes, decode: Callable[[memoryview], Any], *, attest: Callable[[str | None], bool] | None = None
+    ) -> Any: ...
+    async def process_batch(
+        self, method: str, body: bytes, *, attest: Callable[[str | None], bool] | None = None
+    ) -> Any: ...
 
 
 class BackendClient(Protocol):
@@ -76,7 +92,7 @@ class BackendClient(Protocol):
         """False once the backend answered RunBatch `unknown method`: per-op methods from then on."""
 
     async def ensure_model_ready(self, model_id: str) -> ReadyResponse: ...
-    def client_for(self, model_id: str) -> BatchClient: ...
+    async def client_for(self, model_id: str) -> BatchClient: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -682,11 +698,12 @@ class Dispatcher:
         # The execution barrier (§5.5): from the hash check until the backend call returns, no config
         # mutation runs; a waiting one holds this batch back until it is done.
         async with self._config.barrier.shared():
-            if not self._config.accepts_all(d.wire_item for d in ds) or not self._config.supports(model):
+            pinned = self._config.gate(d.wire_item for d in ds)
+            if pinned is None or not self._config.supports(model):
                 refused: BaseException | None = None
                 outcome = None
             else:
-                outcome, refused = await self._call_backend(model, op, lora, ds, total_cost)
+                outcome, refused = await self._call_backend(model, op, lora, ds, total_cost, pinned=pinned)
         if outcome is None:
             if isinstance(refused, IpcServerError):
                 # `draining` too gets the base delay, as v0.7.1 does in practice (§4.2, last row): a
@@ -718,17 +735,21 @@ class Dispatcher:
         )
 
     async def _call_backend(
-        self, model: str, op: str, lora: str, ds: list[Delivery], total_cost: int
+        self, model: str, op: str, lora: str, ds: list[Delivery], total_cost: int, *, pinned: bool = False
     ) -> tuple[Any, BaseException | None]:
         """One batch RPC (RunBatch, or the per-op method for a backend without it): the outcome, or
-        None and what refused it. Runs inside the execution barrier."""
+        None and what refused it (None: the config gate). Runs inside the execution barrier. A batch
+        with hash-pinned items goes only to a child whose last Ping attests the advertised config."""
         # The RunBatch writer reads undecoded items in place (`wire_item`); every one has an item.
         items = [item for item in (d.wire_item for d in ds) if item is not None]
         fetch_ms = [d.payload_fetch_ms for d in ds]
         prepared = [d.prepared_tokens for d in ds] if op == "encode" else None
         audio = [d.prepared_audio for d in ds] if op == "extract" else None
         try:
-            backend = self._backend.client_for(model)  # the child the model is placed on
+            backend = await self._backend.client_for(model)  # the child the model is placed on
+            # Pinned work runs only on a child that attests the advertised config, checked by the
+            # client on the very connection the batch goes to (ConfigNotAttested: nothing sent).
+            attest = self._config.executes_on if pinned else None
             outcome = None
             # v0.7.1 sends every batch as RunBatch, whatever the descriptor says (it never reads
             # `supports_run_batch`); the client remembers a backend that answered `unknown method`.
@@ -746,6 +767,7 @@ class Dispatcher:
                             prepared_audio=audio,
                         ),
                         self._out.response_decoder(ds),
+                        attest=attest,
                     )
                 except IpcServerError as exc:
                     if exc.message != NO_RUN_BATCH:
@@ -753,8 +775,12 @@ class Dispatcher:
             if outcome is None:
                 decoded = [d.item for d in ds if d.item is not None]
                 outcome = await backend.process_batch(
-                    PER_OP_METHOD[op], per_op_body(model, op, decoded, fetch_ms, prepared, prepared_audio=audio)
+                    PER_OP_METHOD[op],
+                    per_op_body(model, op, decoded, fetch_ms, prepared, prepared_audio=audio),
+                    attest=attest,
                 )
+        except ConfigNotAttested:
+            return None, None  # the config gate: NAKed with the base delay, the reconciler resyncs
         except Exception as exc:
             return None, exc
         return outcome, None
