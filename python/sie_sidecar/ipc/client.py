@@ -16,7 +16,7 @@ import itertools
 import logging
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Final, Self, TypeVar
 
 import msgpack
@@ -128,6 +128,9 @@ class IpcClient:
         self.reported_hash: str | None = None
 
     # -- properties ---------------------------------------------------------------------------
+
+    #: The telemetry name of this transport (§13: IPC transport {pool, mux}).
+    transport = "pool"
 
     @property
     def socket_path(self) -> str:
@@ -332,32 +335,43 @@ class IpcClient:
         request_id = f"w-{next(self._ids)}"
         frame = wire.encode_request(method, request_id, body, True)  # FrameTooLarge: nothing written
         slot: _Slot | None = await self._acquire()
-        try:
-            assert slot is not None
-            try:
-                return await self._attempt(slot, frame, request_id, timeout_s, decode, attest=attest)
-            except TransportFailure as first:
-                if not first.retryable:
-                    raise IpcTransportError(
-                        f"{method} {request_id} to {self._path}: {first}", transient=False
-                    ) from first.cause
-                _warn.warning(
-                    "IPC transport error; retrying once",
-                    key=method,
-                    extra={"method": method, "request_id": request_id, "error": str(first)},
-                )
+
+        async def attempt(retry: bool) -> T:
+            nonlocal slot
+            if retry:
                 failed, slot = slot, None
-                slot = await self._acquire_other(failed)
-            try:
-                return await self._attempt(slot, frame, request_id, timeout_s, decode, attest=attest)
-            except TransportFailure as second:
-                raise IpcTransportError(
-                    f"{method} {request_id} to {self._path} failed after one retry: {second}",
-                    transient=second.retryable,
-                ) from second.cause
+                assert failed is not None
+                slot = await self._acquire_other(failed)  # releases `failed` on every path
+            assert slot is not None
+            return await self._attempt(slot, frame, request_id, timeout_s, decode, attest=attest)
+
+        try:
+            return await self._retry_once(method, request_id, attempt)
         finally:
             if slot is not None:
                 self._release(slot)
+
+    async def _retry_once(self, method: str, request_id: str, attempt: Callable[[bool], Awaitable[T]]) -> T:
+        """§1.2: a retryable transport failure gets exactly one more attempt (`attempt(True)`: the
+        same bytes, another connection); what fails after it is an `IpcTransportError`."""
+        try:
+            return await attempt(False)
+        except TransportFailure as first:
+            if not first.retryable:
+                detail = f"{method} {request_id} to {self._path}: {first}"
+                raise IpcTransportError(detail, transient=False) from first.cause
+            _warn.warning(
+                "IPC transport error; retrying once",
+                key=method,
+                extra={"method": method, "request_id": request_id, "error": str(first), "transport": self.transport},
+            )
+        try:
+            return await attempt(True)
+        except TransportFailure as second:
+            raise IpcTransportError(
+                f"{method} {request_id} to {self._path} failed after one retry: {second}",
+                transient=second.retryable,
+            ) from second.cause
 
     async def _attempt(
         self,

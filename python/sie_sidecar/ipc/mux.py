@@ -16,21 +16,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 import time
 from collections.abc import Callable
 from typing import Final, TypeVar
 
 from .. import wire
 from ..errors import ConfigNotAttested, IpcTimeout, IpcTransportError, ProtocolError
-from ..logs import Throttled
 from .client import Attest, IpcClient
 from .transport import READ_LIMIT, READ_SIZE, TransportFailure, is_retryable
 
 T = TypeVar("T")
 
-log = logging.getLogger(__name__)
-_warn = Throttled(log)
 
 MAX_IN_FLIGHT: Final = 1024
 RECONNECT_BACKOFF_S: Final = 0.1
@@ -60,6 +56,8 @@ class _Connection:
 
 class MuxIpcClient(IpcClient):
     """`IpcClient`'s calls over one multiplexed connection."""
+
+    transport = "mux"
 
     def __init__(
         self,
@@ -156,25 +154,9 @@ class MuxIpcClient(IpcClient):
         if self._closed:
             raise IpcTransportError(f"IPC client for {self._path} is closed", transient=False)
         async with self._in_flight:
-            try:
-                return await self._exchange(frame, request_id, timeout_s, decode, attest)
-            except TransportFailure as first:
-                if not first.retryable:
-                    raise IpcTransportError(
-                        f"{method} {request_id} to {self._path}: {first}", transient=False
-                    ) from first.cause
-                _warn.warning(
-                    "IPC transport error; retrying once",
-                    key=method,
-                    extra={"method": method, "request_id": request_id, "error": str(first), "transport": "mux"},
-                )
-            try:
-                return await self._exchange(frame, request_id, timeout_s, decode, attest)
-            except TransportFailure as second:
-                raise IpcTransportError(
-                    f"{method} {request_id} to {self._path} failed after one retry: {second}",
-                    transient=second.retryable,
-                ) from second.cause
+            return await self._retry_once(
+                method, request_id, lambda _retry: self._exchange(frame, request_id, timeout_s, decode, attest)
+            )
 
     async def _exchange(
         self, frame: bytes, request_id: str, timeout_s: float, decode: Callable[[memoryview], T], attest: Attest | None
