@@ -49,6 +49,7 @@ log = logging.getLogger(__name__)
 TASK_JOIN_S = 10.0
 HEALTH_TOMBSTONE_WAIT_S = 2.0
 BACKEND_DRAIN_MS = 15_000
+GENERATION_JOIN_S = 15.0
 
 
 #: Allocations (net) between gen-0 collections once started; CPython's default is 700.
@@ -103,6 +104,7 @@ def _dispatch_settings(settings: Settings, *, ack_wait_s: float = POOL_ACK_WAIT_
         controller_trace_dir=settings.controller_trace_dir,
         cost_pinned=settings.batcher_cost_pinned,
         parked_deadline_s=min(REDELIVERY_STEP_S * settings.max_deliver, REDELIVERY_ENVELOPE_CAP_S),
+        generate_frame_timeout_s=settings.generate_ipc_frame_timeout_s,
     )
 
 
@@ -451,6 +453,8 @@ async def _drain(r: _Running) -> None:
     await r.dispatcher.join_parked()
     # Scheduler drain (§15.4 step 5): flush what is queued, bounded; the rest is NAKed to come back.
     await r.dispatcher.close_schedulers(settings.scheduler_drain_deadline_ms / 1000.0)
+    # 6. Generation tasks joined, bounded; unfinished ones are cancelled and NAK their items.
+    await r.dispatcher.generations.join(GENERATION_JOIN_S)
     await unsubscribe_all(r.subs)
     # 2. Readiness off, heartbeat stopped; 3. health tombstones: the publisher sends one as it
     # stops (waited for up to 2 s), then main sends the second (§10).

@@ -634,7 +634,6 @@ NOT_YET: tuple[tuple[str, str], ...] = (
     ("ingest", "SIE_SIDECAR_INGEST"),  # local ingest (§11)
     ("local_socket", "SIE_SIDECAR_LOCAL_SOCKET"),
     ("stream_replicas", "SIE_STREAM_REPLICAS"),
-    ("generate_ipc_frame_timeout_s", "SIE_GENERATE_IPC_FRAME_TIMEOUT_S"),  # generation streaming (§14)
     ("metrics_enabled", "SIE_METRICS_ENABLED"),  # OTLP telemetry (§13)
     ("tracing_enabled", "SIE_TRACING_ENABLED"),
     ("work_deadline_enforce", "SIE_WORK_DEADLINE_ENFORCE"),  # work deadlines (§15.3)

@@ -15,7 +15,9 @@ BAD_OPERATION = "bad_operation"  # unknown operation (§4.2)
 MODEL_LOAD_FAILED = "MODEL_LOAD_FAILED"  # EnsureModelReady answered `failed` (§4.2)
 PAYLOAD_ERROR = "payload_error"  # an offloaded payload could not be fetched or decoded (§12)
 PAYLOAD_TOO_LARGE = "PAYLOAD_TOO_LARGE"  # over the envelope cap, or a result over the transport limit (§6)
-INVALID_INPUT = "INVALID_INPUT"  # extract image / document shape invalid (§4.2)
+INVALID_INPUT = "INVALID_INPUT"  # extract image / document shape invalid (§4.2); generation media (§4.4)
+MODEL_LOADING = "MODEL_LOADING"  # generation: the model is loading, a terminal chunk (§4.4)
+INTERNAL_ERROR = "internal_error"  # generation: an offloaded payload or the re-encode failed (§4.4)
 INVALID_REQUEST = "invalid_request"  # extract audio refused by preparation (§4.2)
 RAW_OUTPUT_SHAPE_ERROR = "raw_output_shape_error"  # a typed raw output could not be framed (§6.1)
 INFERENCE_ERROR = "inference_error"  # the reference backend's per-item inference failure
@@ -73,6 +75,10 @@ class PayloadTooLarge(WireError):
 
 class SubjectError(WireError, ValueError):
     """A lane token or subject is not acceptable."""
+
+
+class GenerateMediaError(ValueError):
+    """A generate map's images break a rule of §7.4 (answered with an `INVALID_INPUT` terminal chunk)."""
 
 
 class AudioPrepError(ValueError):

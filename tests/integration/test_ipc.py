@@ -326,9 +326,9 @@ async def test_ensure_model_ready_loading_sequence(sock_path: str) -> None:
 
 async def test_worker_capabilities_and_generate_cancel(client: IpcClient) -> None:
     caps = wire.decode_body(await client.call("WorkerCapabilities", pack({})))
-    assert caps == {
-        "has_generation_models": False,
-        "generation_models": [],
+    assert caps == {  # the null adapter's token streamer serves every loaded model
+        "has_generation_models": True,
+        "generation_models": ["b/model", MODEL],
         "supported_models": ["b/model", MODEL],
         "loaded_models": ["b/model", MODEL],
     }
@@ -592,7 +592,7 @@ async def test_envelope_errors(raw: RawConnection, request_map: dict[str, Any], 
 async def test_nil_body_is_an_empty_map(raw: RawConnection) -> None:
     await raw.send(wire.encode_frame(pack({"version": 1, "method": "WorkerCapabilities", "request_id": "r"})))
     response = await raw.read_response()
-    assert response["ok"] is True and response["body"]["has_generation_models"] is False
+    assert response["ok"] is True and response["body"]["has_generation_models"] is True  # the null adapter streams
 
 
 @pytest.mark.parametrize(

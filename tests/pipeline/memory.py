@@ -122,6 +122,10 @@ class MemorySink:
             pos = start + int(size) + 2
         return True
 
+    async def publish_raw(self, subject: str, payload: bytes) -> bool:
+        self.replies.append((subject, msgpack.unpackb(payload, raw=False)))
+        return True
+
     async def publish_batch(self, replies: list[Reply]) -> list[bool]:
         for r in replies:
             self.replies.append((r.subject, msgpack.unpackb(wire.encode_work_result(r.result), raw=False)))

@@ -11,10 +11,13 @@ from __future__ import annotations
 import abc
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from ..ipc.types import ModelDescriptor, ReadyResponse
 from .model_config import ApplyModelConfigRequest, ConfigApplied, PinnedApplied, ReplaceModelConfigsRequest
+
+if TYPE_CHECKING:
+    from .generation import GenerateStream
 
 #: The operations a RunBatch may carry (wire-protocol §4.2).
 OPS: Final = ("encode", "score", "extract")
@@ -120,6 +123,11 @@ class Adapter(abc.ABC):
     async def replace_model_configs(self, request: ReplaceModelConfigsRequest) -> ConfigApplied:
         """Replace the bundle's model configs with this snapshot."""
         raise NotImplementedError("ReplaceModelConfigs is not supported by this backend")
+
+    async def generate(self, model_id: str, work_item: Mapping[str, Any], stream: GenerateStream) -> None:
+        """Stream one generation (wire-protocol §5): chunks through `stream.chunk`, then `ack` or
+        `nak` (the server ACKs a stream left unsettled); watch `stream.cancelled`."""
+        raise NotImplementedError("ProcessGenerate is not supported by this backend")
 
     async def set_pinned_models(self, models: tuple[str, ...]) -> PinnedApplied:
         """Replace the set of pinned models (`sie_id` or `sie_id:profile`)."""

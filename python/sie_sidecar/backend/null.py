@@ -28,6 +28,7 @@ from ..ipc.types import FAILED, LOADING_IN_PROGRESS, LOADING_STARTED, READY, RET
 from ..prep.tokenize import tokenizer_id_of
 from .adapter import Adapter, outcome_for, unit_counts
 from .config_registry import ModelConfigRegistry
+from .generation import GenerateStream, TokenStreamer
 from .model_config import ApplyModelConfigRequest, ConfigApplied, ReplaceModelConfigsRequest
 
 #: Redelivery delay for items of a model that is not loaded (the Python backend's SIE_NAK_DELAY_S).
@@ -139,6 +140,7 @@ class NullAdapter(Adapter):
         declared_tokenizer_id: str | None = None,
         batch_log: str | os.PathLike[str] | None = None,
         config_apply_delay_s: float = 0.0,
+        generator: TokenStreamer | None = None,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], Awaitable[object]] = asyncio.sleep,
     ) -> None:
@@ -173,6 +175,8 @@ class NullAdapter(Adapter):
         self._clock = clock
         self._sleep = sleep
         self.configs = ModelConfigRegistry()
+        #: Generation (wire-protocol §5): a deterministic token streamer, for every loaded model.
+        self.generator = generator if generator is not None else TokenStreamer(tokenizer_path=tokenizer_path)
         self.config_apply_delay_s = _non_negative_number("config_apply_delay_s", config_apply_delay_s)
         self._config_writing = 0
         self.batches_during_config_write = 0
@@ -265,6 +269,19 @@ class NullAdapter(Adapter):
 
     def supported_models(self) -> Sequence[str]:
         return sorted(self._loaded | set(self._loading))
+
+    # -- generation ---------------------------------------------------------------------------
+
+    def generation_models(self) -> Sequence[str]:
+        return self.loaded_models()
+
+    async def generate(self, model_id: str, work_item: Mapping[str, Any], stream: GenerateStream) -> None:
+        self._promote()
+        if model_id not in self._loaded:
+            await stream.nak_envelope("model_not_loaded")
+            await stream.ack()
+            return
+        await self.generator.run(work_item, stream)
 
     # -- model configuration ------------------------------------------------------------------
 

@@ -24,7 +24,7 @@ import msgpack
 
 from .. import wire
 from ..errors import INVALID_INPUT, RUN_BATCH_INVALID_ITEM, RUN_BATCH_MIXED_OP, DecodeError, FrameTooLarge
-from ..ipc.types import PingResponse, ReadyResponse
+from ..ipc.types import GenerateEvent, PingResponse, ReadyResponse
 from ..wire.limits import IPC_VERSION
 from .adapter import OPS, Adapter, F16Multivector, item_outcome, outcome_for
 from .audio import prepared_audio_error
@@ -35,6 +35,7 @@ from .bodies import opt_uint as _opt_uint
 from .bodies import req_list as _req_list
 from .bodies import req_str as _req_str
 from .bodies import req_uint as _req_uint
+from .generation import GenerateStream
 from .model_config import (
     apply_response,
     decode_apply_model_config,
@@ -57,7 +58,7 @@ PROCESS_METHOD_OPS: Final = {
     "ProcessExtractBatch": "extract",
 }
 #: v0.7.1 methods this backend knows but does not implement (answered with a NotImplementedError envelope).
-UNSUPPORTED_METHODS: Final = frozenset({"ProcessGenerate"})
+UNSUPPORTED_METHODS: Final[frozenset[str]] = frozenset()
 #: How long a stop lets in-flight batches finish (upstream's bound; a Drain deadline, if tighter, wins).
 STOP_GRACE_S: Final = 25.0
 #: The backend considers its sidecar stale after this long without a Ping (wire-protocol §3.1).
@@ -112,6 +113,8 @@ class BackendServer:
         self._drain_deadline_ms: float | None = None
         self._last_ping: float | None = None
         self._closed = False
+        #: Active generation streams by the work item's request id (for SignalGenerateCancel).
+        self._generations: dict[str, GenerateStream] = {}
         self._handlers: dict[str, Handler] = {
             "Ping": self._ping,
             "EnsureModelReady": self._ensure_model_ready,
@@ -125,6 +128,7 @@ class BackendServer:
             "ProcessEncodeBatch": self._process_encode_batch,
             "ProcessScoreBatch": self._process_score_batch,
             "ProcessExtractBatch": self._process_extract_batch,
+            "ProcessGenerate": self._process_generate,
         }
         for method in UNSUPPORTED_METHODS:
             self._handlers[method] = self._unsupported(method)
@@ -359,9 +363,12 @@ class BackendServer:
                 self._count_refusals(items)
                 await self._send(conn, request_id, None, "draining", accepts_chunks=False)
             else:
-                task = asyncio.create_task(
-                    self._answer(conn, method, request_id, body, handler, accepts_chunks=accepts_chunks)
+                answer = (
+                    self._stream_generate(conn, request_id, body)
+                    if method == "ProcessGenerate"
+                    else self._answer(conn, method, request_id, body, handler, accepts_chunks=accepts_chunks)
                 )
+                task = asyncio.create_task(answer)
                 conn.tasks.add(task)
                 self._heavy.add(task)
                 task.add_done_callback(conn.tasks.discard)
@@ -465,8 +472,54 @@ class BackendServer:
         return {"acknowledged": True}
 
     async def _signal_generate_cancel(self, body: Body) -> Body:
-        _req_str(body, "request_id")
-        return {"matched": False}  # no generation here, so nothing to match
+        request_id = _req_str(body, "request_id")
+        stream = self._generations.get(request_id) if request_id else None
+        if stream is None:
+            return {"matched": False}
+        stream.cancelled.set()
+        return {"matched": True}
+
+    async def _process_generate(self, body: Body) -> Body:
+        raise AssertionError("ProcessGenerate streams (_stream_generate); it has no single answer")
+
+    async def _stream_generate(self, conn: _Connection, request_id: str, body: Body) -> None:
+        """ProcessGenerate (wire-protocol §5): `in_progress`, the adapter's events, a settlement (ACK
+        when the adapter left it), `done`; an error ends the stream with an error envelope instead."""
+
+        async def send(event: GenerateEvent) -> None:
+            await self._send(conn, request_id, event.to_body(), None, accepts_chunks=False)
+
+        try:
+            model_id = _req_str(body, "model_id")
+            raw = body.get("work_item_msgpack")
+            if not isinstance(raw, bytes | bytearray):
+                raise BadBody("work_item_msgpack is required and must be binary")
+            item = msgpack.unpackb(raw, raw=False, strict_map_key=False)
+            if not isinstance(item, dict):
+                raise BadBody("work_item_msgpack must be a WorkItem map")
+        except BadBody as exc:
+            await self._send(conn, request_id, None, f"bad body for ProcessGenerate: {exc}", accepts_chunks=False)
+            return
+        except Exception as exc:  # undecodable msgpack
+            await self._send(conn, request_id, None, f"bad body for ProcessGenerate: {exc}", accepts_chunks=False)
+            return
+        stream = GenerateStream(send, item, attempt_id=f"{self._worker_id}:{request_id}")
+        key = stream.request_id
+        self._generations[key] = stream
+        try:
+            await stream.in_progress()
+            await self._adapter.generate(model_id, item, stream)
+            if stream.settled is None:
+                await stream.ack()
+            await stream.done()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            log.warning("generation failed", extra={"request_id": key, "error": repr(exc)})
+            await self._send(conn, request_id, None, f"{type(exc).__name__}: {exc}", accepts_chunks=False)
+        finally:
+            if self._generations.get(key) is stream:
+                del self._generations[key]
 
     # -- model configuration (§3.3-3.5): checked here, carried out by the adapter's hooks ----------
 

@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Control subscriptions (sidecar-behaviour §4.3): `work_cancel.>` and `batch_cancel.>` record tombstones
-that the pipeline's intake and execute stages consult."""
+"""Control subscriptions (sidecar-behaviour §4.3, §14): `work_cancel.>` and `batch_cancel.>` record
+tombstones that the pipeline's intake and execute stages consult; `cancel.>` stops a generation."""
 
 from __future__ import annotations
 
@@ -23,9 +23,12 @@ class TombstoneSink(Protocol):
     def tombstones(self) -> wire.TombstoneSet: ...
     @property
     def batch_tombstones(self) -> wire.BatchTombstones: ...
+    async def cancel_generation(self, request_id: str) -> None: ...
 
 
-def cancel_handlers(dispatcher: TombstoneSink, worker_id: str) -> tuple[Callable[[Msg], Awaitable[None]], ...]:
+def cancel_handlers(
+    dispatcher: TombstoneSink, worker_id: str
+) -> tuple[Callable[[Msg], Awaitable[None]], Callable[[Msg], Awaitable[None]], Callable[[Msg], Awaitable[None]]]:
     async def on_work_cancel(msg: Msg) -> None:
         parsed = wire.parse_work_cancel(msg.subject)
         if parsed is not None:
@@ -36,16 +39,23 @@ def cancel_handlers(dispatcher: TombstoneSink, worker_id: str) -> tuple[Callable
         if request_id is not None:
             dispatcher.batch_tombstones.record(request_id)
 
-    return on_work_cancel, on_batch_cancel
+    async def on_generate_cancel(msg: Msg) -> None:
+        parsed = wire.parse_generate_cancel(msg.subject)
+        if parsed is not None:
+            await dispatcher.cancel_generation(parsed[1])  # SignalGenerateCancel to every child (§14)
+
+    return on_work_cancel, on_batch_cancel, on_generate_cancel
 
 
 async def subscribe_cancels(nc: NatsClient, sink: TombstoneSink, worker_id: str, subs: list[Subscription]) -> None:
-    """Subscribe `work_cancel.>` and `batch_cancel.>` (appended to `subs` as they exist) and wait until the
-    server has them: a SUB only sits in the client's buffer until written, and the server must have the
-    cancel subscriptions before the first pull, or a cancel sent at start-up would go unseen (§2.1)."""
-    on_work_cancel, on_batch_cancel = cancel_handlers(sink, worker_id)
+    """Subscribe `work_cancel.>`, `batch_cancel.>` and `cancel.>` (appended to `subs` as they exist) and
+    wait until the server has them: a SUB only sits in the client's buffer until written, and the server
+    must have the cancel subscriptions before the first pull, or a cancel sent at start-up would go
+    unseen (§2.1)."""
+    on_work_cancel, on_batch_cancel, on_generate_cancel = cancel_handlers(sink, worker_id)
     subs.append(await nc.subscribe("work_cancel.>", cb=on_work_cancel))
     subs.append(await nc.subscribe("batch_cancel.>", cb=on_batch_cancel))
+    subs.append(await nc.subscribe("cancel.>", cb=on_generate_cancel))
     await sync_with_server(nc)  # not `nc.flush()`: its PING overtakes the queued SUBs (bus/sync.py)
 
 

@@ -74,6 +74,16 @@ class Publisher:
     def max_payload(self) -> int:
         return self._nc.max_payload
 
+    async def publish_raw(self, subject: str, payload: bytes) -> bool:
+        """One message as it is (a generation chunk, §5.2), through the connection's one writer so it
+        keeps its place before the ACK that follows; no flush. False when it could not be handed over."""
+        try:
+            await self._writer.publish_many([(subject, payload)])
+        except Exception as exc:
+            log.warning("raw publish failed", extra={"subject": subject, "error": repr(exc)})
+            return False
+        return True
+
     async def publish_framed(self, replies: wire.FramedReplies) -> bool:
         """Send a batch framed by `wire.frame_outcome_replies` (single replies only) in one write.
 

@@ -20,12 +20,12 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any, Final, TypeVar
 
 from ..errors import IpcServerError, IpcTransportError
 from .client import Attest, IpcClient
-from .types import READY, ConfigResponse, PingResponse, ReadyResponse
+from .types import READY, ConfigResponse, GenerateEvent, PingResponse, ReadyResponse
 
 T = TypeVar("T")
 
@@ -190,6 +190,15 @@ class _PlacedClient:
         self._children._check()
         result: T = await self._children._on(self._index, lambda c: c.run_batch_with(body, decode, attest=attest))
         return result
+
+    def generate(
+        self, model_id: str, work_item_msgpack: bytes, *, frame_timeout_s: float = 300.0
+    ) -> AsyncIterator[GenerateEvent]:
+        """ProcessGenerate on a fresh connection to this child (quarantine checked first)."""
+        self._children._check()
+        return self._children.clients[self._index].generate(
+            model_id, work_item_msgpack, frame_timeout_s=frame_timeout_s
+        )
 
     async def process_batch(self, method: str, body: bytes, *, attest: Attest | None = None) -> Any:
         self._children._check()

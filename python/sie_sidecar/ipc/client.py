@@ -16,7 +16,7 @@ import itertools
 import logging
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Final, Self, TypeVar
 
 import msgpack
@@ -34,7 +34,7 @@ from ..errors import (
 from ..logs import Throttled
 from ..wire.limits import IPC_VERSION
 from .transport import READ_LIMIT, READ_SIZE, TransportFailure, is_retryable
-from .types import ConfigResponse, PingResponse, ReadyResponse
+from .types import ConfigResponse, GenerateEvent, PingResponse, ReadyResponse
 
 if TYPE_CHECKING:
     from types import TracebackType
@@ -250,6 +250,56 @@ class IpcClient:
         """SignalGenerateCancel (§3.8): whether the backend had a generation of `request_id` to stop."""
         body = _pack({"request_id": request_id})
         return await self._request("SignalGenerateCancel", body, self._request_timeout_s, _typed(_matched))
+
+    async def generate(
+        self, model_id: str, work_item_msgpack: bytes, *, frame_timeout_s: float = 300.0
+    ) -> AsyncIterator[GenerateEvent]:
+        """ProcessGenerate (wire-protocol §5): a fresh connection of its own, no response chunks, and
+        the backend's events one by one until `done` (included). Each frame must arrive within
+        `frame_timeout_s` (`IpcTimeout`); an `ok=false` frame raises `IpcServerError`; a connection
+        that ends before `done` raises `IpcTransportError`. The connection closes when the caller
+        stops iterating, whatever the reason."""
+        if self._closed:
+            raise IpcTransportError(f"IPC client for {self._path} is closed", transient=False)
+        request_id = f"w-{next(self._ids)}"
+        body = _pack({"model_id": model_id, "work_item_msgpack": work_item_msgpack})
+        frame = wire.encode_request("ProcessGenerate", request_id, body, False)
+        try:
+            reader, writer = await asyncio.wait_for(
+                asyncio.open_unix_connection(self._path, limit=READ_LIMIT), frame_timeout_s
+            )
+        except TimeoutError:
+            raise IpcTimeout(f"ProcessGenerate {request_id}: connect timed out") from None
+        except OSError as exc:
+            self.reported_hash = None
+            raise IpcTransportError(f"ProcessGenerate {request_id} to {self._path}: {exc}") from exc
+        splitter = wire.FrameSplitter()
+        pending: deque[memoryview] = deque()
+        try:
+            writer.write(frame)
+            await writer.drain()
+            while True:
+                while not pending:
+                    try:
+                        data = await asyncio.wait_for(reader.read(READ_SIZE), frame_timeout_s)
+                    except TimeoutError:
+                        raise IpcTimeout(f"ProcessGenerate {request_id}: no frame for {frame_timeout_s:g} s") from None
+                    if not data:
+                        raise IpcTransportError(f"ProcessGenerate {request_id}: the backend closed the stream")
+                    pending.extend(splitter.feed(data))
+                env = wire.decode_response(pending.popleft())
+                if not isinstance(env, wire.ResponseEnvelope):
+                    raise ProtocolError("a ProcessGenerate stream carries no response chunks")
+                event = GenerateEvent.from_body(wire.decode_body(wire.response_body(env, request_id)))
+                yield event
+                if event.kind == "done":
+                    return
+        except OSError as exc:
+            raise IpcTransportError(f"ProcessGenerate {request_id} to {self._path}: {exc}") from exc
+        finally:
+            writer.close()
+            with contextlib.suppress(Exception):
+                await writer.wait_closed()
 
     async def drain(self, deadline_ms: int = 15000) -> bool:
         """Tell the backend to stop taking batch work; returns its `acknowledged` flag."""

@@ -121,6 +121,51 @@ class PingResponse:
         return body
 
 
+#: The GenerateEvent kinds of wire-protocol §5.2 (others are logged and ignored by the sidecar).
+GENERATE_EVENT_KINDS: Final = ("publish", "ack", "nak", "in_progress", "done")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GenerateEvent:
+    """One event of a ProcessGenerate stream (§5.2); `kind` is required, the rest defaulted."""
+
+    kind: str
+    reply_subject: str = ""
+    payload: bytes = b""
+    delay_ms: int | None = None
+    error: str | None = None
+
+    @classmethod
+    def from_body(cls, body: Mapping[str, Any]) -> GenerateEvent:
+        what = "GenerateEvent"
+        body = _mapping(body, what)
+        kind = body.get("kind")
+        if not isinstance(kind, str):
+            raise DecodeError(f"{what} 'kind' is required and must be a string")
+        payload = body.get("payload")
+        if payload is None:
+            payload = b""
+        if not isinstance(payload, bytes | bytearray | memoryview):
+            raise DecodeError(f"{what} 'payload' must be binary")
+        return cls(
+            kind=kind,
+            reply_subject=_str(body, "reply_subject", what, ""),
+            payload=bytes(payload),
+            delay_ms=_opt_uint(body, "delay_ms", what),
+            error=_opt_str(body, "error", what),
+        )
+
+    def to_body(self) -> dict[str, Any]:
+        """All five keys, as the Python backend writes them."""
+        return {
+            "kind": self.kind,
+            "reply_subject": self.reply_subject,
+            "payload": self.payload,
+            "delay_ms": self.delay_ms,
+            "error": self.error,
+        }
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ConfigResponse:
     """ApplyModelConfig / ReplaceModelConfigs answer (§3.3, §3.4): `applied` and the hash are required;

@@ -44,6 +44,7 @@ from ..wire.workitem import WorkItem
 from .admission import Admission
 from .config_gate import ConfigState
 from .delivery import Delivery, Settler
+from .generation import Generations, GenerationSettings
 from .intake import Intake
 from .outcomes import Outcomes, ReplySink
 
@@ -106,6 +107,8 @@ class DispatchSettings:
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     #: Step the controller once per wave (primary batch) rather than on every batch (§4.6).
     wave_cadence: bool = True
+    #: Each ProcessGenerate frame must arrive within this (SIE_GENERATE_IPC_FRAME_TIMEOUT_S, §15.1).
+    generate_frame_timeout_s: float = 300.0
     #: `SIE_ADAPTIVE_BATCH_*` overrides for every model's controller (None: production defaults).
     controller_env: Mapping[str, str] | None = None
     #: Directory for one replayable controller trace per model (`SIE_SIDECAR_CONTROLLER_TRACE`).
@@ -233,6 +236,20 @@ class Dispatcher:
             on_retry=self._forget_ready,
             acks_with_replies=acks_with_replies,
         )
+        #: Generate items: one task each, never scheduled or batched (§14).
+        self.generations = Generations(
+            GenerationSettings(
+                worker_id=settings.worker_id,
+                nak_delay_ms=settings.nak_delay_ms,
+                frame_timeout_s=settings.generate_frame_timeout_s,
+            ),
+            backend=backend,  # type: ignore[arg-type]  # the generation calls: IpcClient / BackendChildren
+            sink=publisher,
+            settler=settler,
+            outcomes=self._out,
+            config=self._config,
+            payloads=payloads,
+        )
         self._tokenizers = TokenizerRegistry()
         self._on_idle: Callable[[], None] | None = None
         #: The NAK delay for work handed back at shutdown (the app makes it outlast its pull requests).
@@ -256,6 +273,10 @@ class Dispatcher:
     @property
     def batch_tombstones(self) -> Any:
         return self._intake.batch_tombstones
+
+    async def cancel_generation(self, request_id: str) -> None:
+        """`cancel.{router}.{request}`: forwarded to every backend child; no tombstone (v0.7.1)."""
+        await self.generations.cancel(request_id)
 
     def intake_limit(self) -> int:
         """The most messages one pulled batch should carry: the smallest batch budget a backend has
@@ -328,6 +349,8 @@ class Dispatcher:
         per-item operation split and payload checks are skipped. `ready`: a parked group's answer,
         already waited for. Returns the loading answer when the group is to be parked."""
         base = self._s.nak_delay_ms
+        if plain_op is None and ready is None:
+            ds = self._start_generations(ds)  # before the tombstones: generation is never dropped (§14)
         ds = await self._drop_cancelled(ds)
         if not ds:
             return None
@@ -376,6 +399,16 @@ class Dispatcher:
                 *(self._enqueue(lane, op, lora, part, tokenizer) for (op, lora), part in by_op.items())
             )
         return None
+
+    def _start_generations(self, ds: list[Delivery]) -> list[Delivery]:
+        """Hand every `generate` delivery to its own task (§14); the rest stay in the group."""
+        rest = []
+        for d in ds:
+            if d.item is not None and d.item.operation == "generate":
+                self.generations.start(d)
+            else:
+                rest.append(d)
+        return rest
 
     # -- parked groups (§5.3, newer than v0.7.1) -------------------------------------------------
 

@@ -1,0 +1,299 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Generation (sidecar-behaviour §4.4, §14; wire-protocol §5): each `generate` delivery runs as its
+own task, never scheduled or batched, holding its pull permit until it is settled.
+
+In order: the unsupported-model check, EnsureModelReady on the model's child (loading and failure
+answered with the terminal chunk of TV-G1, then ACK), the offloaded payload fetched and inlined,
+base64 images normalised to binary, then, under the execution barrier's shared side for the whole
+stream, the hash gate, the WorkItem re-encoded in the sidecar's order, and ProcessGenerate on a
+fresh connection. Its events drive the delivery: `publish` goes to the item's reply subject (the
+executed hash stamped last when the item carries one), `ack` / `nak` settle (the first wins),
+`in_progress` progress-ACKs, `done` ends it; a stream that ends or fails unsettled is NAKed with the
+base delay.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import msgpack
+
+from ..errors import (
+    INTERNAL_ERROR,
+    INVALID_INPUT,
+    MODEL_LOAD_FAILED,
+    MODEL_LOADING,
+    PAYLOAD_TOO_LARGE,
+    DecodeError,
+    GenerateMediaError,
+    PayloadError,
+)
+from ..ipc.types import FAILED, LOADING_IN_PROGRESS, LOADING_STARTED, READY, GenerateEvent, ReadyResponse
+from ..logs import Throttled
+from ..payloads import PayloadStore
+from ..prep.generate_media import normalise_generate_images
+from ..wire.generation import encode_sidecar_work_item, stamp_executed_hash, terminal_chunk
+from .config_gate import ConfigState
+from .delivery import Delivery, Settler
+from .outcomes import Outcomes
+from .replies import error_result
+
+log = logging.getLogger(__name__)
+_warn = Throttled(log)
+
+#: `loading_in_progress` whose terminal chunk could not be published: NAK min(2 x base, 15 s).
+LOADING_NAK_CAP_MS = 15_000
+
+
+class GenerateClient(Protocol):
+    """The backend child a model is placed on, as generation uses it."""
+
+    @property
+    def reported_hash(self) -> str | None: ...
+
+    def generate(
+        self, model_id: str, work_item_msgpack: bytes, *, frame_timeout_s: float = ...
+    ) -> AsyncIterator[GenerateEvent]: ...
+
+
+class GenerateBackend(Protocol):
+    async def ensure_model_ready(self, model_id: str) -> ReadyResponse: ...
+    async def client_for(self, model_id: str) -> Any: ...
+    async def signal_generate_cancel(self, request_id: str) -> bool: ...
+
+
+class ChunkSink(Protocol):
+    """Raw NATS Core publishes (`bus.publisher.Publisher.publish_raw`): True when handed to the connection."""
+
+    async def publish_raw(self, subject: str, payload: bytes) -> bool: ...
+
+
+@dataclass(frozen=True, slots=True)
+class GenerationSettings:
+    worker_id: str
+    nak_delay_ms: int = 5000
+    frame_timeout_s: float = 300.0
+
+
+class _StreamFailed(Exception):
+    """The stream cannot go on (bad publish event, publish failure): NAK if unsettled."""
+
+
+class Generations:
+    """Runs the generation tasks and joins them at shutdown (§15.4 step 6)."""
+
+    def __init__(
+        self,
+        settings: GenerationSettings,
+        *,
+        backend: GenerateBackend,
+        sink: ChunkSink,
+        settler: Settler,
+        outcomes: Outcomes,
+        config: ConfigState,
+        payloads: PayloadStore | None = None,
+    ) -> None:
+        self._s = settings
+        self._backend = backend
+        self._sink = sink
+        self._settler = settler
+        self._out = outcomes
+        self._config = config
+        self._payloads = payloads
+        self._tasks: set[asyncio.Task[None]] = set()
+        self.streams = 0
+
+    @property
+    def active(self) -> int:
+        return len(self._tasks)
+
+    def start(self, d: Delivery) -> None:
+        """Run one generate delivery in its own task (its permit comes back when it is settled)."""
+        task = asyncio.create_task(self._run(d), name="generate")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def join(self, timeout_s: float) -> None:
+        """Wait for the running generations (bounded); the rest are cancelled and NAK their items."""
+        if not self._tasks:
+            return
+        _, pending = await asyncio.wait(set(self._tasks), timeout=timeout_s)
+        for task in pending:
+            task.cancel()
+        if pending:
+            await asyncio.gather(*pending, return_exceptions=True)
+
+    async def cancel(self, request_id: str) -> bool:
+        """`cancel.{router}.{request}`: SignalGenerateCancel to every backend child (§14)."""
+        try:
+            return await self._backend.signal_generate_cancel(request_id)
+        except Exception as exc:
+            _warn.warning("SignalGenerateCancel failed", key="cancel", extra={"error": repr(exc)})
+            return False
+
+    # -- one generation -----------------------------------------------------------------------
+
+    async def _run(self, d: Delivery) -> None:
+        base = self._s.nak_delay_ms
+        try:
+            await self._serve(d)
+        except asyncio.CancelledError:
+            if not d.settled:
+                await asyncio.shield(self._settler.nak(d, base))
+            raise
+        except Exception as exc:
+            _warn.warning("generation failed", key="generate", extra={"error": repr(exc)})
+        finally:
+            if not d.settled:
+                await self._settler.nak(d, base)
+
+    async def _terminal(self, d: Delivery, code: str, message: str, *, nak_ms: int) -> None:
+        """Publish the TV-G1 terminal chunk, then ACK; NAK with `nak_ms` when the publish fails. An
+        empty reply subject publishes nothing and ACKs."""
+        item = d.item
+        assert item is not None
+        if item.reply_subject and not await self._sink.publish_raw(
+            item.reply_subject, terminal_chunk(item.work_item_id, item.request_id, code, message)
+        ):
+            await self._settler.nak(d, nak_ms)
+            return
+        await self._settler.ack(d)
+
+    async def _internal_error(self, d: Delivery, message: str) -> None:
+        item = d.item
+        assert item is not None
+        result = error_result(
+            item,
+            code=INTERNAL_ERROR,
+            message=message,
+            worker_id=self._s.worker_id,
+            worker_direct=d.worker_direct,
+            current_hash=None,  # never stamped on synthetic generation errors (§6.1)
+        )
+        await self._out.publish_and_settle([(d, result)], nak_on_failure=True)
+
+    async def _serve(self, d: Delivery) -> None:
+        base = self._s.nak_delay_ms
+        item = d.item
+        assert item is not None
+        model = item.model_id
+        if not self._config.supports(model):
+            await self._settler.nak(d, base)
+            return
+        try:
+            ready = await self._backend.ensure_model_ready(model)
+        except Exception as exc:
+            _warn.warning("EnsureModelReady failed", key=model, extra={"model": model, "error": repr(exc)})
+            await self._settler.nak(d, base)
+            return
+        if ready.state == LOADING_STARTED:
+            await self._terminal(d, MODEL_LOADING, f"Model '{model}' is loading; retry later.", nak_ms=base)
+            return
+        if ready.state == LOADING_IN_PROGRESS:
+            message = f"Model '{model}' is still loading; retry later."
+            await self._terminal(d, MODEL_LOADING, message, nak_ms=min(2 * base, LOADING_NAK_CAP_MS))
+            return
+        if ready.state == FAILED:
+            await self._terminal(d, MODEL_LOAD_FAILED, f"Model '{model}' failed to load.", nak_ms=base)
+            return
+        if ready.state != READY:  # retry_later
+            await self._settler.nak(d, base)
+            return
+        doc = msgpack.unpackb(d.msg.data, raw=False, strict_map_key=False)
+        if item.payload_ref and not await self._inline_payload(d, doc, item.payload_ref):
+            return
+        try:
+            normalise_generate_images(doc.get("generate"))
+        except GenerateMediaError as exc:
+            await self._terminal(d, INVALID_INPUT, str(exc), nak_ms=base)
+            return
+        await self._stream(d, doc, model)
+
+    async def _inline_payload(self, d: Delivery, doc: dict[str, Any], ref: str) -> bool:
+        """Fetch the offloaded `generate` value into `doc`; False when the delivery was settled."""
+        if self._payloads is None:
+            await self._settler.nak(d, self._s.nak_delay_ms)
+            return False
+        try:
+            blob = await self._payloads.fetch(ref)
+        except PayloadError as exc:
+            if exc.too_large:
+                await self._terminal(d, PAYLOAD_TOO_LARGE, "generate payload is too large", nak_ms=self._s.nak_delay_ms)
+            else:
+                await self._settler.nak(d, self._s.nak_delay_ms)
+            return False
+        try:
+            doc["generate"] = msgpack.unpackb(blob, raw=False, strict_map_key=False)
+        except Exception:
+            await self._internal_error(d, "offloaded generate payload is not msgpack")
+            return False
+        doc["payload_ref"] = None
+        return True
+
+    async def _stream(self, d: Delivery, doc: dict[str, Any], model: str) -> None:
+        base = self._s.nak_delay_ms
+        item = d.item
+        assert item is not None
+        pinned = item.bundle_config_hash
+        async with self._config.barrier.shared():  # held until the stream ends (§14)
+            if pinned and not self._config.accepts(pinned):
+                if self._config.on_refused is not None:
+                    self._config.on_refused()
+                await self._settler.nak(d, base)
+                return
+            try:
+                body = encode_sidecar_work_item(doc)
+            except Exception as exc:
+                await self._internal_error(d, f"work item could not be re-encoded: {exc}")
+                return
+            client = await self._backend.client_for(model)
+            if pinned and not self._config.executes_on(client.reported_hash):
+                await self._settler.nak(d, base)
+                return
+            self.streams += 1
+            events = client.generate(model, body, frame_timeout_s=self._s.frame_timeout_s)
+            try:
+                async for event in events:
+                    if event.kind == "done":
+                        break
+                    await self._on_event(d, event, pinned)
+            except _StreamFailed as exc:
+                _warn.warning("generation stream failed", key=model, extra={"model": model, "error": str(exc)})
+            finally:
+                close: Callable[[], Any] | None = getattr(events, "aclose", None)
+                if close is not None:
+                    await close()
+
+    async def _on_event(self, d: Delivery, event: GenerateEvent, pinned: str) -> None:
+        item = d.item
+        assert item is not None
+        kind = event.kind
+        if kind == "publish":
+            reply = event.reply_subject
+            if not reply.strip() or reply != item.reply_subject:
+                raise _StreamFailed("publish event with an empty or foreign reply subject")
+            try:
+                payload = stamp_executed_hash(event.payload, pinned)
+            except DecodeError as exc:
+                raise _StreamFailed(str(exc)) from None
+            if not await self._sink.publish_raw(reply, payload):
+                raise _StreamFailed("chunk publish failed")
+        elif kind == "ack":
+            if not d.settled:
+                await self._settler.ack(d)
+        elif kind == "nak":
+            if not d.settled:
+                delay = event.delay_ms if event.delay_ms is not None else self._s.nak_delay_ms
+                await self._settler.nak(d, delay)
+        elif kind == "in_progress":
+            if not d.settled:
+                await self._settler.progress(d)
+        else:
+            _warn.warning("unknown generation event ignored", key=kind, extra={"kind": kind})
+
+
+__all__ = ["ChunkSink", "GenerateBackend", "GenerationSettings", "Generations"]

@@ -1,0 +1,107 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The generation envelopes the sidecar writes (wire-protocol §5, §7.2, §7.4): test vectors TV-G1
+and TV-G2 byte for byte, the sidecar's WorkItem order, the GenerateEvent decode, image rules."""
+
+from __future__ import annotations
+
+import base64
+from typing import Any
+
+import msgpack
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from sie_sidecar.errors import DecodeError, GenerateMediaError
+from sie_sidecar.ipc.types import GenerateEvent
+from sie_sidecar.prep.generate_media import MAX_IMAGE_BYTES, MAX_IMAGES, normalise_generate_images
+from sie_sidecar.wire.generation import (
+    EXECUTED_HASH_KEY,
+    SIDECAR_ORDER,
+    encode_sidecar_work_item,
+    stamp_executed_hash,
+    terminal_chunk,
+)
+
+TV_G1 = (
+    "88a46b696e64a56368756e6baa726571756573745f6964a87265712d6c6f6164aa617474656d70745f6964b87265712d6c6f61"
+    "642e303a6d6f64656c2d6c6f6164696e67a373657100aa746578745f64656c7461a0a4646f6e65c3ad66696e6973685f7265"
+    "61736f6ea56572726f72a56572726f7282a4636f6465ad4d4f44454c5f4c4f4144494e47a76d657373616765a76c6f616469"
+    "6e67"
+)
+TV_G2_IN = (
+    "86a46b696e64a56368756e6baa726571756573745f6964a57265712d31aa617474656d70745f6964a9617474656d70742d31"
+    "a373657101aa746578745f64656c7461a4646f6e65a4646f6e65c3"
+)
+TV_G2_OUT = TV_G2_IN.replace("86", "87", 1) + "bb65786563757465645f62756e646c655f636f6e6669675f68617368a6686173682d61"
+
+
+def test_tv_g1_terminal_chunk() -> None:
+    chunk = terminal_chunk("req-load.0", "req-load", "MODEL_LOADING", "loading")
+    assert chunk.hex() == TV_G1 and len(chunk) == 153
+
+
+def test_tv_g2_executed_hash_stamping() -> None:
+    assert stamp_executed_hash(bytes.fromhex(TV_G2_IN), "hash-a").hex() == TV_G2_OUT
+    assert stamp_executed_hash(bytes.fromhex(TV_G2_IN), "") == bytes.fromhex(TV_G2_IN)  # untouched
+
+
+def test_stamping_replaces_an_earlier_hash_and_refuses_non_maps() -> None:
+    stamped = stamp_executed_hash(msgpack.packb({EXECUTED_HASH_KEY: "old", "seq": 1}), "new")
+    assert list(msgpack.unpackb(stamped).items()) == [("seq", 1), (EXECUTED_HASH_KEY, "new")]
+    for bad in (msgpack.packb([1, 2]), b"\xc1", b""):
+        with pytest.raises(DecodeError):
+            stamp_executed_hash(bad, "h")
+
+
+@given(st.binary(max_size=64))
+def test_stamping_any_bytes_stamps_a_map_or_raises_the_typed_error(data: bytes) -> None:
+    try:
+        out = stamp_executed_hash(data, "h")
+    except DecodeError:
+        return
+    assert list(msgpack.unpackb(out, strict_map_key=False))[-1] == EXECUTED_HASH_KEY
+
+
+def test_the_sidecar_order_writes_32_keys_with_nils_and_drops_unknown_keys() -> None:
+    doc = {"reply_subject": "_INBOX.gw.r", "request_id": "r", "unknown": 1, "admission_pool": None, "deadline": 9.5}
+    decoded = msgpack.unpackb(encode_sidecar_work_item(doc))
+    assert list(decoded) == [key for key, _ in SIDECAR_ORDER] + ["deadline"]
+    assert len(SIDECAR_ORDER) == 32
+    assert decoded["admission_pool"] == "" and decoded["generate"] is None and "unknown" not in decoded
+    assert decoded["reply_subject"] == "_INBOX.gw.r" and decoded["timestamp"] == 0.0
+
+
+def test_a_generate_event_defaults_and_types() -> None:
+    assert GenerateEvent.from_body({"kind": "done"}) == GenerateEvent(kind="done")
+    event = GenerateEvent.from_body({"kind": "nak", "delay_ms": 250, "payload": None, "reply_subject": None})
+    assert (event.delay_ms, event.payload, event.reply_subject) == (250, b"", "")
+    for bad in ({}, {"kind": 1}, {"kind": "publish", "payload": "text"}, {"kind": "nak", "delay_ms": -1}):
+        with pytest.raises(DecodeError):
+            GenerateEvent.from_body(bad)
+
+
+def messages(*images: list[dict[str, Any]]) -> dict[str, Any]:
+    return {"messages": [{"role": "user", "content": "x", "images": list(group)} for group in images]}
+
+
+def test_base64_images_become_binary_and_binary_stays() -> None:
+    generate = messages([{"data": base64.b64encode(b"png!").decode()}, {"data": b"raw"}])
+    normalise_generate_images(generate)
+    assert [i["data"] for i in generate["messages"][0]["images"]] == [b"png!", b"raw"]
+    normalise_generate_images({"prompt": "no messages"})  # nothing to do
+
+
+@pytest.mark.parametrize(
+    "generate",
+    [
+        messages([{"data": "not base64!"}]),
+        messages([{"data": 5}]),
+        messages(["image"]),  # type: ignore[list-item]
+        messages(*[[{"data": b"x"}] for _ in range(MAX_IMAGES + 1)]),
+        messages([{"data": b"x" * (MAX_IMAGE_BYTES // 2 + 1)}], [{"data": b"y" * (MAX_IMAGE_BYTES // 2)}]),
+    ],
+)
+def test_images_breaking_a_rule_are_invalid_input(generate: dict[str, Any]) -> None:
+    with pytest.raises(GenerateMediaError):
+        normalise_generate_images(generate)
