@@ -10,6 +10,7 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
+import msgpack
 import pytest
 
 from sie_sidecar import wire
@@ -173,3 +174,37 @@ async def test_a_stream_that_fails_mid_way_is_naked_and_served_again(nats_server
         second = [c for c in chunks if c["attempt_id"] == attempts[1]]
         assert [c["seq"] for c in second] == list(range(5)) and second[-1]["done"] is True
         await stack.settled_pool()  # the second attempt ACKed it (the first was NAKed: two attempts)
+
+
+async def test_invalid_media_is_an_invalid_input_terminal_chunk(nats_server: NatsServer, tmp_path: Path) -> None:
+    async with running_stack(nats_server, tmp_path, adapter=adapter()) as stack:
+        item = generate_item()
+        item["generate"] = {"messages": [{"role": "user", "content": "x", "images": [{"data": "not base64!"}]}]}
+        await stack.publish(item)
+        await stack.wait_for(lambda: finished(stack, item["request_id"]))
+        (chunk,) = chunks_for(stack, item["request_id"])
+        assert chunk["error"]["code"] == "INVALID_INPUT" and stack.adapter.generator.streams == 0
+        await stack.settled_pool()
+
+
+async def test_an_offloaded_generate_payload_is_inlined_or_answered(nats_server: NatsServer, tmp_path: Path) -> None:
+    """§4.4: a fetched `generate` value streams as if inline; an undecodable one is an internal_error
+    result (never stamped), then ACK."""
+    store = tmp_path / "payloads"
+    store.mkdir()
+    (store / "gen.msgpack").write_bytes(msgpack.packb({"prompt": "from the store", "max_new_tokens": 2}))
+    (store / "bad.msgpack").write_bytes(b"\xc1")
+    env = {"SIE_PAYLOAD_STORE_URL": f"file://{store}"}
+    async with running_stack(nats_server, tmp_path, adapter=adapter(), env=env) as stack:
+        good = generate_item(payload_ref="gen.msgpack")
+        good["generate"] = None
+        bad = generate_item(payload_ref="bad.msgpack")
+        bad["generate"] = None
+        await stack.publish(good)
+        await stack.publish(bad)
+        await stack.wait_for(lambda: finished(stack, good["request_id"]))
+        assert [c["seq"] for c in chunks_for(stack, good["request_id"])] == [0, 1, 2]
+        await stack.wait_for(lambda: len(stack.results_for(bad["work_item_id"])) == 1)
+        (result,) = stack.results_for(bad["work_item_id"])
+        assert result["error_code"] == "internal_error" and "executed_bundle_config_hash" not in result
+        await stack.settled_pool()
