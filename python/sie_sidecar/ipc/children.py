@@ -128,9 +128,6 @@ class BackendChildren:
                 raise IpcServerError(f"model {model_id} is not ready on its new backend child ({answer.state})")
         return _PlacedClient(self, index)
 
-    async def probe_draining(self, model_id: str = "") -> bool:
-        return await self.clients[0].probe_draining(model_id)
-
     async def signal_generate_cancel(self, request_id: str) -> bool:
         """Sent to every child (§9.5): matched if any child had the generation; a child that cannot
         be reached does not stop the others."""

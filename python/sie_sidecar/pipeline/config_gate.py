@@ -117,19 +117,10 @@ class ConfigState:
         """The advertised hash, or None while there is none (then only legacy items pass)."""
         return self._hash or None
 
-    def accepts(self, item_hash: str) -> bool:
-        """An empty (legacy) hash always passes; otherwise it must equal the advertised one."""
-        return not item_hash or item_hash == self._hash
-
     def accepts_all(self, items: Iterable[WorkItem | None]) -> bool:
-        """`accepts` for every item; calls `on_refused` when one is refused."""
-        current = self._hash
-        for item in items:
-            if item is not None and item.bundle_config_hash and item.bundle_config_hash != current:
-                if self.on_refused is not None:
-                    self.on_refused()
-                return False
-        return True
+        """The group pre-check: every non-empty (pinned) hash is the advertised one, as `gate` says;
+        `on_refused` is called when one is not. Empty (legacy) hashes always pass."""
+        return self.gate(items) is not None
 
     def gate(self, items: Iterable[WorkItem | None]) -> bool | None:
         """The check right before execution: None when some item's hash is refused (`on_refused` is

@@ -141,11 +141,7 @@ class Generations:
         base = self._s.nak_delay_ms
         try:
             await self._serve(d)
-        except asyncio.CancelledError:
-            if not d.settled:
-                await asyncio.shield(self._settler.nak(d, base))
-            raise
-        except Exception as exc:
+        except Exception as exc:  # cancellation (shutdown) passes through; the NAK below still runs
             _warn.warning("generation failed", key="generate", extra={"error": repr(exc)})
         finally:
             if not d.settled:
@@ -240,9 +236,7 @@ class Generations:
         assert item is not None
         pinned = item.bundle_config_hash
         async with self._config.barrier.shared():  # held until the stream ends (§14)
-            if pinned and not self._config.accepts(pinned):
-                if self._config.on_refused is not None:
-                    self._config.on_refused()
+            if self._config.gate((item,)) is None:  # `on_refused` is called: the reconciler looks now
                 await self._settler.nak(d, base)
                 return
             try:
