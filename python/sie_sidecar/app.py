@@ -11,7 +11,7 @@ import logging
 import signal
 from collections.abc import Coroutine
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from . import wire
 from .bus import connect as connection
@@ -45,6 +45,7 @@ from .sched.scheduler import MAX_ITEM_WAIT_S, SchedulerConfig
 from .telemetry import Registry
 
 log = logging.getLogger(__name__)
+_T = TypeVar("_T")
 
 TASK_JOIN_S = 10.0
 HEALTH_TOMBSTONE_WAIT_S = 2.0
@@ -492,7 +493,7 @@ def _log_stopped(r: _Running) -> None:
     )
 
 
-async def _unless_stopped(coro: Coroutine[Any, Any, _Running], stop: asyncio.Event) -> _Running | None:
+async def _unless_stopped(coro: Coroutine[Any, Any, _T], stop: asyncio.Event) -> _T | None:
     """Run the start-up, giving up (cancelled) as soon as `stop` is set: a signal while NATS is still
     unreachable ends the process at once instead of after the connect deadline."""
     task = asyncio.ensure_future(coro)
@@ -518,6 +519,8 @@ async def _run(settings: Settings, stop: asyncio.Event, started: asyncio.Event |
         log.error(f"start-up failed: configuration: {exc}", extra={"step": "configuration", "exit_code": 2})
         return 2
     configure_audio_permits(settings.concurrency.audio_decodes)  # concurrent audio decodes (§7.3)
+    if settings.ingest == "local":
+        return await _run_local(settings, stop, started)
     running: _Running | None = None
     try:
         async with contextlib.AsyncExitStack() as resources:
@@ -539,6 +542,33 @@ async def _run(settings: Settings, stop: asyncio.Event, started: asyncio.Event |
         log.info("stopped during start-up")
         return 0
     _log_stopped(running)
+    return 0
+
+
+async def _run_local(settings: Settings, stop: asyncio.Event, started: asyncio.Event | None) -> int:
+    """`_run` for `SIE_SIDECAR_INGEST=local` (§11): the local socket instead of NATS."""
+    from .local.runtime import drain_local, start_local
+
+    try:
+        async with contextlib.AsyncExitStack() as resources:
+            running = await _unless_stopped(start_local(settings, stop, resources), stop)
+            if running is None:
+                log.info("stopped during start-up")
+                return 0
+            log.info("running", extra={"worker_id": settings.worker_id, "ingest": "local"})
+            if started is not None:
+                started.set()
+            await stop.wait()
+            log.info("draining")
+            await drain_local(running)
+    except StartupError as exc:
+        log.error(f"start-up failed: {exc.step}: {exc.reason}", extra={"step": exc.step, "exit_code": exc.code})
+        return exc.code
+    except Exception as exc:  # a defect: one line (the traceback inside it), exit code 1
+        log.error("sidecar failed", exc_info=exc, extra={"exit_code": 1})
+        return 1
+    counts = running.settler.counts
+    log.info("stopped", extra={"settled": {"acked": counts.acked, "dropped": counts.dropped, "naked": counts.naked}})
     return 0
 
 

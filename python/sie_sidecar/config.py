@@ -219,12 +219,7 @@ RUN_FLAGS: tuple[RunFlag, ...] = (
 #: §1.1 settings this build does not act on yet (local ingest, several backend children, the config
 #: service and live config): still parsed, so that a value given is seen (and
 #: refused where start-up refuses it), but not offered in `--help` until they work.
-NOT_YET_FLAGS = frozenset(
-    {
-        "SIE_SIDECAR_INGEST",
-        "SIE_SIDECAR_LOCAL_SOCKET",
-    }
-)
+NOT_YET_FLAGS: frozenset[str] = frozenset()
 ENV_ONLY_HELP = (
     "Tuning without a flag (SIE_MAX_DELIVER, SIE_NAK_DELAY_S, SIE_NATS_FETCH_BUDGET, SIE_BATCHER_*, "
     "SIE_ADAPTIVE_*, SIE_RUST_PIPELINE_DEPTH, SIE_MAX_CONCURRENT_BATCHES, ...) is read from the environment "
@@ -631,8 +626,6 @@ _DEFAULTS: Mapping[str, object] = {
 #: that sets it. A feature that lands removes its rows; tests/unit/test_settings_wired.py checks that
 #: every other field is read outside this module.
 NOT_YET: tuple[tuple[str, str], ...] = (
-    ("ingest", "SIE_SIDECAR_INGEST"),  # local ingest (§11)
-    ("local_socket", "SIE_SIDECAR_LOCAL_SOCKET"),
     ("stream_replicas", "SIE_STREAM_REPLICAS"),
     ("metrics_enabled", "SIE_METRICS_ENABLED"),  # OTLP telemetry (§13)
     ("tracing_enabled", "SIE_TRACING_ENABLED"),

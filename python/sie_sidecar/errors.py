@@ -171,6 +171,55 @@ class NotificationError(ValueError):
     """A `sie.config.models.*` notification that is not the §9.1 JSON object (outcome `parse_error`)."""
 
 
+# ------------------------------------------------------------------------------------- local ingest (§11)
+# Generation-stream error codes of the local socket (`"CODE: message"` in the response's `error`).
+DUPLICATE_REQUEST = "DUPLICATE_REQUEST"  # the request id is already streaming on this connection
+INVALID_TRANSPORT_BINDING = "INVALID_TRANSPORT_BINDING"  # the request id is streaming on another connection
+BACKEND_UNAVAILABLE = "BACKEND_UNAVAILABLE"
+BUNDLE_CONFIG_MISMATCH = "BUNDLE_CONFIG_MISMATCH"
+TRANSPORT_FAILURE = "TRANSPORT_FAILURE"
+RETRY_LATER = "RETRY_LATER"
+TIMEOUT = "TIMEOUT"
+DISCONNECTED = "DISCONNECTED"
+POOL_ADMISSION_REJECTED = "POOL_ADMISSION_REJECTED"
+DECODE_ERROR = "DECODE_ERROR"
+CAPACITY_EXHAUSTED = "CAPACITY_EXHAUSTED"
+BAD_OPERATION_STREAM = "BAD_OPERATION"
+#: The WorkResult code of a `publish_work` slot whose admission pools disagree (§11).
+POOL_ADMISSION_REJECTED_RESULT = "pool_admission_rejected"
+
+
+class LocalFrameError(ValueError):
+    """A local-ingest frame that cannot be read: truncated header or body, over 64 MiB, not msgpack,
+    or not the `{id, op, body}` / `{id, ok, error, body}` envelope. The connection is closed."""
+
+
+class CapacityExhausted(Exception):
+    """A per-connection budget of §11 is used up (data ops, control op, generation streams)."""
+
+
+class InvalidTransportBinding(ValueError):
+    """The request's dispatch context or payload digest does not bind its body (§11, TV-L3)."""
+
+
+class LocalIngestError(Exception):
+    """The local-ingest socket answered `ok=false`; `error` is its text (`"Type: message"`)."""
+
+    def __init__(self, error: str) -> None:
+        super().__init__(error)
+        self.error = error
+
+
+class GenerationStreamError(LocalIngestError):
+    """A local generation stream ended with `"CODE: message"` instead of its final outcome."""
+
+    def __init__(self, error: str) -> None:
+        super().__init__(error)
+        code, sep, message = error.partition(": ")
+        self.code = code if sep else ""
+        self.message = message if sep else error
+
+
 # ------------------------------------------------------------------------------------------ payloads (§12)
 
 Reason = Literal["not_found", "permission_denied", "io", "invalid_ref", "unsupported", "object_store", "too_large"]
@@ -250,28 +299,46 @@ class PayloadOversized(PayloadError):
 
 
 __all__ = [
+    "BACKEND_UNAVAILABLE",
     "BAD_OPERATION",
+    "BAD_OPERATION_STREAM",
+    "BUNDLE_CONFIG_MISMATCH",
+    "CAPACITY_EXHAUSTED",
+    "DECODE_ERROR",
+    "DISCONNECTED",
+    "DUPLICATE_REQUEST",
     "INFERENCE_ERROR",
     "INVALID_INPUT",
     "INVALID_REQUEST",
+    "INVALID_TRANSPORT_BINDING",
     "MODEL_LOAD_FAILED",
     "NO_RUN_BATCH",
     "PAYLOAD_ERROR",
     "PAYLOAD_TOO_LARGE",
+    "POOL_ADMISSION_REJECTED",
+    "POOL_ADMISSION_REJECTED_RESULT",
     "RAW_OUTPUT_SHAPE_ERROR",
+    "RETRY_LATER",
     "RUN_BATCH_INVALID_ITEM",
     "RUN_BATCH_MIXED_OP",
+    "TIMEOUT",
+    "TRANSPORT_FAILURE",
     "AudioPrepError",
     "BudgetExceeded",
+    "CapacityExhausted",
     "ChunkProtocolError",
     "ConfigError",
     "ConnectError",
     "DecodeError",
     "FrameTooLarge",
+    "GenerationStreamError",
     "InvalidPayloadRef",
+    "InvalidTransportBinding",
     "IpcServerError",
     "IpcTimeout",
     "IpcTransportError",
+    "LocalFrameError",
+    "LocalIngestError",
     "ObjectStoreError",
     "PayloadError",
     "PayloadIOError",

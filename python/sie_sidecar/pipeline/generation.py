@@ -23,11 +23,15 @@ from typing import Any, Protocol
 import msgpack
 
 from ..errors import (
+    BACKEND_UNAVAILABLE,
+    BUNDLE_CONFIG_MISMATCH,
     INTERNAL_ERROR,
     INVALID_INPUT,
     MODEL_LOAD_FAILED,
     MODEL_LOADING,
     PAYLOAD_TOO_LARGE,
+    RETRY_LATER,
+    TRANSPORT_FAILURE,
     DecodeError,
     GenerateMediaError,
     PayloadError,
@@ -111,11 +115,12 @@ class Generations:
     def active(self) -> int:
         return len(self._tasks)
 
-    def start(self, d: Delivery) -> None:
+    def start(self, d: Delivery) -> asyncio.Task[None]:
         """Run one generate delivery in its own task (its permit comes back when it is settled)."""
         task = asyncio.create_task(self._run(d), name="generate")
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        return task
 
     async def join(self, timeout_s: float) -> None:
         """Wait for the running generations (bounded); the rest are cancelled and NAK their items."""
@@ -143,15 +148,30 @@ class Generations:
             await self._serve(d)
         except Exception as exc:  # cancellation (shutdown) passes through; the NAK below still runs
             _warn.warning("generation failed", key="generate", extra={"error": repr(exc)})
+            if not d.settled and hasattr(d.msg, "refuse"):
+                await self._refuse(d, TRANSPORT_FAILURE, f"generation failed: {exc}", nak_ms=base)
         finally:
             if not d.settled:
                 await self._settler.nak(d, base)
 
+    async def _refuse(self, d: Delivery, code: str, message: str, *, nak_ms: int) -> None:
+        """A delivery the sidecar cannot run: NAKed with `nak_ms` on NATS; a local stream (whose handle
+        can `refuse`) ends with `"CODE: message"` instead (§11: no broker to redeliver it)."""
+        refuse = getattr(d.msg, "refuse", None)
+        if refuse is None:
+            await self._settler.nak(d, nak_ms)
+            return
+        await refuse(code, message)
+        await self._settler.drop(d)
+
     async def _terminal(self, d: Delivery, code: str, message: str, *, nak_ms: int) -> None:
         """Publish the TV-G1 terminal chunk, then ACK; NAK with `nak_ms` when the publish fails. An
-        empty reply subject publishes nothing and ACKs."""
+        empty reply subject publishes nothing and ACKs. A local stream gets the code as its error."""
         item = d.item
         assert item is not None
+        if hasattr(d.msg, "refuse"):
+            await self._refuse(d, code, message, nak_ms=nak_ms)
+            return
         if item.reply_subject and not await self._sink.publish_raw(
             item.reply_subject, terminal_chunk(item.work_item_id, item.request_id, code, message)
         ):
@@ -162,6 +182,9 @@ class Generations:
     async def _internal_error(self, d: Delivery, message: str) -> None:
         item = d.item
         assert item is not None
+        if hasattr(d.msg, "refuse"):
+            await self._refuse(d, INTERNAL_ERROR.upper(), message, nak_ms=self._s.nak_delay_ms)
+            return
         result = error_result(
             item,
             code=INTERNAL_ERROR,
@@ -178,13 +201,13 @@ class Generations:
         assert item is not None
         model = item.model_id
         if not self._config.supports(model):
-            await self._settler.nak(d, base)
+            await self._refuse(d, BACKEND_UNAVAILABLE, f"model '{model}' is not supported here", nak_ms=base)
             return
         try:
             ready = await self._backend.ensure_model_ready(model)
         except Exception as exc:
             _warn.warning("EnsureModelReady failed", key=model, extra={"model": model, "error": repr(exc)})
-            await self._settler.nak(d, base)
+            await self._refuse(d, BACKEND_UNAVAILABLE, f"EnsureModelReady failed: {exc}", nak_ms=base)
             return
         if ready.state == LOADING_STARTED:
             await self._terminal(d, MODEL_LOADING, f"Model '{model}' is loading; retry later.", nak_ms=base)
@@ -197,7 +220,7 @@ class Generations:
             await self._terminal(d, MODEL_LOAD_FAILED, f"Model '{model}' failed to load.", nak_ms=base)
             return
         if ready.state != READY:  # retry_later
-            await self._settler.nak(d, base)
+            await self._refuse(d, RETRY_LATER, f"model '{model}' cannot take work now", nak_ms=base)
             return
         doc = msgpack.unpackb(d.msg.data, raw=False, strict_map_key=False)
         if item.payload_ref and not await self._inline_payload(d, doc, item.payload_ref):
@@ -237,7 +260,9 @@ class Generations:
         pinned = item.bundle_config_hash
         async with self._config.barrier.shared():  # held until the stream ends (§14)
             if self._config.gate((item,)) is None:  # `on_refused` is called: the reconciler looks now
-                await self._settler.nak(d, base)
+                await self._refuse(
+                    d, BUNDLE_CONFIG_MISMATCH, "the item's bundle config is not the advertised one", nak_ms=base
+                )
                 return
             try:
                 body = encode_sidecar_work_item(doc)
@@ -246,7 +271,8 @@ class Generations:
                 return
             client = await self._backend.client_for(model)
             if pinned and not self._config.executes_on(client.reported_hash):
-                await self._settler.nak(d, base)
+                message = "the backend does not attest the advertised bundle config"
+                await self._refuse(d, BUNDLE_CONFIG_MISMATCH, message, nak_ms=base)
                 return
             self.streams += 1
             events = client.generate(model, body, frame_timeout_s=self._s.frame_timeout_s)

@@ -1,0 +1,231 @@
+# SPDX-License-Identifier: Apache-2.0
+"""`sie-sidecar run` with `SIE_SIDECAR_INGEST=local` (sidecar-behaviour §11, §15.4): the same
+pipeline as NATS mode (dispatcher, schedulers, IPC client, live config reconciler, heartbeat and
+probes) fed by the local socket instead of JetStream. No NATS connection, publisher, health
+publisher, config subscriber or admission poll.
+
+Shutdown: the listener stops and removes its socket file (in-flight calls get the pull-loop join
+to finish, then answer `cancelled`), then readiness and the heartbeat, the reconciler, the scheduler
+drain and the backend drain.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from ..config import Settings
+from ..control.config_service import Reconciler
+from ..control.live_config import LiveConfig
+from ..errors import StartupError
+from ..ipc.children import BackendChildren
+from ..ipc.client import IpcClient
+from ..payloads import PayloadStore, PayloadStoreConfigError
+from ..pipeline.config_gate import ConfigState
+from ..pipeline.delivery import Settler
+from ..pipeline.dispatcher import Dispatcher
+from ..pipeline.feed import feed
+from ..pipeline.gate import gate_pulls
+from ..pipeline.readiness import PingClient, Readiness, heartbeat
+from ..probes import start_probes
+from ..sched.quantum import LatencyWindow, QuantumController
+from ..telemetry import Registry
+from .ingest import LocalPipeline
+from .server import LocalIngest
+from .source import LocalReplies, LocalSource
+
+log = logging.getLogger(__name__)
+
+TASK_JOIN_S = 10.0
+BACKEND_DRAIN_MS = 15_000
+GENERATION_JOIN_S = 15.0
+
+
+@dataclass
+class LocalRunning:
+    settings: Settings
+    ipc: IpcClient | BackendChildren
+    readiness: Readiness
+    dispatcher: Dispatcher
+    settler: Settler
+    source: LocalSource
+    ingest: LocalIngest
+    tasks: set[asyncio.Task[None]]
+    loop: asyncio.Task[None]
+    gate: asyncio.Task[None]
+    pull_stop: asyncio.Event
+    background: list[asyncio.Task[Any]]
+    hb_stop: asyncio.Event
+
+
+async def start_local(settings: Settings, stop: asyncio.Event, resources: contextlib.AsyncExitStack) -> LocalRunning:
+    """Open everything in start-up order, each close pushed onto `resources` as soon as it exists."""
+    from ..app import _backend_client, _dispatch_settings, _end_tasks, tune_gc_for_steady_state
+
+    assert settings.local_socket is not None
+    limits = settings.concurrency
+    try:
+        payloads = PayloadStore.from_settings(settings)
+    except PayloadStoreConfigError as exc:
+        raise StartupError("payload store", str(exc), code=2) from None
+    resources.callback(payloads.close)
+    readiness = Readiness(
+        ping_interval_ms=settings.worker_ping_interval_ms, stale_mult=settings.worker_readyz_stale_mult
+    )
+    probes = await start_probes(readiness, settings.worker_probe_port)
+    if probes is not None:
+        resources.push_async_callback(probes.cleanup)
+    ipc = _backend_client(settings)
+    resources.push_async_callback(ipc.close)
+    quantum = QuantumController(
+        LatencyWindow(),
+        min_ms=settings.adaptive_min_quantum_ms,
+        max_ms=settings.adaptive_max_quantum_ms,
+        target_p50_ms=settings.adaptive_target_p50_ms,
+        include_queue_ms=settings.pull_quantum_include_queue_ms,
+    )
+    config = ConfigState(settings.bundle_config_hash)
+    telemetry = Registry()
+    settler = Settler()  # no broker: each handle settles itself (a NAK is the local retry)
+    replies = LocalReplies()
+    dispatcher = Dispatcher(
+        _dispatch_settings(settings),
+        ipc,
+        replies,
+        settler,
+        config=config,
+        shutdown=stop,
+        quantum=quantum,
+        payloads=payloads,
+        telemetry=telemetry,
+    )
+    background: list[asyncio.Task[Any]] = []
+    hb_stop = asyncio.Event()
+    resources.push_async_callback(_end_tasks, background, hb_stop)
+    live = LiveConfig(
+        config,
+        ipc,
+        bundle=settings.bundle,
+        pool=settings.pool,
+        allow_list=settings.config_producer_allow_list,
+        stop=stop,
+        telemetry=telemetry,
+        on_commit=readiness.models_changed.set,
+    )
+    if settings.config_service_url is not None:
+        reconciler = Reconciler(
+            live,
+            settings.config_service_url,
+            settings.config_service_bearer,
+            poll_interval_s=settings.worker_config_poll_interval_ms / 1000.0,
+            full_export_interval_s=settings.worker_config_full_export_interval_ms / 1000.0,
+            stop=hb_stop,
+        )
+        live.on_behind = config.on_refused = reconciler.wake
+        config.on_diverged = reconciler.resync
+        background.append(asyncio.create_task(reconciler.run()))
+    pingers: list[PingClient] = [*ipc.pingers()] if isinstance(ipc, BackendChildren) else [ipc]
+    background.append(asyncio.create_task(heartbeat(pingers, readiness, config, hb_stop)))
+    source = LocalSource(max_outstanding=limits.pull_outstanding)
+    resources.callback(source.stop)
+    if probes is not None and settings.debug_endpoint:
+
+        def debug_state() -> dict[str, Any]:
+            state = dispatcher.debug_state()
+            state["ingest"] = {"mode": "local", "queued": source.queued, "paused": source.paused()}
+            return state
+
+        probes.debug_state = debug_state
+    pipeline = LocalPipeline(
+        source=source,
+        replies=replies,
+        generations=dispatcher.generations,
+        worker_id=settings.worker_id,
+        pool=settings.pool,
+        machine_profile=settings.machine_profile,
+        bundle=settings.bundle,
+    )
+    ingest = LocalIngest(settings.local_socket, pipeline)
+    try:
+        await ingest.start()
+    except OSError as exc:
+        raise StartupError("local ingest socket", f"{settings.local_socket}: {exc}") from None
+    resources.push_async_callback(ingest.close, 0.0)
+    tasks: set[asyncio.Task[None]] = set()
+    dispatcher.set_on_idle(source.wake)
+    dispatcher.on_draining = readiness.backend_refused
+    pull_stop = asyncio.Event()
+    budget = settings.nats_fetch_budget
+    loop = asyncio.create_task(
+        feed(
+            source,
+            dispatcher.handle,
+            budget=lambda: min(budget, dispatcher.intake_limit()),
+            inflight=limits.pull_batches,
+            stop=pull_stop,
+            tasks=tasks,
+            quantum=quantum,
+            idle_bypass=settings.batcher_idle_bypass_enabled,
+            on_idle=source.wake,
+            busy=lambda: not dispatcher.idle(),
+        )
+    )
+    resources.push_async_callback(_end_tasks, [loop], pull_stop)
+    tune_gc_for_steady_state()
+    gate = asyncio.create_task(
+        gate_pulls(
+            readiness,
+            [source],
+            pull_stop,
+            return_delay_s=settings.nak_delay_ms / 1000.0,
+            poll_s=settings.worker_ping_interval_ms / 1000.0,
+        )
+    )
+    resources.push_async_callback(_end_tasks, [gate], pull_stop)
+    log.info("local ingest listening", extra={"socket": settings.local_socket})
+    return LocalRunning(
+        settings=settings,
+        ipc=ipc,
+        readiness=readiness,
+        dispatcher=dispatcher,
+        settler=settler,
+        source=source,
+        ingest=ingest,
+        tasks=tasks,
+        loop=loop,
+        gate=gate,
+        pull_stop=pull_stop,
+        background=background,
+        hb_stop=hb_stop,
+    )
+
+
+async def drain_local(r: LocalRunning) -> None:
+    """§15.4 in local mode: the listener (in-flight calls finish within the join, else `cancelled`),
+    then the pull loop, readiness and heartbeat, the reconciler, the scheduler drain, generations and
+    the backend drain."""
+    from ..app import _end_tasks
+
+    await r.ingest.close(TASK_JOIN_S)
+    r.pull_stop.set()
+    r.gate.cancel()
+    await asyncio.gather(r.loop, r.gate, return_exceptions=True)
+    r.source.stop()
+    if r.tasks:
+        _, pending = await asyncio.wait(set(r.tasks), timeout=TASK_JOIN_S)
+        for task in pending:
+            task.cancel()
+    await r.dispatcher.join_parked()
+    await r.dispatcher.close_schedulers(r.settings.scheduler_drain_deadline_ms / 1000.0)
+    await r.dispatcher.generations.join(GENERATION_JOIN_S)
+    r.readiness.draining = True
+    r.hb_stop.set()
+    await _end_tasks(r.background)
+    with contextlib.suppress(Exception):
+        await asyncio.wait_for(r.ipc.drain(BACKEND_DRAIN_MS), BACKEND_DRAIN_MS / 1000.0 + 1)
+
+
+__all__ = ["LocalRunning", "drain_local", "start_local"]
