@@ -73,8 +73,8 @@ class LocalStack:
     stop: asyncio.Event
     task: asyncio.Task[int]
 
-    def client(self) -> Any:
-        return Client.connect(self.socket)
+    async def client(self) -> Client:
+        return await Client.connect(self.socket)
 
     async def wait_for(self, predicate: Callable[[], bool], timeout: float = 10.0) -> None:
         deadline = time.monotonic() + timeout

@@ -54,7 +54,7 @@ def test_help_shows_no_secret_values() -> None:
     result = run({**BASE, "SIE_GATEWAY_API_KEY": "s3cret-key", "SIE_ADMIN_TOKEN": "t0ken"}, "--help")
     assert result.returncode == 0
     assert "--nats-url" in result.stdout and "--gateway-api-key" in result.stdout
-    assert "--config-service-url" in result.stdout and "--sidecar-ingest" not in result.stdout  # local ingest: not yet
+    assert "--config-service-url" in result.stdout and "--sidecar-ingest" in result.stdout
     assert "s3cret-key" not in result.stdout and "t0ken" not in result.stdout
 
 

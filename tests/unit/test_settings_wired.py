@@ -75,8 +75,6 @@ def test_every_setting_is_read_or_refused(name: str) -> None:
 
 #: A value that differs from the default, for each refused variable.
 NOT_DEFAULT = {
-    "SIE_SIDECAR_INGEST": "local",
-    "SIE_SIDECAR_LOCAL_SOCKET": "/tmp/local-ingest.sock",
     "SIE_STREAM_REPLICAS": "3",
     "SIE_METRICS_ENABLED": "true",
     "SIE_TRACING_ENABLED": "1",
@@ -84,7 +82,6 @@ NOT_DEFAULT = {
 }
 #: The same variables at their defaults: accepted (a harmless carried value is not refused).
 AT_DEFAULT = {
-    "SIE_SIDECAR_INGEST": "nats",
     "SIE_STREAM_REPLICAS": "1",
     "SIE_METRICS_ENABLED": "false",
     "SIE_TRACING_ENABLED": "0",
@@ -119,8 +116,7 @@ def run_cli(
 def test_a_setting_this_build_lacks_stops_start_up(
     env: str, value: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    extra = {"SIE_SIDECAR_LOCAL_SOCKET": "/tmp/local.sock"} if env == "SIE_SIDECAR_INGEST" else {}
-    code, err = run_cli(monkeypatch, capsys, {**BASE, **extra, env: value})
+    code, err = run_cli(monkeypatch, capsys, {**BASE, env: value})
     assert code == 2
     assert err.splitlines() == [f"sie-sidecar: {env} is not supported yet"]  # no value: some are tokens
 
@@ -300,3 +296,11 @@ def test_the_concurrency_limits_come_from_their_variables() -> None:
         limits.ipc_connections,
         limits.audio_decodes,
     ) == (301, 7, 5, 3, 6, 2)
+
+
+def test_local_ingest_reaches_the_sidecar(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """§11 has landed: `SIE_SIDECAR_INGEST=local` with a socket is no longer refused, NATS not needed."""
+    env = {k: v for k, v in BASE.items() if k != "SIE_NATS_URL"}
+    env |= {"SIE_SIDECAR_INGEST": "local", "SIE_SIDECAR_LOCAL_SOCKET": "/tmp/local-ingest.sock"}
+    code, _ = run_cli(monkeypatch, capsys, env)
+    assert code == 99

@@ -300,7 +300,7 @@ class _Connection:
             else:
                 await self._respond(request.id, False, f'ValueError: unknown op: "{op}"', {})
         except asyncio.CancelledError:
-            if self._ingest.shutting_down and not self._closing:
+            if self._ingest.shutting_down:  # answered before the writer closes (§15.4)
                 await self._respond(request.id, False, "cancelled", {})
             raise
         except Exception as exc:
