@@ -16,7 +16,7 @@ import itertools
 import logging
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any, Final, Self, TypeVar
 
 import msgpack
@@ -385,43 +385,43 @@ class IpcClient:
         request_id = f"w-{next(self._ids)}"
         frame = wire.encode_request(method, request_id, body, True)  # FrameTooLarge: nothing written
         slot: _Slot | None = await self._acquire()
-
-        async def attempt(retry: bool) -> T:
-            nonlocal slot
-            if retry:
-                failed, slot = slot, None
-                assert failed is not None
-                slot = await self._acquire_other(failed)  # releases `failed` on every path
-            assert slot is not None
-            return await self._attempt(slot, frame, request_id, timeout_s, decode, attest=attest)
-
         try:
-            return await self._retry_once(method, request_id, attempt)
+            assert slot is not None
+            try:
+                return await self._attempt(slot, frame, request_id, timeout_s, decode, attest=attest)
+            except TransportFailure as first:
+                self._retry_or_raise(method, request_id, first)
+            failed, slot = slot, None
+            slot = await self._acquire_other(failed)  # releases `failed` on every path
+            try:
+                return await self._attempt(slot, frame, request_id, timeout_s, decode, attest=attest)
+            except TransportFailure as second:
+                raise self._retry_failed(method, request_id, second) from second.cause
         finally:
             if slot is not None:
                 self._release(slot)
 
-    async def _retry_once(self, method: str, request_id: str, attempt: Callable[[bool], Awaitable[T]]) -> T:
-        """§1.2: a retryable transport failure gets exactly one more attempt (`attempt(True)`: the
-        same bytes, another connection); what fails after it is an `IpcTransportError`."""
-        try:
-            return await attempt(False)
-        except TransportFailure as first:
-            if not first.retryable:
-                detail = f"{method} {request_id} to {self._path}: {first}"
-                raise IpcTransportError(detail, transient=False) from first.cause
-            _warn.warning(
-                "IPC transport error; retrying once",
-                key=method,
-                extra={"method": method, "request_id": request_id, "error": str(first), "transport": self.transport},
-            )
-        try:
-            return await attempt(True)
-        except TransportFailure as second:
-            raise IpcTransportError(
-                f"{method} {request_id} to {self._path} failed after one retry: {second}",
-                transient=second.retryable,
-            ) from second.cause
+    # The §1.2 retry rule of both transports, as two plain calls on the failure paths only: the
+    # success path makes no closure and no extra coroutine per request (the hot path, issue 13).
+
+    def _retry_or_raise(self, method: str, request_id: str, first: TransportFailure) -> None:
+        """§1.2, after a first transport failure: raise `IpcTransportError` unless it is retryable
+        (then log it: the caller sends the same bytes once more, on another connection)."""
+        if not first.retryable:
+            detail = f"{method} {request_id} to {self._path}: {first}"
+            raise IpcTransportError(detail, transient=False) from first.cause
+        _warn.warning(
+            "IPC transport error; retrying once",
+            key=method,
+            extra={"method": method, "request_id": request_id, "error": str(first), "transport": self.transport},
+        )
+
+    def _retry_failed(self, method: str, request_id: str, second: TransportFailure) -> IpcTransportError:
+        """§1.2: what the retry's own transport failure becomes (the caller raises it)."""
+        return IpcTransportError(
+            f"{method} {request_id} to {self._path} failed after one retry: {second}",
+            transient=second.retryable,
+        )
 
     async def _attempt(
         self,

@@ -154,9 +154,14 @@ class MuxIpcClient(IpcClient):
         if self._closed:
             raise IpcTransportError(f"IPC client for {self._path} is closed", transient=False)
         async with self._in_flight:
-            return await self._retry_once(
-                method, request_id, lambda _retry: self._exchange(frame, request_id, timeout_s, decode, attest)
-            )
+            try:
+                return await self._exchange(frame, request_id, timeout_s, decode, attest)
+            except TransportFailure as first:
+                self._retry_or_raise(method, request_id, first)
+            try:
+                return await self._exchange(frame, request_id, timeout_s, decode, attest)
+            except TransportFailure as second:
+                raise self._retry_failed(method, request_id, second) from second.cause
 
     async def _exchange(
         self, frame: bytes, request_id: str, timeout_s: float, decode: Callable[[memoryview], T], attest: Attest | None
