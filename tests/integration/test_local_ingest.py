@@ -454,3 +454,28 @@ async def test_a_client_that_stops_reading_is_closed_and_others_are_served(tmp_p
                 await asyncio.sleep(0.2)
         assert await raw.closed(timeout=15)  # reading now: what was queued, then EOF
         await raw.close()
+
+
+async def test_the_load_generator_drives_the_local_socket(tmp_path: Path) -> None:
+    """`sie-sidecar loadgen --local`: the same summary as over NATS, every item answered once."""
+    from sie_sidecar.tools.loadgen import LoadConfig
+    from sie_sidecar.tools.loadgen_local import generate_local_load
+
+    async with running_local(tmp_path) as stack:
+        await gate_open(stack)
+        config = LoadConfig(
+            nats_url="",
+            pool=POOL,
+            machine_profile=PROFILE,
+            bundle="default",
+            model=MODEL,
+            items=2_000,
+            items_per_request=7,
+        )
+        summary = await generate_local_load(config, stack.socket, progress=False)
+        assert summary.ok and (summary.results, summary.successes, summary.duplicates) == (2_000, 2_000, 0)
+        assert summary.subject == f"local:{stack.socket}"
+        rated = await generate_local_load(
+            LoadConfig(**{**config.__dict__, "items": 300, "rate": 1_000.0}), stack.socket, progress=False
+        )
+        assert rated.ok and rated.results == 300 and rated.elapsed_s >= 0.25  # paced, not a burst

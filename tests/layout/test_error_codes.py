@@ -21,8 +21,15 @@ def literal_codes() -> list[str]:
     for path in sorted(PACKAGE_DIR.rglob("*.py")):
         if path == PACKAGE_DIR / "errors.py":
             continue
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.Constant) and node.value in CODES:
+        tree = ast.parse(path.read_text())
+        exported = {  # `__all__` holds names, and a constant may share its name with a code's value
+            id(node)
+            for stmt in ast.walk(tree)
+            if isinstance(stmt, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "__all__" for t in stmt.targets)
+            for node in ast.walk(stmt.value)
+        }
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Constant) and node.value in CODES and id(node) not in exported:
                 found.append(f"{path.relative_to(PACKAGE_DIR)}:{node.lineno} {node.value!r}")
     return found
 

@@ -50,6 +50,12 @@ def violations(edges: list[ImportEdge]) -> list[str]:
             bad("backend/ is a library backends embed: it does not depend on the sidecar's runtime")
         if room == "control" and _is(e.target, "sie_sidecar.bus", "sie_sidecar.ipc", "sie_sidecar.app"):
             bad("control/ polls HTTP services and records into pipeline state: no NATS, no backend")
+        if (
+            room == "local"
+            and e.module != "sie_sidecar.local.runtime"
+            and _is(e.target, *(f"sie_sidecar.{r}" for r in ("bus", "ipc", "control", "app", "probes")))
+        ):
+            bad("local/ is the socket and its binding to the pipeline: only local/runtime wires the process")
         if room == "telemetry" and _is(e.target, "sie_sidecar"):
             bad("telemetry imports nothing of the package: every room may record into it")
         if room not in NOT_RUNTIME and _is(e.target, "sie_sidecar.tools"):
@@ -72,6 +78,7 @@ def test_the_package_keeps_its_layering() -> None:
         ("wire/_probe.py", "from ..sched import scheduler\n", "wire/ is the bottom layer"),
         ("backend/_probe.py", "from ..sched.scheduler import ModelScheduler\n", "backend/ is a library"),
         ("control/_probe.py", "from ..bus.pull import PullConsumer\n", "control/ polls HTTP services"),
+        ("local/_probe.py", "from ..ipc.client import IpcClient\n", "local/ is the socket"),
         ("pipeline/_probe.py", "if TYPE_CHECKING:\n    from nats.aio.msg import Msg\n", "nats is imported only"),
     ],
 )

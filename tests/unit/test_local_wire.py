@@ -17,7 +17,7 @@ from sie_sidecar.errors import InvalidTransportBinding, LocalFrameError
 from sie_sidecar.local import frames, work_items
 from sie_sidecar.local.client import DEFAULT_DISPATCH_CONTEXT, request_body
 from sie_sidecar.local.digest import payload_digest
-from sie_sidecar.local.request import Body, admitted, check_items
+from sie_sidecar.local.request import Body, check_items
 
 TV_L3_FRAME = (
     "3601000083a2696401a26f70b77075626c6973685f67656e65726174655f73747265616da4626f64798ca46c616e65bc64656661"
@@ -207,7 +207,12 @@ def test_the_body_decoder_defaults_or_refuses_but_never_crashes(raw: dict[str, A
         Body.decode(raw)
 
 
-# -- item rules ---------------------------------------------------------------------------------
+# -- item rules: the native checker and its twin, held to each other --------------------------------
+
+from sie_sidecar._native import check_local_items as native_check  # noqa: E402
+from sie_sidecar._twins.local_items import check_local_items as twin_check  # noqa: E402
+
+CHECKERS = {"native": native_check, "twin": twin_check}
 
 
 def _body(items: list[dict[str, Any]] | bytes, **fields: Any) -> Body:
@@ -217,13 +222,44 @@ def _body(items: list[dict[str, Any]] | bytes, **fields: Any) -> Body:
     return Body(items=packed, **base)
 
 
+def _check(name: str, body: Body, prefix: str = "_INBOX.local.1.", numbered: bool = True) -> Any:
+    return CHECKERS[name](
+        body.items,
+        request_id=body.request_id,
+        endpoint=body.endpoint,
+        model=body.model,
+        engine=body.engine,
+        bundle_config_hash=body.bundle_config_hash,
+        admission_pool=body.admission_pool.strip().lower(),
+        lane_pool=body.lane_pool,
+        reply_prefix=prefix,
+        numbered=numbered,
+    )
+
+
 def _items(n: int = 2, **extra: Any) -> list[dict[str, Any]]:
-    return work_items("r", "encode", "m", [{"item": {"text": str(i)}, **extra} for i in range(n)])
+    return work_items("r", "encode", "m", [{"item": {"text": str(i)}, **extra} for i in range(n)], timestamp=1.0)
 
 
-def test_good_items_pass_in_slot_order() -> None:
-    items = check_items(_body(_items(3)))
-    assert [i["item_index"] for i in items] == [0, 1, 2]
+def test_good_items_pass_in_slot_order_with_their_reply_subject_bound() -> None:
+    items = _items(3)
+    slots = check_items(_body(items), "_INBOX.local.5.")
+    assert [s.item_index for s in slots] == [0, 1, 2] and all(s.admitted for s in slots)
+    for n, slot in enumerate(slots):
+        expected = dict(items[n], reply_subject=f"_INBOX.local.5.{n}")
+        decoded = msgpack.unpackb(slot.data)
+        assert decoded == expected and list(decoded) == list(expected)  # key order kept
+    (gen,) = check_items(_body(_items(1)), "_LOCAL.r", numbered=False)
+    assert msgpack.unpackb(gen.data)["reply_subject"] == "_LOCAL.r"
+
+
+@pytest.mark.parametrize("checker", sorted(CHECKERS))
+def test_an_item_without_a_reply_subject_gets_one_appended(checker: str) -> None:
+    items = _items(1)
+    del items[0]["reply_subject"]
+    datas, _, _ = _check(checker, _body(items))
+    decoded = msgpack.unpackb(datas[0])
+    assert list(decoded)[-1] == "reply_subject" and decoded["reply_subject"] == "_INBOX.local.1.0"
 
 
 def _mutate(slot: int, key: str, value: Any) -> list[dict[str, Any]]:
@@ -236,67 +272,150 @@ def _mutate(slot: int, key: str, value: Any) -> list[dict[str, Any]]:
 
 
 _DELETE = object()
+_BIG_IMAGE = b"\0" * (16 * 1024 * 1024 + 1)
+_BIG_AUDIO = b"\0" * (24 * 1024 * 1024 + 1)
 
 
+@pytest.mark.parametrize("checker", sorted(CHECKERS))
 @pytest.mark.parametrize(
     ("items", "fields", "match"),
     [
-        (b"\xc1", {}, "not msgpack"),
-        (msgpack.packb({"a": 1}), {}, "array"),
-        ([], {}, "empty"),
+        (b"\xc1", {}, "items must be a msgpack array"),
+        (msgpack.packb([1])[:1] + b"\xc1", {}, "items are not msgpack"),
+        (msgpack.packb({"a": 1}), {}, "items must be a msgpack array"),
+        (msgpack.packb(_items(2)) + b"\x01", {}, "items have trailing bytes"),
+        (msgpack.packb([[1, 2]]), {}, "item 0: not a map (got array)"),
+        ([], {}, "items is empty"),
         (None, {"request_id": ""}, "request_id is empty"),
-        (None, {"request_id": "x" * 129}, "over 128 bytes"),
-        (None, {"request_id": "a b"}, "whitespace"),
-        (_mutate(1, "request_id", "other"), {}, "request_id differs"),
-        (_mutate(0, "total_items", 3), {}, "total_items must be 2"),
-        (_mutate(1, "item_index", 2), {}, "item_index must be below 2"),
-        (_mutate(1, "item_index", 0), {}, "repeated"),
-        (_mutate(1, "work_item_id", "r.7"), {}, "work_item_id must be r.1"),
-        (_mutate(0, "operation", "score"), {}, "operation differs"),
-        (_mutate(0, "operation", "load"), {}, "load is not accepted"),
-        (_mutate(0, "model_id", "n"), {}, "model_id differs"),
-        (_mutate(0, "engine", "sglang"), {}, "engine differs"),
-        (_mutate(0, "bundle_config_hash", "h"), {}, "bundle_config_hash differs"),
-        (_mutate(0, "payload_ref", "blob.msgpack"), {}, "payload references"),
-        (_mutate(0, "query_payload_ref", "q.msgpack"), {}, "payload references"),
-        (_mutate(0, "fallback_reason", "x"), {}, "fallback_reason is not accepted"),
-        (_mutate(0, "numerical_admission_sha256", "x"), {}, "numerical_admission_sha256"),
-        (_mutate(0, "item", {"image": b"\0" * (16 * 1024 * 1024 + 1)}), {}, "over the limit"),
-        (_mutate(0, "item", {"images": [{"data": b"\0" * (16 * 1024 * 1024 + 1)}]}), {}, "over the limit"),
-        (_mutate(0, "item", {"audio": {"bytes": b"\0" * (24 * 1024 * 1024 + 1)}}), {}, "over the limit"),
+        (None, {"request_id": "x" * 129}, "request_id is over 128 bytes"),
+        (None, {"request_id": "a b"}, "request_id contains whitespace"),
+        (_mutate(1, "request_id", "other"), {}, "item 1: request_id differs"),
+        (_mutate(1, "request_id", 5), {}, "item 1: request_id must be a str, got int"),
+        (_mutate(0, "total_items", 3), {}, "item 0: total_items must be 2"),
+        (_mutate(0, "total_items", -1), {}, "item 0: total_items must be an unsigned int, got int"),
+        (_mutate(1, "item_index", 2), {}, "item 1: item_index must be below 2"),
+        (_mutate(1, "item_index", True), {}, "item 1: item_index must be an unsigned int, got bool"),
+        (_mutate(1, "item_index", 0), {}, "item 1: item_index 0 is repeated"),
+        (_mutate(1, "work_item_id", "r.7"), {}, "item 1: work_item_id must be r.1"),
+        (_mutate(0, "operation", "score"), {}, "item 0: operation differs from the endpoint"),
+        (_mutate(0, "operation", "load"), {}, "item 0: operation load is not accepted"),
+        (_mutate(0, "model_id", "n"), {}, "item 0: model_id differs"),
+        (_mutate(0, "engine", "sglang"), {}, "item 0: engine differs"),
+        (_mutate(0, "bundle_config_hash", "h"), {}, "item 0: bundle_config_hash differs"),
+        (_mutate(0, "payload_ref", "blob.msgpack"), {}, "item 0: payload references"),
+        (_mutate(0, "query_payload_ref", "q.msgpack"), {}, "item 0: payload references"),
+        (_mutate(0, "fallback_reason", "x"), {}, "item 0: fallback_reason is not accepted on encode"),
+        (_mutate(0, "numerical_admission_sha256", "x"), {}, "item 0: numerical_admission_sha256 is not accepted"),
+        (_mutate(0, "pool_name", _DELETE), {}, "item 0: missing required field pool_name"),
+        (_mutate(0, "machine_profile", _DELETE), {}, "item 0: missing required field machine_profile"),
+        (_mutate(0, "item", {"image": _BIG_IMAGE}), {}, "item 0 item: binary of 16777217 bytes is over the limit"),
+        (_mutate(0, "item", {"images": [{"data": _BIG_IMAGE}]}), {}, "item 0 item: binary of 16777217 bytes"),
+        (_mutate(0, "query_item", {"document": _BIG_IMAGE}), {}, "item 0 query_item: binary of"),
+        (_mutate(0, "item", {"audio": {"bytes": _BIG_AUDIO}}), {}, "item 0 item: binary of 25165825 bytes"),
     ],
 )
-def test_each_item_rule_is_enforced(items: Any, fields: dict[str, Any], match: str) -> None:
-    with pytest.raises(ValueError, match=match):
-        check_items(_body(_items(2) if items is None else items, **fields))
+def test_each_item_rule_is_enforced_with_the_same_text(
+    checker: str, items: Any, fields: dict[str, Any], match: str
+) -> None:
+    with pytest.raises(ValueError) as caught:
+        _check(checker, _body(_items(2) if items is None else items, **fields))
+    assert str(caught.value).startswith(match), str(caught.value)
 
 
-def test_media_within_limits_and_other_binaries_pass() -> None:
-    items = _items(1)
+@pytest.mark.parametrize("checker", sorted(CHECKERS))
+def test_media_within_limits_other_binaries_and_texts_naming_refused_keys_pass(checker: str) -> None:
+    items = _items(2)
     items[0]["item"] = {"audio": {"bytes": b"\0" * (24 * 1024 * 1024)}, "blob": b"\0" * (20 * 1024 * 1024)}
-    assert len(check_items(_body(items))) == 1
+    items[1]["item"] = {"text": "fallback_reason numerical_admission_sha256"}
+    items[1]["fallback"] = {"fallback_reason": 1}  # nested, not a top-level key
+    assert len(_check(checker, _body(items))[0]) == 2
+    refused_on_extract = _items(1)
+    for item in refused_on_extract:
+        item["operation"] = "extract"
+        item["fallback_reason"] = "x"
+    assert len(_check(checker, _body(refused_on_extract, endpoint="extract"))[0]) == 1
 
 
-def test_more_than_4096_items_are_refused() -> None:
+@pytest.mark.parametrize("checker", sorted(CHECKERS))
+def test_more_than_4096_items_are_refused(checker: str) -> None:
     items = work_items("r", "encode", "m", [{} for _ in range(4097)])
-    with pytest.raises(ValueError, match="4097 items"):
-        check_items(_body(items))
+    with pytest.raises(ValueError, match="4097 items is over the limit of 4096"):
+        _check(checker, _body(items))
 
 
+@pytest.mark.parametrize("checker", sorted(CHECKERS))
 @pytest.mark.parametrize(
     ("meta", "own", "ok"),
     [
         ("", "", True),
         ("default", "default", True),
         (" Default ", "default", True),
+        ("default", " DEFAULT", True),
         ("default", "", False),
         ("", "default", False),
         ("gpu", "gpu", False),
     ],
 )
-def test_admission_pools_must_agree_and_match_the_lane(meta: str, own: str, ok: bool) -> None:
-    body = _body(_items(1), admission_pool=meta)
-    assert admitted(body, {"admission_pool": own}) is ok
+def test_admission_pools_must_agree_and_match_the_lane(checker: str, meta: str, own: str, ok: bool) -> None:
+    items = _items(1)
+    items[0]["admission_pool"] = own
+    _, _, admitted = _check(checker, _body(items, admission_pool=meta))
+    assert admitted == [ok]
+
+
+_values = st.one_of(
+    st.none(), st.booleans(), st.integers(-5, 5), st.text(max_size=6), st.binary(max_size=6), st.floats(allow_nan=False)
+)
+_field_names = st.sampled_from(
+    [
+        "request_id",
+        "work_item_id",
+        "item_index",
+        "total_items",
+        "operation",
+        "model_id",
+        "engine",
+        "bundle_config_hash",
+        "admission_pool",
+        "pool_name",
+        "machine_profile",
+        "reply_subject",
+        "payload_ref",
+        "item",
+        "fallback_reason",
+        "other",
+    ]
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(st.dictionaries(_field_names, _values, max_size=4), min_size=1, max_size=3), st.booleans())
+def test_native_and_twin_agree_on_any_items(mutations: list[dict[str, Any]], shuffle: bool) -> None:
+    """Either both accept with equal slots (the items decoded equal), or both refuse with the same
+    message (up to the decoder's own wording inside a msgpack error)."""
+    items = _items(len(mutations))
+    for item, change in zip(items, mutations, strict=True):
+        item.update(change)
+    if shuffle:  # key order is the caller's: the rules must not depend on it
+        items = [dict(reversed(list(item.items()))) for item in items]
+    body = _body(items)
+    outcomes: dict[str, tuple[Any, ...]] = {}
+    for name in CHECKERS:
+        try:
+            datas, indexes, admitted = _check(name, body)
+            outcomes[name] = ("ok", [msgpack.unpackb(d, strict_map_key=False) for d in datas], indexes, admitted)
+        except ValueError as exc:
+            text = str(exc)
+            outcomes[name] = ("error", text.split(": ", 1)[0] if text.startswith("items are not msgpack") else text)
+    assert outcomes["native"] == outcomes["twin"]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=200))
+def test_any_bytes_are_checked_or_refused_but_never_crash(data: bytes) -> None:
+    for name in CHECKERS:
+        with contextlib.suppress(ValueError):
+            _check(name, _body(data))
 
 
 @pytest.mark.parametrize("timeout_ms", [-1, 300_001])

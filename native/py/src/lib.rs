@@ -13,6 +13,7 @@ mod errors;
 mod framing;
 mod intake;
 mod lazy;
+mod local_items;
 mod outputs;
 mod pack;
 mod replies;
@@ -79,6 +80,9 @@ mod _native {
 
     #[pymodule_export]
     use crate::settle::finish_deliveries;
+
+    #[pymodule_export]
+    use crate::local_items::check_local_items;
 
     #[pymodule_export]
     use crate::audio::{prepare_audio, PreparedAudio};

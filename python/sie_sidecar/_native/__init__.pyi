@@ -36,6 +36,7 @@ __all__ = [
     "ResultChunkAssembler",
     "SharedBytes",
     "__version__",
+    "check_local_items",
     "decode_batch_outcome",
     "decode_body",
     "decode_response",
@@ -382,6 +383,19 @@ def deliveries_of_run(
     *,
     item_cls: type[Any],
 ) -> list[LazyDelivery]: ...
+def check_local_items(
+    items: Buffer,
+    *,
+    request_id: str,
+    endpoint: str,
+    model: str,
+    engine: str,
+    bundle_config_hash: str,
+    admission_pool: str,
+    lane_pool: str,
+    reply_prefix: str,
+    numbered: bool = True,
+) -> tuple[list[bytes], list[int], list[bool]]: ...
 def finish_deliveries(deliveries: Sequence[Any]) -> tuple[list[Any], list[Any], list[tuple[Any, int]]]: ...
 def intake_batch(
     messages: Sequence[Any],

@@ -42,10 +42,12 @@ def work_items(
     engine: str = "",
     bundle_config_hash: str = "",
     admission_pool: str = "",
+    timestamp: float | None = None,
 ) -> list[dict[str, Any]]:
     """WorkItem maps for one request, slot `i` with `fields[i]` merged in (e.g. `{"item": {...}}` or
-    `{"generate": {...}}`); ids, counts and the envelope fields filled as §11 requires."""
-    now = time.time()
+    `{"generate": {...}}`); ids, counts and the envelope fields filled as §11 requires. `timestamp`:
+    the gateway-side enqueue time (now when not given)."""
+    now = time.time() if timestamp is None else timestamp
     total = len(fields)
     out = []
     for index, extra in enumerate(fields):

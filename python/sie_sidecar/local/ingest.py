@@ -6,17 +6,15 @@ as SignalGenerateCancel. The socket layer (`server`) knows nothing of the pipeli
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Protocol
-
-import msgpack
+from typing import Protocol
 
 from .. import wire
-from ..errors import BAD_OPERATION, POOL_ADMISSION_REJECTED_RESULT, WorkItemError
+from ..errors import BAD_OPERATION, POOL_ADMISSION_REJECTED_RESULT
 from ..pipeline.delivery import Delivery
 from ..wire.types import WorkResult
-from ..wire.workitem import WorkItem, decode_work_item
-from .request import Body, admitted
-from .source import LocalReplies, LocalSource, LocalWork, SlotHandle
+from ..wire.workitem import WorkItem
+from .request import Body, check_items
+from .source import LocalReplies, LocalSource, LocalWork, SlotHandle, new_token
 from .streams import LocalStream
 
 
@@ -25,10 +23,6 @@ class GenerationRunner(Protocol):
 
     def start(self, d: Delivery) -> asyncio.Task[None]: ...
     async def cancel(self, request_id: str) -> bool: ...
-
-
-def _pack(value: Any) -> bytes:
-    return bytes(msgpack.packb(value, use_bin_type=True))
 
 
 class LocalPipeline:
@@ -64,11 +58,11 @@ class LocalPipeline:
                 self._subjects[model] = subject
         return subject
 
-    def _error(self, item: dict[str, Any], code: str, message: str) -> bytes:
+    def _error(self, request_id: str, index: int, code: str, message: str) -> bytes:
         result = WorkResult(
-            work_item_id=str(item.get("work_item_id", "")),
-            request_id=str(item.get("request_id", "")),
-            item_index=int(item.get("item_index", 0)),
+            work_item_id=f"{request_id}.{index}",
+            request_id=request_id,
+            item_index=index,
             success=False,
             error=message,
             error_code=code,
@@ -77,50 +71,40 @@ class LocalPipeline:
         )
         return bytes(wire.encode_work_result(result))
 
-    def submit_work(self, body: Body, items: list[dict[str, Any]]) -> LocalWork:
-        """Queue a checked `publish_work` request; slots that cannot run get their error at once
-        (`generate` → bad_operation, disagreeing pools → pool_admission_rejected)."""
-        runnable: list[bytes | None] = []
+    def submit_work(self, body: Body) -> LocalWork:
+        """Check and queue a `publish_work` request (`ValueError` for a broken item rule); slots that
+        cannot run get their error at once (`generate` → bad_operation, disagreeing pools →
+        pool_admission_rejected)."""
+        token = new_token()
+        slots = check_items(body, token)
+        rid = body.request_id
+        generate = body.endpoint == "generate"
+        subject = "" if generate else self._subject(body.model)
         errors: dict[int, bytes] = {}
-        subject = "" if body.endpoint == "generate" else self._subject(body.model)
-        for slot, item in enumerate(items):
-            if body.endpoint == "generate":
-                errors[slot] = self._error(item, BAD_OPERATION, "generate is not served by publish_work")
-                runnable.append(None)
-            elif not admitted(body, item):
-                errors[slot] = self._error(
-                    item, POOL_ADMISSION_REJECTED_RESULT, "admission pool does not match the lane"
-                )
-                runnable.append(None)
-            else:
-                runnable.append(b"")
-        work = LocalWork(runnable, worker_id=self._worker_id)
-        for slot, encoded in errors.items():
-            work.results[slot] = encoded
-        handles: list[SlotHandle] = []
-        for slot, item in enumerate(items):
-            if runnable[slot] is None:
-                continue
-            item["reply_subject"] = work.reply_subject(slot)
-            data = _pack(item)
-            try:
-                decode_work_item(data)
-            except WorkItemError as exc:
-                raise ValueError(f"item {slot}: {exc}") from None
-            handles.append(
-                SlotHandle(
-                    self.source,
-                    work,
-                    slot,
-                    subject=subject,
-                    data=data,
-                    item_id=item["work_item_id"],
-                    index=item["item_index"],
-                )
+        for n, slot in enumerate(slots):
+            if generate:
+                errors[n] = self._error(rid, slot.item_index, BAD_OPERATION, "generate is not served by publish_work")
+            elif not slot.admitted:
+                message = "admission pool does not match the lane"
+                errors[n] = self._error(rid, slot.item_index, POOL_ADMISSION_REJECTED_RESULT, message)
+        work = LocalWork(len(slots), errors, worker_id=self._worker_id, token=token)
+        source = self.source
+        handles = [
+            SlotHandle(
+                source,
+                work,
+                n,
+                subject=subject,
+                data=slot.data,
+                item_id=f"{rid}.{slot.item_index}",
+                index=slot.item_index,
             )
+            for n, slot in enumerate(slots)
+            if n not in errors
+        ]
         self.replies.register(work)
         work.done.add_done_callback(lambda _: self.replies.unregister(work))
-        self.source.put(handles)
+        source.put(handles)
         return work
 
     def forget(self, work: LocalWork) -> None:

@@ -3,30 +3,23 @@
 
 Every body field is defaulted on decode and unknown fields are ignored; a field of the wrong type is
 a `ValueError`. `check_items` applies the item rules to a `publish_work` or
-`publish_generate_stream` body and gives back one decoded WorkItem map per slot, its reply subject
-still to be bound by the caller.
+`publish_generate_stream` body in one native call (the twin without the extension) and gives back
+each slot's bytes with its reply subject bound.
 """
 
 from __future__ import annotations
 
 import hmac
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final
-
-import msgpack
 
 from ..errors import InvalidTransportBinding
 from .digest import DIGEST_SIZE, payload_digest
 
-MAX_ITEMS: Final = 4096
-MAX_REQUEST_ID_BYTES: Final = 128
-#: Binary values under these keys of an item are media, bounded as §11 says.
-MEDIA_LIMITS: Final = {"image": 16 * 1024 * 1024, "images": 16 * 1024 * 1024, "document": 16 * 1024 * 1024}
-AUDIO_LIMIT: Final = 24 * 1024 * 1024
+MAX_ITEMS: Final = 4096  # enforced by the checker (sie-core local_items and its twin)
 #: `publish_work` waits at most this long; 0 means this default (§11).
 MAX_TIMEOUT_MS: Final = 300_000
-#: Fields refused on encode and score (newer than v0.7.1).
-_REFUSED_FIELDS: Final = ("numerical_admission_sha256", "fallback_reason")
 _STR_FIELDS: Final = ("lane", "endpoint", "model", "engine", "admission_pool", "bundle_config_hash", "request_id")
 _BIN_FIELDS: Final = ("params", "items", "dispatch_context", "payload_digest")
 _TRACE_MAX: Final = 512
@@ -113,91 +106,49 @@ class Body:
         return self.timeout_ms or MAX_TIMEOUT_MS
 
 
-def _check_request_id(request_id: str) -> None:
-    if not request_id:
-        raise ValueError("request_id is empty")
-    if len(request_id.encode()) > MAX_REQUEST_ID_BYTES:
-        raise ValueError(f"request_id is over {MAX_REQUEST_ID_BYTES} bytes")
-    if any(c.isspace() for c in request_id):
-        raise ValueError("request_id contains whitespace")
+def _select_checker() -> Callable[..., tuple[list[bytes], list[int], list[bool]]]:
+    """The item rules in the native core, unless the pure-Python twin was asked for."""
+    from ..wire._switch import USING_NATIVE, twin
+
+    if USING_NATIVE:
+        from .._native import check_local_items
+
+        return check_local_items
+    checker: Callable[..., tuple[list[bytes], list[int], list[bool]]] = twin("local_items").check_local_items
+    return checker
 
 
-def _check_media(value: Any, limit: int | None, where: str, depth: int = 0) -> None:
-    """Binary values under a media key (or nested inside one) within its limit; the key of a nested
-    map of another name keeps the enclosing limit."""
-    if depth > 64:
-        raise ValueError(f"{where}: nested too deeply")
-    if isinstance(value, bytes):
-        if limit is not None and len(value) > limit:
-            raise ValueError(f"{where}: binary of {len(value)} bytes is over the limit of {limit} bytes")
-    elif isinstance(value, dict):
-        for key, inner in value.items():
-            own = AUDIO_LIMIT if key == "audio" else MEDIA_LIMITS.get(key) if isinstance(key, str) else None
-            _check_media(inner, own if own is not None else limit, where, depth + 1)
-    elif isinstance(value, list):
-        for inner in value:
-            _check_media(inner, limit, where, depth + 1)
+_check_local_items = _select_checker()
 
 
-def check_items(body: Body) -> list[dict[str, Any]]:
-    """The §11 item rules; the decoded WorkItem maps in slot order (`ValueError` names the rule)."""
-    _check_request_id(body.request_id)
-    try:
-        items = msgpack.unpackb(body.items, raw=False, strict_map_key=False)
-    except Exception as exc:
-        raise ValueError(f"items are not msgpack: {exc}") from None
-    if not isinstance(items, list):
-        raise ValueError("items must be a msgpack array")
-    count = len(items)
-    if count == 0:
-        raise ValueError("items is empty")
-    if count > MAX_ITEMS:
-        raise ValueError(f"{count} items is over the limit of {MAX_ITEMS}")
-    seen: set[int] = set()
-    for slot, item in enumerate(items):
-        where = f"item {slot}"
-        if not isinstance(item, dict):
-            raise ValueError(f"{where}: not a map")
-        if item.get("request_id") != body.request_id:
-            raise ValueError(f"{where}: request_id differs from the request's")
-        if item.get("total_items") != count:
-            raise ValueError(f"{where}: total_items must be {count}")
-        index = item.get("item_index")
-        if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < count:
-            raise ValueError(f"{where}: item_index must be below {count}")
-        if index in seen:
-            raise ValueError(f"{where}: item_index {index} is repeated")
-        seen.add(index)
-        if item.get("work_item_id") != f"{body.request_id}.{index}":
-            raise ValueError(f"{where}: work_item_id must be {body.request_id}.{index}")
-        operation = item.get("operation")
-        if operation == "load":
-            raise ValueError(f"{where}: operation load is not accepted")
-        if operation != body.endpoint:
-            raise ValueError(f"{where}: operation differs from the endpoint")
-        if item.get("model_id") != body.model:
-            raise ValueError(f"{where}: model_id differs from the request's model")
-        if (item.get("engine") or "") != body.engine:
-            raise ValueError(f"{where}: engine differs from the request's")
-        if (item.get("bundle_config_hash") or "") != body.bundle_config_hash:
-            raise ValueError(f"{where}: bundle_config_hash differs from the request's")
-        if item.get("payload_ref") or item.get("query_payload_ref"):
-            raise ValueError(f"{where}: payload references are not accepted locally")
-        if operation in ("encode", "score"):
-            for key in _REFUSED_FIELDS:
-                if key in item:
-                    raise ValueError(f"{where}: {key} is not accepted on {operation}")
-        for key in ("item", "query_item", "score_items"):
-            _check_media(item.get(key), None, f"{where} {key}")
-    return items
+@dataclass(frozen=True, slots=True)
+class Slot:
+    """One checked item: its msgpack bytes with the reply subject bound, its index, and whether its
+    admission pool agrees with the body's and the lane's."""
+
+    data: bytes
+    item_index: int
+    admitted: bool
 
 
-def admitted(body: Body, item: dict[str, Any]) -> bool:
-    """The batch-meta pool and the item's pool agree and are empty or the lane's pool (§11)."""
-    meta = body.admission_pool.strip().lower()
-    own = item.get("admission_pool")
-    own = own.strip().lower() if isinstance(own, str) else ""
-    return meta == own and (not meta or meta == body.lane_pool)
+def check_items(body: Body, reply_prefix: str, *, numbered: bool = True) -> list[Slot]:
+    """The §11 item rules in one native call per request (`ValueError` names the rule and the slot);
+    each item's `reply_subject` becomes `{reply_prefix}{slot}` (`reply_prefix` alone if not
+    `numbered`). Nothing is decoded into Python values per field: intake decodes the items later,
+    exactly as it decodes NATS deliveries."""
+    datas, indexes, admitted = _check_local_items(
+        body.items,
+        request_id=body.request_id,
+        endpoint=body.endpoint,
+        model=body.model,
+        engine=body.engine,
+        bundle_config_hash=body.bundle_config_hash,
+        admission_pool=body.admission_pool.strip().lower(),
+        lane_pool=body.lane_pool,
+        reply_prefix=reply_prefix,
+        numbered=numbered,
+    )
+    return [Slot(d, i, a) for d, i, a in zip(datas, indexes, admitted, strict=True)]
 
 
-__all__ = ["MAX_ITEMS", "MAX_TIMEOUT_MS", "Body", "admitted", "check_items"]
+__all__ = ["MAX_ITEMS", "MAX_TIMEOUT_MS", "Body", "Slot", "check_items"]

@@ -89,8 +89,8 @@ async def start_local(settings: Settings, stop: asyncio.Event, resources: contex
     )
     config = ConfigState(settings.bundle_config_hash)
     telemetry = Registry()
-    settler = Settler()  # no broker: each handle settles itself (a NAK is the local retry)
     replies = LocalReplies()
+    settler = Settler(replies)  # no broker: ACKs land on the slots in one call per batch; a NAK is the local retry
     dispatcher = Dispatcher(
         _dispatch_settings(settings),
         ipc,

@@ -18,6 +18,7 @@ import logging
 import os
 import stat
 from collections import deque
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
@@ -50,9 +51,9 @@ from .limits import (
     WRITE_DEADLINE_S,
     WRITE_FRAMES,
 )
-from .request import Body, admitted, check_items
+from .request import Body, Slot, check_items
 from .source import LocalWork
-from .streams import LocalStream
+from .streams import LOCAL_REPLY_PREFIX, LocalStream
 
 log = logging.getLogger(__name__)
 _warn = Throttled(log)
@@ -106,6 +107,17 @@ class _Writer:
         self._bytes += len(frame)
         self._data.set()
 
+    def try_send(self, frame: bytes) -> bool:
+        """Queue one frame now if there is room (no await); False when the caller must wait (`send`)."""
+        if self._closed:
+            raise _Closed
+        if self._queue and (len(self._queue) >= WRITE_FRAMES or self._bytes + len(frame) > WRITE_BYTES):
+            return False
+        self._queue.append(frame)
+        self._bytes += len(frame)
+        self._data.set()
+        return True
+
     async def _run(self) -> None:
         try:
             while True:
@@ -114,8 +126,10 @@ class _Writer:
                         return
                     self._data.clear()
                     await self._data.wait()
-                frame = self._queue.popleft()
-                self._w.write(frame)
+                batch = list(self._queue)  # everything queued goes out in one write
+                self._queue.clear()
+                size = sum(len(f) for f in batch)
+                self._w.write(b"".join(batch) if len(batch) > 1 else batch[0])
                 try:
                     async with asyncio.timeout(WRITE_DEADLINE_S):
                         await self._w.drain()
@@ -123,7 +137,7 @@ class _Writer:
                     self._on_stall("a write did not drain within the write deadline")
                     return
                 finally:
-                    self._bytes -= len(frame)
+                    self._bytes -= size
                     self._room.set()
         except (ConnectionError, OSError):
             self._on_stall(None)
@@ -133,11 +147,13 @@ class _Writer:
         self._closed = True
         self._data.set()
         self._room.set()
-        with contextlib.suppress(TimeoutError, Exception):
-            async with asyncio.timeout(WRITE_DEADLINE_S):
-                await self._task
-        self._task.cancel()
-        self._w.close()
+        try:
+            with contextlib.suppress(TimeoutError, Exception):
+                async with asyncio.timeout(WRITE_DEADLINE_S):
+                    await self._task
+        finally:  # also when the close itself is cancelled (shutdown): the transport never leaks
+            self._task.cancel()
+            self._w.close()
         with contextlib.suppress(Exception):
             await self._w.wait_closed()
 
@@ -170,6 +186,20 @@ class _ByteBudget:
         self._changed.set()
 
 
+@dataclass(slots=True)
+class _PendingWork:
+    """A `publish_work` in the pipeline: answered from its LocalWork's done callback or its timer,
+    with no task of its own (one request is a few callbacks, not a coroutine)."""
+
+    op_id: int
+    work: LocalWork
+    lane: str
+    timeout_ms: int
+    length: int
+    reserve: bool
+    timer: asyncio.TimerHandle | None = None
+
+
 class _Connection:
     """One client connection: its reader loop, its ops and its budgets."""
 
@@ -182,7 +212,7 @@ class _Connection:
         self._ops: set[asyncio.Task[None]] = set()
         self._data_ops = 0
         self._control_ops = 0
-        self._works: set[LocalWork] = set()
+        self._pending: dict[int, _PendingWork] = {}
         self.streams: dict[str, LocalStream] = {}
         self._closing = False
         self.task: asyncio.Task[None] | None = None
@@ -257,7 +287,35 @@ class _Connection:
             self._data_ops += 1
         elif kind == "control":
             self._control_ops += 1
+        if op == "publish_work":
+            self._publish_work(request, length, reserve)
+            return
         self._spawn(request, self._run_op(request), kind, length, reserve)
+
+    def _end_op(self, op_id: int, kind: str | None, length: int, reserve: bool) -> None:
+        """An op ended: its id, its bytes and its op count come back."""
+        self._active.discard(op_id)
+        if length or reserve:
+            self._budget.release(length, reserve)
+        if kind == "data":
+            self._data_ops -= 1
+        elif kind == "control":
+            self._control_ops -= 1
+
+    def _send_now(self, frame: bytes) -> None:
+        """Queue a response without awaiting; when the write queue is full, a task waits for room."""
+        try:
+            if self._writer.try_send(frame):
+                return
+        except _Closed:
+            return
+        task = asyncio.create_task(self._send_later(frame), name="local-respond")
+        self._ops.add(task)
+        task.add_done_callback(self._ops.discard)
+
+    async def _send_later(self, frame: bytes) -> None:
+        with contextlib.suppress(_Closed):
+            await self._writer.send(frame)
 
     def _spawn(self, request: frames.Request, coro: Any, kind: str | None, length: int, reserve: bool) -> None:
         """Track the op; when it ends, its id, its bytes and its op count come back."""
@@ -267,13 +325,7 @@ class _Connection:
 
         def done(t: asyncio.Task[None]) -> None:
             self._ops.discard(t)
-            self._active.discard(request.id)
-            if length or reserve:
-                self._budget.release(length, reserve)
-            if kind == "data":
-                self._data_ops -= 1
-            elif kind == "control":
-                self._control_ops -= 1
+            self._end_op(request.id, kind, length, reserve)
 
         task.add_done_callback(done)
 
@@ -289,9 +341,6 @@ class _Connection:
         try:
             if op == "ping":
                 await self._respond(request.id, True, None, {})
-            elif op == "publish_work":
-                body = await self._publish_work(Body.decode(request.body))
-                await self._respond(request.id, True, None, body)
             elif op == "publish_generate_stream":
                 await self._generate(request.id, request.body)
             elif op == "cancel":
@@ -308,22 +357,55 @@ class _Connection:
 
     # -- publish_work -----------------------------------------------------------------------------
 
-    async def _publish_work(self, body: Body) -> dict[str, Any]:
-        body.check_binding()
-        timeout_ms = body.publish_timeout_ms()
-        items = check_items(body)
-        work = self._ingest.pipeline.submit_work(body, items)
-        self._works.add(work)
+    def _publish_work(self, request: frames.Request, length: int, reserve: bool) -> None:
+        """Check and queue the request now; it is answered when its last slot has a result, or when
+        its timeout fires first (`TimeoutError: publish_work timed out after Nms (lane 'L')`)."""
+        self._active.add(request.id)
         try:
-            async with asyncio.timeout(timeout_ms / 1000.0):
-                await asyncio.shield(work.done)
-        except TimeoutError:
-            raise TimeoutError(f"publish_work timed out after {timeout_ms}ms (lane '{body.lane}')") from None
-        finally:
-            self._works.discard(work)
-            if not work.done.done():
-                self._ingest.pipeline.forget(work)
-        return {"results": work.encoded_results()}
+            body = Body.decode(request.body)
+            body.check_binding()
+            timeout_ms = body.publish_timeout_ms()
+            work = self._ingest.pipeline.submit_work(body)
+        except Exception as exc:
+            self._end_op(request.id, "data", length, reserve)
+            self._send_now(frames.encode_response(request.id, False, _error_text(exc), {}))
+            return
+        pending = _PendingWork(request.id, work, body.lane, timeout_ms, length, reserve)
+        self._pending[request.id] = pending
+        pending.timer = asyncio.get_running_loop().call_later(timeout_ms / 1000.0, self._expire, pending)
+        work.done.add_done_callback(lambda _: self._work_done(pending))
+
+    def _settle_pending(self, pending: _PendingWork) -> bool:
+        """Take `pending` off the books (once): its timer, its op and its budget."""
+        if self._pending.pop(pending.op_id, None) is None:
+            return False
+        if pending.timer is not None:
+            pending.timer.cancel()
+        self._end_op(pending.op_id, "data", pending.length, pending.reserve)
+        return True
+
+    def _work_done(self, pending: _PendingWork) -> None:
+        if self._settle_pending(pending):
+            body = {"results": pending.work.encoded_results()}
+            try:
+                frame = frames.encode_response(pending.op_id, True, None, body)
+            except LocalFrameError as exc:  # the results do not fit one 64 MiB frame
+                frame = frames.encode_response(pending.op_id, False, _error_text(exc), {})
+            self._send_now(frame)
+
+    def _expire(self, pending: _PendingWork) -> None:
+        if self._settle_pending(pending):
+            self._ingest.pipeline.forget(pending.work)
+            error = f"TimeoutError: publish_work timed out after {pending.timeout_ms}ms (lane '{pending.lane}')"
+            self._send_now(frames.encode_response(pending.op_id, False, error, {}))
+
+    def _abandon_pending(self, answer: str | None) -> None:
+        """Every waiting request given up (closing or shutting down), answered `answer` when given."""
+        for pending in list(self._pending.values()):
+            if self._settle_pending(pending):
+                self._ingest.pipeline.forget(pending.work)
+                if answer is not None:
+                    self._send_now(frames.encode_response(pending.op_id, False, answer, {}))
 
     # -- generation streams -----------------------------------------------------------------------
 
@@ -333,8 +415,11 @@ class _Connection:
         fail = self._fail_stream
         if body.endpoint != "generate":
             return await fail(op_id, BAD_OPERATION_STREAM, "publish_generate_stream serves the generate endpoint only")
-        items = check_items(body)
-        if len(items) != 1:
+        try:
+            slots = check_items(body, LOCAL_REPLY_PREFIX + body.request_id, numbered=False)
+        except ValueError as exc:
+            return await fail(op_id, DECODE_ERROR, str(exc))
+        if len(slots) != 1:
             return await fail(op_id, BAD_OPERATION_STREAM, "a generation stream carries exactly one item")
         request_id = body.request_id
         if request_id in self.streams:
@@ -344,29 +429,24 @@ class _Connection:
         if not self._ingest.claim(request_id, self):
             return await fail(op_id, INVALID_TRANSPORT_BINDING, f"request {request_id} streams on another connection")
         try:
-            item = items[0]
-            if not admitted(body, item):
+            if not slots[0].admitted:
                 return await fail(op_id, POOL_ADMISSION_REJECTED, "admission pool does not match the lane")
-            await self._stream(op_id, body, item)
+            await self._stream(op_id, body, slots[0])
         finally:
             self._ingest.release(request_id, self)
 
     async def _fail_stream(self, op_id: int, code: str, message: str) -> None:
         await self._respond(op_id, False, f"{code}: {message}", {})
 
-    async def _stream(self, op_id: int, body: Body, item: dict[str, Any]) -> None:
-        import msgpack
-
+    async def _stream(self, op_id: int, body: Body, slot: Slot) -> None:
         request_id = body.request_id
 
         async def send_chunk(chunk: bytes, seq: int) -> None:
             await self._writer.send(frames.encode_response(op_id, True, None, {"chunk": chunk, "seq": seq}))
 
-        stream = LocalStream(request_id, b"", send_chunk)
-        item["reply_subject"] = stream.reply_subject
-        stream.data = bytes(msgpack.packb(item, use_bin_type=True))
+        stream = LocalStream(request_id, slot.data, send_chunk)
         try:
-            work_item = decode_work_item(stream.data)
+            work_item = decode_work_item(slot.data)
         except WorkItemError as exc:
             return await self._fail_stream(op_id, DECODE_ERROR, str(exc))
         self.streams[request_id] = stream
@@ -415,9 +495,8 @@ class _Connection:
     async def _close(self) -> None:
         """Client EOF or a closed connection: every active stream is cancelled at the backend, every
         waiting request abandoned."""
+        self._abandon_pending("cancelled" if self._ingest.shutting_down else None)
         self._closing = True
-        for work in list(self._works):
-            self._ingest.pipeline.forget(work)
         ops = list(self._ops)
         for task in ops:
             task.cancel()
@@ -427,8 +506,11 @@ class _Connection:
 
     async def finish(self, grace_s: float) -> None:
         """Shutdown: let in-flight ops finish for up to `grace_s`, answer the rest `cancelled`, close."""
-        if self._ops:
-            await asyncio.wait(set(self._ops), timeout=grace_s)
+        waiting: set[asyncio.Future[Any]] = {*self._ops, *(p.work.done for p in self._pending.values())}
+        if waiting:
+            await asyncio.wait(waiting, timeout=grace_s)
+        await asyncio.sleep(0)  # the done callbacks of what finished have queued their answers
+        self._abandon_pending("cancelled")
         for task in list(self._ops):
             task.cancel()
         if self._ops:

@@ -13,12 +13,13 @@ import asyncio
 import itertools
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Final
 
 from .. import wire
-from ..errors import INFERENCE_ERROR
+from ..errors import INFERENCE_ERROR, WorkItemError
 from ..wire.types import Reply, WorkResult
+from ..wire.workitem import decode_work_item
 
 #: A NAKed slot is queued again after min(delay, this) (§11).
 RETRY_CAP_S: Final = 5.0
@@ -28,17 +29,28 @@ INBOX_PREFIX: Final = "_INBOX.local."
 _ops = itertools.count(1)
 
 
+def new_token() -> str:
+    """A fresh reply-subject prefix for one request: `_INBOX.local.{n}.` (slots append their index)."""
+    return f"{INBOX_PREFIX}{next(_ops)}."
+
+
 class LocalWork:
     """One `publish_work` request in the pipeline: a result per slot, in slot order, and a future
     that is done once every slot has its final result (or the request was abandoned)."""
 
-    def __init__(self, items: Sequence[bytes | None], *, worker_id: str) -> None:
-        self.token = f"{INBOX_PREFIX}{next(_ops)}."
-        self.results: list[bytes | None] = [None] * len(items)
-        self._pending = sum(1 for data in items if data is not None)
+    def __init__(self, slots: int, errors: Mapping[int, bytes], *, worker_id: str, token: str | None = None) -> None:
+        """`errors`: the slots already answered (their encoded WorkResult), the rest to run; `token`:
+        the reply-subject prefix its items were bound to (`new_token`)."""
+        self.token = token if token is not None else new_token()
+        self.results: list[bytes | None] = [None] * slots
+        for slot, encoded in errors.items():
+            self.results[slot] = encoded
+        self._pending = slots - len(errors)
         self._worker_id = worker_id
         self.done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.abandoned = False
+        #: The slot handles (for the ids of a synthesized error).
+        self.handles: dict[int, SlotHandle] = {}
         if not self._pending:
             self.done.set_result(None)
 
@@ -52,6 +64,13 @@ class LocalWork:
             self._pending -= 1
             if not self._pending and not self.done.done():
                 self.done.set_result(None)
+
+    def acked(self, slot: int) -> None:
+        """The slot's delivery was ACKed: its result came first, or it was dropped without one."""
+        handle = self.handles.get(slot)
+        if self.results[slot] is None and handle is not None:
+            message = "work item was dropped without an outcome"
+            self.fail_slot(slot, handle.item_id, handle.request_id, handle.index, message)
 
     def fail_slot(self, slot: int, item_id: str, request_id: str, index: int, message: str) -> None:
         """The slot ends with a typed `inference_error` result made here (§11)."""
@@ -99,22 +118,27 @@ class SlotHandle:
         self.slot = slot
         self.subject = subject
         self.data = data
-        self.reply = ""
+        self.reply = work.reply_subject(slot)  # where its result goes, and the key of its batched ACK
         self.item_id = item_id
         self.index = index
         self.request_id = item_id.rsplit(".", 1)[0]
         self.attempts = 0
+        work.handles[slot] = self
 
     async def ack(self) -> None:
         """Final for this delivery: the result published before it is the slot's; none is a drop."""
-        if self.work.results[self.slot] is None:
-            self.work.fail_slot(
-                self.slot, self.item_id, self.request_id, self.index, "work item was dropped without an outcome"
-            )
+        self.work.acked(self.slot)
 
     async def nak(self, delay: int | float | None = None) -> None:
         """The in-process retry of §11: queued again after min(delay, 5 s), at most 3 times."""
         if self.work.results[self.slot] is not None or self.work.abandoned:
+            return
+        try:  # the rare path: intake NAKs an item it cannot decode, and a retry would not help
+            decode_work_item(self.data)
+        except WorkItemError as exc:
+            self.work.fail_slot(
+                self.slot, self.item_id, self.request_id, self.index, f"work item is not decodable: {exc}"
+            )
             return
         if self.attempts >= MAX_RETRIES:
             self.work.fail_slot(
@@ -241,11 +265,15 @@ class LocalSource:
 
 class LocalReplies:
     """The pipeline's reply sink in local mode: each reply goes to the slot its subject names, and
-    generation chunks (`publish_raw`) to the stream registered for their subject."""
+    generation chunks (`publish_raw`) to the stream registered for their subject.
 
-    framed = False
-    #: Local results are not size-capped by NATS (§11).
-    max_payload = 1 << 62
+    It takes the natively framed batches (`framed`): the `PUB` frames the wire core builds for NATS
+    are split here back into (subject, WorkResult bytes), which costs a few slices per item instead
+    of a WorkResult object and an encode per item on the general path."""
+
+    framed = True
+    #: Local results are not size-capped by NATS (§11); the response frame's 64 MiB limit still holds.
+    max_payload = 1 << 40
 
     def __init__(self) -> None:
         self._work: dict[str, LocalWork] = {}
@@ -263,22 +291,59 @@ class LocalReplies:
     def unregister_stream(self, subject: str) -> None:
         self._streams.pop(subject, None)
 
+    def _deliver(self, subject: str, encoded: bytes) -> None:
+        """A result for the slot `subject` names; one for a request no longer waiting is dropped."""
+        token, _, slot = subject.rpartition(".")
+        work = self._work.get(token + ".")
+        if work is not None and slot.isdigit() and int(slot) < len(work.results):
+            work.set_result(int(slot), encoded)
+
     async def publish_framed(self, replies: wire.FramedReplies) -> bool:
-        raise NotImplementedError("local replies are never pre-framed (framed is False)")
+        """Split `PUB <subject> <size>\\r\\n<payload>\\r\\n` frames back into slot results."""
+        buf = replies.buffer
+        pos, end = 0, len(buf)
+        deliver = self._deliver
+        while pos < end:
+            eol = buf.index(b"\r\n", pos)
+            head = buf[pos:eol].split(b" ")
+            start = eol + 2
+            if head[0] == b"HPUB":  # headers, then the payload
+                header_len, total = int(head[2]), int(head[3])
+                payload = buf[start + header_len : start + total]
+                pos = start + total + 2
+            else:
+                size = int(head[-1])
+                payload = buf[start : start + size]
+                pos = start + size + 2
+            deliver(head[1].decode(), payload)
+        return True
 
     async def publish_batch(self, replies: list[Reply]) -> list[bool]:
-        sent = []
         for reply in replies:
-            token, _, slot = reply.subject.rpartition(".")
-            work = self._work.get(token + ".")
-            if work is not None and slot.isdigit() and int(slot) < len(work.results):
-                work.set_result(int(slot), bytes(wire.encode_work_result(reply.result)))
-            sent.append(True)  # a result for a request no longer waiting is dropped, as a reply would be
-        return sent
+            self._deliver(reply.subject, bytes(wire.encode_work_result(reply.result)))
+        return [True] * len(replies)
 
     async def publish_raw(self, subject: str, payload: bytes) -> bool:
         on_chunk = self._streams.get(subject)
         return await on_chunk(payload) if on_chunk is not None else False
 
+    async def ack_many(self, reply_subjects: Sequence[str]) -> None:
+        """The batched ACK (`pipeline.delivery.AckWriter`): a slot ACKed without a result was dropped
+        without an outcome (§11). A slot handle's `reply` is its reply subject."""
+        for subject in reply_subjects:
+            token, _, slot = subject.rpartition(".")
+            work = self._work.get(token + ".")
+            if work is not None and slot.isdigit():
+                work.acked(int(slot))
 
-__all__ = ["INBOX_PREFIX", "MAX_RETRIES", "RETRY_CAP_S", "LocalReplies", "LocalSource", "LocalWork", "SlotHandle"]
+
+__all__ = [
+    "INBOX_PREFIX",
+    "MAX_RETRIES",
+    "RETRY_CAP_S",
+    "LocalReplies",
+    "LocalSource",
+    "LocalWork",
+    "SlotHandle",
+    "new_token",
+]
