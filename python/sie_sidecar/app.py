@@ -568,7 +568,8 @@ async def _run_local(settings: Settings, stop: asyncio.Event, started: asyncio.E
         log.error("sidecar failed", exc_info=exc, extra={"exit_code": 1})
         return 1
     counts = running.settler.counts
-    log.info("stopped", extra={"settled": {"acked": counts.acked, "dropped": counts.dropped, "naked": counts.naked}})
+    settled = {"acked": counts.acked, "dropped": counts.dropped, "naked": counts.naked}
+    log.info("stopped", extra={"batch_sizes": running.dispatcher.batch_summary(), "settled": settled})
     return 0
 
 

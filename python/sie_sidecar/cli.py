@@ -62,6 +62,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     demo = commands.add_parser("demo", help="run the whole pipeline locally and print a summary")
     demo.add_argument("--adapter", choices=("minilm", "null"), default="minilm")
     demo.add_argument("--items", type=int, default=None, help="items to send (default: 2,000 minilm, 50,000 null)")
+    demo.add_argument("--generate", action="store_true", help="stream one generated answer token by token instead")
     tour = commands.add_parser("tour", help="a guided tour of the wire core with live figures")
     tour.add_argument("--items", type=int, default=256, help="items per batch in the tour (default 256)")
     tour.add_argument("--dim", type=int, default=384, help="embedding dimension in the tour (default 384)")
@@ -145,6 +146,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return run_replay(args)
     if args.command == "demo":
+        if args.generate:
+            from .tools.demo_generate import run_generate_demo
+
+            return run_generate_demo()
         from .tools.demo import run_demo
 
         return run_demo(adapter=args.adapter, items=args.items)

@@ -60,3 +60,23 @@ def test_a_failed_demo_keeps_its_logs_and_says_where() -> None:
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     assert len(_children_named("sie-demo-")) == before
+
+
+@pytest.mark.slow
+def test_the_generate_demo_streams_an_answer_token_by_token() -> None:
+    before = len(_children_named("sie-demo-gen-"))
+    run = subprocess.run(
+        [sys.executable, "-m", "sie_sidecar", "demo", "--generate"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
+    out = run.stdout
+    assert "tokens come from the MiniLM tokenizer's vocabulary" in out
+    assert "stream       25 chunks (seq 0..24, one attempt), finish_reason 'length'" in out
+    answer = next(line for line in out.splitlines() if line.startswith("  answer"))
+    assert len(answer.split()) > 24  # "answer" and the 24 streamed tokens
+    assert "All processes stopped. OK" in out
+    assert len(_children_named("sie-demo-gen-")) == before

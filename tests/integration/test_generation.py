@@ -208,3 +208,124 @@ async def test_an_offloaded_generate_payload_is_inlined_or_answered(nats_server:
         (result,) = stack.results_for(bad["work_item_id"])
         assert result["error_code"] == "internal_error" and "executed_bundle_config_hash" not in result
         await stack.settled_pool()
+
+
+class _Misbehaving(TokenStreamer):
+    """A generator that breaks the publish contract once: `foreign` publishes to another inbox,
+    `oversized` publishes a chunk over NATS's max_payload; later streams behave."""
+
+    def __init__(self, fault: str) -> None:
+        super().__init__()
+        self.fault: str | None = fault
+        self.runs = 0
+
+    async def run(self, work_item: Any, stream: Any) -> None:
+        self.runs += 1
+        fault, self.fault = self.fault, None
+        if fault == "foreign":
+            stream.reply_subject = "_INBOX.someone-else.x"
+            await stream.chunk("stolen")
+            await stream.ack()
+            return
+        if fault == "oversized":
+            await stream.chunk("x" * (2 * 1024 * 1024))
+            await stream.ack()
+            return
+        await super().run(work_item, stream)
+
+
+@pytest.mark.parametrize("fault", ["foreign", "oversized"])
+async def test_a_publish_to_a_foreign_subject_or_that_fails_is_naked_and_served_again(
+    nats_server: NatsServer, tmp_path: Path, fault: str
+) -> None:
+    """§4.4: a `publish` event for another reply subject, or one NATS refuses, fails the stream before
+    its ACK: nothing reaches the other inbox, the item is NAKed and its redelivery streams normally."""
+    streamer = _Misbehaving(fault)
+    foreign: list[bytes] = []
+    async with running_stack(
+        nats_server, tmp_path, adapter=NullAdapter(dim=8, preloaded_models=[MODEL], generator=streamer)
+    ) as stack:
+
+        async def on_foreign(msg: Any) -> None:
+            foreign.append(msg.data)
+
+        sub = await stack.nc.subscribe("_INBOX.someone-else.>", cb=on_foreign)
+        item = generate_item(max_new_tokens=2)
+        await stack.publish(item)
+        rid = item["request_id"]
+        await stack.wait_for(lambda: finished(stack, rid), timeout=15)
+        chunks = chunks_for(stack, rid)
+        assert [c["seq"] for c in chunks] == [0, 1, 2] and chunks[-1]["done"] is True  # the second attempt
+        assert all(c["text_delta"] != "stolen" for c in chunks) and foreign == []
+        await stack.settled_pool()
+        assert streamer.runs == 2  # NAKed once, redelivered, served
+        await sub.unsubscribe()
+
+
+async def test_an_offloaded_payload_too_large_or_unreadable(nats_server: NatsServer, tmp_path: Path) -> None:
+    """§4.4: over the envelope cap is a PAYLOAD_TOO_LARGE terminal chunk, then ACK; a fetch error
+    (here: no such object) NAKs for redelivery and publishes nothing."""
+    store = tmp_path / "payloads"
+    store.mkdir()
+    (store / "huge.msgpack").write_bytes(b"\0" * 35_717_121)  # one byte over the cap (§12)
+    env = {"SIE_PAYLOAD_STORE_URL": f"file://{store}"}
+    async with running_stack(nats_server, tmp_path, adapter=adapter(), env=env) as stack:
+        huge = generate_item(payload_ref="huge.msgpack")
+        huge["generate"] = None
+        missing = generate_item(payload_ref="missing.msgpack")
+        missing["generate"] = None
+        await stack.publish(huge)
+        await stack.wait_for(lambda: finished(stack, huge["request_id"]))
+        (chunk,) = chunks_for(stack, huge["request_id"])
+        assert chunk["error"]["code"] == "PAYLOAD_TOO_LARGE"
+        await stack.settled_pool()
+        await stack.publish(missing)
+
+        async def redelivered() -> int:
+            return int((await stack.pool_consumer()).num_redelivered)
+
+        deadline = asyncio.get_running_loop().time() + 10
+        while await redelivered() < 1:
+            assert asyncio.get_running_loop().time() < deadline, "the unreadable payload was not NAKed"
+            await asyncio.sleep(0.05)
+        assert chunks_for(stack, missing["request_id"]) == [] and stack.results_for(missing["work_item_id"]) == []
+        assert stack.adapter.generator.streams == 0
+
+
+async def test_a_backend_killed_mid_stream_naks_and_a_new_backend_streams_it(
+    nats_server: NatsServer, tmp_path: Path
+) -> None:
+    """kill -9 of the backend process during a stream: the stream fails, the item is NAKed (not lost,
+    not ACKed), and a replacement backend streams it from seq 0 under a new attempt."""
+    from sie_sidecar.backend.server import BackendServer
+
+    from .test_failures import backend_process, wait_socket
+
+    sock = str(tmp_path / "streaming.sock")
+    proc = backend_process(sock, "--gen-token-delay-s", "0.1")
+    try:
+        await wait_socket(sock, proc)
+        async with running_stack(nats_server, tmp_path, external_backend=sock) as stack:
+            item = generate_item(max_new_tokens=50)
+            await stack.publish(item)
+            rid = item["request_id"]
+            await stack.wait_for(lambda: len(chunks_for(stack, rid)) >= 3)
+            proc.kill()
+            await asyncio.get_running_loop().run_in_executor(None, proc.wait, 10)
+            first = list(dict.fromkeys(c["attempt_id"] for c in chunks_for(stack, rid)))
+            assert len(first) == 1 and not finished(stack, rid)
+            Path(sock).unlink(missing_ok=True)
+            replacement = BackendServer(adapter(token_delay_s=0.0), sock, worker_id="backend-1")
+            await replacement.start()
+            try:
+                await stack.wait_for(lambda: finished(stack, rid), timeout=20)
+                chunks = chunks_for(stack, rid)
+                second = [c for c in chunks if c["attempt_id"] != first[0]]
+                assert [c["seq"] for c in second] == list(range(51)) and second[-1]["done"] is True
+                await stack.settled_pool()
+            finally:
+                await replacement.close()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()

@@ -15,6 +15,7 @@ import socket
 from collections.abc import Sequence
 
 from .adapter import Adapter
+from .generation import TokenStreamer
 from .null import DEFAULT_BATCH_TIME_A_MS, DEFAULT_BATCH_TIME_B_US, NullAdapter
 from .server import BackendServer, serve_until_signalled
 
@@ -68,6 +69,14 @@ def add_backend_arguments(parser: argparse.ArgumentParser) -> None:
     )
     null.add_argument(
         "--batch-log", default=None, metavar="PATH", help="append one JSON line per cost-model batch to PATH"
+    )
+    gen = parser.add_argument_group("generation (null adapter)")
+    gen.add_argument("--gen-token-delay-s", type=_seconds, default=0.0, help="time between streamed tokens (default 0)")
+    gen.add_argument(
+        "--gen-tokenizer", default=None, metavar="PATH", help="tokenizer.json whose vocabulary the tokens come from"
+    )
+    gen.add_argument(
+        "--gen-timestamps", action="store_true", help="each token's text is its publish time in ns (latency benches)"
     )
     null.add_argument(
         "--no-run-batch",
@@ -135,6 +144,11 @@ def build_adapter(args: argparse.Namespace) -> Adapter:
         batch_budget=args.batch_budget,
         preloaded_models=args.preload,
         config_apply_delay_s=args.config_apply_delay_s,
+        generator=TokenStreamer(
+            tokenizer_path=args.gen_tokenizer or args.tokenizer,
+            token_delay_s=args.gen_token_delay_s,
+            timestamps=args.gen_timestamps,
+        ),
     )
 
 

@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import hashlib
 import os
+import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
@@ -115,7 +116,8 @@ class TokenStreamer:
     """A deterministic generator: the tokens follow from the prompt (the same prompt streams the same
     answer), drawn from a real tokenizer's vocabulary when one is given. Knobs for tests and demos:
     `token_delay_s` between tokens, `kv_budget_naks` first requests answered with a `kv_budget` nak
-    envelope before any chunk, `fail_after_tokens` a failure mid-stream (the adapter raises)."""
+    envelope before any chunk, `fail_after_tokens` a failure mid-stream (the adapter raises),
+    `timestamps` the publish time in ns as each token's text (latency benches)."""
 
     def __init__(
         self,
@@ -125,8 +127,11 @@ class TokenStreamer:
         kv_budget_naks: int = 0,
         fail_after_tokens: int = 0,
         default_max_new_tokens: int = 16,
+        timestamps: bool = False,
     ) -> None:
         self.token_delay_s = float(token_delay_s)
+        #: For latency benches: every token's `text_delta` is the wall clock (ns) when it was published.
+        self.timestamps = bool(timestamps)
         self.kv_budget_naks = int(kv_budget_naks)
         self.fail_after_tokens = int(fail_after_tokens)
         self.default_max_new_tokens = int(default_max_new_tokens)
@@ -175,7 +180,7 @@ class TokenStreamer:
                 return
             if self.fail_after_tokens and k == self.fail_after_tokens:
                 raise RuntimeError("injected failure mid-stream")
-            await stream.chunk(self.token_text(prompt, k))
+            await stream.chunk(str(time.time_ns()) if self.timestamps else self.token_text(prompt, k))
             if self.token_delay_s:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stream.cancelled.wait(), self.token_delay_s)

@@ -914,6 +914,12 @@ def add_loadgen_arguments(parser: argparse.ArgumentParser) -> None:
         help="items/s the pipeline sustains, if known: the wait after the last publish then follows the backlog,"
         " answers after the due time are counted late (not lost), and --timeout only caps it (default 0: unknown)",
     )
+    parser.add_argument(
+        "--local",
+        metavar="SOCKET",
+        default=None,
+        help="send over a local-ingest socket (SIE_SIDECAR_INGEST=local) instead of NATS",
+    )
     parser.add_argument("--json", metavar="PATH", default=None, help="also write the summary as JSON to PATH")
     parser.add_argument("--no-progress", action="store_true", help="do not draw the progress bar")
     parser.add_argument(
@@ -961,7 +967,13 @@ async def run_loadgen(args: argparse.Namespace) -> int:
     """Run the load, print the summary, write `--json`; 0 when nothing was lost or refused, else 1."""
     try:
         config = config_from_args(args)
-        summary = await generate_load(config, progress=not args.no_progress)
+        socket = getattr(args, "local", None)
+        if socket:
+            from .loadgen_local import generate_local_load
+
+            summary = await generate_local_load(config, socket, progress=not args.no_progress)
+        else:
+            summary = await generate_load(config, progress=not args.no_progress)
     except LoadgenError as exc:
         print(f"sie-sidecar loadgen: error: {exc}", file=sys.stderr)
         return 1
