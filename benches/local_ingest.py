@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import itertools
+import json
 import os
 import statistics
 import sys
@@ -43,8 +44,6 @@ from benches.e2e_throughput import (
 from sie_sidecar import wire
 from sie_sidecar.local import Client
 from sie_sidecar.local.client import request_body
-from sie_sidecar.tools.loadgen import LoadConfig, LoadSummary, generate_load
-from sie_sidecar.tools.loadgen_local import generate_local_load
 from sie_sidecar.tools.localhost import free_port, port_open
 
 MODEL = "null/vectors"
@@ -113,39 +112,47 @@ def _cpu(procs: Processes) -> dict[str, float]:
     return {c.name: by_group[c.proc.pid] for c in procs.children}
 
 
-async def throughput(procs: Processes, mode: str, args: argparse.Namespace) -> dict[str, Any]:
+async def _loadgen(procs: Processes, env: dict[str, Any], workdir: Path, name: str, args: list[str]) -> dict[str, Any]:
+    """`sie-sidecar loadgen` as its own process (as a gateway or a colocated caller would be), its
+    JSON summary back."""
+    out = workdir / f"{name}.json"
+    target = ["--local", env["socket"]] if "socket" in env else ["--nats-url", env["url"]]
+    argv = [sys.executable, "-m", "sie_sidecar", "loadgen", *target, "--model", MODEL, "--no-progress"]
+    child = procs.start(name, [*argv, *args, "--json", str(out)], dict(os.environ), workdir / f"{name}.log")
+    code = await asyncio.get_running_loop().run_in_executor(None, child.proc.wait, 600)
+    procs.children.remove(child)
+    if not out.exists():
+        raise RuntimeError(
+            f"loadgen {name} exited with {code} and no summary:\n{(workdir / f'{name}.log').read_text()[-2000:]}"
+        )
+    return dict(json.loads(out.read_text()))
+
+
+async def throughput(procs: Processes, mode: str, args: argparse.Namespace, rate: float = 0.0) -> dict[str, Any]:
+    """One run as fast as possible (`rate` 0), or open-loop at `rate` items/s for `--latency-s`."""
     with tempfile.TemporaryDirectory(prefix=f"bench-local-{mode}-") as tmp:
-        env = await start_pipeline(procs, Path(tmp), mode, [])
-        config = LoadConfig(
-            nats_url=env.get("url", ""),
-            pool=POOL,
-            machine_profile=PROFILE,
-            bundle=BUNDLE,
-            model=MODEL,
-            items=args.warmup,
-            items_per_request=args.items_per_request,
-            timeout_s=60,
-        )
-        run = (
-            generate_load
-            if mode == "nats"
-            else (lambda c, progress: generate_local_load(c, env["socket"], progress=progress))
-        )
-        await run(config, progress=False)  # warm-up: connections, the model's lane, the stream
+        workdir = Path(tmp)
+        env = await start_pipeline(procs, workdir, mode, [])
+        shape = ["--items-per-request", str(args.items_per_request)]
+        await _loadgen(procs, env, workdir, "warmup", ["--items", str(args.warmup), *shape])
+        items = args.items if rate <= 0 else max(1000, round(rate * args.latency_s))
         before = _cpu(procs)
-        summary: LoadSummary = await run(LoadConfig(**{**config.__dict__, "items": args.items}), progress=False)
+        paced = ["--rate", str(rate)] if rate > 0 else []
+        summary = await _loadgen(procs, env, workdir, "load", ["--items", str(items), *shape, *paced])
         after = _cpu(procs)
         procs.stop_all()
-    per_1k = {name: (after[name] - before[name]) * 1e6 / max(1, summary.results) for name in after}
+    per_1k = {name: (after[name] - before[name]) * 1e6 / max(1, summary["results"]) for name in after}
+    latency = summary["latency_ms"]
     return {
         "mode": mode,
-        "items": summary.items,
-        "results": summary.results,
-        "lost": summary.lost,
-        "errors": summary.errors_by_code,
-        "items_per_s": summary.items_per_s,
-        "p50_ms": summary.p50_ms,
-        "p99_ms": summary.p99_ms,
+        "rate": rate,
+        "items": summary["items"],
+        "results": summary["results"],
+        "lost": summary["lost"],
+        "errors": summary["errors_by_code"],
+        "items_per_s": summary["items_per_s"],
+        "p50_ms": latency["p50"],
+        "p99_ms": latency["p99"],
         "cpu_ms_per_1k": per_1k,
     }
 
@@ -283,6 +290,17 @@ async def bench(procs: Processes, args: argparse.Namespace) -> dict[str, Any]:
             f"nats-server {cpu.get('nats-server', 0):.1f} ms/1k  lost {result['lost']}",
             flush=True,
         )
+    by_mode = {m: [r for r in runs if r["mode"] == m] for m in ("nats", "local")}
+    rate = 0.5 * min(statistics.median(r["items_per_s"] for r in by_mode[m]) for m in by_mode)
+    paced = []
+    for mode in ("nats", "local"):
+        result = await throughput(procs, mode, args, rate=rate)
+        paced.append(result)
+        print(
+            f"{mode:5s} at {rate:,.0f} items/s: p50 {_fmt(result['p50_ms'])} ms  p99 {_fmt(result['p99_ms'])} ms  "
+            f"sidecar {result['cpu_ms_per_1k'].get('sidecar', 0):.1f} ms/1k  lost {result['lost']}",
+            flush=True,
+        )
     gens = []
     for mode in ("nats", "local"):
         result = await generation(procs, mode, args)
@@ -293,12 +311,11 @@ async def bench(procs: Processes, args: argparse.Namespace) -> dict[str, Any]:
             f"{_fmt(result['all_p50_ms'])} p99 {_fmt(result['all_p99_ms'])} ms",
             flush=True,
         )
-    by_mode = {m: [r for r in runs if r["mode"] == m] for m in ("nats", "local")}
     ratio = statistics.median(r["items_per_s"] for r in by_mode["local"]) / max(
         1.0, statistics.median(r["items_per_s"] for r in by_mode["nats"])
     )
     print(f"local / nats items/s (medians): {ratio:.2f}x")
-    return {"throughput": runs, "generation": gens, "local_over_nats": ratio}
+    return {"throughput": runs, "paced": paced, "generation": gens, "local_over_nats": ratio}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -307,13 +324,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--items-per-request", type=int, default=8)
     parser.add_argument("--warmup", type=int, default=2_000)
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--latency-s", type=float, default=8.0, help="length of the paced (half-load) runs")
     parser.add_argument("--streams", type=int, default=100)
     parser.add_argument("--tokens", type=int, default=50)
     parser.add_argument("--token-delay-s", type=float, default=0.02)
     parser.add_argument("--json", metavar="PATH")
     args = parser.parse_args(argv)
     result = run_with_children(lambda procs: bench(procs, args), args.json)
-    lost = sum(r["lost"] for r in result["throughput"])
+    lost = sum(r["lost"] for r in result["throughput"] + result["paced"])
     return 0 if lost == 0 else 1
 
 

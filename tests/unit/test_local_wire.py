@@ -244,13 +244,13 @@ def _items(n: int = 2, **extra: Any) -> list[dict[str, Any]]:
 def test_good_items_pass_in_slot_order_with_their_reply_subject_bound() -> None:
     items = _items(3)
     slots = check_items(_body(items), "_INBOX.local.5.")
-    assert [s.item_index for s in slots] == [0, 1, 2] and all(s.admitted for s in slots)
-    for n, slot in enumerate(slots):
+    assert slots.indexes == [0, 1, 2] and all(slots.admitted)
+    for n, data in enumerate(slots.datas):
         expected = dict(items[n], reply_subject=f"_INBOX.local.5.{n}")
-        decoded = msgpack.unpackb(slot.data)
+        decoded = msgpack.unpackb(data)
         assert decoded == expected and list(decoded) == list(expected)  # key order kept
-    (gen,) = check_items(_body(_items(1)), "_LOCAL.r", numbered=False)
-    assert msgpack.unpackb(gen.data)["reply_subject"] == "_LOCAL.r"
+    (gen,) = check_items(_body(_items(1)), "_LOCAL.r", numbered=False).datas
+    assert msgpack.unpackb(gen)["reply_subject"] == "_LOCAL.r"
 
 
 @pytest.mark.parametrize("checker", sorted(CHECKERS))

@@ -81,25 +81,18 @@ class LocalPipeline:
         generate = body.endpoint == "generate"
         subject = "" if generate else self._subject(body.model)
         errors: dict[int, bytes] = {}
-        for n, slot in enumerate(slots):
-            if generate:
-                errors[n] = self._error(rid, slot.item_index, BAD_OPERATION, "generate is not served by publish_work")
-            elif not slot.admitted:
-                message = "admission pool does not match the lane"
-                errors[n] = self._error(rid, slot.item_index, POOL_ADMISSION_REJECTED_RESULT, message)
+        if generate or not all(slots.admitted):
+            for n, (index, admitted) in enumerate(zip(slots.indexes, slots.admitted, strict=True)):
+                if generate:
+                    errors[n] = self._error(rid, index, BAD_OPERATION, "generate is not served by publish_work")
+                elif not admitted:
+                    message = "admission pool does not match the lane"
+                    errors[n] = self._error(rid, index, POOL_ADMISSION_REJECTED_RESULT, message)
         work = LocalWork(len(slots), errors, worker_id=self._worker_id, token=token)
         source = self.source
         handles = [
-            SlotHandle(
-                source,
-                work,
-                n,
-                subject=subject,
-                data=slot.data,
-                item_id=f"{rid}.{slot.item_index}",
-                index=slot.item_index,
-            )
-            for n, slot in enumerate(slots)
+            SlotHandle(source, work, n, subject=subject, data=data, item_id=f"{rid}.{index}", index=index)
+            for n, (data, index) in enumerate(zip(slots.datas, slots.indexes, strict=True))
             if n not in errors
         ]
         self.replies.register(work)

@@ -122,16 +122,20 @@ _check_local_items = _select_checker()
 
 
 @dataclass(frozen=True, slots=True)
-class Slot:
-    """One checked item: its msgpack bytes with the reply subject bound, its index, and whether its
-    admission pool agrees with the body's and the lane's."""
+class Slots:
+    """The checked items of one request, column-wise (no object per item): each item's msgpack bytes
+    with its reply subject bound, its `item_index`, and whether its admission pool agrees with the
+    body's and the lane's."""
 
-    data: bytes
-    item_index: int
-    admitted: bool
+    datas: list[bytes]
+    indexes: list[int]
+    admitted: list[bool]
+
+    def __len__(self) -> int:
+        return len(self.datas)
 
 
-def check_items(body: Body, reply_prefix: str, *, numbered: bool = True) -> list[Slot]:
+def check_items(body: Body, reply_prefix: str, *, numbered: bool = True) -> Slots:
     """The §11 item rules in one native call per request (`ValueError` names the rule and the slot);
     each item's `reply_subject` becomes `{reply_prefix}{slot}` (`reply_prefix` alone if not
     `numbered`). Nothing is decoded into Python values per field: intake decodes the items later,
@@ -148,7 +152,7 @@ def check_items(body: Body, reply_prefix: str, *, numbered: bool = True) -> list
         reply_prefix=reply_prefix,
         numbered=numbered,
     )
-    return [Slot(d, i, a) for d, i, a in zip(datas, indexes, admitted, strict=True)]
+    return Slots(datas, indexes, admitted)
 
 
-__all__ = ["MAX_ITEMS", "MAX_TIMEOUT_MS", "Body", "Slot", "check_items"]
+__all__ = ["MAX_ITEMS", "MAX_TIMEOUT_MS", "Body", "Slots", "check_items"]

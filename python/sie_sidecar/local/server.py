@@ -51,7 +51,7 @@ from .limits import (
     WRITE_DEADLINE_S,
     WRITE_FRAMES,
 )
-from .request import Body, Slot, check_items
+from .request import Body, check_items
 from .source import LocalWork
 from .streams import LOCAL_REPLY_PREFIX, LocalStream
 
@@ -429,24 +429,24 @@ class _Connection:
         if not self._ingest.claim(request_id, self):
             return await fail(op_id, INVALID_TRANSPORT_BINDING, f"request {request_id} streams on another connection")
         try:
-            if not slots[0].admitted:
+            if not slots.admitted[0]:
                 return await fail(op_id, POOL_ADMISSION_REJECTED, "admission pool does not match the lane")
-            await self._stream(op_id, body, slots[0])
+            await self._stream(op_id, body, slots.datas[0])
         finally:
             self._ingest.release(request_id, self)
 
     async def _fail_stream(self, op_id: int, code: str, message: str) -> None:
         await self._respond(op_id, False, f"{code}: {message}", {})
 
-    async def _stream(self, op_id: int, body: Body, slot: Slot) -> None:
+    async def _stream(self, op_id: int, body: Body, data: bytes) -> None:
         request_id = body.request_id
 
         async def send_chunk(chunk: bytes, seq: int) -> None:
             await self._writer.send(frames.encode_response(op_id, True, None, {"chunk": chunk, "seq": seq}))
 
-        stream = LocalStream(request_id, slot.data, send_chunk)
+        stream = LocalStream(request_id, data, send_chunk)
         try:
-            work_item = decode_work_item(slot.data)
+            work_item = decode_work_item(data)
         except WorkItemError as exc:
             return await self._fail_stream(op_id, DECODE_ERROR, str(exc))
         self.streams[request_id] = stream
