@@ -9,9 +9,9 @@ import contextlib
 import gc
 import logging
 import signal
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from . import wire
 from .bus import connect as connection
@@ -39,10 +39,13 @@ from .pipeline.feed import feed
 from .pipeline.gate import gate_pulls
 from .pipeline.readiness import PingClient, Readiness, heartbeat
 from .prep.audio import configure_permits as configure_audio_permits
-from .probes import start_probes
+from .probes import ProbeServer, start_probes
 from .sched.quantum import LatencyWindow, QuantumController
 from .sched.scheduler import MAX_ITEM_WAIT_S, SchedulerConfig
 from .telemetry import Registry
+
+if TYPE_CHECKING:
+    from .local.runtime import LocalRunning
 
 log = logging.getLogger(__name__)
 _T = TypeVar("_T")
@@ -167,23 +170,104 @@ async def _end_tasks(tasks: list[asyncio.Task[Any]], *events: asyncio.Event) -> 
     await asyncio.gather(*tasks, return_exceptions=True)
 
 
-async def _start(settings: Settings, stop: asyncio.Event, resources: contextlib.AsyncExitStack) -> _Running:
-    """Open everything in start-up order (§2.1), pushing each part's close onto `resources` as soon as
-    it exists, so that a failure (or a signal) at any step closes what came before, in reverse."""
-    limits = settings.concurrency
+async def open_backend_side(
+    settings: Settings, resources: contextlib.AsyncExitStack
+) -> tuple[PayloadStore, Readiness, ProbeServer | None, IpcClient | BackendChildren]:
+    """What every ingest mode opens first: the payload store (an unusable SIE_PAYLOAD_STORE_URL is
+    fatal, §3), readiness and the probes (a bind failure is logged only, §10), the backend client."""
     try:
         payloads = PayloadStore.from_settings(settings)
-    except PayloadStoreConfigError as exc:  # an unusable SIE_PAYLOAD_STORE_URL is fatal at start-up (§3)
+    except PayloadStoreConfigError as exc:
         raise StartupError("payload store", str(exc), code=2) from None
     resources.callback(payloads.close)
     readiness = Readiness(
         ping_interval_ms=settings.worker_ping_interval_ms, stale_mult=settings.worker_readyz_stale_mult
     )
-    probes = await start_probes(readiness, settings.worker_probe_port)  # a bind failure is logged only (§10)
+    probes = await start_probes(readiness, settings.worker_probe_port)
     if probes is not None:
         resources.push_async_callback(probes.cleanup)
     ipc = _backend_client(settings)
     resources.push_async_callback(ipc.close)
+    return payloads, readiness, probes, ipc
+
+
+def quantum_controller(settings: Settings) -> QuantumController:
+    """The pull quantum's controller (§5.1 step 4) from the `SIE_ADAPTIVE_*` settings."""
+    return QuantumController(
+        LatencyWindow(),
+        min_ms=settings.adaptive_min_quantum_ms,
+        max_ms=settings.adaptive_max_quantum_ms,
+        target_p50_ms=settings.adaptive_target_p50_ms,
+        include_queue_ms=settings.pull_quantum_include_queue_ms,
+    )
+
+
+def live_config(
+    settings: Settings,
+    config: ConfigState,
+    *,
+    ipc: IpcClient | BackendChildren,
+    readiness: Readiness,
+    telemetry: Registry,
+    stop: asyncio.Event,
+) -> LiveConfig:
+    """Live config (§9); it writes under the execution barrier. A commit wakes the health beat, which
+    carries the new hash at once."""
+    return LiveConfig(
+        config,
+        ipc,
+        bundle=settings.bundle,
+        pool=settings.pool,
+        allow_list=settings.config_producer_allow_list,
+        stop=stop,
+        telemetry=telemetry,
+        on_commit=readiness.models_changed.set,
+    )
+
+
+def start_reconciler(
+    settings: Settings,
+    live: LiveConfig,
+    config: ConfigState,
+    hb_stop: asyncio.Event,
+    background: list[asyncio.Task[Any]],
+) -> Reconciler | None:
+    """The config-service reconciler (§9.3) when a service is configured; refusals and divergence
+    wake it."""
+    if settings.config_service_url is None:
+        return None
+    reconciler = Reconciler(
+        live,
+        settings.config_service_url,
+        settings.config_service_bearer,
+        poll_interval_s=settings.worker_config_poll_interval_ms / 1000.0,
+        full_export_interval_s=settings.worker_config_full_export_interval_ms / 1000.0,
+        stop=hb_stop,
+    )
+    live.on_behind = config.on_refused = reconciler.wake
+    config.on_diverged = reconciler.resync
+    background.append(asyncio.create_task(reconciler.run()))
+    return reconciler
+
+
+def start_heartbeat(
+    ipc: IpcClient | BackendChildren,
+    readiness: Readiness,
+    config: ConfigState,
+    hb_stop: asyncio.Event,
+    background: list[asyncio.Task[Any]],
+) -> list[PingClient]:
+    """The IPC heartbeat over every backend child (§10); returns the children pinged."""
+    pingers: list[PingClient] = [*ipc.pingers()] if isinstance(ipc, BackendChildren) else [ipc]
+    background.append(asyncio.create_task(heartbeat(pingers, readiness, config, hb_stop)))
+    return pingers
+
+
+async def _start(settings: Settings, stop: asyncio.Event, resources: contextlib.AsyncExitStack) -> _Running:
+    """Open everything in start-up order (§2.1), pushing each part's close onto `resources` as soon as
+    it exists, so that a failure (or a signal) at any step closes what came before, in reverse."""
+    limits = settings.concurrency
+    payloads, readiness, probes, ipc = await open_backend_side(settings, resources)
 
     events = connection.NatsEvents(settings.redact_text)
     nc = NatsClient()
@@ -200,13 +284,7 @@ async def _start(settings: Settings, stop: asyncio.Event, resources: contextlib.
         raise StartupError("NATS topology", str(exc)) from None
     ack_wait_s = await consumer_ack_wait_s(js, spec)
 
-    quantum = QuantumController(
-        LatencyWindow(),
-        min_ms=settings.adaptive_min_quantum_ms,
-        max_ms=settings.adaptive_max_quantum_ms,
-        target_p50_ms=settings.adaptive_target_p50_ms,
-        include_queue_ms=settings.pull_quantum_include_queue_ms,
-    )
+    quantum = quantum_controller(settings)
     config = ConfigState(settings.bundle_config_hash)
     telemetry = Registry()
     writer = FramedWriter(nc)  # the connection's one writer: replies, then their ACKs, in order
@@ -236,32 +314,10 @@ async def _start(settings: Settings, stop: asyncio.Event, resources: contextlib.
     health_stop = asyncio.Event()
     resources.push_async_callback(_end_tasks, background, hb_stop, health_stop)
     # Live config (§9): the subscriber, then the reconciler; both write under the execution barrier.
-    live = LiveConfig(
-        config,
-        ipc,
-        bundle=settings.bundle,
-        pool=settings.pool,
-        allow_list=settings.config_producer_allow_list,
-        stop=stop,
-        telemetry=telemetry,
-        on_commit=readiness.models_changed.set,  # the health beat carries the new hash at once
-    )
+    live = live_config(settings, config, ipc=ipc, readiness=readiness, telemetry=telemetry, stop=stop)
     await subscribe_config(nc, live, subs, stop)
-    reconciler: Reconciler | None = None
-    if settings.config_service_url is not None:
-        reconciler = Reconciler(
-            live,
-            settings.config_service_url,
-            settings.config_service_bearer,
-            poll_interval_s=settings.worker_config_poll_interval_ms / 1000.0,
-            full_export_interval_s=settings.worker_config_full_export_interval_ms / 1000.0,
-            stop=hb_stop,
-        )
-        live.on_behind = config.on_refused = reconciler.wake
-        config.on_diverged = reconciler.resync
-        background.append(asyncio.create_task(reconciler.run()))
-    pingers: list[PingClient] = [*ipc.pingers()] if isinstance(ipc, BackendChildren) else [ipc]
-    background.append(asyncio.create_task(heartbeat(pingers, readiness, config, hb_stop)))
+    reconciler = start_reconciler(settings, live, config, hb_stop, background)
+    pingers = start_heartbeat(ipc, readiness, config, hb_stop, background)
     admission: Admission | None = None
     if settings.pool_admission_active and settings.gateway_url is not None:
         admission = Admission(
@@ -520,18 +576,52 @@ async def _run(settings: Settings, stop: asyncio.Event, started: asyncio.Event |
         return 2
     configure_audio_permits(settings.concurrency.audio_decodes)  # concurrent audio decodes (§7.3)
     if settings.ingest == "local":
-        return await _run_local(settings, stop, started)
-    running: _Running | None = None
+        from .local.runtime import drain_local, start_local
+
+        return await _serve(
+            settings,
+            stop,
+            started,
+            start=start_local,
+            drain=drain_local,
+            stopped=_log_stopped_local,
+            where={"ingest": "local"},
+        )
+    return await _serve(
+        settings, stop, started, start=_start, drain=_drain, stopped=_log_stopped, where={"pool": settings.pool}
+    )
+
+
+def _log_stopped_local(r: LocalRunning) -> None:
+    counts = r.settler.counts
+    settled = {"acked": counts.acked, "dropped": counts.dropped, "naked": counts.naked}
+    log.info("stopped", extra={"batch_sizes": r.dispatcher.batch_summary(), "settled": settled})
+
+
+async def _serve(
+    settings: Settings,
+    stop: asyncio.Event,
+    started: asyncio.Event | None,
+    *,
+    start: Callable[[Settings, asyncio.Event, contextlib.AsyncExitStack], Coroutine[Any, Any, _T]],
+    drain: Callable[[_T], Coroutine[Any, Any, None]],
+    stopped: Callable[[_T], None],
+    where: dict[str, str],
+) -> int:
+    """Start (giving up as soon as `stop` is set), run until `stop`, drain, close in reverse order:
+    the one life cycle of both ingest modes. A start-up failure is one log line and its exit code; a
+    defect is one line with its traceback and exit code 1."""
+    running: _T | None = None
     try:
         async with contextlib.AsyncExitStack() as resources:
-            running = await _unless_stopped(_start(settings, stop, resources), stop)
+            running = await _unless_stopped(start(settings, stop, resources), stop)
             if running is not None:
-                log.info("running", extra={"worker_id": settings.worker_id, "pool": settings.pool})
+                log.info("running", extra={"worker_id": settings.worker_id, **where})
                 if started is not None:
                     started.set()
                 await stop.wait()
                 log.info("draining")
-                await _drain(running)
+                await drain(running)
     except StartupError as exc:
         log.error(f"start-up failed: {exc.step}: {exc.reason}", extra={"step": exc.step, "exit_code": exc.code})
         return exc.code
@@ -541,35 +631,7 @@ async def _run(settings: Settings, stop: asyncio.Event, started: asyncio.Event |
     if running is None:
         log.info("stopped during start-up")
         return 0
-    _log_stopped(running)
-    return 0
-
-
-async def _run_local(settings: Settings, stop: asyncio.Event, started: asyncio.Event | None) -> int:
-    """`_run` for `SIE_SIDECAR_INGEST=local` (§11): the local socket instead of NATS."""
-    from .local.runtime import drain_local, start_local
-
-    try:
-        async with contextlib.AsyncExitStack() as resources:
-            running = await _unless_stopped(start_local(settings, stop, resources), stop)
-            if running is None:
-                log.info("stopped during start-up")
-                return 0
-            log.info("running", extra={"worker_id": settings.worker_id, "ingest": "local"})
-            if started is not None:
-                started.set()
-            await stop.wait()
-            log.info("draining")
-            await drain_local(running)
-    except StartupError as exc:
-        log.error(f"start-up failed: {exc.step}: {exc.reason}", extra={"step": exc.step, "exit_code": exc.code})
-        return exc.code
-    except Exception as exc:  # a defect: one line (the traceback inside it), exit code 1
-        log.error("sidecar failed", exc_info=exc, extra={"exit_code": 1})
-        return 1
-    counts = running.settler.counts
-    settled = {"acked": counts.acked, "dropped": counts.dropped, "naked": counts.naked}
-    log.info("stopped", extra={"batch_sizes": running.dispatcher.batch_summary(), "settled": settled})
+    stopped(running)
     return 0
 
 

@@ -11,10 +11,9 @@ from typing import Protocol
 from .. import wire
 from ..errors import BAD_OPERATION, POOL_ADMISSION_REJECTED_RESULT
 from ..pipeline.delivery import Delivery
-from ..wire.types import WorkResult
 from ..wire.workitem import WorkItem
 from .request import Body, check_items
-from .source import LocalReplies, LocalSource, LocalWork, SlotHandle, new_token
+from .source import LocalReplies, LocalSource, LocalWork, SlotHandle, new_token, slot_error
 from .streams import LocalStream
 
 
@@ -59,17 +58,7 @@ class LocalPipeline:
         return subject
 
     def _error(self, request_id: str, index: int, code: str, message: str) -> bytes:
-        result = WorkResult(
-            work_item_id=f"{request_id}.{index}",
-            request_id=request_id,
-            item_index=index,
-            success=False,
-            error=message,
-            error_code=code,
-            worker_id=self._worker_id,
-            worker_direct=True,
-        )
-        return bytes(wire.encode_work_result(result))
+        return slot_error(request_id, index, code, message, worker_id=self._worker_id)
 
     def submit_work(self, body: Body) -> LocalWork:
         """Check and queue a `publish_work` request (`ValueError` for a broken item rule); slots that

@@ -18,20 +18,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..config import Settings
-from ..control.config_service import Reconciler
-from ..control.live_config import LiveConfig
 from ..errors import StartupError
 from ..ipc.children import BackendChildren
 from ..ipc.client import IpcClient
-from ..payloads import PayloadStore, PayloadStoreConfigError
 from ..pipeline.config_gate import ConfigState
 from ..pipeline.delivery import Settler
 from ..pipeline.dispatcher import Dispatcher
 from ..pipeline.feed import feed
 from ..pipeline.gate import gate_pulls
-from ..pipeline.readiness import PingClient, Readiness, heartbeat
-from ..probes import start_probes
-from ..sched.quantum import LatencyWindow, QuantumController
+from ..pipeline.readiness import Readiness
 from ..telemetry import Registry
 from .ingest import LocalPipeline
 from .server import LocalIngest
@@ -63,30 +58,21 @@ class LocalRunning:
 
 async def start_local(settings: Settings, stop: asyncio.Event, resources: contextlib.AsyncExitStack) -> LocalRunning:
     """Open everything in start-up order, each close pushed onto `resources` as soon as it exists."""
-    from ..app import _backend_client, _dispatch_settings, _end_tasks, tune_gc_for_steady_state
+    from ..app import (
+        _dispatch_settings,
+        _end_tasks,
+        live_config,
+        open_backend_side,
+        quantum_controller,
+        start_heartbeat,
+        start_reconciler,
+        tune_gc_for_steady_state,
+    )
 
     assert settings.local_socket is not None
     limits = settings.concurrency
-    try:
-        payloads = PayloadStore.from_settings(settings)
-    except PayloadStoreConfigError as exc:
-        raise StartupError("payload store", str(exc), code=2) from None
-    resources.callback(payloads.close)
-    readiness = Readiness(
-        ping_interval_ms=settings.worker_ping_interval_ms, stale_mult=settings.worker_readyz_stale_mult
-    )
-    probes = await start_probes(readiness, settings.worker_probe_port)
-    if probes is not None:
-        resources.push_async_callback(probes.cleanup)
-    ipc = _backend_client(settings)
-    resources.push_async_callback(ipc.close)
-    quantum = QuantumController(
-        LatencyWindow(),
-        min_ms=settings.adaptive_min_quantum_ms,
-        max_ms=settings.adaptive_max_quantum_ms,
-        target_p50_ms=settings.adaptive_target_p50_ms,
-        include_queue_ms=settings.pull_quantum_include_queue_ms,
-    )
+    payloads, readiness, probes, ipc = await open_backend_side(settings, resources)
+    quantum = quantum_controller(settings)
     config = ConfigState(settings.bundle_config_hash)
     telemetry = Registry()
     replies = LocalReplies()
@@ -105,30 +91,9 @@ async def start_local(settings: Settings, stop: asyncio.Event, resources: contex
     background: list[asyncio.Task[Any]] = []
     hb_stop = asyncio.Event()
     resources.push_async_callback(_end_tasks, background, hb_stop)
-    live = LiveConfig(
-        config,
-        ipc,
-        bundle=settings.bundle,
-        pool=settings.pool,
-        allow_list=settings.config_producer_allow_list,
-        stop=stop,
-        telemetry=telemetry,
-        on_commit=readiness.models_changed.set,
-    )
-    if settings.config_service_url is not None:
-        reconciler = Reconciler(
-            live,
-            settings.config_service_url,
-            settings.config_service_bearer,
-            poll_interval_s=settings.worker_config_poll_interval_ms / 1000.0,
-            full_export_interval_s=settings.worker_config_full_export_interval_ms / 1000.0,
-            stop=hb_stop,
-        )
-        live.on_behind = config.on_refused = reconciler.wake
-        config.on_diverged = reconciler.resync
-        background.append(asyncio.create_task(reconciler.run()))
-    pingers: list[PingClient] = [*ipc.pingers()] if isinstance(ipc, BackendChildren) else [ipc]
-    background.append(asyncio.create_task(heartbeat(pingers, readiness, config, hb_stop)))
+    live = live_config(settings, config, ipc=ipc, readiness=readiness, telemetry=telemetry, stop=stop)
+    start_reconciler(settings, live, config, hb_stop, background)
+    start_heartbeat(ipc, readiness, config, hb_stop, background)
     source = LocalSource(max_outstanding=limits.pull_outstanding)
     resources.callback(source.stop)
     if probes is not None and settings.debug_endpoint:

@@ -29,6 +29,21 @@ INBOX_PREFIX: Final = "_INBOX.local."
 _ops = itertools.count(1)
 
 
+def slot_error(request_id: str, index: int, code: str, message: str, *, worker_id: str) -> bytes:
+    """An encoded WorkResult error for slot `index` of a local request (local work is worker-direct)."""
+    result = WorkResult(
+        work_item_id=f"{request_id}.{index}",
+        request_id=request_id,
+        item_index=index,
+        success=False,
+        error=message,
+        error_code=code,
+        worker_id=worker_id,
+        worker_direct=True,
+    )
+    return bytes(wire.encode_work_result(result))
+
+
 def new_token() -> str:
     """A fresh reply-subject prefix for one request: `_INBOX.local.{n}.` (slots append their index)."""
     return f"{INBOX_PREFIX}{next(_ops)}."
@@ -70,21 +85,11 @@ class LocalWork:
         handle = self.handles.get(slot)
         if self.results[slot] is None and handle is not None:
             message = "work item was dropped without an outcome"
-            self.fail_slot(slot, handle.item_id, handle.request_id, handle.index, message)
+            self.fail_slot(slot, handle.request_id, handle.index, message)
 
-    def fail_slot(self, slot: int, item_id: str, request_id: str, index: int, message: str) -> None:
+    def fail_slot(self, slot: int, request_id: str, index: int, message: str) -> None:
         """The slot ends with a typed `inference_error` result made here (§11)."""
-        result = WorkResult(
-            work_item_id=item_id,
-            request_id=request_id,
-            item_index=index,
-            success=False,
-            error=message,
-            error_code=INFERENCE_ERROR,
-            worker_id=self._worker_id,
-            worker_direct=True,
-        )
-        self.set_result(slot, bytes(wire.encode_work_result(result)))
+        self.set_result(slot, slot_error(request_id, index, INFERENCE_ERROR, message, worker_id=self._worker_id))
 
     def abandon(self) -> None:
         """The caller stopped waiting (timeout, disconnect, shutdown): queued slots are skipped and
@@ -136,18 +141,11 @@ class SlotHandle:
         try:  # the rare path: intake NAKs an item it cannot decode, and a retry would not help
             decode_work_item(self.data)
         except WorkItemError as exc:
-            self.work.fail_slot(
-                self.slot, self.item_id, self.request_id, self.index, f"work item is not decodable: {exc}"
-            )
+            self.work.fail_slot(self.slot, self.request_id, self.index, f"work item is not decodable: {exc}")
             return
         if self.attempts >= MAX_RETRIES:
-            self.work.fail_slot(
-                self.slot,
-                self.item_id,
-                self.request_id,
-                self.index,
-                f"work item was retried {MAX_RETRIES} times without an outcome",
-            )
+            message = f"work item was retried {MAX_RETRIES} times without an outcome"
+            self.work.fail_slot(self.slot, self.request_id, self.index, message)
             return
         again = SlotHandle(
             self._source,
