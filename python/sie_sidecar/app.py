@@ -191,6 +191,45 @@ async def open_backend_side(
     return payloads, readiness, probes, ipc
 
 
+METRICS_FLUSH_S = 5.0
+
+
+def start_metrics(settings: Settings, telemetry: Registry, resources: contextlib.AsyncExitStack) -> None:
+    """OTLP metrics (§13) when enabled: a push every export interval, and a last one when the exit
+    stack closes (after the drain, so the final counts go out)."""
+    otel = settings.otel
+    endpoint = otel.metrics_endpoint
+    if not settings.metrics_enabled or endpoint is None:
+        return
+    from . import __version__
+    from .otel import MetricsExporter
+
+    exporter = MetricsExporter(
+        telemetry,
+        endpoint,
+        resource={
+            "service.name": otel.service_name,
+            "service.version": __version__,
+            "deployment.environment": otel.deployment_environment,
+            "cloud.region": otel.cloud_region,
+        },
+        lane=otel.lane,
+        interval_s=otel.export_interval_s,
+        version=__version__,
+    )
+    stop = asyncio.Event()
+    task = asyncio.create_task(exporter.run(stop), name="otlp-metrics")
+
+    async def flush() -> None:
+        stop.set()
+        _, pending = await asyncio.wait({task}, timeout=METRICS_FLUSH_S)
+        for late in pending:
+            late.cancel()
+
+    resources.push_async_callback(flush)
+    log.info("OTLP metrics on", extra={"endpoint": endpoint, "interval_s": otel.export_interval_s})
+
+
 def quantum_controller(settings: Settings) -> QuantumController:
     """The pull quantum's controller (§5.1 step 4) from the `SIE_ADAPTIVE_*` settings."""
     return QuantumController(
@@ -287,6 +326,7 @@ async def _start(settings: Settings, stop: asyncio.Event, resources: contextlib.
     quantum = quantum_controller(settings)
     config = ConfigState(settings.bundle_config_hash)
     telemetry = Registry()
+    start_metrics(settings, telemetry, resources)
     writer = FramedWriter(nc)  # the connection's one writer: replies, then their ACKs, in order
     settler = Settler(writer)
     publisher = Publisher(nc, writer=writer)

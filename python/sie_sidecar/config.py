@@ -353,6 +353,19 @@ class ConcurrencyLimits:
         return max(self.pull_outstanding, derived)
 
 
+@dataclass(frozen=True, slots=True)
+class OtelSettings:
+    """The OTLP side of §1.2 and the resource of §13."""
+
+    metrics_endpoint: str | None = None
+    metrics_protocol: str = "grpc"
+    export_interval_s: float = 5.0
+    service_name: str = "sie-worker-sidecar"
+    lane: str = "other"
+    deployment_environment: str = "unknown"
+    cloud_region: str = "unknown"
+
+
 @dataclass(frozen=True, slots=True, repr=False)
 class Settings:
     """Everything `sie-sidecar run` is configured with; build it with `from_env` or `from_sources`."""
@@ -447,6 +460,8 @@ class Settings:
     #: so that asking for them is refused (`NOT_YET`) rather than ignored.
     metrics_enabled: bool = False
     tracing_enabled: bool = False
+    #: Where and how OTLP metrics go (§1.2, §13), resolved from the standard `OTEL_*` variables.
+    otel: OtelSettings = field(default_factory=OtelSettings)
     work_deadline_enforce: bool = False
     log_filter: str = "info"
     # Lines to log once logging is configured (ignored values, deprecations); not a setting.
@@ -606,6 +621,8 @@ class Settings:
                     value = redact_url_userinfo(value)
             elif isinstance(value, tuple):
                 value = list(value)
+            elif dataclasses.is_dataclass(value) and not isinstance(value, type):
+                value = dataclasses.asdict(value)
             out[f.name] = value
         return out
 
@@ -627,7 +644,6 @@ _DEFAULTS: Mapping[str, object] = {
 #: every other field is read outside this module.
 NOT_YET: tuple[tuple[str, str], ...] = (
     ("stream_replicas", "SIE_STREAM_REPLICAS"),
-    ("metrics_enabled", "SIE_METRICS_ENABLED"),  # OTLP telemetry (§13)
     ("tracing_enabled", "SIE_TRACING_ENABLED"),
     ("work_deadline_enforce", "SIE_WORK_DEADLINE_ENFORCE"),  # work deadlines (§15.3)
 )
@@ -916,12 +932,63 @@ class _Builder:
             generate_ipc_frame_timeout_s=self.env_uint("SIE_GENERATE_IPC_FRAME_TIMEOUT_S", 300),
             ipc_mux=self._environ.get("SIE_IPC_MUX") in _MUX_ON,
             nats_connect_timeout_s=self.env_float("SIE_NATS_CONNECT_TIMEOUT_S", 30.0),
-            metrics_enabled=self.env_flag("SIE_METRICS_ENABLED", default=False),
+            metrics_enabled=self._metrics_enabled(),
+            otel=self._otel(),
             tracing_enabled=self.env_flag("SIE_TRACING_ENABLED", default=False),
             work_deadline_enforce=self.env_flag("SIE_WORK_DEADLINE_ENFORCE", default=False),
             log_filter=(self._environ.get("RUST_LOG") or "").strip() or "info",
             warnings=tuple(self.warnings),
         )
+
+    def _otel(self) -> OtelSettings:
+        """Resolved once per build (its warnings too)."""
+        cached: OtelSettings | None = getattr(self, "_otel_settings", None)
+        if cached is None:
+            cached = self._otel_settings = self._resolve_otel()
+        return cached
+
+    def _resolve_otel(self) -> OtelSettings:
+        """§1.2: the signal-specific endpoint and protocol win over the generic ones; the protocol
+        defaults to gRPC. A generic HTTP endpoint gets the signal path appended (OTLP exporter spec)."""
+        env = self._environ
+        protocol = (
+            (env.get("OTEL_EXPORTER_OTLP_METRICS_PROTOCOL") or "").strip()
+            or (env.get("OTEL_EXPORTER_OTLP_PROTOCOL") or "").strip()
+            or "grpc"
+        ).lower()
+        specific = (env.get("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT") or "").strip()
+        generic = (env.get("OTEL_EXPORTER_OTLP_ENDPOINT") or "").strip()
+        endpoint: str | None = specific or None
+        if endpoint is None and generic:
+            endpoint = generic.rstrip("/") + "/v1/metrics" if protocol.startswith("http") else generic
+        interval = self.env_float("OTEL_METRIC_EXPORT_INTERVAL", 5000.0)
+        region = (env.get("SIE_OTEL_CLOUD_REGION") or env.get("SIE_CLOUD_REGION") or "").strip() or "unknown"
+        return OtelSettings(
+            metrics_endpoint=endpoint,
+            metrics_protocol=protocol,
+            export_interval_s=max(0.1, interval / 1000.0),
+            service_name=(env.get("OTEL_SERVICE_NAME") or "").strip() or "sie-worker-sidecar",
+            lane=(env.get("SIE_OTEL_LANE") or "").strip() or "other",
+            deployment_environment=(env.get("SIE_OTEL_DEPLOYMENT_ENVIRONMENT") or "").strip() or "unknown",
+            cloud_region=region,
+        )
+
+    def _metrics_enabled(self) -> bool:
+        """`SIE_METRICS_ENABLED`, off (with a warning) when no endpoint resolves or the protocol is one
+        this build does not export yet."""
+        if not self.env_flag("SIE_METRICS_ENABLED", default=False):
+            return False
+        otel = self._otel()
+        if otel.metrics_endpoint is None:
+            self.warnings.append("SIE_METRICS_ENABLED is set but no OTLP metrics endpoint is: metrics are off")
+            return False
+        if otel.metrics_protocol != "http/protobuf":
+            protocol = otel.metrics_protocol
+            self.warnings.append(
+                f"OTLP metrics protocol {protocol!r} is not exported yet (http/protobuf is): metrics are off"
+            )
+            return False
+        return True
 
     def _ingest(self) -> IngestMode:
         mode = (self.raw("SIE_SIDECAR_INGEST") or "").strip().lower()

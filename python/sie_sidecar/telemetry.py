@@ -1,8 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """One in-process registry the pipeline's stages record into (sidecar-behaviour §13 instruments).
 
-The health heartbeat reads it today (§10: queue depth, pending cost, in-flight batches); an OTLP
-exporter can later export the same instruments without the stages changing. Recording has to stay
+The health heartbeat reads it (§10: queue depth, pending cost, in-flight batches) and `otel/` pushes
+its snapshots over OTLP, without the stages knowing of either. Recording has to stay
 off the per-message path, so:
 
 - stages record per batch (or per group of deliveries), never per message;

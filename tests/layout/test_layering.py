@@ -56,6 +56,8 @@ def violations(edges: list[ImportEdge]) -> list[str]:
             and _is(e.target, *(f"sie_sidecar.{r}" for r in ("bus", "ipc", "control", "app", "probes")))
         ):
             bad("local/ is the socket and its binding to the pipeline: only local/runtime wires the process")
+        if room == "otel" and _is(e.target, "sie_sidecar") and room_of(e.target) not in {"otel", "telemetry", "logs"}:
+            bad("otel/ reads telemetry snapshots: it imports nothing else of the package")
         if room == "telemetry" and _is(e.target, "sie_sidecar"):
             bad("telemetry imports nothing of the package: every room may record into it")
         if room not in NOT_RUNTIME and _is(e.target, "sie_sidecar.tools"):
@@ -79,6 +81,7 @@ def test_the_package_keeps_its_layering() -> None:
         ("backend/_probe.py", "from ..sched.scheduler import ModelScheduler\n", "backend/ is a library"),
         ("control/_probe.py", "from ..bus.pull import PullConsumer\n", "control/ polls HTTP services"),
         ("local/_probe.py", "from ..ipc.client import IpcClient\n", "local/ is the socket"),
+        ("otel/_probe.py", "from ..pipeline import dispatcher\n", "otel/ reads telemetry snapshots"),
         ("pipeline/_probe.py", "if TYPE_CHECKING:\n    from nats.aio.msg import Msg\n", "nats is imported only"),
     ],
 )

@@ -21,6 +21,7 @@ from sie_sidecar.config import (
     REDACTED,
     RUN_FLAGS,
     ConfigError,
+    OtelSettings,
     Settings,
     _help_text,  # the secret rendering, while no secret flag is shown
     add_run_arguments,
@@ -154,6 +155,7 @@ DEFAULTS: list[tuple[str, object]] = [
     ("nats_connect_timeout_s", 30.0),
     ("metrics_enabled", False),
     ("tracing_enabled", False),
+    ("otel", OtelSettings()),
     ("work_deadline_enforce", False),
     ("log_filter", "info"),
     ("warnings", ()),

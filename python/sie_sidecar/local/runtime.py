@@ -65,6 +65,7 @@ async def start_local(settings: Settings, stop: asyncio.Event, resources: contex
         open_backend_side,
         quantum_controller,
         start_heartbeat,
+        start_metrics,
         start_reconciler,
         tune_gc_for_steady_state,
     )
@@ -75,6 +76,7 @@ async def start_local(settings: Settings, stop: asyncio.Event, resources: contex
     quantum = quantum_controller(settings)
     config = ConfigState(settings.bundle_config_hash)
     telemetry = Registry()
+    start_metrics(settings, telemetry, resources)
     replies = LocalReplies()
     settler = Settler(replies)  # no broker: ACKs land on the slots in one call per batch; a NAK is the local retry
     dispatcher = Dispatcher(
