@@ -194,9 +194,15 @@ async def open_backend_side(
 METRICS_FLUSH_S = 5.0
 
 
-def start_metrics(settings: Settings, telemetry: Registry, resources: contextlib.AsyncExitStack) -> None:
+def start_metrics(
+    settings: Settings,
+    telemetry: Registry,
+    resources: contextlib.AsyncExitStack,
+    ipc: IpcClient | BackendChildren,
+) -> None:
     """OTLP metrics (§13) when enabled: a push every export interval, and a last one when the exit
-    stack closes (after the drain, so the final counts go out)."""
+    stack closes (after the drain, so the final counts go out). Only then do the IPC clients record
+    per request: disabled, that path costs nothing."""
     otel = settings.otel
     endpoint = otel.metrics_endpoint
     if not settings.metrics_enabled or endpoint is None:
@@ -204,6 +210,8 @@ def start_metrics(settings: Settings, telemetry: Registry, resources: contextlib
     from . import __version__
     from .otel import MetricsExporter
 
+    for client in ipc.clients if isinstance(ipc, BackendChildren) else [ipc]:
+        client.telemetry = telemetry
     exporter = MetricsExporter(
         telemetry,
         endpoint,
@@ -326,9 +334,11 @@ async def _start(settings: Settings, stop: asyncio.Event, resources: contextlib.
     quantum = quantum_controller(settings)
     config = ConfigState(settings.bundle_config_hash)
     telemetry = Registry()
-    start_metrics(settings, telemetry, resources)
+    start_metrics(settings, telemetry, resources, ipc)
     writer = FramedWriter(nc)  # the connection's one writer: replies, then their ACKs, in order
     settler = Settler(writer)
+    if settings.metrics_enabled:
+        settler.telemetry = telemetry  # settlement counts are NATS operations here (§13)
     publisher = Publisher(nc, writer=writer)
     dispatcher = Dispatcher(
         _dispatch_settings(settings, ack_wait_s=ack_wait_s),

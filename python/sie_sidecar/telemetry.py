@@ -34,10 +34,16 @@ SATURATED: Final = "sie.worker.saturated"
 GPU_SLOTS: Final = "sie.worker.gpu.slots"
 BATCH_SIZE: Final = "sie.worker.batch.size"
 BATCH_COST: Final = "sie.worker.batch.cost"
+IPC_REQUESTS: Final = "sie.worker.ipc.requests"
+IPC_REQUEST_DURATION: Final = "sie.worker.ipc.request.duration"
+NATS_OPERATIONS: Final = "sie.worker.nats.operations"
+RESULT_TRANSPORT_ATTEMPTS: Final = "sie.worker.result.transport.attempts"
 
 #: Default histogram bucket bounds (upper, inclusive): powers of two up to 65,536, enough for items
 #: per batch and batch costs; durations pass their own.
 DEFAULT_BOUNDS: Final[tuple[float, ...]] = tuple(float(2**n) for n in range(17))
+#: Duration bounds in seconds: 0.5 ms to ~4 min, doubling.
+DURATION_BOUNDS_S: Final[tuple[float, ...]] = tuple(0.0005 * 2**n for n in range(20))
 
 
 class Counter:
@@ -200,10 +206,15 @@ __all__ = [
     "BATCH_COST",
     "BATCH_SIZE",
     "DEFAULT_BOUNDS",
+    "DURATION_BOUNDS_S",
     "GPU_SLOTS",
     "INFLIGHT_BATCHES",
+    "IPC_REQUESTS",
+    "IPC_REQUEST_DURATION",
+    "NATS_OPERATIONS",
     "PENDING_COST",
     "PENDING_ITEMS",
+    "RESULT_TRANSPORT_ATTEMPTS",
     "SATURATED",
     "Attrs",
     "Counter",

@@ -37,6 +37,7 @@ async def test_the_batches_the_backend_saw_arrive_as_otlp_metrics(nats_server: N
             await stack.wait_for(lambda: all(len(stack.results_for(w)) == 1 for w in ids))
             await stack.wait_for(lambda: len(receiver.requests) >= 2)  # periodic pushes, not only the last
             backend_batches = stack.adapter.batches
+            run_batch_calls = stack.backend.method_calls["RunBatch"] if stack.backend is not None else -1
         # The stack is closed: the last push (after the drain) carries the final counts.
         assert set(receiver.content_types) == {"application/x-protobuf"}
         assert receiver.resource() | {"service.version": ""} == {
@@ -56,6 +57,20 @@ async def test_the_batches_the_backend_saw_arrive_as_otlp_metrics(nats_server: N
             assert next(iter(attrs)) == "lane" and attrs["lane"] == "default|cpu|default"
             assert attrs["operation"] == "encode" and sum(p.bucket_counts) == p.count
         assert metrics["sie.worker.pending.items"].unit == "{item}"  # the health gauges go out too
+        requests = {
+            (_attrs(p)["method"], _attrs(p)["outcome"]): p.as_double
+            for p in metrics["sie.worker.ipc.requests"].sum.data_points
+        }
+        assert requests[("run_batch", "success")] == run_batch_calls  # every RunBatch the backend answered
+        assert requests[("ping", "success")] > 0 and requests[("ensure_model_ready", "success")] >= 1
+        assert metrics["sie.worker.ipc.request.duration"].unit == "s"
+        durations = metrics["sie.worker.ipc.request.duration"].histogram.data_points
+        assert sum(p.count for p in durations) == sum(requests.values())
+        operations = {
+            (_attrs(p)["operation"], _attrs(p)["reason"]): p.as_double
+            for p in metrics["sie.worker.nats.operations"].sum.data_points
+        }
+        assert operations[("ack", "completed")] == 40  # one ACK per answered item, counted per batch
 
 
 async def test_without_an_endpoint_metrics_stay_off_with_one_warning(nats_server: NatsServer, tmp_path: Path) -> None:

@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import itertools
 import logging
+import re
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable
@@ -30,8 +32,10 @@ from ..errors import (
     IpcTimeout,
     IpcTransportError,
     ProtocolError,
+    WireError,
 )
 from ..logs import Throttled
+from ..telemetry import DURATION_BOUNDS_S, IPC_REQUEST_DURATION, IPC_REQUESTS, Registry
 from ..wire.limits import IPC_VERSION
 from .transport import READ_LIMIT, READ_SIZE, TransportFailure, is_retryable
 from .types import ConfigResponse, GenerateEvent, PingResponse, ReadyResponse
@@ -40,6 +44,19 @@ if TYPE_CHECKING:
     from types import TracebackType
 
 log = logging.getLogger(__name__)
+#: Set when the request running in this task needed the §1.2 retry (outcome `success_after_retry`).
+_retried: contextvars.ContextVar[bool] = contextvars.ContextVar("ipc_retried", default=False)
+_METHOD_NAMES: dict[str, str] = {}
+
+
+def _method_name(method: str) -> str:
+    """§13's IPC method attribute: the snake_case of the method (`RunBatch` → `run_batch`)."""
+    name = _METHOD_NAMES.get(method)
+    if name is None:
+        name = _METHOD_NAMES[method] = re.sub(r"(?<!^)(?=[A-Z])", "_", method).lower()
+    return name
+
+
 #: A backend that is gone fails every call (each heartbeat, each batch): one line per method per 10 s.
 _warn = Throttled(log)
 
@@ -120,6 +137,8 @@ class IpcClient:
         for slot in reversed(self._slots):
             self._idle.put_nowait(slot)
         self._closed = False
+        #: Where `ipc.requests` and `ipc.request.duration` are recorded (§13); None: not recorded.
+        self.telemetry: Registry | None = None
         #: v0.7.1 sends every batch as RunBatch (it never reads `supports_run_batch`); a backend that
         #: answered "unknown method RunBatch" once, to a batch or a drain probe, gets per-op methods.
         self._runs_batches = True
@@ -372,11 +391,43 @@ class IpcClient:
         *,
         attest: Attest | None = None,
     ) -> T:
+        telemetry = self.telemetry
+        if telemetry is None:
+            try:
+                return await self._exchange_once(method, body, timeout_s, decode, attest)
+            except IpcTransportError:
+                self.reported_hash = None  # whatever answers next may be a restarted backend
+                raise
+        started = time.perf_counter()
+        _retried.set(False)
+        outcome = "success"
         try:
             return await self._exchange_once(method, body, timeout_s, decode, attest)
         except IpcTransportError:
-            self.reported_hash = None  # whatever answers next may be a restarted backend
+            self.reported_hash = None
+            outcome = "transport_error"
             raise
+        except IpcTimeout:
+            outcome = "timeout"
+            raise
+        except IpcServerError:
+            outcome = "server_error"
+            raise
+        except (ConfigNotAttested, asyncio.CancelledError):
+            outcome = "not_sent"  # refused before writing, or abandoned by its caller: no outcome to count
+            raise
+        except WireError:
+            outcome = "protocol_error"
+            raise
+        finally:
+            if outcome == "success" and _retried.get():
+                outcome = "success_after_retry"
+            if outcome != "not_sent":
+                attrs = (("method", _method_name(method)), ("outcome", outcome))
+                telemetry.add(IPC_REQUESTS, 1, attrs)
+                telemetry.histogram(IPC_REQUEST_DURATION, attrs, DURATION_BOUNDS_S).record(
+                    time.perf_counter() - started
+                )
 
     async def _exchange_once(
         self, method: str, body: bytes, timeout_s: float, decode: Callable[[memoryview], T], attest: Attest | None
@@ -410,6 +461,7 @@ class IpcClient:
         if not first.retryable:
             detail = f"{method} {request_id} to {self._path}: {first}"
             raise IpcTransportError(detail, transient=False) from first.cause
+        _retried.set(True)
         _warn.warning(
             "IPC transport error; retrying once",
             key=method,

@@ -76,7 +76,7 @@ async def start_local(settings: Settings, stop: asyncio.Event, resources: contex
     quantum = quantum_controller(settings)
     config = ConfigState(settings.bundle_config_hash)
     telemetry = Registry()
-    start_metrics(settings, telemetry, resources)
+    start_metrics(settings, telemetry, resources, ipc)
     replies = LocalReplies()
     settler = Settler(replies)  # no broker: ACKs land on the slots in one call per batch; a NAK is the local retry
     dispatcher = Dispatcher(

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from ..logs import Throttled
+from ..telemetry import NATS_OPERATIONS, Registry
 from ..wire.workitem import WorkItem
 from .source import SettleHandle
 
@@ -92,6 +93,13 @@ class Settler:
     def __init__(self, writer: AckWriter | None = None) -> None:
         self.counts = SettleCounts()
         self._writer = writer
+        #: Where `sie.worker.nats.operations` is recorded (§13), once per settle call; None: not.
+        self.telemetry: Registry | None = None
+
+    def _record(self, operation: str, reason: str, n: int, *, ok: bool = True) -> None:
+        if self.telemetry is not None and n:
+            attrs = (("operation", operation), ("outcome", "success" if ok else "error"), ("reason", reason))
+            self.telemetry.add(NATS_OPERATIONS, n, attrs)
 
     def _finish(self, d: Delivery) -> bool:
         return bool(self._finish_many((d,)))
@@ -100,7 +108,7 @@ class Settler:
         """Final ACK after the result was published (or there was nothing to publish)."""
         if self._finish(d):
             self.counts.acked += 1
-            await self._call(d, d.msg.ack())
+            self._record("ack", "completed", 1, ok=await self._call(d, d.msg.ack()))
 
     def _finish_many(self, ds: Sequence[Delivery]) -> list[Delivery]:
         """`_finish` for a batch: the capacity goes back with one `release(n)` per source. One
@@ -137,7 +145,9 @@ class Settler:
     def acked_with_replies(self, ds: Sequence[Delivery]) -> None:
         """The batch's ACKs went out in the same buffer as its replies (`frame_outcome_replies`
         with `acks`): settle and count them, nothing left to write."""
-        self.counts.acked += len(self._finish_many(ds))
+        n = len(self._finish_many(ds))
+        self.counts.acked += n
+        self._record("ack", "completed", n)
 
     async def ack_many(self, ds: Sequence[Delivery]) -> None:
         """ACK a batch of deliveries with one framed write (one `ack` each without a writer)."""
@@ -152,18 +162,21 @@ class Settler:
         except Exception as exc:  # logged and ignored, per §4: un-ACKed work is redelivered
             self.counts.settle_errors += len(subjects)
             _warn.warning("batch ack failed", extra={"acks": len(subjects), "error": repr(exc)})
+            self._record("ack", "completed", len(subjects), ok=False)
+        else:
+            self._record("ack", "completed", len(subjects))
 
     async def drop(self, d: Delivery) -> None:
         """ACK-drop: nothing is published (cancelled work, unsafe reply subject)."""
         if self._finish(d):
             self.counts.dropped += 1
-            await self._call(d, d.msg.ack())
+            self._record("ack", "none", 1, ok=await self._call(d, d.msg.ack()))
 
     async def nak(self, d: Delivery, delay_ms: int) -> None:
         """NAK for redelivery after `delay_ms`."""
         if self._finish(d):
             self.counts.naked += 1
-            await self._call(d, d.msg.nak(delay=max(0, delay_ms) / 1000.0))
+            self._record("nak", "retry", 1, ok=await self._call(d, d.msg.nak(delay=max(0, delay_ms) / 1000.0)))
 
     def leave(self, d: Delivery) -> None:
         """Publishing failed: leave the message un-ACKed so it is redelivered after ack_wait."""
@@ -179,16 +192,21 @@ class Settler:
         except Exception as exc:  # any failure means the lease could not be extended
             self.counts.settle_errors += 1
             _warn.warning("progress ack failed", extra={"subject": d.msg.subject, "error": repr(exc)})
+            self._record("progress", "none", 1, ok=False)
             return False
         self.counts.progress += 1
+        self._record("progress", "none", 1)
         return True
 
-    async def _call(self, d: Delivery, op: object) -> None:
+    async def _call(self, d: Delivery, op: object) -> bool:
+        """Await one settle call; False (logged and ignored, per §4) when it failed."""
         try:
             await op  # type: ignore[misc]
-        except Exception as exc:  # logged and ignored, per §4
+        except Exception as exc:
             self.counts.settle_errors += 1
             _warn.warning("settle failed", extra={"subject": d.msg.subject, "error": repr(exc)})
+            return False
+        return True
 
 
 __all__ = ["AckWriter", "Delivery", "SettleCounts", "Settler"]
