@@ -208,7 +208,7 @@ def start_metrics(
     if not settings.metrics_enabled or endpoint is None:
         return
     from . import __version__
-    from .otel import MetricsExporter
+    from .otel.export import MetricsExporter
 
     for client in ipc.clients if isinstance(ipc, BackendChildren) else [ipc]:
         client.telemetry = telemetry

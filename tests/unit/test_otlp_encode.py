@@ -8,7 +8,7 @@ import pytest
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
 
 from sie_sidecar.config import Settings
-from sie_sidecar.otel import UNITS, encode_metrics
+from sie_sidecar.otel.metrics import UNITS, encode_metrics
 from sie_sidecar.telemetry import Registry
 
 BASE = {"SIE_NATS_URL": "nats://127.0.0.1:4222", "SIE_POOL": "p", "SIE_BUNDLE": "b", "SIE_MACHINE_PROFILE": "m"}

@@ -5,7 +5,6 @@ batch); this room only reads snapshots."""
 
 from __future__ import annotations
 
-from .export import MetricsExporter
-from .metrics import UNITS, encode_metrics
-
-__all__ = ["UNITS", "MetricsExporter", "encode_metrics"]
+# The submodules are imported where they are used: `metrics` loads protobuf, which the sidecar only
+# pays for at its first push (`export.MetricsExporter.body`).
+__all__: list[str] = []

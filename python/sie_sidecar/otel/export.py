@@ -13,17 +13,25 @@ import contextlib
 import logging
 import time
 from collections.abc import Mapping
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 from ..logs import Throttled
 from ..telemetry import Registry
-from .metrics import encode_metrics
+
+if TYPE_CHECKING:
+    import aiohttp
 
 log = logging.getLogger(__name__)
 _warn = Throttled(log)
 
 EXPORT_TIMEOUT_S: Final = 10.0
 CONTENT_TYPE: Final = "application/x-protobuf"
+
+
+def _open_session() -> aiohttp.ClientSession:
+    import aiohttp
+
+    return aiohttp.ClientSession()
 
 
 class MetricsExporter:
@@ -50,6 +58,8 @@ class MetricsExporter:
         self.failures = 0
 
     def body(self) -> bytes:
+        from .metrics import encode_metrics  # protobuf and aiohttp load at the first push, not at start-up
+
         return encode_metrics(
             self._registry.snapshot(),
             resource=self._resource,
@@ -59,11 +69,10 @@ class MetricsExporter:
             version=self._version,
         )
 
-    async def export(self, session: object) -> bool:
+    async def export(self, session: aiohttp.ClientSession) -> bool:
         """One POST; False (logged) when the receiver did not take it."""
         import aiohttp
 
-        assert isinstance(session, aiohttp.ClientSession)
         try:
             async with session.post(
                 self._endpoint,
@@ -83,17 +92,22 @@ class MetricsExporter:
         return True
 
     async def run(self, stop: asyncio.Event) -> None:
-        """Export every interval until `stop`, then once more."""
-        import aiohttp
-
-        async with aiohttp.ClientSession() as session:
+        """Export every interval until `stop`, then once more. Nothing is imported or opened before
+        the first push: the sidecar's first replies do not pay for the exporter."""
+        session: aiohttp.ClientSession | None = None
+        try:
             while not stop.is_set():
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(self._interval_s):
                         await stop.wait()
                 if not stop.is_set():
+                    session = session or _open_session()
                     await self.export(session)
+            session = session or _open_session()
             await self.export(session)
+        finally:
+            if session is not None:
+                await session.close()
 
 
 __all__ = ["MetricsExporter"]
