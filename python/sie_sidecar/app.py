@@ -337,9 +337,10 @@ async def _start(settings: Settings, stop: asyncio.Event, resources: contextlib.
     start_metrics(settings, telemetry, resources, ipc)
     writer = FramedWriter(nc)  # the connection's one writer: replies, then their ACKs, in order
     settler = Settler(writer)
+    publisher = Publisher(nc, writer=writer)
     if settings.metrics_enabled:
         settler.telemetry = telemetry  # settlement counts are NATS operations here (§13)
-    publisher = Publisher(nc, writer=writer)
+        publisher.telemetry = telemetry
     dispatcher = Dispatcher(
         _dispatch_settings(settings, ack_wait_s=ack_wait_s),
         ipc,

@@ -38,6 +38,7 @@ IPC_REQUESTS: Final = "sie.worker.ipc.requests"
 IPC_REQUEST_DURATION: Final = "sie.worker.ipc.request.duration"
 NATS_OPERATIONS: Final = "sie.worker.nats.operations"
 RESULT_TRANSPORT_ATTEMPTS: Final = "sie.worker.result.transport.attempts"
+RESULT_CHUNKS_PUBLISHED: Final = "sie.worker.result.chunks.published"
 
 #: Default histogram bucket bounds (upper, inclusive): powers of two up to 65,536, enough for items
 #: per batch and batch costs; durations pass their own.
@@ -214,6 +215,7 @@ __all__ = [
     "NATS_OPERATIONS",
     "PENDING_COST",
     "PENDING_ITEMS",
+    "RESULT_CHUNKS_PUBLISHED",
     "RESULT_TRANSPORT_ATTEMPTS",
     "SATURATED",
     "Attrs",

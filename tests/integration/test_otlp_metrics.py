@@ -71,6 +71,11 @@ async def test_the_batches_the_backend_saw_arrive_as_otlp_metrics(nats_server: N
             for p in metrics["sie.worker.nats.operations"].sum.data_points
         }
         assert operations[("ack", "completed")] == 40  # one ACK per answered item, counted per batch
+        attempts = {
+            (_attrs(p)["mode"], _attrs(p)["outcome"]): p.as_double
+            for p in metrics["sie.worker.result.transport.attempts"].sum.data_points
+        }
+        assert attempts == {("single", "published"): 40}  # every reply fitted one message
 
 
 async def test_without_an_endpoint_metrics_stay_off_with_one_warning(nats_server: NatsServer, tmp_path: Path) -> None:

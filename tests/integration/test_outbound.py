@@ -132,6 +132,9 @@ async def test_the_publisher_flushes_only_for_chunked_transfers(nc: Client) -> N
 
     sub = await nc.subscribe("_INBOX.flushcheck.>", cb=on_msg)
     publisher = Publisher(nc)
+    from sie_sidecar.telemetry import Registry
+
+    publisher.telemetry = registry = Registry()
 
     def reply(i: int, size: int) -> Reply:
         result = WorkResult(
@@ -147,4 +150,8 @@ async def test_the_publisher_flushes_only_for_chunked_transfers(nc: Client) -> N
     await real_flush()
     await asyncio.sleep(0.1)
     assert len(received) >= 4  # two singles, a single and at least two chunks
+    # §13: each reply counted once by mode and outcome, and the chunks that went out.
+    assert registry.value("sie.worker.result.transport.attempts", (("mode", "single"), ("outcome", "published"))) == 3
+    assert registry.value("sie.worker.result.transport.attempts", (("mode", "chunked"), ("outcome", "published"))) == 1
+    assert registry.value("sie.worker.result.chunks.published") == publisher.stats.chunks >= 2
     await sub.unsubscribe()

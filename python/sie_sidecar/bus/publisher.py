@@ -14,12 +14,14 @@ batch, which with the v0.7.1 count cap of 12 items was a third of nats-server's 
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from dataclasses import dataclass
 from typing import Protocol
 
 from .. import wire
 from ..errors import PayloadTooLarge
 from ..logs import Throttled
+from ..telemetry import RESULT_CHUNKS_PUBLISHED, RESULT_TRANSPORT_ATTEMPTS, Registry
 from ..wire.types import Reply
 from .outbound import FramedWriter
 
@@ -64,6 +66,13 @@ class Publisher:
         self._writer = writer if writer is not None else FramedWriter(nc)
         self._flush_timeout_s = flush_timeout_s
         self.stats = PublishStats()
+        #: Where `sie.worker.result.transport.attempts` and `.result.chunks.published` are recorded
+        #: (§13), once per published batch; None: not recorded.
+        self.telemetry: Registry | None = None
+
+    def _record(self, mode: str, outcome: str, n: int) -> None:
+        if self.telemetry is not None and n:
+            self.telemetry.add(RESULT_TRANSPORT_ATTEMPTS, n, (("mode", mode), ("outcome", outcome)))
 
     @property
     def framed(self) -> bool:
@@ -100,8 +109,10 @@ class Publisher:
         except Exception as exc:  # nats-py raises its own and OS errors; either way: not published
             self.stats.publish_error += replies.messages
             _warn.warning("reply publish failed", extra={"replies": replies.messages, "error": repr(exc)})
+            self._record("single", "publish_error", replies.messages)
             return False
         self.stats.single += replies.messages
+        self._record("single", "published", replies.messages)
         return True
 
     async def _flush(self) -> bool:
@@ -134,6 +145,7 @@ class Publisher:
                 )
             except PayloadTooLarge as exc:
                 self.stats.rejected += 1
+                self._record("rejected", "planning_error", 1)
                 log.warning(
                     "reply dropped: too large even as a compact error",
                     extra={"item": reply.result.work_item_id, "error": str(exc)},
@@ -146,7 +158,17 @@ class Publisher:
         except Exception as exc:  # nats-py raises its own and OS errors; either way: not published
             self.stats.publish_error += len(planned)
             _warn.warning("reply publish failed", extra={"replies": len(planned), "error": repr(exc)})
+            for mode, n in Counter(mode for _, mode, _ in planned).items():
+                self._record(mode, "publish_error", n)
             return ok
+        chunked = any(mode == "chunked" for _, mode, _ in planned)
+        flushed = not chunked or await self._flush()
+        if self.telemetry is not None:
+            for mode, n in Counter(mode for _, mode, _ in planned).items():
+                self._record(mode, "published" if flushed or mode != "chunked" else "flush_error", n)
+            chunks = sum(messages for _, mode, messages in planned if mode == "chunked")
+            if chunks and flushed:
+                self.telemetry.add(RESULT_CHUNKS_PUBLISHED, chunks)
         for i, mode, messages in planned:
             ok[i] = True
             if mode == "single":
@@ -156,7 +178,7 @@ class Publisher:
                 self.stats.chunks += messages
             else:
                 self.stats.compact_error += 1
-        if any(mode == "chunked" for _, mode, _ in planned) and not await self._flush():
+        if not flushed:
             return [r.subject.strip() == "" for r in replies]
         return ok
 
