@@ -9,6 +9,7 @@ import contextlib
 import gc
 import logging
 import signal
+import time
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -42,7 +43,7 @@ from .prep.audio import configure_permits as configure_audio_permits
 from .probes import ProbeServer, start_probes
 from .sched.quantum import LatencyWindow, QuantumController
 from .sched.scheduler import MAX_ITEM_WAIT_S, SchedulerConfig
-from .telemetry import Registry
+from .telemetry import SHUTDOWN_DRAIN_DURATION, Registry
 
 if TYPE_CHECKING:
     from .local.runtime import LocalRunning
@@ -199,6 +200,7 @@ def start_metrics(
     telemetry: Registry,
     resources: contextlib.AsyncExitStack,
     ipc: IpcClient | BackendChildren,
+    payloads: PayloadStore,
 ) -> None:
     """OTLP metrics (§13) when enabled: a push every export interval, and a last one when the exit
     stack closes (after the drain, so the final counts go out). Only then do the IPC clients record
@@ -212,6 +214,7 @@ def start_metrics(
 
     for client in ipc.clients if isinstance(ipc, BackendChildren) else [ipc]:
         client.telemetry = telemetry
+    payloads.telemetry = telemetry
     exporter = MetricsExporter(
         telemetry,
         endpoint,
@@ -334,7 +337,7 @@ async def _start(settings: Settings, stop: asyncio.Event, resources: contextlib.
     quantum = quantum_controller(settings)
     config = ConfigState(settings.bundle_config_hash)
     telemetry = Registry()
-    start_metrics(settings, telemetry, resources, ipc)
+    start_metrics(settings, telemetry, resources, ipc, payloads)
     writer = FramedWriter(nc)  # the connection's one writer: replies, then their ACKs, in order
     settler = Settler(writer)
     publisher = Publisher(nc, writer=writer)
@@ -542,6 +545,8 @@ async def _drain(r: _Running) -> None:
     """The shutdown sequence up to the backend drain (§15.4 steps 1-7); the exit stack then flushes and
     closes NATS, the IPC client, the probes and the payload store."""
     settings = r.settings
+    started = time.monotonic()
+    pending: set[asyncio.Task[None]] = set()
     # 1. Stop taking work; finish and settle what is in flight (bounded).
     r.pull_stop.set()
     r.gate.cancel()
@@ -577,6 +582,14 @@ async def _drain(r: _Running) -> None:
     # 7. Backend drain; 8. (the exit stack) NATS flush and close, probes off.
     with contextlib.suppress(Exception):
         await asyncio.wait_for(r.ipc.drain(BACKEND_DRAIN_MS), BACKEND_DRAIN_MS / 1000.0 + 1)
+    record_drain(r.dispatcher.telemetry, started, clean=not pending)
+
+
+def record_drain(telemetry: Registry, started: float, *, clean: bool) -> None:
+    """`sie.worker.shutdown.drain.duration` (§13): how long the drain took, and whether in-flight work
+    had to be cancelled at the join deadline."""
+    outcome = "success" if clean else "deadline_exceeded"
+    telemetry.record(SHUTDOWN_DRAIN_DURATION, time.monotonic() - started, (("outcome", outcome),))
 
 
 def _log_stopped(r: _Running) -> None:

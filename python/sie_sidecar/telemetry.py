@@ -39,12 +39,18 @@ IPC_REQUEST_DURATION: Final = "sie.worker.ipc.request.duration"
 NATS_OPERATIONS: Final = "sie.worker.nats.operations"
 RESULT_TRANSPORT_ATTEMPTS: Final = "sie.worker.result.transport.attempts"
 RESULT_CHUNKS_PUBLISHED: Final = "sie.worker.result.chunks.published"
+PAYLOAD_FETCHES: Final = "sie.worker.payload.fetches"
+PAYLOAD_FETCH_DURATION: Final = "sie.worker.payload.fetch.duration"
+PAYLOAD_SIZE: Final = "sie.worker.payload.size"
+SHUTDOWN_DRAIN_DURATION: Final = "sie.worker.shutdown.drain.duration"
 
 #: Default histogram bucket bounds (upper, inclusive): powers of two up to 65,536, enough for items
 #: per batch and batch costs; durations pass their own.
 DEFAULT_BOUNDS: Final[tuple[float, ...]] = tuple(float(2**n) for n in range(17))
 #: Duration bounds in seconds: 0.5 ms to ~4 min, doubling.
 DURATION_BOUNDS_S: Final[tuple[float, ...]] = tuple(0.0005 * 2**n for n in range(20))
+#: Size bounds in bytes: 1 KiB to 64 MiB, doubling.
+SIZE_BOUNDS_BYTES: Final[tuple[float, ...]] = tuple(float(1024 * 2**n) for n in range(17))
 
 
 class Counter:
@@ -213,11 +219,16 @@ __all__ = [
     "IPC_REQUESTS",
     "IPC_REQUEST_DURATION",
     "NATS_OPERATIONS",
+    "PAYLOAD_FETCHES",
+    "PAYLOAD_FETCH_DURATION",
+    "PAYLOAD_SIZE",
     "PENDING_COST",
     "PENDING_ITEMS",
     "RESULT_CHUNKS_PUBLISHED",
     "RESULT_TRANSPORT_ATTEMPTS",
     "SATURATED",
+    "SHUTDOWN_DRAIN_DURATION",
+    "SIZE_BOUNDS_BYTES",
     "Attrs",
     "Counter",
     "Gauge",

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import msgpack
 import pytest
 
 from .conftest import NatsServer
@@ -22,8 +23,12 @@ def _attrs(point: object) -> dict[str, str]:
 
 
 async def test_the_batches_the_backend_saw_arrive_as_otlp_metrics(nats_server: NatsServer, tmp_path: Path) -> None:
+    store = tmp_path / "payloads"
+    store.mkdir()
+    (store / "item.msgpack").write_bytes(msgpack.packb({"text": "from the store"}))
     async with otlp_receiver() as receiver:
         env = {
+            "SIE_PAYLOAD_STORE_URL": f"file://{store}",
             "SIE_METRICS_ENABLED": "true",
             "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT": receiver.url,
             "OTEL_EXPORTER_OTLP_METRICS_PROTOCOL": "http/protobuf",
@@ -35,6 +40,11 @@ async def test_the_batches_the_backend_saw_arrive_as_otlp_metrics(nats_server: N
         async with running_stack(nats_server, tmp_path, env=env) as stack:
             ids = [await stack.publish(work_item(text=f"t{i}")) for i in range(40)]
             await stack.wait_for(lambda: all(len(stack.results_for(w)) == 1 for w in ids))
+            offloaded = [
+                await stack.publish(work_item(item=None, payload_ref=ref))
+                for ref in ("item.msgpack", "missing.msgpack")
+            ]
+            await stack.wait_for(lambda: all(len(stack.results_for(w)) == 1 for w in offloaded))
             await stack.wait_for(lambda: len(receiver.requests) >= 2)  # periodic pushes, not only the last
             backend_batches = stack.adapter.batches
             run_batch_calls = stack.backend.method_calls["RunBatch"] if stack.backend is not None else -1
@@ -51,7 +61,7 @@ async def test_the_batches_the_backend_saw_arrive_as_otlp_metrics(nats_server: N
         assert size.unit == "{item}" and metrics["sie.worker.batch.cost"].unit == "{cost}"
         points = list(size.histogram.data_points)
         assert sum(p.count for p in points) == backend_batches  # one record per batch the backend ran
-        assert sum(p.sum for p in points) == 40  # ... of the 40 items
+        assert sum(p.sum for p in points) == 41  # ... of the 40 items and the fetched one
         for p in points:
             attrs = _attrs(p)
             assert next(iter(attrs)) == "lane" and attrs["lane"] == "default|cpu|default"
@@ -70,12 +80,20 @@ async def test_the_batches_the_backend_saw_arrive_as_otlp_metrics(nats_server: N
             (_attrs(p)["operation"], _attrs(p)["reason"]): p.as_double
             for p in metrics["sie.worker.nats.operations"].sum.data_points
         }
-        assert operations[("ack", "completed")] == 40  # one ACK per answered item, counted per batch
+        assert operations[("ack", "completed")] == 42  # one ACK per answered item, counted per batch
         attempts = {
             (_attrs(p)["mode"], _attrs(p)["outcome"]): p.as_double
             for p in metrics["sie.worker.result.transport.attempts"].sum.data_points
         }
-        assert attempts == {("single", "published"): 40}  # every reply fitted one message
+        assert attempts == {("single", "published"): 42}  # every reply fitted one message
+        fetches = {
+            (_attrs(p)["outcome"], _attrs(p)["reason"]): p.as_double
+            for p in metrics["sie.worker.payload.fetches"].sum.data_points
+        }
+        assert fetches == {("success", "none"): 1, ("error", "not_found"): 1}
+        assert metrics["sie.worker.payload.size"].unit == "By"
+        (drain,) = metrics["sie.worker.shutdown.drain.duration"].histogram.data_points
+        assert _attrs(drain)["outcome"] == "success" and drain.count == 1
 
 
 async def test_without_an_endpoint_metrics_stay_off_with_one_warning(nats_server: NatsServer, tmp_path: Path) -> None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -76,7 +77,7 @@ async def start_local(settings: Settings, stop: asyncio.Event, resources: contex
     quantum = quantum_controller(settings)
     config = ConfigState(settings.bundle_config_hash)
     telemetry = Registry()
-    start_metrics(settings, telemetry, resources, ipc)
+    start_metrics(settings, telemetry, resources, ipc, payloads)
     replies = LocalReplies()
     settler = Settler(replies)  # no broker: ACKs land on the slots in one call per batch; a NAK is the local retry
     dispatcher = Dispatcher(
@@ -174,8 +175,10 @@ async def drain_local(r: LocalRunning) -> None:
     """§15.4 in local mode: the listener (in-flight calls finish within the join, else `cancelled`),
     then the pull loop, readiness and heartbeat, the reconciler, the scheduler drain, generations and
     the backend drain."""
-    from ..app import _end_tasks
+    from ..app import _end_tasks, record_drain
 
+    started = time.monotonic()
+    pending: set[asyncio.Task[None]] = set()
     await r.ingest.close(TASK_JOIN_S)
     r.pull_stop.set()
     r.gate.cancel()
@@ -193,6 +196,7 @@ async def drain_local(r: LocalRunning) -> None:
     await _end_tasks(r.background)
     with contextlib.suppress(Exception):
         await asyncio.wait_for(r.ipc.drain(BACKEND_DRAIN_MS), BACKEND_DRAIN_MS / 1000.0 + 1)
+    record_drain(r.dispatcher.telemetry, started, clean=not pending)
 
 
 __all__ = ["LocalRunning", "drain_local", "start_local"]

@@ -13,9 +13,18 @@
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING, Protocol
 
-from .errors import InvalidPayloadRef, PayloadStoreConfigError
+from ..telemetry import (
+    DURATION_BOUNDS_S,
+    PAYLOAD_FETCH_DURATION,
+    PAYLOAD_FETCHES,
+    PAYLOAD_SIZE,
+    SIZE_BOUNDS_BYTES,
+    Registry,
+)
+from .errors import InvalidPayloadRef, PayloadError, PayloadStoreConfigError
 from .local import LocalReader
 
 if TYPE_CHECKING:
@@ -41,6 +50,9 @@ class PayloadStore:
     def __init__(self, reader: PayloadReader, kind: str) -> None:
         self.reader = reader
         self.kind = kind
+        #: Where `sie.worker.payload.fetches`, `.fetch.duration` and `.size` are recorded (§13), one
+        #: fetch at a time (fetches are per offloaded item, not the hot path); None: not recorded.
+        self.telemetry: Registry | None = None
 
     @classmethod
     def from_url(cls, url: str | None) -> PayloadStore:
@@ -75,7 +87,26 @@ class PayloadStore:
         """The stored blob, at most `limit` bytes; raises a `PayloadError` subclass (check `.too_large`)."""
         if not isinstance(ref, str):
             raise InvalidPayloadRef("payload ref must be a string")
-        return await self.reader.fetch(ref, limit)
+        telemetry = self.telemetry
+        if telemetry is None:
+            return await self.reader.fetch(ref, limit)
+        started = time.perf_counter()
+        try:
+            blob = await self.reader.fetch(ref, limit)
+        except PayloadError as exc:
+            # §13's reason vocabulary has no `too_large` (v0.7.1): it reports as `other`.
+            self._record(telemetry, "error", "other" if exc.too_large else exc.reason, started, None)
+            raise
+        self._record(telemetry, "success", "none", started, len(blob))
+        return blob
+
+    @staticmethod
+    def _record(telemetry: Registry, outcome: str, reason: str, started: float, size: int | None) -> None:
+        attrs = (("outcome", outcome), ("reason", reason))
+        telemetry.add(PAYLOAD_FETCHES, 1, attrs)
+        telemetry.histogram(PAYLOAD_FETCH_DURATION, attrs, DURATION_BOUNDS_S).record(time.perf_counter() - started)
+        if size is not None:
+            telemetry.histogram(PAYLOAD_SIZE, attrs, SIZE_BOUNDS_BYTES).record(size)
 
     def close(self) -> None:
         """Release the reader's resources (the pinned directory descriptor, an HTTP session)."""
