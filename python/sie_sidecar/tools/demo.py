@@ -18,7 +18,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Coroutine, Iterator
+from collections.abc import Coroutine, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
@@ -106,8 +106,9 @@ class Processes:
 
 
 @contextlib.contextmanager
-def pipeline(adapter: str, workdir: Path) -> Iterator[tuple[str, Processes]]:
-    """Start nats-server, backend and sidecar; yield (nats_url, the processes); stop them all."""
+def pipeline(adapter: str, workdir: Path, backend_args: Sequence[str] = ()) -> Iterator[tuple[str, Processes]]:
+    """Start nats-server, backend (with `backend_args`) and sidecar; yield (nats_url, the processes);
+    stop them all."""
     procs = Processes()
     try:
         port = free_port()
@@ -123,7 +124,7 @@ def pipeline(adapter: str, workdir: Path) -> Iterator[tuple[str, Processes]]:
         cli = [sys.executable, "-m", "sie_sidecar"]
         procs.start(
             "backend",
-            [*cli, "backend", "--adapter", adapter, "--socket", sock],
+            [*cli, "backend", "--adapter", adapter, "--socket", sock, *backend_args],
             dict(os.environ),
             workdir / "backend.log",
         )

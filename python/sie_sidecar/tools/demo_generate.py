@@ -10,7 +10,6 @@ tokenizer.json the demo package already ships), deterministically from the promp
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import shutil
 import sys
@@ -22,8 +21,7 @@ from typing import Any
 import msgpack
 
 from .. import wire
-from .demo import Processes, _nats_server_binary, _wait_for
-from .localhost import free_port, port_open
+from .demo import pipeline
 
 MODEL = "demo/streamer"
 PROMPT = "Tell me how a sidecar batches work for a GPU"
@@ -102,48 +100,20 @@ def run_generate_demo() -> int:
     """Start nats-server, the reference backend (streaming) and the sidecar; stream one answer."""
     started = time.monotonic()
     workdir = Path(tempfile.mkdtemp(prefix="sie-demo-gen-"))
-    procs = Processes()
     print("sie-sidecar demo --generate: nats-server + reference backend (token streamer) + sidecar")
+    tokenizer = _tokenizer()
+    backend = ["--preload", MODEL, "--gen-token-delay-s", str(TOKEN_DELAY_S)]
+    if tokenizer is not None:
+        backend += ["--gen-tokenizer", tokenizer]
     try:
-        port = free_port()
-        procs.start(
-            "nats-server",
-            [_nats_server_binary(), "-js", "-a", "127.0.0.1", "-p", str(port), "-sd", str(workdir / "js")],
-            dict(os.environ),
-            workdir / "nats.log",
-        )
-        _wait_for(lambda: port_open(port), 15, "nats-server")
-        url = f"nats://127.0.0.1:{port}"
-        sock = str(workdir / "backend.sock")
-        cli = [sys.executable, "-m", "sie_sidecar"]
-        backend = [*cli, "backend", "--adapter", "null", "--socket", sock, "--preload", MODEL]
-        backend += ["--gen-token-delay-s", str(TOKEN_DELAY_S)]
-        tokenizer = _tokenizer()
-        if tokenizer is not None:
-            backend += ["--gen-tokenizer", tokenizer]
-        procs.start("backend", backend, dict(os.environ), workdir / "backend.log")
-        _wait_for(lambda: Path(sock).exists(), 60, "the backend")
-        env = {
-            **os.environ,
-            "SIE_NATS_URL": url,
-            "SIE_POOL": "default",
-            "SIE_BUNDLE": "default",
-            "SIE_MACHINE_PROFILE": "cpu",
-            "SIE_IPC_SOCKET_PATH": sock,
-            "SIE_WORKER_ID": "demo-worker-0",
-            "SIE_WORKER_PROBE_PORT": str(free_port()),
-        }
-        procs.start("sidecar", [*cli, "run"], env, workdir / "sidecar.log")
-        vocabulary = "the MiniLM tokenizer's vocabulary" if tokenizer else "a fallback word list"
-        print(f"  started      in {time.monotonic() - started:.1f} s; tokens come from {vocabulary}")
-        chunks, gaps = asyncio.run(_stream(url))
+        with pipeline("null", workdir, backend) as (url, _procs):
+            vocabulary = "the MiniLM tokenizer's vocabulary" if tokenizer else "a fallback word list"
+            print(f"  started      in {time.monotonic() - started:.1f} s; tokens come from {vocabulary}")
+            chunks, gaps = asyncio.run(_stream(url))
     except Exception as exc:
         print(f"sie-sidecar demo --generate: FAILED: {exc!r}", file=sys.stderr)
         print(f"Logs kept in {workdir}", file=sys.stderr)
-        with contextlib.suppress(Exception):
-            procs.stop_all()
         return 1
-    procs.stop_all()
     final = chunks[-1] if chunks else {}
     ok = bool(final.get("done")) and [c.get("seq") for c in chunks] == list(range(len(chunks)))
     first = gaps[0] if gaps else 0.0
