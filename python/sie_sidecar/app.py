@@ -39,6 +39,7 @@ from .pipeline.dispatcher import SHUTDOWN_NAK_MS, ConfigState, Dispatcher, Dispa
 from .pipeline.feed import feed
 from .pipeline.gate import gate_pulls
 from .pipeline.readiness import PingClient, Readiness, heartbeat
+from .pipeline.source import Source
 from .prep.audio import configure_permits as configure_audio_permits
 from .probes import ProbeServer, start_probes
 from .sched.quantum import LatencyWindow, QuantumController
@@ -239,6 +240,35 @@ def start_metrics(
 
     resources.push_async_callback(flush)
     log.info("OTLP metrics on", extra={"endpoint": endpoint, "interval_s": otel.export_interval_s})
+
+
+def start_feed(
+    settings: Settings,
+    source: Source,
+    dispatcher: Dispatcher,
+    *,
+    quantum: QuantumController,
+    tasks: set[asyncio.Task[None]],
+    stop: asyncio.Event,
+    on_idle: Callable[[], None],
+) -> asyncio.Task[None]:
+    """The pull loop (§5.1) over one source, into the dispatcher: batches capped by the fetch budget
+    and the smallest batch budget a backend reported, coalescing only while the pipeline is busy."""
+    budget = settings.nats_fetch_budget
+    return asyncio.create_task(
+        feed(
+            source,
+            dispatcher.handle,
+            budget=lambda: min(budget, dispatcher.intake_limit()),
+            inflight=settings.concurrency.pull_batches,
+            stop=stop,
+            tasks=tasks,
+            quantum=quantum,
+            idle_bypass=settings.batcher_idle_bypass_enabled,
+            on_idle=on_idle,
+            busy=lambda: not dispatcher.idle(),
+        )
+    )
 
 
 def quantum_controller(settings: Settings) -> QuantumController:
@@ -479,7 +509,6 @@ async def _start(settings: Settings, stop: asyncio.Event, resources: contextlib.
 
     dispatcher.shutdown_nak_ms = shutdown_nak_ms
     dispatcher.on_draining = readiness.backend_refused
-    nats_budget = settings.nats_fetch_budget
 
     pull_stop = asyncio.Event()
     loops: list[asyncio.Task[None]] = []
@@ -489,19 +518,8 @@ async def _start(settings: Settings, stop: asyncio.Event, resources: contextlib.
             await consumer.start(paused="handshake pending")  # the gate resumes it once the backend is ready
         except NATS_FAILURES as exc:
             raise StartupError("pull consumers", events.describe(exc)) from None
-        loop = asyncio.create_task(
-            feed(
-                consumer,
-                dispatcher.handle,
-                budget=lambda: min(nats_budget, dispatcher.intake_limit()),
-                inflight=limits.pull_batches,
-                stop=pull_stop,
-                tasks=tasks,
-                quantum=quantum,
-                idle_bypass=settings.batcher_idle_bypass_enabled,
-                on_idle=wake_all,
-                busy=lambda: not dispatcher.idle(),
-            )
+        loop = start_feed(
+            settings, consumer, dispatcher, quantum=quantum, tasks=tasks, stop=pull_stop, on_idle=wake_all
         )
         loops.append(loop)
         resources.push_async_callback(_end_tasks, [loop], pull_stop)  # the loop ends before its consumer stops

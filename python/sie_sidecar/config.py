@@ -808,6 +808,7 @@ class _Builder:
 
     def build(self) -> Settings:
         ingest = self._ingest()
+        otel = self._otel()
         local_socket = self.text("SIE_SIDECAR_LOCAL_SOCKET")
         nats_url = self.raw("SIE_NATS_URL")
         nats_url = nats_url if nats_url is not None and nats_url.strip() else None
@@ -932,8 +933,8 @@ class _Builder:
             generate_ipc_frame_timeout_s=self.env_uint("SIE_GENERATE_IPC_FRAME_TIMEOUT_S", 300),
             ipc_mux=self._environ.get("SIE_IPC_MUX") in _MUX_ON,
             nats_connect_timeout_s=self.env_float("SIE_NATS_CONNECT_TIMEOUT_S", 30.0),
-            metrics_enabled=self._metrics_enabled(),
-            otel=self._otel(),
+            metrics_enabled=self._metrics_enabled(otel),
+            otel=otel,
             tracing_enabled=self.env_flag("SIE_TRACING_ENABLED", default=False),
             work_deadline_enforce=self.env_flag("SIE_WORK_DEADLINE_ENFORCE", default=False),
             log_filter=(self._environ.get("RUST_LOG") or "").strip() or "info",
@@ -941,13 +942,6 @@ class _Builder:
         )
 
     def _otel(self) -> OtelSettings:
-        """Resolved once per build (its warnings too)."""
-        cached: OtelSettings | None = getattr(self, "_otel_settings", None)
-        if cached is None:
-            cached = self._otel_settings = self._resolve_otel()
-        return cached
-
-    def _resolve_otel(self) -> OtelSettings:
         """§1.2: the signal-specific endpoint and protocol win over the generic ones; the protocol
         defaults to gRPC. A generic HTTP endpoint gets the signal path appended (OTLP exporter spec)."""
         env = self._environ
@@ -973,12 +967,11 @@ class _Builder:
             cloud_region=region,
         )
 
-    def _metrics_enabled(self) -> bool:
+    def _metrics_enabled(self, otel: OtelSettings) -> bool:
         """`SIE_METRICS_ENABLED`, off (with a warning) when no endpoint resolves or the protocol is one
         this build does not export yet."""
         if not self.env_flag("SIE_METRICS_ENABLED", default=False):
             return False
-        otel = self._otel()
         if otel.metrics_endpoint is None:
             self.warnings.append("SIE_METRICS_ENABLED is set but no OTLP metrics endpoint is: metrics are off")
             return False

@@ -223,18 +223,9 @@ def _body(items: list[dict[str, Any]] | bytes, **fields: Any) -> Body:
 
 
 def _check(name: str, body: Body, prefix: str = "_INBOX.local.1.", numbered: bool = True) -> Any:
-    return CHECKERS[name](
-        body.items,
-        request_id=body.request_id,
-        endpoint=body.endpoint,
-        model=body.model,
-        engine=body.engine,
-        bundle_config_hash=body.bundle_config_hash,
-        admission_pool=body.admission_pool.strip().lower(),
-        lane_pool=body.lane_pool,
-        reply_prefix=prefix,
-        numbered=numbered,
-    )
+    """`check_items` through one implementation, as its three columns."""
+    slots = check_items(body, prefix, numbered=numbered, checker=CHECKERS[name])
+    return slots.datas, slots.indexes, slots.admitted
 
 
 def _items(n: int = 2, **extra: Any) -> list[dict[str, Any]]:

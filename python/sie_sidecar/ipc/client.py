@@ -391,20 +391,16 @@ class IpcClient:
         *,
         attest: Attest | None = None,
     ) -> T:
-        telemetry = self.telemetry
-        if telemetry is None:
-            try:
-                return await self._exchange_once(method, body, timeout_s, decode, attest)
-            except IpcTransportError:
-                self.reported_hash = None  # whatever answers next may be a restarted backend
-                raise
-        started = time.perf_counter()
-        _retried.set(False)
+        telemetry = self.telemetry  # None (metrics off): no clock, no flag, nothing recorded
+        started = 0.0
+        if telemetry is not None:
+            started = time.perf_counter()
+            _retried.set(False)
         outcome = "success"
         try:
             return await self._exchange_once(method, body, timeout_s, decode, attest)
         except IpcTransportError:
-            self.reported_hash = None
+            self.reported_hash = None  # whatever answers next may be a restarted backend
             outcome = "transport_error"
             raise
         except IpcTimeout:
@@ -420,9 +416,9 @@ class IpcClient:
             outcome = "protocol_error"
             raise
         finally:
-            if outcome == "success" and _retried.get():
-                outcome = "success_after_retry"
-            if outcome != "not_sent":
+            if telemetry is not None and outcome != "not_sent":
+                if outcome == "success" and _retried.get():
+                    outcome = "success_after_retry"
                 attrs = (("method", _method_name(method)), ("outcome", outcome))
                 telemetry.add(IPC_REQUESTS, 1, attrs)
                 telemetry.histogram(IPC_REQUEST_DURATION, attrs, DURATION_BOUNDS_S).record(

@@ -17,7 +17,6 @@ from typing import Any, Final
 from ..errors import InvalidTransportBinding
 from .digest import DIGEST_SIZE, payload_digest
 
-MAX_ITEMS: Final = 4096  # enforced by the checker (sie-core local_items and its twin)
 #: `publish_work` waits at most this long; 0 means this default (§11).
 MAX_TIMEOUT_MS: Final = 300_000
 _STR_FIELDS: Final = ("lane", "endpoint", "model", "engine", "admission_pool", "bundle_config_hash", "request_id")
@@ -47,20 +46,14 @@ class Body:
     @classmethod
     def decode(cls, raw: dict[Any, Any]) -> Body:
         values: dict[str, Any] = {}
-        for key in _STR_FIELDS:
-            value = raw.get(key)
-            if value is None:
-                continue
-            if not isinstance(value, str):
-                raise ValueError(f"body field {key} must be a string")
-            values[key] = value
-        for key in _BIN_FIELDS:
-            value = raw.get(key)
-            if value is None:
-                continue
-            if not isinstance(value, bytes):
-                raise ValueError(f"body field {key} must be binary")
-            values[key] = value
+        for keys, kind, what in ((_STR_FIELDS, str, "a string"), (_BIN_FIELDS, bytes, "binary")):
+            for key in keys:
+                value = raw.get(key)
+                if value is None:
+                    continue
+                if not isinstance(value, kind):
+                    raise ValueError(f"body field {key} must be {what}")
+                values[key] = value
         timeout = raw.get("timeout_ms")
         if timeout is not None:
             if isinstance(timeout, bool) or not isinstance(timeout, int) or not -(2**63) <= timeout < 2**63:
@@ -106,7 +99,10 @@ class Body:
         return self.timeout_ms or MAX_TIMEOUT_MS
 
 
-def _select_checker() -> Callable[..., tuple[list[bytes], list[int], list[bool]]]:
+Checker = Callable[..., tuple[list[bytes], list[int], list[bool]]]
+
+
+def _select_checker() -> Checker:
     """The item rules in the native core, unless the pure-Python twin was asked for."""
     from ..wire._switch import USING_NATIVE, twin
 
@@ -114,7 +110,7 @@ def _select_checker() -> Callable[..., tuple[list[bytes], list[int], list[bool]]
         from .._native import check_local_items
 
         return check_local_items
-    checker: Callable[..., tuple[list[bytes], list[int], list[bool]]] = twin("local_items").check_local_items
+    checker: Checker = twin("local_items").check_local_items
     return checker
 
 
@@ -135,12 +131,13 @@ class Slots:
         return len(self.datas)
 
 
-def check_items(body: Body, reply_prefix: str, *, numbered: bool = True) -> Slots:
+def check_items(body: Body, reply_prefix: str, *, numbered: bool = True, checker: Checker | None = None) -> Slots:
     """The §11 item rules in one native call per request (`ValueError` names the rule and the slot);
     each item's `reply_subject` becomes `{reply_prefix}{slot}` (`reply_prefix` alone if not
     `numbered`). Nothing is decoded into Python values per field: intake decodes the items later,
-    exactly as it decodes NATS deliveries."""
-    datas, indexes, admitted = _check_local_items(
+    exactly as it decodes NATS deliveries. `checker`: the native core or its twin explicitly (the
+    parity tests); by default the one `SIE_SIDECAR_NO_EXTENSIONS` selects."""
+    datas, indexes, admitted = (checker or _check_local_items)(
         body.items,
         request_id=body.request_id,
         endpoint=body.endpoint,
@@ -155,4 +152,4 @@ def check_items(body: Body, reply_prefix: str, *, numbered: bool = True) -> Slot
     return Slots(datas, indexes, admitted)
 
 
-__all__ = ["MAX_ITEMS", "MAX_TIMEOUT_MS", "Body", "Slots", "check_items"]
+__all__ = ["MAX_TIMEOUT_MS", "Body", "Checker", "Slots", "check_items"]

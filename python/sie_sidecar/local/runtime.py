@@ -25,7 +25,6 @@ from ..ipc.client import IpcClient
 from ..pipeline.config_gate import ConfigState
 from ..pipeline.delivery import Settler
 from ..pipeline.dispatcher import Dispatcher
-from ..pipeline.feed import feed
 from ..pipeline.gate import gate_pulls
 from ..pipeline.readiness import Readiness
 from ..telemetry import Registry
@@ -65,6 +64,7 @@ async def start_local(settings: Settings, stop: asyncio.Event, resources: contex
         live_config,
         open_backend_side,
         quantum_controller,
+        start_feed,
         start_heartbeat,
         start_metrics,
         start_reconciler,
@@ -126,21 +126,7 @@ async def start_local(settings: Settings, stop: asyncio.Event, resources: contex
     dispatcher.set_on_idle(source.wake)
     dispatcher.on_draining = readiness.backend_refused
     pull_stop = asyncio.Event()
-    budget = settings.nats_fetch_budget
-    loop = asyncio.create_task(
-        feed(
-            source,
-            dispatcher.handle,
-            budget=lambda: min(budget, dispatcher.intake_limit()),
-            inflight=limits.pull_batches,
-            stop=pull_stop,
-            tasks=tasks,
-            quantum=quantum,
-            idle_bypass=settings.batcher_idle_bypass_enabled,
-            on_idle=source.wake,
-            busy=lambda: not dispatcher.idle(),
-        )
-    )
+    loop = start_feed(settings, source, dispatcher, quantum=quantum, tasks=tasks, stop=pull_stop, on_idle=source.wake)
     resources.push_async_callback(_end_tasks, [loop], pull_stop)
     tune_gc_for_steady_state()
     gate = asyncio.create_task(

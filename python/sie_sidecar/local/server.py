@@ -83,29 +83,16 @@ class _Writer:
         self._on_stall = on_stall
         self._task = asyncio.create_task(self._run(), name="local-writer")
 
-    @property
-    def queued_bytes(self) -> int:
-        return self._bytes
-
     async def send(self, frame: bytes) -> None:
         """Queue one frame; waits (at most the write deadline) while the queue is full."""
         try:
             async with asyncio.timeout(WRITE_DEADLINE_S):
-                while (
-                    not self._closed
-                    and self._queue
-                    and (len(self._queue) >= WRITE_FRAMES or self._bytes + len(frame) > WRITE_BYTES)
-                ):
+                while not self.try_send(frame):  # `_Closed` once the writer closes
                     self._room.clear()
                     await self._room.wait()
         except TimeoutError:
             self._on_stall("write queue stayed full past the write deadline")
             raise _Closed from None
-        if self._closed:
-            raise _Closed
-        self._queue.append(frame)
-        self._bytes += len(frame)
-        self._data.set()
 
     def try_send(self, frame: bytes) -> bool:
         """Queue one frame now if there is room (no await); False when the caller must wait (`send`)."""
@@ -216,10 +203,6 @@ class _Connection:
         self.streams: dict[str, LocalStream] = {}
         self._closing = False
         self.task: asyncio.Task[None] | None = None
-
-    @property
-    def busy(self) -> bool:
-        return bool(self._ops)
 
     def _stalled(self, why: str | None) -> None:
         if why is not None:
@@ -531,10 +514,6 @@ class LocalIngest:
         self._connections: set[_Connection] = set()
         self._claims: dict[str, _Connection] = {}
         self.shutting_down = False
-
-    @property
-    def connections(self) -> int:
-        return len(self._connections)
 
     def claim(self, request_id: str, conn: _Connection) -> bool:
         owner = self._claims.get(request_id)

@@ -289,12 +289,20 @@ class LocalReplies:
     def unregister_stream(self, subject: str) -> None:
         self._streams.pop(subject, None)
 
-    def _deliver(self, subject: str, encoded: bytes) -> None:
-        """A result for the slot `subject` names; one for a request no longer waiting is dropped."""
+    def _slot_of(self, subject: str) -> tuple[LocalWork, int] | None:
+        """The waiting request and slot a reply subject names (`{token}{slot}`); None for a request no
+        longer waiting, or a subject that names no slot of it."""
         token, _, slot = subject.rpartition(".")
         work = self._work.get(token + ".")
-        if work is not None and slot.isdigit() and int(slot) < len(work.results):
-            work.set_result(int(slot), encoded)
+        if work is None or not slot.isdigit() or int(slot) >= len(work.results):
+            return None
+        return work, int(slot)
+
+    def _deliver(self, subject: str, encoded: bytes) -> None:
+        """A result for the slot `subject` names; one for a request no longer waiting is dropped."""
+        found = self._slot_of(subject)
+        if found is not None:
+            found[0].set_result(found[1], encoded)
 
     async def publish_framed(self, replies: wire.FramedReplies) -> bool:
         """Split `PUB <subject> <size>\\r\\n<payload>\\r\\n` frames back into slot results."""
@@ -329,10 +337,9 @@ class LocalReplies:
         """The batched ACK (`pipeline.delivery.AckWriter`): a slot ACKed without a result was dropped
         without an outcome (§11). A slot handle's `reply` is its reply subject."""
         for subject in reply_subjects:
-            token, _, slot = subject.rpartition(".")
-            work = self._work.get(token + ".")
-            if work is not None and slot.isdigit():
-                work.acked(int(slot))
+            found = self._slot_of(subject)
+            if found is not None:
+                found[0].acked(found[1])
 
 
 __all__ = [

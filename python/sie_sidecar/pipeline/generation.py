@@ -148,7 +148,7 @@ class Generations:
             await self._serve(d)
         except Exception as exc:  # cancellation (shutdown) passes through; the NAK below still runs
             _warn.warning("generation failed", key="generate", extra={"error": repr(exc)})
-            if not d.settled and hasattr(d.msg, "refuse"):
+            if not d.settled:
                 await self._refuse(d, TRANSPORT_FAILURE, f"generation failed: {exc}", nak_ms=base)
         finally:
             if not d.settled:

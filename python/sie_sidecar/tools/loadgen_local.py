@@ -24,6 +24,7 @@ from .loadgen import (
     _request_plan,
     _Run,
     _summarize,
+    _tick,
     arrival_offsets,
     build_work_item,
 )
@@ -31,7 +32,6 @@ from .progress import ProgressBar
 
 #: Connections to the socket; each carries up to 80 requests at a time (the §11 budget).
 CONNECTIONS = 4
-_PROGRESS_TICK_S = 0.1
 
 
 async def generate_local_load(config: LoadConfig, socket: str, *, progress: bool = True) -> LoadSummary:
@@ -155,12 +155,6 @@ async def _drive(clients: list[Client], config: LoadConfig, socket: str, *, prog
     summary = _summarize(run, lost=lost, unsent=0)
     summary.subject = f"local:{socket}"
     return summary
-
-
-async def _tick(run: _Run, bar: ProgressBar) -> None:
-    while True:
-        bar.update(run.results + run.publish_errors, _recent_p50(run.latencies_ms))
-        await asyncio.sleep(_PROGRESS_TICK_S)
 
 
 __all__ = ["CONNECTIONS", "generate_local_load"]
