@@ -16,51 +16,10 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue, InstrumentationSc
 from opentelemetry.proto.metrics.v1 import metrics_pb2 as pb
 from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 
-from ..telemetry import Point
+from ..telemetry import INSTRUMENTS, Point
 
-#: §13: the unit of every instrument (names not listed here are exported without one).
-UNITS: Final[Mapping[str, str]] = {
-    "sie.worker.queue.duration": "s",
-    "sie.worker.queue.depth": "{item}",
-    "sie.worker.work_item.age": "s",
-    "sie.worker.work_item.deadline_exceeded": "{item}",
-    "sie.worker.scheduler.request_batch.dispatch_wait": "s",
-    "sie.worker.scheduler.request_batch.total": "s",
-    "sie.worker.batch.size": "{item}",
-    "sie.worker.batch.cost": "{cost}",
-    "sie.worker.batch.fill_ratio": "1",
-    "sie.worker.ipc.requests": "{request}",
-    "sie.worker.ipc.request.duration": "s",
-    "sie.worker.ipc.response.chunks": "{transfer}",
-    "sie.worker.ipc.response.reconstructed.size": "By",
-    "sie.worker.ipc.response.chunk.count": "{chunk}",
-    "sie.worker.ipc.response.chunk.reserved": "By",
-    "sie.worker.config.applies": "{apply}",
-    "sie.worker.config.epoch": "{epoch}",
-    "sie.worker.config.degraded": "1",
-    "sie.worker.nats.operations": "{operation}",
-    "sie.worker.nats.delivery.attempts": "{attempt}",
-    "sie.worker.result.transport.attempts": "{attempt}",
-    "sie.worker.result.chunks.published": "{chunk}",
-    "sie.worker.result.chunk.size": "By",
-    "sie.worker.payload.fetches": "{fetch}",
-    "sie.worker.payload.fetch.duration": "s",
-    "sie.worker.payload.size": "By",
-    "sie.worker.gpu.slots": "{slot}",
-    "sie.worker.pending.items": "{item}",
-    "sie.worker.pending.cost": "{cost}",
-    "sie.worker.inflight.batches": "{batch}",
-    "sie.worker.saturated": "1",
-    "sie.worker.ipc.capacity": "{request}",
-    "sie.worker.ipc.inflight": "{request}",
-    "sie.worker.ipc.acquire.duration": "s",
-    "sie.worker.scheduler.adaptive.wait": "s",
-    "sie.worker.scheduler.adaptive.cost": "{cost}",
-    "sie.worker.scheduler.adaptive.p50": "s",
-    "sie.worker.scheduler.starvation.resets": "{reset}",
-    "sie.worker.generation.model_loading.responses": "{response}",
-    "sie.worker.shutdown.drain.duration": "s",
-}
+#: §13: the unit of every instrument (names not listed there are exported without one).
+UNITS: Final[Mapping[str, str]] = {name: unit for name, (_, unit, _) in INSTRUMENTS.items()}
 SCOPE: Final = "sie_sidecar"
 _CUMULATIVE: Final = pb.AggregationTemporality.AGGREGATION_TEMPORALITY_CUMULATIVE
 

@@ -21,28 +21,12 @@ import bisect
 import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Final, Literal
+from typing import Final
+
+from .names import Kind
 
 Attrs = tuple[tuple[str, str], ...]
-Kind = Literal["counter", "gauge", "histogram"]
 
-#: Instrument names the schedulers and the health heartbeat share (§13).
-PENDING_ITEMS: Final = "sie.worker.pending.items"
-PENDING_COST: Final = "sie.worker.pending.cost"
-INFLIGHT_BATCHES: Final = "sie.worker.inflight.batches"
-SATURATED: Final = "sie.worker.saturated"
-GPU_SLOTS: Final = "sie.worker.gpu.slots"
-BATCH_SIZE: Final = "sie.worker.batch.size"
-BATCH_COST: Final = "sie.worker.batch.cost"
-IPC_REQUESTS: Final = "sie.worker.ipc.requests"
-IPC_REQUEST_DURATION: Final = "sie.worker.ipc.request.duration"
-NATS_OPERATIONS: Final = "sie.worker.nats.operations"
-RESULT_TRANSPORT_ATTEMPTS: Final = "sie.worker.result.transport.attempts"
-RESULT_CHUNKS_PUBLISHED: Final = "sie.worker.result.chunks.published"
-PAYLOAD_FETCHES: Final = "sie.worker.payload.fetches"
-PAYLOAD_FETCH_DURATION: Final = "sie.worker.payload.fetch.duration"
-PAYLOAD_SIZE: Final = "sie.worker.payload.size"
-SHUTDOWN_DRAIN_DURATION: Final = "sie.worker.shutdown.drain.duration"
 
 #: Default histogram bucket bounds (upper, inclusive): powers of two up to 65,536, enough for items
 #: per batch and batch costs; durations pass their own.
@@ -109,6 +93,29 @@ class Histogram:
         self.sum += value
         self.min = min(self.min, value)
         self.max = max(self.max, value)
+
+    def record_n(self, value: float, n: int) -> None:
+        """`n` observations of one value (a batch whose items share it), in one step."""
+        if n <= 0:
+            return
+        self.buckets[bisect.bisect_left(self.bounds, value)] += n
+        self.count += n
+        self.sum += value * n
+        self.min = min(self.min, value)
+        self.max = max(self.max, value)
+
+    def record_many(self, values: Sequence[float]) -> None:
+        """One observation per value: a batch's items at once, with one attribute lookup for all."""
+        if not values:
+            return
+        buckets, bounds, where = self.buckets, self.bounds, bisect.bisect_left
+        for value in values:
+            buckets[where(bounds, value)] += 1
+        self.count += len(values)
+        self.sum += math.fsum(values)
+        low, high = min(values), max(values)
+        self.min = min(self.min, low)
+        self.max = max(self.max, high)
 
 
 Instrument = Counter | Gauge | Histogram
@@ -210,24 +217,8 @@ class Registry:
 
 
 __all__ = [
-    "BATCH_COST",
-    "BATCH_SIZE",
     "DEFAULT_BOUNDS",
     "DURATION_BOUNDS_S",
-    "GPU_SLOTS",
-    "INFLIGHT_BATCHES",
-    "IPC_REQUESTS",
-    "IPC_REQUEST_DURATION",
-    "NATS_OPERATIONS",
-    "PAYLOAD_FETCHES",
-    "PAYLOAD_FETCH_DURATION",
-    "PAYLOAD_SIZE",
-    "PENDING_COST",
-    "PENDING_ITEMS",
-    "RESULT_CHUNKS_PUBLISHED",
-    "RESULT_TRANSPORT_ATTEMPTS",
-    "SATURATED",
-    "SHUTDOWN_DRAIN_DURATION",
     "SIZE_BOUNDS_BYTES",
     "Attrs",
     "Counter",
