@@ -250,9 +250,7 @@ class LiveConfig:
                 )
             if self.state.commit(note.epoch, expected, answer.unsupported_models) and self.on_commit is not None:
                 self.on_commit()
-            if note.model_id:
-                self.state.catalog_models.add(note.model_id)
-            self.state.catalog_profiles.update(note.profiles_added)
+            self.state.catalog.extend(note.model_id, note.profiles_added)
         return self.record(source, operation, "applied", model=note.model_id, bundle_config_hash=expected)
 
     # -- exports (§9.3) -----------------------------------------------------------------------
@@ -314,8 +312,7 @@ class LiveConfig:
             if self.state.commit(export.epoch, expected, answer.unsupported_models, force=True):
                 if self.on_commit is not None:
                     self.on_commit()
-                self.state.catalog_models = set(answer.applied_models)
-                self.state.catalog_profiles = set(answer.applied_profiles)
+            self.state.catalog.replace_export(answer.applied_models, answer.applied_profiles)
             self.last_signature = signature
         outcome = "applied" if answer.applied_models else "no_relevant_models"
         return self.record(source, operation, outcome, reason=request.reason, bundle_config_hash=expected)

@@ -18,6 +18,7 @@ from collections.abc import AsyncIterator, Callable, Iterable
 from typing import TYPE_CHECKING
 
 from ..logs import Throttled
+from ..telemetry import ModelCatalog
 
 if TYPE_CHECKING:
     from ..wire.workitem import WorkItem
@@ -108,9 +109,9 @@ class ConfigState:
         self.on_refused: Callable[[], None] | None = None
         #: Called when a backend child does not attest the advertised config (`executes_on`).
         self.on_diverged: Callable[[], None] | None = None
-        #: Models and profiles the control plane told us of (§9.2 step 12), for telemetry.
-        self.catalog_models: set[str] = set()
-        self.catalog_profiles: set[str] = set()
+        #: The telemetry (model, profile) catalog (§13): extended by trusted commits (§9.2 step
+        #: 12), replaced by full exports; the app seeds it from SIE_METRIC_MODEL_ALLOWLIST.
+        self.catalog = ModelCatalog()
 
     @property
     def current(self) -> str | None:

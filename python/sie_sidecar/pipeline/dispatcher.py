@@ -39,7 +39,8 @@ from ..sched.costs import AUDIO_HARD_BATCH_COST_CAP, extract_cost, score_cost
 from ..sched.lane import BatchReport, LaneSettings, ModelLane
 from ..sched.quantum import QuantumController
 from ..sched.scheduler import Formed, SchedulerConfig
-from ..telemetry import BATCH_COST, BATCH_SIZE, Registry
+from ..telemetry import QUEUE_DEPTH, ModelCatalog, QueueDepth, Registry
+from ..telemetry.lane_metrics import LaneMetrics
 from ..wire.workitem import WorkItem
 from .admission import Admission
 from .config_gate import ConfigState
@@ -203,6 +204,10 @@ class Dispatcher:
         #: What the schedulers and batch calls record (queue depth, pending cost, batches in flight,
         #: batch sizes); the health heartbeat reads it.
         self.telemetry = telemetry if telemetry is not None else Registry()
+        #: Set when metrics are enabled (the app): each model lane then records its §13 queue and
+        #: batch instruments with (model, profile) attributes from this catalog.
+        self.catalog: ModelCatalog | None = None
+        self._queue_depth: QueueDepth | None = None
         self._backend = backend
         self._settler = settler
         self._config = config or ConfigState()
@@ -608,8 +613,16 @@ class Dispatcher:
                 on_idle=lambda: self._on_idle() if self._on_idle is not None else None,
                 telemetry=self.telemetry,
                 keepalive=self._keepalive,
+                metrics=self._lane_metrics(model),
             )
         return lane
+
+    def _lane_metrics(self, model: str) -> LaneMetrics | None:
+        if self.catalog is None:
+            return None
+        if self._queue_depth is None:
+            self._queue_depth = QueueDepth(self.telemetry, self.catalog, QUEUE_DEPTH)
+        return LaneMetrics(self.telemetry, self.catalog, self._queue_depth, model)
 
     async def _enqueue(
         self,
@@ -678,7 +691,8 @@ class Dispatcher:
 
     async def _execute_formed(self, model: str, formed: Formed[Delivery]) -> BatchReport | None:
         """One formed batch: execute it and report what the model's lane learns from (§4.1, §4.6):
-        the reported `inference_ms`, the call's time, and each succeeded request's latency."""
+        the reported `inference_ms`, the call's time, and each succeeded request's latency. With
+        metrics, the batch's size and cost, and its oldest item's enqueue → dispatch and → answer."""
         started = time.monotonic()
         outcome = await self._execute(
             model,
@@ -690,6 +704,10 @@ class Dispatcher:
         if outcome is None:
             return None
         finished = time.monotonic()
+        lane = self._models[model].lane
+        if lane is not None and lane.metrics is not None:
+            oldest = min(formed.enqueued_at, default=started)
+            lane.metrics.executed(formed.op, len(formed.items), formed.total_cost, started - oldest, finished - oldest)
         reported = outcome.inference_ms
         # One latency per request with a success: from its first item's enqueue to now.
         succeeded = outcome.succeeded
@@ -753,9 +771,6 @@ class Dispatcher:
             return None
         items_count = len(ds)
         self.batch_sizes[items_count] += 1
-        attrs = (("operation", op),)
-        self.telemetry.histogram(BATCH_SIZE, attrs).record(items_count)
-        self.telemetry.histogram(BATCH_COST, attrs).record(total_cost)
         if isinstance(outcome, wire.FramedResponse):  # replies already framed from the response bytes
             await self._out.settle_response(ds, outcome)
             rids = outcome.request_ids

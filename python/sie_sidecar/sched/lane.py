@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
 from ..telemetry import Registry
+from ..telemetry.lane_metrics import LaneMetrics
 from .controller import EFFICIENCY_WINDOW, LATENCY_MIN_SAMPLES, LATENCY_WINDOW, AdaptiveController, PercentileWindow
 from .scheduler import Formed, Keepalive, ModelScheduler, SchedulerConfig
 from .trace import ControllerTrace
@@ -69,13 +70,15 @@ class ModelLane(Generic[T]):
         on_idle: Callable[[], None] | None = None,
         telemetry: Registry | None = None,
         keepalive: Keepalive[T] | None = None,
+        metrics: LaneMetrics | None = None,
     ) -> None:
         self.model = model
+        self.metrics = metrics
         self._execute = execute
         self._s = settings
         c = settings.scheduler
         self.scheduler: ModelScheduler[T] = ModelScheduler(
-            model, self._run, c, on_idle=on_idle, telemetry=telemetry, keepalive=keepalive
+            model, self._run, c, on_idle=on_idle, telemetry=telemetry, keepalive=keepalive, metrics=metrics
         )
         self.controller = AdaptiveController.production(
             c.max_batch_cost, c.max_batch_wait_ms, env=settings.controller_env
@@ -137,7 +140,16 @@ class ModelLane(Generic[T]):
             self.efficiency.push(formed.total_cost / self.cost_cap)
         if formed.role == "primary" or not self._s.wave_cadence:
             p50, fill = self.latency.p50(), self.efficiency.mean()
+            resets = ctl.starvation_resets
             wait_ms, cost = ctl.step(p50, fill, len(formed.items), report.finished)
+            if self.metrics is not None:
+                self.metrics.adapted(
+                    wait_ms,
+                    cost,
+                    p50_ms=p50,
+                    target_p50_ms=ctl.target_p50_ms,
+                    resets=ctl.starvation_resets - resets,
+                )
             if self.trace is not None:
                 self.trace.step(report.finished, p50, fill, len(formed.items), wait_ms=wait_ms, batch_cost=cost)
             if cost != self.cost_cap or wait_ms != self.wait_ms:

@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 from typing import Final, Generic, Literal, Protocol, TypeVar
 
 from ..telemetry import INFLIGHT_BATCHES, PENDING_COST, PENDING_ITEMS, Registry
+from ..telemetry.lane_metrics import LaneMetrics
 from .batcher import Batcher
 from .device_clock import DeviceClock
 
@@ -143,9 +144,11 @@ class ModelScheduler(Generic[T]):
         on_idle: Callable[[], None] | None = None,
         telemetry: Registry | None = None,
         keepalive: Keepalive[T] | None = None,
+        metrics: LaneMetrics | None = None,
     ) -> None:
         """`telemetry`: the worker's registry; every scheduler moves the same three gauges (queued
-        items, their cost, batches in flight) by deltas, once per group or batch."""
+        items, their cost, batches in flight) by deltas, once per group or batch. `metrics` (when
+        enabled): the model's §13 queue instruments, recorded per group and per batch."""
         self.model = model
         self.config = config or SchedulerConfig()
         self._dispatch = dispatch
@@ -180,6 +183,7 @@ class ModelScheduler(Generic[T]):
         self._queued = registry.gauge(PENDING_ITEMS)
         self._queued_cost = registry.gauge(PENDING_COST)
         self._inflight_gauge = registry.gauge(INFLIGHT_BATCHES)
+        self.metrics = metrics
         #: Formed batches by flush reason (telemetry and tests).
         self.flushes: dict[str, int] = {}
         #: Batches held for the device (just-in-time dispatch), and those sent because it was about to free.
@@ -246,6 +250,8 @@ class ModelScheduler(Generic[T]):
         former.submit_many(ids, list(costs), now, None if hard_caps is None else list(hard_caps))
         self._queued.add(len(ids))
         self._queued_cost.add(sum(costs))
+        if self.metrics is not None:
+            self.metrics.queued(op, len(ids))
         self._new_item.set()
         if self._loop_task is None:
             self._loop_task = asyncio.create_task(self._run(), name=f"scheduler:{self.model}")
@@ -465,6 +471,10 @@ class ModelScheduler(Generic[T]):
         enqueued_at = list(map(self._arrivals.pop, ids))
         self._queued.add(-len(items))
         self._queued_cost.add(-taken_cost)
+        if self.metrics is not None:
+            former = self._formers.get(key)
+            cap = batch.total_cost if former is None else former.max_batch_cost
+            self.metrics.taken(key[0], enqueued_at, batch.total_cost, cap, reason=batch.reason, now=self._clock())
         return Formed(
             op=key[0],
             lora=key[1],
@@ -683,10 +693,14 @@ class ModelScheduler(Generic[T]):
             with contextlib.suppress(asyncio.CancelledError):
                 await self._keepalive_task
             self._keepalive_task = None
-        left = [i for queue in self._aged.values() for i in queue]
+        groups = [(key, list(queue)) for key, queue in self._aged.items()]
         self._aged.clear()
         self._aged_count = 0
-        left += [i for former in self._formers.values() for i in former.drain_all()]
+        groups += [(key, former.drain_all()) for key, former in self._formers.items()]
+        left = [i for _, ids in groups for i in ids]
+        if self.metrics is not None:
+            for key, ids in groups:
+                self.metrics.left(key[0], len(ids))
         self._queued.add(-len(left))
         self._queued_cost.add(-sum(self._costs.pop(i, 0) for i in left))
         for i in left:

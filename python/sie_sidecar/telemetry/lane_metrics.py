@@ -1,0 +1,101 @@
+# SPDX-License-Identifier: Apache-2.0
+"""One model lane's §13 instruments, recorded once per group or batch where the decision is made.
+
+The scheduler calls `queued` when a group joins a former and `taken` when a batch leaves it (queue
+depth, queue duration, fill ratio by flush reason); the dispatcher calls `executed` when the
+backend answered (batch size and cost, dispatch wait and total); the lane calls
+`adapted` after each controller step (adaptive gauges, starvation resets). A lane without metrics
+(disabled) has `None` and calls nothing, so the disabled path costs one attribute test per batch.
+
+The profile attribute comes from the model id (`model:profile`, resolved by the catalog); items'
+own `profile_id` fields are not read, which would cost a decode per item.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from .catalog import FLUSH_REASONS, OTHER, ModelCatalog, QueueDepth, closed
+from .names import (
+    ADAPTIVE_COST,
+    ADAPTIVE_P50,
+    ADAPTIVE_WAIT,
+    BATCH_COST,
+    BATCH_FILL_RATIO,
+    BATCH_SIZE,
+    DISPATCH_WAIT,
+    QUEUE_DURATION,
+    REQUEST_BATCH_TOTAL,
+    STARVATION_RESETS,
+)
+from .registry import DURATION_BOUNDS_S, Attrs, Registry
+
+
+class LaneMetrics:
+    """Records into `registry` with attributes resolved by `catalog`, for one model."""
+
+    def __init__(self, registry: Registry, catalog: ModelCatalog, depth: QueueDepth, model: str) -> None:
+        self._registry = registry
+        self._catalog = catalog
+        self._depth = depth
+        self.model = model
+        self._version = -1
+        self._attrs: dict[str, Attrs] = {}
+
+    def attrs(self, operation: str) -> Attrs:
+        """(operation, model, profile), re-resolved when the catalog changed."""
+        if self._version != self._catalog.version:
+            self._version = self._catalog.version
+            self._attrs.clear()
+        found = self._attrs.get(operation)
+        if found is None:
+            found = self._attrs[operation] = self._catalog.attrs(operation, self.model)
+        return found
+
+    def queued(self, operation: str, n: int) -> None:
+        self._depth.move(operation, self.model, "", n)
+
+    def taken(
+        self, operation: str, enqueued_at: Sequence[float], cost: int, cost_cap: int, *, reason: str, now: float
+    ) -> None:
+        """A batch left its former: depth down, each item's queue time, the cost fill under its flush reason."""
+        attrs = self.attrs(operation)
+        self._depth.move(operation, self.model, "", -len(enqueued_at))
+        self._registry.histogram(QUEUE_DURATION, attrs, DURATION_BOUNDS_S).record_many([now - at for at in enqueued_at])
+        if cost_cap > 0:
+            self._registry.gauge(BATCH_FILL_RATIO, (*attrs, ("flush.reason", closed(reason, FLUSH_REASONS)))).set(
+                cost / cost_cap
+            )
+
+    def left(self, operation: str, n: int) -> None:
+        """Items handed back unsent at shutdown leave the queue too."""
+        self._depth.move(operation, self.model, "", -n)
+
+    def executed(self, operation: str, items: int, cost: int, dispatch_wait_s: float, total_s: float) -> None:
+        """The backend answered a batch: its size and cost; its oldest item's enqueue → dispatch
+        (`request_batch.dispatch_wait`) and enqueue → answer (`request_batch.total`)."""
+        attrs = self.attrs(operation)
+        registry = self._registry
+        registry.histogram(BATCH_SIZE, attrs).record(items)
+        registry.histogram(BATCH_COST, attrs).record(cost)
+        registry.histogram(DISPATCH_WAIT, attrs, DURATION_BOUNDS_S).record(dispatch_wait_s)
+        registry.histogram(REQUEST_BATCH_TOTAL, attrs, DURATION_BOUNDS_S).record(total_s)
+
+    def adapted(
+        self, wait_ms: float, cost: int, *, p50_ms: float | None, target_p50_ms: float | None, resets: int
+    ) -> None:
+        """The adaptive controller stepped: its wait, cost cap, observed / target p50, and the
+        starvation recoveries (`resets`: how many this step made)."""
+        attrs = self.attrs(OTHER)[1:]
+        registry = self._registry
+        registry.gauge(ADAPTIVE_WAIT, attrs).set(wait_ms / 1000.0)
+        registry.gauge(ADAPTIVE_COST, attrs).set(cost)
+        if p50_ms is not None:
+            registry.gauge(ADAPTIVE_P50, (*attrs, ("kind", "observed"))).set(p50_ms / 1000.0)
+        if target_p50_ms is not None:
+            registry.gauge(ADAPTIVE_P50, (*attrs, ("kind", "target"))).set(target_p50_ms / 1000.0)
+        if resets > 0:
+            registry.counter(STARVATION_RESETS, attrs).add(resets)
+
+
+__all__ = ["LaneMetrics"]
