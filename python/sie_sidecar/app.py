@@ -211,14 +211,15 @@ def start_metrics(
     if not settings.metrics_enabled or endpoint is None:
         return
     from . import __version__
-    from .otel.export import MetricsExporter
+    from .otel.export import make_exporter
 
     for client in ipc.clients if isinstance(ipc, BackendChildren) else [ipc]:
         client.telemetry = telemetry
     payloads.telemetry = telemetry
-    exporter = MetricsExporter(
+    exporter = make_exporter(
         telemetry,
         endpoint,
+        protocol=otel.metrics_protocol,
         resource={
             "service.name": otel.service_name,
             "service.version": __version__,

@@ -969,16 +969,16 @@ class _Builder:
 
     def _metrics_enabled(self, otel: OtelSettings) -> bool:
         """`SIE_METRICS_ENABLED`, off (with a warning) when no endpoint resolves or the protocol is one
-        this build does not export yet."""
+        this build does not export (`grpc` and `http/protobuf` are; `http/json` is not)."""
         if not self.env_flag("SIE_METRICS_ENABLED", default=False):
             return False
         if otel.metrics_endpoint is None:
             self.warnings.append("SIE_METRICS_ENABLED is set but no OTLP metrics endpoint is: metrics are off")
             return False
-        if otel.metrics_protocol != "http/protobuf":
+        if otel.metrics_protocol not in ("grpc", "http/protobuf"):  # otel.export.PROTOCOLS
             protocol = otel.metrics_protocol
             self.warnings.append(
-                f"OTLP metrics protocol {protocol!r} is not exported yet (http/protobuf is): metrics are off"
+                f"OTLP metrics protocol {protocol!r} is not exported (grpc and http/protobuf are): metrics are off"
             )
             return False
         return True

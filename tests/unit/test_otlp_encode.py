@@ -1,13 +1,18 @@
 # SPDX-License-Identifier: Apache-2.0
 """The registry snapshot as an OTLP request (sidecar-behaviour §13), decoded back with
-opentelemetry-proto, and the §1.2 endpoint/protocol resolution."""
+opentelemetry-proto, the §1.2 endpoint/protocol resolution and the exporter it selects."""
 
 from __future__ import annotations
+
+import subprocess
+import sys
 
 import pytest
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
 
 from sie_sidecar.config import Settings
+from sie_sidecar.otel.export import MetricsExporter, make_exporter
+from sie_sidecar.otel.grpc_export import GrpcMetricsExporter, grpc_target
 from sie_sidecar.otel.metrics import UNITS, encode_metrics
 from sie_sidecar.telemetry import Registry
 
@@ -62,7 +67,31 @@ def test_every_unit_is_one_of_the_13_table() -> None:
             "http/protobuf",
             True,
         ),
-        ({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4317"}, "http://c:4317", "grpc", False),  # gRPC: not yet
+        # gRPC is the default: a generic endpoint is used as it is (no signal path)
+        ({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4317"}, "http://c:4317", "grpc", True),
+        (
+            {
+                "OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4318",
+                "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
+                "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT": "https://m:4317",
+                "OTEL_EXPORTER_OTLP_METRICS_PROTOCOL": "GRPC",
+            },
+            "https://m:4317",
+            "grpc",
+            True,
+        ),
+        (
+            {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4317/", "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"},
+            "http://c:4317/",
+            "grpc",
+            True,
+        ),
+        (
+            {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4318", "OTEL_EXPORTER_OTLP_PROTOCOL": "http/json"},
+            "http://c:4318/v1/metrics",
+            "http/json",
+            False,
+        ),
         ({}, None, "grpc", False),
     ],
 )
@@ -72,8 +101,47 @@ def test_endpoint_and_protocol_resolution(
     settings = Settings.from_env({**BASE, "SIE_METRICS_ENABLED": "true", **env})
     assert (settings.otel.metrics_endpoint, settings.otel.metrics_protocol) == (endpoint, protocol)
     assert settings.metrics_enabled is enabled
-    if not enabled:
-        assert len([w for w in settings.warnings if "metrics are off" in w]) == 1
+    assert len([w for w in settings.warnings if "metrics are off" in w]) == (0 if enabled else 1)
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "target", "secure"),
+    [
+        ("http://collector:4317", "collector:4317", False),
+        ("https://collector.example.com:4317/ignored/path", "collector.example.com:4317", True),
+        ("http://127.0.0.1", "127.0.0.1:4317", False),
+        ("collector:4317", "collector:4317", True),  # no scheme: TLS, as OTEL_EXPORTER_OTLP_INSECURE's default
+        ("http://[::1]:4317", "[::1]:4317", False),
+    ],
+)
+def test_grpc_endpoint_to_channel_target(endpoint: str, target: str, secure: bool) -> None:
+    assert grpc_target(endpoint) == (target, secure)
+
+
+@pytest.mark.parametrize("endpoint", ["unix:///tmp/otlp.sock", "ftp://c:4317", "http://"])
+def test_grpc_endpoint_that_is_not_one(endpoint: str) -> None:
+    with pytest.raises(ValueError, match="not an OTLP gRPC endpoint"):
+        grpc_target(endpoint)
+
+
+@pytest.mark.parametrize(("protocol", "kind"), [("grpc", GrpcMetricsExporter), ("http/protobuf", MetricsExporter)])
+def test_the_exporter_follows_the_protocol(protocol: str, kind: type[object]) -> None:
+    exporter = make_exporter(Registry(), "http://c:1", protocol=protocol, resource={}, lane="L")
+    assert type(exporter) is kind
+    with pytest.raises(ValueError, match="http/json"):
+        make_exporter(Registry(), "http://c:1", protocol="http/json", resource={}, lane="L")
+
+
+def test_grpc_is_not_imported_before_the_first_push() -> None:
+    """Start-up does not pay for grpcio: choosing the exporter imports its module only."""
+    code = (
+        "import sys\n"
+        "from sie_sidecar.otel.export import make_exporter\n"
+        "from sie_sidecar.telemetry import Registry\n"
+        "make_exporter(Registry(), 'http://c:4317', protocol='grpc', resource={}, lane='L')\n"
+        "assert 'grpc' not in sys.modules, sorted(m for m in sys.modules if m.startswith('grpc'))\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
 
 
 def test_resource_defaults() -> None:

@@ -1,6 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The OTLP/HTTP push (sidecar-behaviour §13): every export interval (5 s, `OTEL_METRIC_EXPORT_INTERVAL`)
-one POST of the registry's snapshot, and a last one at shutdown so the final counts are not lost.
+"""The OTLP push (sidecar-behaviour §13): every export interval (5 s, `OTEL_METRIC_EXPORT_INTERVAL`)
+one request carrying the registry's snapshot, and a last one at shutdown so the final counts are not
+lost. The transport is chosen by the §1.2 protocol: `http/protobuf` is a POST here, `grpc` (the
+OTLP default) is `grpc_export`.
 
 Telemetry never affects serving: a failed export is logged (rate-limited) and the next one carries
 the cumulative values anyway.
@@ -12,8 +14,9 @@ import asyncio
 import contextlib
 import logging
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Any, Final, Generic, TypeVar
 
 from ..logs import Throttled
 from ..telemetry import Registry
@@ -26,16 +29,16 @@ _warn = Throttled(log)
 
 EXPORT_TIMEOUT_S: Final = 10.0
 CONTENT_TYPE: Final = "application/x-protobuf"
+#: The §1.2 protocols this build exports; anything else leaves metrics off (config.py warns).
+PROTOCOLS: Final = ("grpc", "http/protobuf")
+
+C = TypeVar("C")
 
 
-def _open_session() -> aiohttp.ClientSession:
-    import aiohttp
-
-    return aiohttp.ClientSession()
-
-
-class MetricsExporter:
-    """Pushes one registry to one OTLP/HTTP metrics endpoint."""
+class PushExporter(ABC, Generic[C]):
+    """One registry pushed to one OTLP endpoint over a connection of type C, opened at the first push
+    (nothing is imported or opened before it: the sidecar's first replies do not pay for the
+    exporter) and closed after the last."""
 
     def __init__(
         self,
@@ -58,7 +61,8 @@ class MetricsExporter:
         self.failures = 0
 
     def body(self) -> bytes:
-        from .metrics import encode_metrics  # protobuf and aiohttp load at the first push, not at start-up
+        """The snapshot as a serialized `ExportMetricsServiceRequest`: the same bytes for every transport."""
+        from .metrics import encode_metrics  # protobuf loads at the first push, not at start-up
 
         return encode_metrics(
             self._registry.snapshot(),
@@ -69,21 +73,21 @@ class MetricsExporter:
             version=self._version,
         )
 
-    async def export(self, session: aiohttp.ClientSession) -> bool:
-        """One POST; False (logged) when the receiver did not take it."""
-        import aiohttp
+    @abstractmethod
+    def _open(self) -> C:
+        """The connection the pushes share (called in the running loop, at the first push)."""
 
+    @abstractmethod
+    async def _close(self, connection: C) -> None: ...
+
+    @abstractmethod
+    async def _send(self, connection: C, body: bytes) -> None:
+        """One request; raises when the receiver did not take it."""
+
+    async def export(self, connection: C) -> bool:
+        """One push; False (logged) when the receiver did not take it."""
         try:
-            async with session.post(
-                self._endpoint,
-                data=self.body(),
-                headers={"Content-Type": CONTENT_TYPE},
-                timeout=aiohttp.ClientTimeout(total=EXPORT_TIMEOUT_S),
-                allow_redirects=False,
-            ) as response:
-                await response.read()
-                if response.status // 100 != 2:
-                    raise RuntimeError(f"HTTP {response.status}")
+            await self._send(connection, self.body())
         except Exception as exc:
             self.failures += 1
             _warn.warning("OTLP metrics export failed", key="otlp-metrics", extra={"error": repr(exc)})
@@ -91,23 +95,84 @@ class MetricsExporter:
         self.exports += 1
         return True
 
+    async def _push(self, connection: C | None) -> C | None:
+        """One export on `connection`, opened first if there is none yet. A connection that cannot be
+        opened (an endpoint the transport refuses) counts as a failed export: it is tried again at the
+        next push, and serving goes on."""
+        if connection is None:
+            try:
+                connection = self._open()
+            except Exception as exc:
+                self.failures += 1
+                _warn.warning("OTLP metrics export failed", key="otlp-metrics", extra={"error": repr(exc)})
+                return None
+        await self.export(connection)
+        return connection
+
     async def run(self, stop: asyncio.Event) -> None:
-        """Export every interval until `stop`, then once more. Nothing is imported or opened before
-        the first push: the sidecar's first replies do not pay for the exporter."""
-        session: aiohttp.ClientSession | None = None
+        """Export every interval until `stop`, then once more."""
+        connection: C | None = None
         try:
             while not stop.is_set():
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(self._interval_s):
                         await stop.wait()
                 if not stop.is_set():
-                    session = session or _open_session()
-                    await self.export(session)
-            session = session or _open_session()
-            await self.export(session)
+                    connection = await self._push(connection)
+            connection = await self._push(connection)
         finally:
-            if session is not None:
-                await session.close()
+            if connection is not None:
+                await self._close(connection)
 
 
-__all__ = ["MetricsExporter"]
+class MetricsExporter(PushExporter["aiohttp.ClientSession"]):
+    """OTLP/HTTP: one protobuf POST per push to the metrics endpoint (`.../v1/metrics`)."""
+
+    def _open(self) -> aiohttp.ClientSession:
+        import aiohttp
+
+        return aiohttp.ClientSession()
+
+    async def _close(self, connection: aiohttp.ClientSession) -> None:
+        await connection.close()
+
+    async def _send(self, connection: aiohttp.ClientSession, body: bytes) -> None:
+        import aiohttp
+
+        async with connection.post(
+            self._endpoint,
+            data=body,
+            headers={"Content-Type": CONTENT_TYPE},
+            timeout=aiohttp.ClientTimeout(total=EXPORT_TIMEOUT_S),
+            allow_redirects=False,
+        ) as response:
+            await response.read()
+            if response.status // 100 != 2:
+                raise RuntimeError(f"HTTP {response.status}")
+
+
+def make_exporter(
+    registry: Registry,
+    endpoint: str,
+    *,
+    protocol: str,
+    resource: Mapping[str, str],
+    lane: str,
+    interval_s: float = 5.0,
+    version: str = "",
+) -> PushExporter[Any]:
+    """The exporter for the resolved §1.2 protocol. The gRPC one's module is imported only here, and
+    grpcio only at its first push."""
+    exporter: type[PushExporter[Any]]
+    if protocol == "grpc":
+        from .grpc_export import GrpcMetricsExporter
+
+        exporter = GrpcMetricsExporter
+    elif protocol == "http/protobuf":
+        exporter = MetricsExporter
+    else:
+        raise ValueError(f"OTLP metrics protocol {protocol!r} is not one of {PROTOCOLS}")
+    return exporter(registry, endpoint, resource=resource, lane=lane, interval_s=interval_s, version=version)
+
+
+__all__ = ["PROTOCOLS", "MetricsExporter", "PushExporter", "make_exporter"]
