@@ -44,7 +44,7 @@ from .prep.audio import configure_permits as configure_audio_permits
 from .probes import ProbeServer, start_probes
 from .sched.quantum import LatencyWindow, QuantumController
 from .sched.scheduler import MAX_ITEM_WAIT_S, SchedulerConfig
-from .telemetry import SHUTDOWN_DRAIN_DURATION, Registry
+from .telemetry import SHUTDOWN_DRAIN_DURATION, ModelCatalog, Registry
 
 if TYPE_CHECKING:
     from .local.runtime import LocalRunning
@@ -194,6 +194,14 @@ async def open_backend_side(
 
 
 METRICS_FLUSH_S = 5.0
+
+
+def attach_catalog(settings: Settings, config: ConfigState, dispatcher: Dispatcher) -> None:
+    """The §13 (model, profile) catalog, seeded from SIE_METRIC_MODEL_ALLOWLIST; live config extends
+    and replaces it. The model lanes record with it only when metrics (or the debug view) are on."""
+    config.catalog = ModelCatalog(settings.otel.model_allowlist)
+    if settings.metrics_enabled or settings.debug_endpoint:
+        dispatcher.catalog = config.catalog
 
 
 def start_metrics(
@@ -388,6 +396,7 @@ async def _start(settings: Settings, stop: asyncio.Event, resources: contextlib.
         acks_with_replies=writer.framed,  # one writer for both: a batch's ACKs follow its replies
     )
     subs: list[Subscription] = []
+    attach_catalog(settings, config, dispatcher)
     resources.push_async_callback(unsubscribe_all, subs)
     try:
         await subscribe_cancels(nc, dispatcher, settings.worker_id, subs)
@@ -486,6 +495,8 @@ async def _start(settings: Settings, stop: asyncio.Event, resources: contextlib.
     for consumer in consumers:
         events.on_reconnected.append(consumer.on_reconnected)
     tasks: set[asyncio.Task[None]] = set()
+        if settings.metrics_enabled or settings.debug_endpoint:
+            consumer.telemetry = telemetry  # delivery attempts, per pulled batch (§13)
 
     def wake_all() -> None:
         for consumer in consumers:

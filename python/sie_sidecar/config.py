@@ -364,6 +364,8 @@ class OtelSettings:
     lane: str = "other"
     deployment_environment: str = "unknown"
     cloud_region: str = "unknown"
+    #: `SIE_METRIC_MODEL_ALLOWLIST`: the models the telemetry catalog starts with (profile `default`).
+    model_allowlist: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True, repr=False)
@@ -965,6 +967,9 @@ class _Builder:
             lane=(env.get("SIE_OTEL_LANE") or "").strip() or "other",
             deployment_environment=(env.get("SIE_OTEL_DEPLOYMENT_ENVIRONMENT") or "").strip() or "unknown",
             cloud_region=region,
+            model_allowlist=tuple(
+                m.strip() for m in (env.get("SIE_METRIC_MODEL_ALLOWLIST") or "").split(",") if m.strip()
+            ),
         )
 
     def _metrics_enabled(self, otel: OtelSettings) -> bool:

@@ -14,6 +14,7 @@ pub mod chunks;
 pub mod controller;
 pub mod frame;
 pub mod ipc;
+pub mod jetstream;
 pub mod local_items;
 pub mod msgpack;
 pub mod outputs;

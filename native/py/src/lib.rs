@@ -2,6 +2,7 @@
 //! `sie_sidecar._native.wire` (subjects and tombstones).
 
 mod assembler;
+mod attempts;
 mod audio;
 mod batcher;
 mod buffers;
@@ -71,6 +72,9 @@ mod _native {
 
     #[pymodule_export]
     use crate::intake::intake_batch;
+
+    #[pymodule_export]
+    use crate::attempts::delivery_attempts;
 
     #[pymodule_export]
     use crate::lazy::{deliveries_of_run, LazyDelivery};

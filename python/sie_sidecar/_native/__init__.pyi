@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """Stubs for the Rust extension `sie_sidecar._native` (checked by mypy.stubtest)."""
 
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from types import ModuleType, TracebackType
 from typing import Any, Final, Self, final
 
@@ -37,6 +37,7 @@ __all__ = [
     "SharedBytes",
     "__version__",
     "check_local_items",
+    "delivery_attempts",
     "decode_batch_outcome",
     "decode_body",
     "decode_response",
@@ -57,6 +58,7 @@ __all__ = [
     "frame_score",
     "frame_sparse",
     "intake_batch",
+    "item_traceparents",
     "nd_sentinel_raw",
     "plan_reply",
     "prepare_audio",
@@ -383,6 +385,7 @@ def deliveries_of_run(
     *,
     item_cls: type[Any],
 ) -> list[LazyDelivery]: ...
+def delivery_attempts(messages: Iterable[Any]) -> tuple[list[tuple[int, int]], int]: ...
 def check_local_items(
     items: Buffer,
     *,
@@ -416,7 +419,9 @@ def write_run_batch_body(
     payload_fetch_ms: Sequence[float] | None = None,
     prepared_tokens: Sequence[Mapping[str, Any] | None] | None = None,
     prepared_audio: Sequence[Mapping[str, Any] | None] | None = None,
+    trace: tuple[str, str | None] | None = None,
 ) -> bytes: ...
+def item_traceparents(items: Sequence[Any]) -> list[str | None]: ...
 
 @final
 class PreparedAudio:

@@ -37,6 +37,8 @@ from nats.errors import Error as NatsError
 from nats.js import api as js_api
 
 from ..logs import Throttled
+from ..telemetry import Registry
+from .attempts import record_receive
 from .inbound import FastInbound
 
 logger = logging.getLogger(__name__)
@@ -189,6 +191,8 @@ class PullConsumer:
         self._seen_reconnects = 0
         self._status_streak = 0
         self.stats = PullStats()
+        #: Where each pulled batch's delivery attempts are recorded (§13); None: not (metrics off).
+        self.telemetry: Registry | None = None
 
     # -- public API ---------------------------------------------------------------------------------------
 
@@ -287,6 +291,15 @@ class PullConsumer:
         )
 
     async def next_batch(
+        self, max_messages: int, quantum_s: float, stop_early: Callable[[], bool] | None = None
+    ) -> list[Msg]:
+        """`_next_batch`, and the batch's receive telemetry (§13) when `telemetry` is set."""
+        batch = await self._next_batch(max_messages, quantum_s, stop_early)
+        if self.telemetry is not None and batch:
+            record_receive(self.telemetry, batch)
+        return batch
+
+    async def _next_batch(
         self, max_messages: int, quantum_s: float, stop_early: Callable[[], bool] | None = None
     ) -> list[Msg]:
         """Wait for one message, then coalesce more until `max_messages` or `quantum_s` has passed (§5.1 step 4).

@@ -61,6 +61,7 @@ async def start_local(settings: Settings, stop: asyncio.Event, resources: contex
     from ..app import (
         _dispatch_settings,
         _end_tasks,
+        attach_catalog,
         live_config,
         open_backend_side,
         quantum_controller,
@@ -91,6 +92,7 @@ async def start_local(settings: Settings, stop: asyncio.Event, resources: contex
         payloads=payloads,
         telemetry=telemetry,
     )
+    attach_catalog(settings, config, dispatcher)
     background: list[asyncio.Task[Any]] = []
     hb_stop = asyncio.Event()
     resources.push_async_callback(_end_tasks, background, hb_stop)

@@ -1,0 +1,41 @@
+# SPDX-License-Identifier: Apache-2.0
+"""What a pulled batch says about redelivery (sidecar-behaviour §13): `sie.worker.nats.delivery.attempts`
+by `redelivered`, and `sie.worker.nats.operations{operation=receive}` with reason `first_delivery` or
+`redelivery`, recorded once per batch from counts the native core reads out of the ACK subjects."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Final
+
+from ..telemetry import NATS_DELIVERY_ATTEMPTS, NATS_OPERATIONS, Registry
+from ..wire._switch import load
+
+_delivery_attempts = load("attempts").delivery_attempts
+#: Attempts 1 to 20 (the default max_deliver) each get a bucket, then doubling.
+ATTEMPT_BOUNDS: Final = (*(float(n) for n in range(1, 21)), 40.0, 80.0, 160.0)
+_FIRST: Final = (("redelivered", "false"),)
+_AGAIN: Final = (("redelivered", "true"),)
+_RECEIVED: Final = {
+    reason: (("operation", "receive"), ("outcome", "success"), ("reason", reason))
+    for reason in ("first_delivery", "redelivery", "metadata_unavailable")
+}
+
+
+def record_receive(registry: Registry, messages: Sequence[Any]) -> None:
+    """One pulled batch: its delivery attempts, and how many were first deliveries or redeliveries."""
+    counts, unknown = _delivery_attempts(messages)
+    first = 0
+    for attempt, n in counts:
+        if attempt <= 1:
+            first += n
+            registry.histogram(NATS_DELIVERY_ATTEMPTS, _FIRST, ATTEMPT_BOUNDS).record_n(float(attempt), n)
+        else:
+            registry.histogram(NATS_DELIVERY_ATTEMPTS, _AGAIN, ATTEMPT_BOUNDS).record_n(float(attempt), n)
+    again = len(messages) - first - unknown
+    for reason, n in (("first_delivery", first), ("redelivery", again), ("metadata_unavailable", unknown)):
+        if n:
+            registry.counter(NATS_OPERATIONS, _RECEIVED[reason]).add(n)
+
+
+__all__ = ["ATTEMPT_BOUNDS", "record_receive"]
