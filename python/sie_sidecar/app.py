@@ -212,18 +212,19 @@ def start_metrics(
     payloads: PayloadStore,
 ) -> None:
     """OTLP metrics (§13) when enabled: a push every export interval, and a last one when the exit
-    stack closes (after the drain, so the final counts go out). Only then do the IPC clients record
-    per request: disabled, that path costs nothing."""
+    stack closes (after the drain, so the final counts go out). Only then (or with the debug endpoint,
+    which `sie-sidecar top` reads) do the IPC clients record per request: disabled, that costs nothing."""
     otel = settings.otel
     endpoint = otel.metrics_endpoint
+    if settings.metrics_enabled or settings.debug_endpoint:
+        for client in ipc.clients if isinstance(ipc, BackendChildren) else [ipc]:
+            client.telemetry = telemetry
+        payloads.telemetry = telemetry
     if not settings.metrics_enabled or endpoint is None:
         return
     from . import __version__
     from .otel.export import make_exporter
 
-    for client in ipc.clients if isinstance(ipc, BackendChildren) else [ipc]:
-        client.telemetry = telemetry
-    payloads.telemetry = telemetry
     exporter = make_exporter(
         telemetry,
         endpoint,
@@ -380,7 +381,7 @@ async def _start(settings: Settings, stop: asyncio.Event, resources: contextlib.
     writer = FramedWriter(nc)  # the connection's one writer: replies, then their ACKs, in order
     settler = Settler(writer)
     publisher = Publisher(nc, writer=writer)
-    if settings.metrics_enabled:
+    if settings.metrics_enabled or settings.debug_endpoint:
         settler.telemetry = telemetry  # settlement counts are NATS operations here (§13)
         publisher.telemetry = telemetry
     dispatcher = Dispatcher(
@@ -459,7 +460,7 @@ async def _start(settings: Settings, stop: asyncio.Event, resources: contextlib.
             }
             return state
 
-        probes.debug_state = debug_state
+        probes.serve_debug(debug_state, telemetry)
     health: asyncio.Task[None] | None = None
     if settings.health_publish_enabled:
         health = asyncio.create_task(
@@ -494,9 +495,9 @@ async def _start(settings: Settings, stop: asyncio.Event, resources: contextlib.
     ]
     for consumer in consumers:
         events.on_reconnected.append(consumer.on_reconnected)
-    tasks: set[asyncio.Task[None]] = set()
         if settings.metrics_enabled or settings.debug_endpoint:
             consumer.telemetry = telemetry  # delivery attempts, per pulled batch (§13)
+    tasks: set[asyncio.Task[None]] = set()
 
     def wake_all() -> None:
         for consumer in consumers:

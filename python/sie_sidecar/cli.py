@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The `sie-sidecar` command line: `run`, `backend`, `loadgen`, `replay`, `demo`, `tour`."""
+"""The `sie-sidecar` command line: `run`, `backend`, `loadgen`, `replay`, `top`, `demo`, `tour`."""
 
 from __future__ import annotations
 
@@ -59,6 +59,11 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         from .tools.replay import add_replay_arguments
 
         add_replay_arguments(replay)
+    top = commands.add_parser("top", help="a live view of a running sidecar (its /debug/state endpoint)")
+    if command in (None, "top"):
+        from .tools.top import add_top_arguments
+
+        add_top_arguments(top)
     demo = commands.add_parser("demo", help="run the whole pipeline locally and print a summary")
     demo.add_argument("--adapter", choices=("minilm", "null"), default="minilm")
     demo.add_argument("--items", type=int, default=None, help="items to send (default: 2,000 minilm, 50,000 null)")
@@ -145,6 +150,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from .tools.replay import run_replay
 
         return run_replay(args)
+    if args.command == "top":
+        from .tools.top import run_top
+
+        return run_top(args)
     if args.command == "demo":
         if args.generate:
             from .tools.demo_generate import run_generate_demo

@@ -1,7 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """The `/healthz` and `/readyz` HTTP probes (sidecar-behaviour §10) on the probe port, and (our
 extension, off unless `SIE_SIDECAR_DEBUG_ENDPOINT=1`) `GET /debug/state`: what the worker knows per
-model, as JSON, so an SRE debugging a pod needs no debugger.
+model, as JSON, so an SRE debugging a pod needs no debugger; its `telemetry` key is the in-process
+registry's snapshot, what `sie-sidecar top` computes its rates from.
 
 A minimal HTTP/1.1 responder on asyncio streams rather than aiohttp.web: importing aiohttp cost the
 sidecar ~0.15 s CPU before its first reply, and three fixed plain-text answers need no framework. One
@@ -21,6 +22,7 @@ from typing import Any, Final
 from urllib.parse import unquote
 
 from .pipeline.readiness import Readiness
+from .telemetry import Point, Registry
 
 log = logging.getLogger(__name__)
 
@@ -88,6 +90,25 @@ JSON: Final = "application/json"
 TEXT: Final = "text/plain; charset=utf-8"
 
 
+def point_json(point: Point) -> dict[str, Any]:
+    """One registry point as JSON: attributes as an object (a stage passes them as pairs)."""
+    return {
+        "name": point.name,
+        "kind": point.kind,
+        "attrs": dict(point.attrs),
+        "value": point.value,
+        "count": point.count,
+        "buckets": list(point.buckets),
+        "bounds": list(point.bounds),
+    }
+
+
+def telemetry_json(registry: Registry) -> list[dict[str, Any]]:
+    """The registry's snapshot as JSON (`/debug/state`'s `telemetry`): raw cumulative points, so a
+    reader diffs two reads for rates and quantiles instead of the sidecar keeping windows."""
+    return [point_json(p) for p in registry.snapshot()]
+
+
 def answer(readiness: Readiness, request: Request, debug_state: DebugState | None = None) -> tuple[int, str, str]:
     """(status, body, content type) for a request: GET or HEAD of a probe or, when `debug_state` is
     given, of `/debug/state`; `404 not found` for anything else."""
@@ -130,6 +151,11 @@ class ProbeServer:
         self.debug_state: DebugState | None = None
         self._server: asyncio.Server | None = None
         self._open: dict[asyncio.Task[None], asyncio.StreamWriter] = {}
+
+    def serve_debug(self, state: DebugState, telemetry: Registry) -> None:
+        """Serve `/debug/state`: `state()` plus the registry's points under `telemetry` (one call
+        for the app and the local runtime, so both show the same document)."""
+        self.debug_state = lambda: {**state(), "telemetry": telemetry_json(telemetry)}
 
     async def start(self, host: str, port: int) -> None:
         self._server = await asyncio.start_server(self._accept, host, port, limit=MAX_HEAD_BYTES)
@@ -199,4 +225,14 @@ async def start_probes(readiness: Readiness, port: int, host: str = "0.0.0.0") -
     return server
 
 
-__all__ = ["BadRequest", "ProbeServer", "Request", "answer", "parse_request_head", "render_response", "start_probes"]
+__all__ = [
+    "BadRequest",
+    "ProbeServer",
+    "Request",
+    "answer",
+    "parse_request_head",
+    "point_json",
+    "render_response",
+    "start_probes",
+    "telemetry_json",
+]

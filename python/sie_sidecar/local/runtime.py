@@ -108,7 +108,7 @@ async def start_local(settings: Settings, stop: asyncio.Event, resources: contex
             state["ingest"] = {"mode": "local", "queued": source.queued, "paused": source.paused()}
             return state
 
-        probes.debug_state = debug_state
+        probes.serve_debug(debug_state, telemetry)
     pipeline = LocalPipeline(
         source=source,
         replies=replies,
