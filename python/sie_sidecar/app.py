@@ -30,7 +30,7 @@ from .control.gateway import poll_forever
 from .control.live_config import LiveConfig
 from .errors import ConfigError, StartupError, TopologyError
 from .ipc.children import BackendChildren
-from .ipc.client import IpcClient
+from .ipc.client import IpcClient, observe_ipc
 from .ipc.mux import MuxIpcClient
 from .payloads import PayloadStore, PayloadStoreConfigError
 from .pipeline.admission import Admission
@@ -203,6 +203,7 @@ def attach_catalog(settings: Settings, config: ConfigState, dispatcher: Dispatch
     if settings.metrics_enabled or settings.debug_endpoint:
         dispatcher.catalog = config.catalog
 
+        dispatcher.generations.telemetry = dispatcher.telemetry
 
 def start_metrics(
     settings: Settings,
@@ -217,10 +218,12 @@ def start_metrics(
     otel = settings.otel
     endpoint = otel.metrics_endpoint
     if settings.metrics_enabled or settings.debug_endpoint:
-        for client in ipc.clients if isinstance(ipc, BackendChildren) else [ipc]:
+        clients = list(ipc.clients) if isinstance(ipc, BackendChildren) else [ipc]
+        for client in clients:
             client.telemetry = telemetry
         payloads.telemetry = telemetry
     if not settings.metrics_enabled or endpoint is None:
+        observe_ipc(telemetry, clients)
         return
     from . import __version__
     from .otel.export import make_exporter

@@ -35,9 +35,19 @@ from sie_sidecar.errors import (
     IpcServerError,
     ProtocolError,
 )
-from sie_sidecar.ipc.client import IpcClient, IpcTimeout, IpcTransportError
+from sie_sidecar.ipc.client import IpcClient, IpcTimeout, IpcTransportError, observe_ipc
 from sie_sidecar.ipc.mux import MuxIpcClient
 from sie_sidecar.ipc.types import ModelDescriptor, PingResponse, ReadyResponse
+from sie_sidecar.telemetry import (
+    IPC_ACQUIRE_DURATION,
+    IPC_CAPACITY,
+    IPC_CHUNK_COUNT,
+    IPC_CHUNK_RESERVED,
+    IPC_INFLIGHT,
+    IPC_RECONSTRUCTED_SIZE,
+    IPC_RESPONSE_CHUNKS,
+    Registry,
+)
 from sie_sidecar.wire.limits import MAX_FRAME, MiB
 
 MODEL = "null/model"
@@ -623,11 +633,24 @@ async def test_oversized_response_is_chunked_and_reassembled(sock_path: str) -> 
     completed = budget.completed
     adapter = NullAdapter(8, oversized_bytes=33 * MiB, preloaded_models=[MODEL])
     async with BackendServer(adapter, sock_path, worker_id="w") as _, IpcClient(sock_path) as ipc:
+        ipc.telemetry = telemetry = Registry()
+        observe_ipc(telemetry, [ipc])
         result = await ipc.run_batch(run_batch_body([wrapped("encode", i) for i in range(4)]))
         first = msgpack.unpackb(result.outcomes[0].result_msgpack, raw=False)
         assert len(first["_pad"]) == 33 * MiB
         assert result.outcomes[1].result_msgpack == wire.frame_dense(adapter.vector("text number 1"), item_id="id-1")
         assert budget.reserved == 0 and budget.completed == completed + 1
+        # §13: one reassembled transfer, its chunk count and size; the budget's totals as exported.
+        chunks = telemetry.histogram(IPC_CHUNK_COUNT)
+        size = telemetry.histogram(IPC_RECONSTRUCTED_SIZE)
+        assert chunks.count == 1 and chunks.sum >= 2 and size.count == 1 and size.sum > 33 * MiB
+        points = {(p.name, p.attrs): p.value for p in telemetry.snapshot()}
+        assert points[(IPC_RESPONSE_CHUNKS, (("outcome", "completed"),))] == budget.completed
+        assert points[(IPC_CHUNK_RESERVED, ())] == 0
+        assert points[(IPC_CAPACITY, (("transport", "pool"),))] == ipc.pool_size
+        assert points[(IPC_INFLIGHT, (("transport", "pool"),))] == 0
+        acquired = telemetry.histogram(IPC_ACQUIRE_DURATION, (("transport", "pool"), ("outcome", "success")))
+        assert acquired.count == 1
         # The connection stays in step: the next call on it is an ordinary one.
         assert (await ipc.ping()).worker_id == "w"
         assert ipc.open_connections == 1

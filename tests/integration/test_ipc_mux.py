@@ -15,7 +15,8 @@ import pytest
 from sie_sidecar.backend.null import NullAdapter
 from sie_sidecar.backend.server import BackendServer
 from sie_sidecar.errors import IpcTimeout
-from sie_sidecar.ipc.mux import MuxIpcClient
+from sie_sidecar.ipc.mux import MAX_IN_FLIGHT, MuxIpcClient
+from sie_sidecar.telemetry import IPC_CHUNK_COUNT, IPC_RECONSTRUCTED_SIZE, Registry
 from sie_sidecar.wire.limits import MiB
 
 from .conftest import NatsServer
@@ -58,6 +59,7 @@ async def test_chunked_responses_of_concurrent_requests_interleave(sock_dir: str
     adapter = NullAdapter(8, oversized_bytes=33 * MiB, preloaded_models=[MODEL])
     async with BackendServer(adapter, sock, worker_id="w"):
         client = MuxIpcClient(sock, request_timeout_s=30)
+        client.telemetry = telemetry = Registry()
         try:
             bodies = [run_batch_body([wrapped("encode", i)]) for i in range(2)]
             results = await asyncio.gather(*(client.run_batch(b) for b in bodies))
@@ -65,6 +67,9 @@ async def test_chunked_responses_of_concurrent_requests_interleave(sock_dir: str
             sizes = [len(r.outcomes[0].result_msgpack or b"") for r in results]
             assert all(size > 32 * MiB for size in sizes), sizes
             assert client.connects == 1
+            assert telemetry.histogram(IPC_CHUNK_COUNT).count == 2  # one record per reassembled transfer
+            assert telemetry.histogram(IPC_RECONSTRUCTED_SIZE).sum > 64 * MiB
+            assert (client.capacity, client.busy) == (MAX_IN_FLIGHT, 0)
         finally:
             await client.close()
 

@@ -6,14 +6,36 @@ work done."""
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
+from typing import Any
 
 import msgpack
 import pytest
 
+from sie_sidecar.backend import NullAdapter
+from sie_sidecar.telemetry import (
+    ADAPTIVE_WAIT,
+    BATCH_COST,
+    BATCH_FILL_RATIO,
+    BATCH_SIZE,
+    DISPATCH_WAIT,
+    INSTRUMENTS,
+    IPC_ACQUIRE_DURATION,
+    IPC_CAPACITY,
+    IPC_REQUESTS,
+    IPC_RESPONSE_CHUNKS,
+    NATS_DELIVERY_ATTEMPTS,
+    NATS_OPERATIONS,
+    QUEUE_DEPTH,
+    QUEUE_DURATION,
+    REQUEST_BATCH_TOTAL,
+)
+from sie_sidecar.telemetry.catalog import FLUSH_REASONS
+
 from .conftest import NatsServer
 from .otlp_receiver import otlp_receiver
-from .stack import running_stack, work_item
+from .stack import MODEL, running_stack, work_item
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -100,3 +122,67 @@ async def test_without_an_endpoint_metrics_stay_off_with_one_warning(nats_server
     async with running_stack(nats_server, tmp_path, env={"SIE_METRICS_ENABLED": "1"}) as stack:
         assert stack.settings.metrics_enabled is False
         assert any("no OTLP metrics endpoint" in w for w in stack.settings.warnings)
+
+
+async def test_every_exercised_instrument_arrives_with_its_attributes_and_exact_counts(
+    nats_server: NatsServer, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Two models: MODEL is one of the 256 allowlisted pairs, `org/model-b` the 257th, which records
+    as (other, other) with one warning. Every point carries exactly its §13 attributes, in order."""
+    other_model = "org/model-b"
+    allow = [MODEL, *(f"m{i}" for i in range(1, 256)), other_model]
+    adapter = NullAdapter(dim=8, preloaded_models=[MODEL, other_model])
+    async with otlp_receiver() as receiver:
+        env = {
+            "SIE_METRICS_ENABLED": "true",
+            "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT": receiver.url,
+            "OTEL_EXPORTER_OTLP_METRICS_PROTOCOL": "http/protobuf",
+            "OTEL_METRIC_EXPORT_INTERVAL": "200",
+            "SIE_METRIC_MODEL_ALLOWLIST": ",".join(allow),
+        }
+        with caplog.at_level(logging.WARNING, logger="sie_sidecar.telemetry.catalog"):
+            async with running_stack(nats_server, tmp_path, env=env, adapter=adapter) as stack:
+                ids = [await stack.publish(work_item(text=f"a{i}")) for i in range(30)]
+                ids += [await stack.publish(work_item(model=other_model, text=f"b{i}")) for i in range(5)]
+                await stack.wait_for(lambda: all(len(stack.results_for(w)) == 1 for w in ids))
+                batches = adapter.batches
+    metrics = receiver.last_metrics()
+    for name, metric in metrics.items():  # the schema: known names, lane first, then §13's keys in order
+        kind, unit, keys = INSTRUMENTS[name]
+        assert metric.unit == unit, name
+        data = {"counter": metric.sum, "gauge": metric.gauge, "histogram": metric.histogram}[kind]
+        for p in data.data_points:
+            assert tuple(_attrs(p)) == ("lane", *keys), (name, _attrs(p))
+
+    def by(name: str, *keys: str) -> dict[tuple[str, ...], Any]:
+        metric = metrics[name]
+        points = getattr(metric, metric.WhichOneof("data")).data_points
+        return {tuple(_attrs(p)[k] for k in keys): p for p in points}
+
+    a, other = ("encode", MODEL, "default"), ("encode", "other", "other")
+    sizes = by(BATCH_SIZE, "operation", "model", "profile")
+    assert set(sizes) == {a, other}
+    assert (sizes[a].sum, sizes[other].sum) == (30, 5)
+    assert sizes[a].count + sizes[other].count == batches  # one record per batch the backend ran
+    for name in (BATCH_COST, DISPATCH_WAIT, REQUEST_BATCH_TOTAL):
+        assert sum(p.count for p in by(name, "model").values()) == batches, name
+    queued = by(QUEUE_DURATION, "operation", "model", "profile")
+    assert (queued[a].count, queued[other].count) == (30, 5)  # each item's wait, recorded per batch
+    depth = by(QUEUE_DEPTH, "operation", "model", "profile")
+    assert set(depth) == {a, other} and all(p.as_double == 0 for p in depth.values())
+    assert {r for (r,) in by(BATCH_FILL_RATIO, "flush.reason")} <= FLUSH_REASONS
+    assert ("org/model-a", "default") in by(ADAPTIVE_WAIT, "model", "profile")
+    attempts = by(NATS_DELIVERY_ATTEMPTS, "redelivered")
+    assert set(attempts) == {("false",)} and attempts[("false",)].count == 35
+    received = by(NATS_OPERATIONS, "operation", "reason")
+    assert received[("receive", "first_delivery")].as_double == 35
+    assert received[("ack", "completed")].as_double == 35
+    requests = sum(p.as_double for p in by(IPC_REQUESTS, "method", "outcome").values())
+    acquired = by(IPC_ACQUIRE_DURATION, "transport", "outcome")
+    assert set(acquired) == {("pool", "success")} and acquired[("pool", "success")].count == requests
+    assert by(IPC_CAPACITY, "transport")[("pool",)].as_double == stack.settings.ipc_pool_size
+    assert ("completed",) in by(IPC_RESPONSE_CHUNKS, "outcome")
+    assert [r.getMessage() for r in caplog.records if "(other, other)" in r.getMessage()] == [
+        "telemetry: over 256 (model, profile) pairs at 'org/model-b'/'default'; "
+        "recorded as (other, other) (this warning is logged once)"
+    ]

@@ -63,5 +63,7 @@ def test_a_batch_records_attempts_and_receive_reasons() -> None:
     again = registry.histogram(NATS_DELIVERY_ATTEMPTS, (("redelivered", "true"),))
     assert (first.count, first.sum) == (2, 2.0)
     assert (again.count, again.sum) == (1, 4.0)
-    received = {dict(i.attrs)["reason"]: i.value for i in registry if i.name == NATS_OPERATIONS}
+    received = {
+        dict(i.attrs)["reason"]: registry.value(NATS_OPERATIONS, i.attrs) for i in registry if i.name == NATS_OPERATIONS
+    }
     assert received == {"first_delivery": 2, "redelivery": 1, "metadata_unavailable": 1}

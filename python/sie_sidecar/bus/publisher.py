@@ -21,7 +21,13 @@ from typing import Protocol
 from .. import wire
 from ..errors import PayloadTooLarge
 from ..logs import Throttled
-from ..telemetry import RESULT_CHUNKS_PUBLISHED, RESULT_TRANSPORT_ATTEMPTS, Registry
+from ..telemetry import (
+    RESULT_CHUNK_SIZE,
+    RESULT_CHUNKS_PUBLISHED,
+    RESULT_TRANSPORT_ATTEMPTS,
+    SIZE_BOUNDS_BYTES,
+    Registry,
+)
 from ..wire.types import Reply
 from .outbound import FramedWriter
 
@@ -135,6 +141,7 @@ class Publisher:
         max_payload = self._nc.max_payload
         queued: list[tuple[str, bytes]] = []
         planned: list[tuple[int, str, int]] = []  # (reply index, mode, messages) of what is in `queued`
+        chunk_sizes: list[int] = []  # each chunk message's size (metrics on only)
         for i, reply in enumerate(replies):
             if not reply.subject.strip():
                 ok[i] = True
@@ -153,6 +160,8 @@ class Publisher:
                 continue
             queued.extend((reply.subject, message) for message in plan.messages)
             planned.append((i, plan.mode, len(plan.messages)))
+            if plan.mode == "chunked" and self.telemetry is not None:
+                chunk_sizes.extend(map(len, plan.messages))
         try:
             await self._writer.publish_many(queued)  # one framed write for the whole batch
         except Exception as exc:  # nats-py raises its own and OS errors; either way: not published
@@ -169,6 +178,7 @@ class Publisher:
             chunks = sum(messages for _, mode, messages in planned if mode == "chunked")
             if chunks and flushed:
                 self.telemetry.add(RESULT_CHUNKS_PUBLISHED, chunks)
+                self.telemetry.histogram(RESULT_CHUNK_SIZE, (), SIZE_BOUNDS_BYTES).record_many(chunk_sizes)
         for i, mode, messages in planned:
             ok[i] = True
             if mode == "single":

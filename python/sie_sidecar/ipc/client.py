@@ -35,7 +35,21 @@ from ..errors import (
     WireError,
 )
 from ..logs import Throttled
-from ..telemetry import DURATION_BOUNDS_S, IPC_REQUEST_DURATION, IPC_REQUESTS, Registry
+from ..telemetry import (
+    DURATION_BOUNDS_S,
+    IPC_ACQUIRE_DURATION,
+    IPC_CAPACITY,
+    IPC_CHUNK_COUNT,
+    IPC_CHUNK_RESERVED,
+    IPC_INFLIGHT,
+    IPC_RECONSTRUCTED_SIZE,
+    IPC_REQUEST_DURATION,
+    IPC_REQUESTS,
+    IPC_RESPONSE_CHUNKS,
+    SIZE_BOUNDS_BYTES,
+    Registry,
+)
+from ..telemetry.catalog import IPC_METHODS, closed
 from ..wire.limits import IPC_VERSION
 from .transport import READ_LIMIT, READ_SIZE, TransportFailure, is_retryable
 from .types import ConfigResponse, GenerateEvent, PingResponse, ReadyResponse
@@ -53,8 +67,41 @@ def _method_name(method: str) -> str:
     """§13's IPC method attribute: the snake_case of the method (`RunBatch` → `run_batch`)."""
     name = _METHOD_NAMES.get(method)
     if name is None:
-        name = _METHOD_NAMES[method] = re.sub(r"(?<!^)(?=[A-Z])", "_", method).lower()
+        name = _METHOD_NAMES[method] = closed(re.sub(r"(?<!^)(?=[A-Z])", "_", method).lower(), IPC_METHODS)
     return name
+
+
+#: Chunk counts of one reassembled response: 2 to 4,096 (wire-protocol §6 caps a transfer).
+CHUNK_COUNT_BOUNDS: Final = tuple(float(2**n) for n in range(1, 13))
+
+
+def record_assembled(telemetry: Registry, frames: int, nbytes: int) -> None:
+    """A response that came in `frames` chunk frames (§6): its chunk count and reconstructed size."""
+    telemetry.histogram(IPC_CHUNK_COUNT, (), CHUNK_COUNT_BOUNDS).record(frames)
+    telemetry.histogram(IPC_RECONSTRUCTED_SIZE, (), SIZE_BOUNDS_BYTES).record(nbytes)
+
+
+def observe_ipc(telemetry: Registry, clients: list[IpcClient]) -> None:
+    """Exported, not recorded: each transport's capacity and requests in flight (summed over the
+    backend children), and the process-wide response budget's transfer totals and reservation."""
+    budget = wire.response_budget()
+
+    def observe(registry: Registry) -> None:
+        for transport in ("pool", "mux"):
+            mine = [c for c in clients if c.transport == transport]
+            if mine:
+                attrs = (("transport", transport),)
+                registry.gauge(IPC_CAPACITY, attrs).set(sum(c.capacity for c in mine))
+                registry.gauge(IPC_INFLIGHT, attrs).set(sum(c.busy for c in mine))
+        for outcome, total in (
+            ("completed", budget.completed),
+            ("protocol_error", budget.protocol_error),
+            ("budget_rejected", budget.budget_rejected),
+        ):
+            registry.counter(IPC_RESPONSE_CHUNKS, (("outcome", outcome),)).catch_up(total)
+        registry.gauge(IPC_CHUNK_RESERVED).set(budget.reserved)
+
+    telemetry.observe(observe)
 
 
 #: A backend that is gone fails every call (each heartbeat, each batch): one line per method per 10 s.
@@ -163,6 +210,16 @@ class IpcClient:
     def open_connections(self) -> int:
         """Connections currently open (idle or busy); for metrics and tests."""
         return sum(1 for slot in self._slots if slot.connected)
+
+    @property
+    def capacity(self) -> int:
+        """Requests this client can have in flight at once (`sie.worker.ipc.capacity`)."""
+        return self._pool_size
+
+    @property
+    def busy(self) -> int:
+        """Requests in flight now (`sie.worker.ipc.inflight`): the slots not idle."""
+        return self._pool_size - self._idle.qsize()
 
     @property
     def closed(self) -> bool:
@@ -363,6 +420,21 @@ class IpcClient:
             raise IpcTransportError(f"IPC client for {self._path} is closed", transient=False)
         return slot
 
+    async def _timed_acquire(self) -> _Slot:
+        """`_acquire`, timed into `sie.worker.ipc.acquire.duration` (metrics on only)."""
+        started = time.perf_counter()
+        outcome = "error"
+        try:
+            slot = await self._acquire()
+            outcome = "success"
+            return slot
+        finally:
+            if self.telemetry is not None:
+                attrs = (("transport", self.transport), ("outcome", outcome))
+                self.telemetry.histogram(IPC_ACQUIRE_DURATION, attrs, DURATION_BOUNDS_S).record(
+                    time.perf_counter() - started
+                )
+
     async def _acquire_other(self, failed: _Slot) -> _Slot:
         """For the retry: another idle slot if there is one, else whichever frees first (maybe
         `failed` itself, reconnected). `failed` is released either way."""
@@ -431,7 +503,10 @@ class IpcClient:
         """One request over a pool slot, with the §1.2 transport retry on another slot."""
         request_id = f"w-{next(self._ids)}"
         frame = wire.encode_request(method, request_id, body, True)  # FrameTooLarge: nothing written
-        slot: _Slot | None = await self._acquire()
+        if self.telemetry is None:
+            slot: _Slot | None = await self._acquire()
+        else:
+            slot = await self._timed_acquire()
         try:
             assert slot is not None
             try:
@@ -484,6 +559,7 @@ class IpcClient:
         """One write and the response(s) on one slot; the slot is disconnected unless `keep`."""
         assembler = wire.IpcChunkAssembler(request_id, self._budget)
         keep = False
+        frames = 0
         try:
             try:
                 async with asyncio.timeout(timeout_s):
@@ -494,9 +570,12 @@ class IpcClient:
                     writer.write(frame)
                     await writer.drain()
                     while True:
+                        frames += 1
                         assembled = assembler.feed(wire.decode_response(await self._read_frame(slot)))
                         if assembled is not None:
                             break
+                if frames > 1 and self.telemetry is not None:
+                    record_assembled(self.telemetry, frames, assembled.nbytes)
             except TimeoutError:
                 raise IpcTimeout(f"IPC request {request_id} timed out after {timeout_s:g} s") from None
             except (OSError, EOFError) as exc:
@@ -582,4 +661,11 @@ def _acknowledged(body: Any) -> bool:
     return value
 
 
-__all__ = ["PROCESS_BATCH_METHODS", "IpcClient", "IpcTimeout", "IpcTransportError"]
+__all__ = [
+    "PROCESS_BATCH_METHODS",
+    "IpcClient",
+    "IpcTimeout",
+    "IpcTransportError",
+    "observe_ipc",
+    "record_assembled",
+]

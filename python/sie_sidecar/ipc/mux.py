@@ -22,7 +22,7 @@ from typing import Final, TypeVar
 
 from .. import wire
 from ..errors import ConfigNotAttested, IpcTimeout, IpcTransportError, ProtocolError
-from .client import Attest, IpcClient
+from .client import Attest, IpcClient, record_assembled
 from .transport import READ_LIMIT, READ_SIZE, TransportFailure, is_retryable
 
 T = TypeVar("T")
@@ -87,6 +87,14 @@ class MuxIpcClient(IpcClient):
     @property
     def in_flight(self) -> int:
         return 0 if self._conn is None else len(self._conn.inflight)
+
+    @property
+    def capacity(self) -> int:
+        return MAX_IN_FLIGHT
+
+    @property
+    def busy(self) -> int:
+        return self.in_flight
 
     async def close(self) -> None:
         self._closed = True
@@ -170,6 +178,7 @@ class MuxIpcClient(IpcClient):
         queue: asyncio.Queue[Frame | BaseException] = asyncio.Queue()
         conn: _Connection | None = None
         done = False
+        frames = 0
         try:
             try:
                 async with asyncio.timeout(timeout_s):
@@ -183,9 +192,12 @@ class MuxIpcClient(IpcClient):
                         item = await queue.get()
                         if isinstance(item, BaseException):
                             raise item
+                        frames += 1
                         assembled = assembler.feed(item)
                         if assembled is not None:
                             break
+                if frames > 1 and self.telemetry is not None:
+                    record_assembled(self.telemetry, frames, assembled.nbytes)
             except TimeoutError:
                 raise IpcTimeout(f"IPC request {request_id} timed out after {timeout_s:g} s") from None
             except (OSError, EOFError) as exc:

@@ -40,6 +40,7 @@ from ..ipc.types import FAILED, LOADING_IN_PROGRESS, LOADING_STARTED, READY, Gen
 from ..logs import Throttled
 from ..payloads import PayloadStore
 from ..prep.generate_media import normalise_generate_images
+from ..telemetry import GENERATION_LOADING_RESPONSES, Registry
 from ..wire.generation import encode_sidecar_work_item, stamp_executed_hash, terminal_chunk
 from .config_gate import ConfigState
 from .delivery import Delivery, Settler
@@ -110,6 +111,8 @@ class Generations:
         self._payloads = payloads
         self._tasks: set[asyncio.Task[None]] = set()
         self.streams = 0
+        #: Where `sie.worker.generation.model_loading.responses` is recorded (§13); None: metrics off.
+        self.telemetry: Registry | None = None
 
     @property
     def active(self) -> int:
@@ -164,20 +167,29 @@ class Generations:
         await refuse(code, message)
         await self._settler.drop(d)
 
-    async def _terminal(self, d: Delivery, code: str, message: str, *, nak_ms: int) -> None:
+    async def _terminal(self, d: Delivery, code: str, message: str, *, nak_ms: int) -> str:
         """Publish the TV-G1 terminal chunk, then ACK; NAK with `nak_ms` when the publish fails. An
-        empty reply subject publishes nothing and ACKs. A local stream gets the code as its error."""
+        empty reply subject publishes nothing and ACKs. A local stream gets the code as its error.
+        Returns §13's outcome: `success`, `publish_error` or `ack_error`."""
         item = d.item
         assert item is not None
         if hasattr(d.msg, "refuse"):
             await self._refuse(d, code, message, nak_ms=nak_ms)
-            return
+            return "success"
         if item.reply_subject and not await self._sink.publish_raw(
             item.reply_subject, terminal_chunk(item.work_item_id, item.request_id, code, message)
         ):
             await self._settler.nak(d, nak_ms)
-            return
+            return "publish_error"
+        failed = self._settler.counts.settle_errors
         await self._settler.ack(d)
+        return "ack_error" if self._settler.counts.settle_errors > failed else "success"
+
+    def _loading_response(self, model: str, state: str, outcome: str) -> None:
+        """`sie.worker.generation.model_loading.responses` for one terminal loading answer."""
+        if self.telemetry is not None:
+            attrs = (*self._config.catalog.model_attrs(model), ("state", state), ("outcome", outcome))
+            self.telemetry.add(GENERATION_LOADING_RESPONSES, 1, attrs)
 
     async def _internal_error(self, d: Delivery, message: str) -> None:
         item = d.item
@@ -210,14 +222,17 @@ class Generations:
             await self._refuse(d, BACKEND_UNAVAILABLE, f"EnsureModelReady failed: {exc}", nak_ms=base)
             return
         if ready.state == LOADING_STARTED:
-            await self._terminal(d, MODEL_LOADING, f"Model '{model}' is loading; retry later.", nak_ms=base)
+            outcome = await self._terminal(d, MODEL_LOADING, f"Model '{model}' is loading; retry later.", nak_ms=base)
+            self._loading_response(model, "loading_started", outcome)
             return
         if ready.state == LOADING_IN_PROGRESS:
             message = f"Model '{model}' is still loading; retry later."
-            await self._terminal(d, MODEL_LOADING, message, nak_ms=min(2 * base, LOADING_NAK_CAP_MS))
+            outcome = await self._terminal(d, MODEL_LOADING, message, nak_ms=min(2 * base, LOADING_NAK_CAP_MS))
+            self._loading_response(model, "loading_in_progress", outcome)
             return
         if ready.state == FAILED:
-            await self._terminal(d, MODEL_LOAD_FAILED, f"Model '{model}' failed to load.", nak_ms=base)
+            outcome = await self._terminal(d, MODEL_LOAD_FAILED, f"Model '{model}' failed to load.", nak_ms=base)
+            self._loading_response(model, "failed", outcome)
             return
         if ready.state != READY:  # retry_later
             await self._refuse(d, RETRY_LATER, f"model '{model}' cannot take work now", nak_ms=base)

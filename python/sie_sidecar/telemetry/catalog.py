@@ -33,6 +33,24 @@ OPERATIONS: Final = frozenset({"encode", "score", "extract", "embeddings", "mode
 FLUSH_REASONS: Final = frozenset(
     {"cost_cap", "count_cap", "timeout", "coalesce", "single_oversize", "idle_bypass", "drain"}
 )
+#: IPC methods by their snake_case (§13); the other methods report `other`.
+IPC_METHODS: Final = frozenset(
+    {
+        "apply_model_config",
+        "drain",
+        "ensure_model_ready",
+        "ping",
+        "process_encode_batch",
+        "process_extract_batch",
+        "process_generate",
+        "process_score_batch",
+        "replace_model_configs",
+        "run_batch",
+        "set_pinned_models",
+        "signal_generate_cancel",
+        "worker_capabilities",
+    }
+)
 
 _MODEL_SEGMENT: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/-]*\Z")
 _PROFILE_SEGMENT: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*\Z")
@@ -201,6 +219,7 @@ class QueueDepth:
 __all__ = [
     "DEFAULT_PROFILE",
     "FLUSH_REASONS",
+    "IPC_METHODS",
     "MAX_PAIRS",
     "OPERATIONS",
     "OTHER",

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import bisect
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Final
 
@@ -51,6 +51,10 @@ class Counter:
         if amount < 0:
             raise ValueError(f"counter {self.name} cannot decrease (add {amount})")
         self.value += amount
+
+    def catch_up(self, total: float) -> None:
+        """An observed total (counted elsewhere): the counter moves up to it, never down."""
+        self.value = max(self.value, total)
 
 
 class Gauge:
@@ -140,6 +144,7 @@ class Registry:
     def __init__(self) -> None:
         self._instruments: dict[tuple[str, Attrs], Instrument] = {}
         self._kinds: dict[str, Kind] = {}
+        self._observers: list[Callable[[Registry], None]] = []
 
     def _claim(self, name: str, kind: Kind) -> None:
         known = self._kinds.setdefault(name, kind)
@@ -205,8 +210,16 @@ class Registry:
     def __iter__(self) -> Iterator[Instrument]:
         return iter(list(self._instruments.values()))
 
+    def observe(self, observer: Callable[[Registry], None]) -> None:
+        """Run `observer` before each snapshot: for values some other part already counts (the
+        native response budget's totals, a pool's idle connections), read when exported instead of
+        recorded twice. It sets gauges, and counters through `Counter.catch_up`."""
+        self._observers.append(observer)
+
     def snapshot(self) -> list[Point]:
-        """Every instrument's current state, in registration order."""
+        """Every instrument's current state (observers run first), in registration order."""
+        for observer in self._observers:
+            observer(self)
         points = []
         for i in self._instruments.values():
             if isinstance(i, Histogram):
