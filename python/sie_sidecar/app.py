@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from . import wire
 from .bus import connect as connection
+from .bus.attempts import observe_pulls
 from .bus.config_sub import subscribe_config
 from .bus.connect import NATS_FAILURES, NatsClient
 from .bus.control import Subscription, subscribe_cancels, unsubscribe_all
@@ -540,6 +541,8 @@ async def _start(settings: Settings, stop: asyncio.Event, resources: contextlib.
         loops.append(loop)
         resources.push_async_callback(_end_tasks, [loop], pull_stop)  # the loop ends before its consumer stops
     tune_gc_for_steady_state()  # start-up is done: freeze its heap, rarer young collections
+    if settings.metrics_enabled or settings.debug_endpoint:
+        observe_pulls(telemetry, consumers)
     gate = asyncio.create_task(
         gate_pulls(
             readiness,

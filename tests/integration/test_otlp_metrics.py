@@ -177,6 +177,7 @@ async def test_every_exercised_instrument_arrives_with_its_attributes_and_exact_
     received = by(NATS_OPERATIONS, "operation", "reason")
     assert received[("receive", "first_delivery")].as_double == 35
     assert received[("ack", "completed")].as_double == 35
+    assert received[("fetch", "none")].as_double >= 1  # the pull requests the consumers sent
     requests = sum(p.as_double for p in by(IPC_REQUESTS, "method", "outcome").values())
     acquired = by(IPC_ACQUIRE_DURATION, "transport", "outcome")
     assert set(acquired) == {("pool", "success")} and acquired[("pool", "success")].count == requests

@@ -6,10 +6,13 @@ by `redelivered`, and `sie.worker.nats.operations{operation=receive}` with reaso
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from ..telemetry import NATS_DELIVERY_ATTEMPTS, NATS_OPERATIONS, Registry
 from ..wire._switch import load
+
+if TYPE_CHECKING:
+    from .pull import PullConsumer
 
 _delivery_attempts = load("attempts").delivery_attempts
 #: Attempts 1 to 20 (the default max_deliver) each get a bucket, then doubling.
@@ -38,4 +41,17 @@ def record_receive(registry: Registry, messages: Sequence[Any]) -> None:
             registry.counter(NATS_OPERATIONS, _RECEIVED[reason]).add(n)
 
 
-__all__ = ["ATTEMPT_BOUNDS", "record_receive"]
+def observe_pulls(registry: Registry, consumers: Sequence[PullConsumer]) -> None:
+    """`nats.operations{operation=fetch}`: the pull requests the consumers sent (and those that
+    failed to send), exported from their own counts instead of recorded twice."""
+    sent = (("operation", "fetch"), ("outcome", "success"), ("reason", "none"))
+    failed = (("operation", "fetch"), ("outcome", "error"), ("reason", "transport"))
+
+    def observe(registry: Registry) -> None:
+        registry.counter(NATS_OPERATIONS, sent).catch_up(sum(c.stats.requests for c in consumers))
+        registry.counter(NATS_OPERATIONS, failed).catch_up(sum(c.stats.request_errors for c in consumers))
+
+    registry.observe(observe)
+
+
+__all__ = ["ATTEMPT_BOUNDS", "observe_pulls", "record_receive"]
