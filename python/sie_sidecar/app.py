@@ -501,6 +501,8 @@ async def _start(settings: Settings, stop: asyncio.Event, resources: contextlib.
         events.on_reconnected.append(consumer.on_reconnected)
         if settings.metrics_enabled or settings.debug_endpoint:
             consumer.telemetry = telemetry  # delivery attempts, per pulled batch (§13)
+    if settings.metrics_enabled or settings.debug_endpoint:
+        observe_pulls(telemetry, consumers)
     tasks: set[asyncio.Task[None]] = set()
 
     def wake_all() -> None:
@@ -541,8 +543,6 @@ async def _start(settings: Settings, stop: asyncio.Event, resources: contextlib.
         loops.append(loop)
         resources.push_async_callback(_end_tasks, [loop], pull_stop)  # the loop ends before its consumer stops
     tune_gc_for_steady_state()  # start-up is done: freeze its heap, rarer young collections
-    if settings.metrics_enabled or settings.debug_endpoint:
-        observe_pulls(telemetry, consumers)
     gate = asyncio.create_task(
         gate_pulls(
             readiness,
