@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
-"""OTLP export of the in-process telemetry registry (sidecar-behaviour §13): the registry's instruments
-encoded as OTLP/HTTP protobuf and pushed every export interval. Recording stays in `telemetry` (per
-batch); this room only reads snapshots."""
+"""OTLP export (sidecar-behaviour §13): the in-process telemetry registry's snapshots encoded with
+opentelemetry-proto and pushed every export interval over gRPC or HTTP/protobuf, and the batch spans
+of tracing. Recording stays in `telemetry` (per batch); this room only reads snapshots."""
 
 from __future__ import annotations
 
