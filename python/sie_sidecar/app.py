@@ -33,6 +33,7 @@ from .errors import ConfigError, StartupError, TopologyError
 from .ipc.children import BackendChildren
 from .ipc.client import IpcClient, observe_ipc
 from .ipc.mux import MuxIpcClient
+from .otel.tracing import Tracer
 from .payloads import PayloadStore, PayloadStoreConfigError
 from .pipeline.admission import Admission
 from .pipeline.delivery import Settler
@@ -256,6 +257,44 @@ def start_metrics(
     log.info("OTLP metrics on", extra={"endpoint": endpoint, "interval_s": otel.export_interval_s})
 
 
+def start_tracing(settings: Settings, resources: contextlib.AsyncExitStack) -> Tracer | None:
+    """Batch spans (`SIE_TRACING_ENABLED`) when enabled: sampled from OTEL_TRACES_SAMPLER, pushed every
+    OTEL_BSP_SCHEDULE_DELAY, and a last push (bounded) when the exit stack closes, after the drain."""
+    otel = settings.otel
+    if not settings.tracing_enabled or otel.traces_endpoint is None:
+        return None
+    from . import __version__
+    from .otel.trace_export import TraceExporter
+    from .otel.tracing import Sampler, SpanBuffer
+
+    buffer = SpanBuffer(otel.traces_max_queue, export_batch=otel.traces_max_export_batch)
+    tracer = Tracer(Sampler(otel.traces_sampler, otel.traces_sampler_ratio), buffer, lane=otel.lane)
+    exporter = TraceExporter(
+        buffer,
+        otel.traces_endpoint,
+        resource={
+            "service.name": otel.service_name,
+            "service.version": __version__,
+            "deployment.environment": otel.deployment_environment,
+            "cloud.region": otel.cloud_region,
+        },
+        interval_s=otel.traces_schedule_delay_s,
+        version=__version__,
+    )
+    stop = asyncio.Event()
+    task = asyncio.create_task(exporter.run(stop), name="otlp-traces")
+
+    async def flush() -> None:
+        stop.set()
+        _, pending = await asyncio.wait({task}, timeout=METRICS_FLUSH_S)
+        for late in pending:
+            late.cancel()
+
+    resources.push_async_callback(flush)
+    log.info("OTLP traces on", extra={"endpoint": otel.traces_endpoint, "sampler": otel.traces_sampler})
+    return tracer
+
+
 def start_feed(
     settings: Settings,
     source: Source,
@@ -399,6 +438,7 @@ async def _start(settings: Settings, stop: asyncio.Event, resources: contextlib.
         payloads=payloads,
         telemetry=telemetry,
         acks_with_replies=writer.framed,  # one writer for both: a batch's ACKs follow its replies
+        tracer=start_tracing(settings, resources),
     )
     subs: list[Subscription] = []
     attach_catalog(settings, config, dispatcher)

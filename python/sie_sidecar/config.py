@@ -366,6 +366,31 @@ class OtelSettings:
     cloud_region: str = "unknown"
     #: `SIE_METRIC_MODEL_ALLOWLIST`: the models the telemetry catalog starts with (profile `default`).
     model_allowlist: tuple[str, ...] = ()
+    # Traces (§1.2, `SIE_TRACING_ENABLED`): endpoint and protocol resolved like the metrics' ones;
+    # the sampler and the batch span processor from the standard OTEL_TRACES_* / OTEL_BSP_* variables.
+    traces_endpoint: str | None = None
+    traces_protocol: str = "grpc"
+    #: `OTEL_TRACES_SAMPLER` (lower case; unknown → the OTEL default, with a warning).
+    traces_sampler: str = "parentbased_always_on"
+    #: `OTEL_TRACES_SAMPLER_ARG` for the ratio samplers, in [0, 1] (else 1.0, with a warning).
+    traces_sampler_ratio: float = 1.0
+    #: `OTEL_BSP_SCHEDULE_DELAY` (ms) / `OTEL_BSP_MAX_QUEUE_SIZE` / `OTEL_BSP_MAX_EXPORT_BATCH_SIZE`.
+    traces_schedule_delay_s: float = 5.0
+    traces_max_queue: int = 2048
+    traces_max_export_batch: int = 512
+
+
+#: OTEL_TRACES_SAMPLER values (OTEL SDK environment spec); the ratio ones read OTEL_TRACES_SAMPLER_ARG.
+TRACES_SAMPLERS: frozenset[str] = frozenset(
+    {
+        "always_on",
+        "always_off",
+        "traceidratio",
+        "parentbased_always_on",
+        "parentbased_always_off",
+        "parentbased_traceidratio",
+    }
+)
 
 
 @dataclass(frozen=True, slots=True, repr=False)
@@ -458,8 +483,9 @@ class Settings:
     #: Deadline of the first NATS connection (our extension, `SIE_NATS_CONNECT_TIMEOUT_S`); later
     #: reconnects retry forever.
     nats_connect_timeout_s: float = 30.0
-    #: `SIE_METRICS_ENABLED` / `SIE_TRACING_ENABLED` (§13) and `SIE_WORK_DEADLINE_ENFORCE` (§15.3): parsed
-    #: so that asking for them is refused (`NOT_YET`) rather than ignored.
+    #: `SIE_METRICS_ENABLED` / `SIE_TRACING_ENABLED` (§13): on only with an endpoint and a protocol this
+    #: build exports. `SIE_WORK_DEADLINE_ENFORCE` (§15.3) is parsed so that asking for it is refused
+    #: (`NOT_YET`) rather than ignored.
     metrics_enabled: bool = False
     tracing_enabled: bool = False
     #: Where and how OTLP metrics go (§1.2, §13), resolved from the standard `OTEL_*` variables.
@@ -646,7 +672,6 @@ _DEFAULTS: Mapping[str, object] = {
 #: every other field is read outside this module.
 NOT_YET: tuple[tuple[str, str], ...] = (
     ("stream_replicas", "SIE_STREAM_REPLICAS"),
-    ("tracing_enabled", "SIE_TRACING_ENABLED"),
     ("work_deadline_enforce", "SIE_WORK_DEADLINE_ENFORCE"),  # work deadlines (§15.3)
 )
 #: Payload store schemes of §12 this build refuses at start-up (the store module refuses them too).
@@ -810,7 +835,7 @@ class _Builder:
 
     def build(self) -> Settings:
         ingest = self._ingest()
-        otel = self._otel()
+        otel = self._traces(self._otel())
         local_socket = self.text("SIE_SIDECAR_LOCAL_SOCKET")
         nats_url = self.raw("SIE_NATS_URL")
         nats_url = nats_url if nats_url is not None and nats_url.strip() else None
@@ -937,7 +962,7 @@ class _Builder:
             nats_connect_timeout_s=self.env_float("SIE_NATS_CONNECT_TIMEOUT_S", 30.0),
             metrics_enabled=self._metrics_enabled(otel),
             otel=otel,
-            tracing_enabled=self.env_flag("SIE_TRACING_ENABLED", default=False),
+            tracing_enabled=self._tracing_enabled(otel),
             work_deadline_enforce=self.env_flag("SIE_WORK_DEADLINE_ENFORCE", default=False),
             log_filter=(self._environ.get("RUST_LOG") or "").strip() or "info",
             warnings=tuple(self.warnings),
@@ -971,6 +996,54 @@ class _Builder:
                 m.strip() for m in (env.get("SIE_METRIC_MODEL_ALLOWLIST") or "").split(",") if m.strip()
             ),
         )
+
+    def _traces(self, otel: OtelSettings) -> OtelSettings:
+        """The traces' side of §1.2, resolved like the metrics' (signal-specific endpoint and protocol
+        win; a generic HTTP endpoint gets `/v1/traces`), and the OTEL sampler and batch processor."""
+        env = self._environ
+        protocol = (
+            (env.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL") or "").strip()
+            or (env.get("OTEL_EXPORTER_OTLP_PROTOCOL") or "").strip()
+            or "grpc"
+        ).lower()
+        endpoint: str | None = (env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or "").strip() or None
+        generic = (env.get("OTEL_EXPORTER_OTLP_ENDPOINT") or "").strip()
+        if endpoint is None and generic:
+            endpoint = generic.rstrip("/") + "/v1/traces" if protocol.startswith("http") else generic
+        sampler = (env.get("OTEL_TRACES_SAMPLER") or "").strip().lower() or "parentbased_always_on"
+        if sampler not in TRACES_SAMPLERS:
+            self.warnings.append(f"OTEL_TRACES_SAMPLER={sampler!r} ignored; using parentbased_always_on")
+            sampler = "parentbased_always_on"
+        ratio = 1.0
+        if sampler.endswith("traceidratio"):
+            ratio = self.env_float("OTEL_TRACES_SAMPLER_ARG", 1.0, lambda x: 0.0 <= x <= 1.0)
+        queue = self.env_uint("OTEL_BSP_MAX_QUEUE_SIZE", 2048)
+        return dataclasses.replace(
+            otel,
+            traces_endpoint=endpoint,
+            traces_protocol=protocol,
+            traces_sampler=sampler,
+            traces_sampler_ratio=ratio,
+            traces_schedule_delay_s=max(0.01, self.env_float("OTEL_BSP_SCHEDULE_DELAY", 5000.0) / 1000.0),
+            traces_max_queue=queue,
+            traces_max_export_batch=min(queue, self.env_uint("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", 512)),
+        )
+
+    def _tracing_enabled(self, otel: OtelSettings) -> bool:
+        """`SIE_TRACING_ENABLED`, off (with a warning) when no traces endpoint resolves or the protocol
+        is not http/protobuf, the one this build exports spans with."""
+        if not self.env_flag("SIE_TRACING_ENABLED", default=False):
+            return False
+        if otel.traces_endpoint is None:
+            self.warnings.append("SIE_TRACING_ENABLED is set but no OTLP traces endpoint is: tracing is off")
+            return False
+        if otel.traces_protocol != "http/protobuf":
+            protocol = otel.traces_protocol
+            self.warnings.append(
+                f"OTLP traces protocol {protocol!r} is not exported yet (http/protobuf is): tracing is off"
+            )
+            return False
+        return True
 
     def _metrics_enabled(self, otel: OtelSettings) -> bool:
         """`SIE_METRICS_ENABLED`, off (with a warning) when no endpoint resolves or the protocol is one

@@ -11,10 +11,11 @@
 use pyo3::exceptions::{PyKeyError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
-use pyo3::types::{PyBytes, PyString};
+use pyo3::types::{PyBytes, PyList, PyString};
 
 use sie_core::msgpack::{
-    write_array_header, write_bool, write_f64, write_map_header, write_nil, write_str, write_uint,
+    write_array_header, write_bool, write_f64, write_map_header, write_nil, write_opt_str,
+    write_str, write_uint, Reader,
 };
 
 use crate::lazy::{self, LazyDelivery, Parsed};
@@ -280,6 +281,7 @@ fn write_item(
     op_name: &Bound<'_, PyAny>,
     fetch_ms: f64,
     prepared: Option<&Bound<'_, PyAny>>,
+    trace: Option<&Trace>,
 ) -> PyResult<()> {
     write_map_header(out, 9);
     write_str(out, "op");
@@ -352,10 +354,65 @@ fn write_item(
             None => write_nil(out),
         }
     }
+    if let Some(trace) = trace {
+        write_str(out, "traceparent");
+        write_str(out, &trace.parent);
+        write_str(out, "tracestate");
+        write_opt_str(out, trace.state.as_deref());
+        return Ok(());
+    }
     write_str(out, "traceparent");
     v.spliced(out, TRACEPARENT)?;
     write_str(out, "tracestate");
     v.spliced(out, TRACESTATE)
+}
+
+/// The trace context every item of a sampled batch carries instead of its own: the sidecar's
+/// batch span (wire-protocol §4.2, "sidecar dispatch span's").
+struct Trace {
+    parent: String,
+    state: Option<String>,
+}
+
+/// Each item's own `traceparent` (None when absent, nil or not a string): what a sampled batch's
+/// span links to. An undecoded `LazyDelivery` is read in place, anything else by attribute; the
+/// twin is `ipc.requests.item_traceparents_py`.
+#[pyfunction]
+pub fn item_traceparents<'py>(
+    py: Python<'py>,
+    items: &Bound<'py, PyAny>,
+) -> PyResult<Bound<'py, PyList>> {
+    let out = PyList::empty(py);
+    let name = &names(py)[TRACEPARENT];
+    for obj in items.try_iter()? {
+        let obj = obj?;
+        if let Ok(lazy) = obj.cast::<LazyDelivery>() {
+            let mut this = lazy.borrow_mut();
+            if let Some(view) = this.in_place(py) {
+                let (off, len) = view.parsed.spans[TRACEPARENT];
+                let value = &view.data()[off as usize..(off + len) as usize];
+                match Reader::new(value).read_str("traceparent") {
+                    Ok(s) => out.append(s)?,
+                    Err(_) => out.append(py.None())?,
+                }
+                continue;
+            }
+            let item = this.decode(py)?;
+            drop(this);
+            out.append(str_or_none(py, item.bind(py).getattr(name.bind(py))?))?;
+            continue;
+        }
+        out.append(str_or_none(py, obj.getattr(name.bind(py))?))?;
+    }
+    Ok(out)
+}
+
+fn str_or_none<'py>(py: Python<'py>, value: Bound<'py, PyAny>) -> Bound<'py, PyAny> {
+    if value.cast::<PyString>().is_ok() {
+        value
+    } else {
+        py.None().into_bound(py)
+    }
 }
 
 /// The three ids both the wrapper and the body carry, read once.
@@ -388,7 +445,7 @@ fn per_item<'py>(
 /// `ipc.requests.run_batch_body_py` packs; byte-identical when the payloads were canonically encoded.
 #[pyfunction]
 #[allow(clippy::too_many_arguments)]
-#[pyo3(signature = (model_id, op, lora, total_cost, batch_id, items, payload_fetch_ms = None, prepared_tokens = None, prepared_audio = None))]
+#[pyo3(signature = (model_id, op, lora, total_cost, batch_id, items, payload_fetch_ms = None, prepared_tokens = None, prepared_audio = None, trace = None))]
 pub fn write_run_batch_body<'py>(
     py: Python<'py>,
     model_id: &Bound<'py, PyAny>,
@@ -400,7 +457,9 @@ pub fn write_run_batch_body<'py>(
     payload_fetch_ms: Option<&Bound<'py, PyAny>>,
     prepared_tokens: Option<&Bound<'py, PyAny>>,
     prepared_audio: Option<&Bound<'py, PyAny>>,
+    trace: Option<(String, Option<String>)>,
 ) -> PyResult<Bound<'py, PyBytes>> {
+    let trace = trace.map(|(parent, state)| Trace { parent, state });
     let kind = match op.cast::<PyString>().ok().and_then(|s| s.to_str().ok()) {
         Some("encode") => Op::Encode,
         Some("score") => Op::Score,
@@ -440,7 +499,7 @@ pub fn write_run_batch_body<'py>(
                     data: view.data(),
                     parsed: &view.parsed,
                 };
-                write_item(&values, &mut out, kind, op, ms, p)?;
+                write_item(&values, &mut out, kind, op, ms, p, trace.as_ref())?;
                 continue;
             }
             // Decoded since intake: its WorkItem (possibly edited) is the truth.
@@ -461,7 +520,7 @@ pub fn write_run_batch_body<'py>(
                 item_index: attr(ITEM_INDEX)?,
             },
         };
-        write_item(&item, &mut out, kind, op, ms, p)?;
+        write_item(&item, &mut out, kind, op, ms, p, trace.as_ref())?;
     }
     write_str(&mut out, "accepts_batched_f16_multivectors");
     write_bool(&mut out, true);

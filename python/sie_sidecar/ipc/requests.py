@@ -137,11 +137,13 @@ def run_batch_body_py(
     prepared_tokens: Sequence[Mapping[str, Any] | None] | None = None,
     prepared_audio: Sequence[Mapping[str, Any] | None] | None = None,
     batch_id: int | None = None,
+    trace: tuple[str, str | None] | None = None,
 ) -> bytes:
     """An encoded RunBatchRequest: one op, one LoRA key, items wrapped as tagged RunBatchItems.
 
     The spec of the native writer (`_native.write_run_batch_body`); `batch_id` defaults to the next
-    process-wide id."""
+    process-wide id. `trace` (traceparent, tracestate): the context every item carries instead of its
+    own, the sidecar's span of a sampled batch (wire-protocol §4.2); None leaves each item's own."""
     wrapped = [
         {
             "op": op,
@@ -151,8 +153,8 @@ def run_batch_body_py(
             "encode": body if op == "encode" else None,
             "score": body if op == "score" else None,
             "extract": body if op == "extract" else None,
-            "traceparent": item.traceparent,
-            "tracestate": item.tracestate,
+            "traceparent": item.traceparent if trace is None else trace[0],
+            "tracestate": item.tracestate if trace is None else trace[1],
         }
         for item, body in zip(items, _bodies(op, items, payload_fetch_ms, prepared_tokens, prepared_audio), strict=True)
     ]
@@ -184,6 +186,27 @@ def _select_writer() -> _NativeWriter | None:
 _native_writer = _select_writer()
 
 
+def item_traceparents_py(items: Sequence[WorkItem]) -> list[str | None]:
+    """Each item's own `traceparent` (None unless a string): the twin of `_native.item_traceparents`,
+    which also reads an undecoded `LazyDelivery` in place."""
+    return [tp if isinstance(tp := item.traceparent, str) else None for item in items]
+
+
+def _select_traceparents() -> Callable[[Sequence[WorkItem]], list[str | None]]:
+    from ..wire._switch import USING_NATIVE
+
+    if not USING_NATIVE:
+        return item_traceparents_py
+    from .._native import item_traceparents as native
+
+    return native
+
+
+#: What a sampled batch's span links to, read from the items the RunBatch writer takes (`wire_item`)
+#: without decoding them. Called only for sampled batches.
+item_traceparents = _select_traceparents()
+
+
 def run_batch_body(
     model_id: str,
     op: str,
@@ -194,6 +217,7 @@ def run_batch_body(
     payload_fetch_ms: Sequence[float] | None = None,
     prepared_tokens: Sequence[Mapping[str, Any] | None] | None = None,
     prepared_audio: Sequence[Mapping[str, Any] | None] | None = None,
+    trace: tuple[str, str | None] | None = None,
 ) -> bytes:
     """An encoded RunBatchRequest (see `run_batch_body_py`), written natively when the core is loaded:
     ~10x cheaper per item, since values are spliced from each item's payload, not re-encoded."""
@@ -207,9 +231,23 @@ def run_batch_body(
             payload_fetch_ms=payload_fetch_ms,
             prepared_tokens=prepared_tokens,
             prepared_audio=prepared_audio,
+            trace=trace,
+        )
+    if trace is None:  # the call of every untraced batch, exactly as before tracing
+        return _native_writer(
+            model_id, op, lora, total_cost, next_batch_id(), items, payload_fetch_ms, prepared_tokens, prepared_audio
         )
     return _native_writer(
-        model_id, op, lora, total_cost, next_batch_id(), items, payload_fetch_ms, prepared_tokens, prepared_audio
+        model_id,
+        op,
+        lora,
+        total_cost,
+        next_batch_id(),
+        items,
+        payload_fetch_ms,
+        prepared_tokens,
+        prepared_audio,
+        trace,
     )
 
 
@@ -236,6 +274,8 @@ __all__ = [
     "PER_OP_METHOD",
     "encode_item",
     "extract_item",
+    "item_traceparents",
+    "item_traceparents_py",
     "lora_key",
     "next_batch_id",
     "per_op_body",

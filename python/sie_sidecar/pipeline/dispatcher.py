@@ -26,9 +26,10 @@ from ..errors import (
     ConfigNotAttested,
     IpcServerError,
 )
-from ..ipc.requests import PER_OP_METHOD, encode_item, lora_key, per_op_body, run_batch_body
+from ..ipc.requests import PER_OP_METHOD, encode_item, item_traceparents, lora_key, per_op_body, run_batch_body
 from ..ipc.types import ReadyResponse
 from ..logs import Throttled
+from ..otel.tracing import Tracer
 from ..payloads import PayloadStore, resolve_items
 from ..payloads.resolve import payload_ref_of
 from ..prep import RegisteredTokenizer, TokenizerRegistry, encode_cost
@@ -197,6 +198,7 @@ class Dispatcher:
         payloads: PayloadStore | None = None,
         telemetry: Registry | None = None,
         acks_with_replies: bool = False,
+        tracer: Tracer | None = None,
     ) -> None:
         """`acks_with_replies`: `publisher` and `settler` write to one connection (the app's one
         FramedWriter), so a batch's ACKs are framed after its replies in one buffer."""
@@ -204,6 +206,8 @@ class Dispatcher:
         #: What the schedulers and batch calls record (queue depth, pending cost, batches in flight,
         #: batch sizes); the health heartbeat reads it.
         self.telemetry = telemetry if telemetry is not None else Registry()
+        #: Batch spans (`SIE_TRACING_ENABLED`); None: off, one test per batch and nothing per item.
+        self.tracer = tracer
         #: Set when metrics are enabled (the app): each model lane then records its §13 queue and
         #: batch instruments with (model, profile) attributes from this catalog.
         self.catalog: ModelCatalog | None = None
@@ -793,6 +797,13 @@ class Dispatcher:
         fetch_ms = [d.payload_fetch_ms for d in ds]
         prepared = [d.prepared_tokens for d in ds] if op == "encode" else None
         audio = [d.prepared_audio for d in ds] if op == "extract" else None
+        # A sampled batch's span links to the items' own contexts and is the one every RunBatchItem
+        # carries to the backend; an unsampled batch's bytes are exactly the untraced ones.
+        span = self.tracer.start_batch(model, op, len(items), total_cost) if self.tracer is not None else None
+        trace = None
+        if span is not None:
+            span.link(item_traceparents(items))
+            trace = span.wire_context
         try:
             backend = await self._backend.client_for(model)  # the child the model is placed on
             # Pinned work runs only on a child that attests the advertised config, checked by the
@@ -803,34 +814,44 @@ class Dispatcher:
             # `supports_run_batch`); the client remembers a backend that answered `unknown method`.
             if backend.runs_batches:
                 try:
-                    outcome = await backend.run_batch_with(
-                        run_batch_body(
-                            model,
-                            op,
-                            items,
-                            lora,
-                            total_cost,
-                            payload_fetch_ms=fetch_ms,
-                            prepared_tokens=prepared,
-                            prepared_audio=audio,
-                        ),
-                        self._out.response_decoder(ds),
-                        attest=attest,
+                    body = run_batch_body(
+                        model,
+                        op,
+                        items,
+                        lora,
+                        total_cost,
+                        payload_fetch_ms=fetch_ms,
+                        prepared_tokens=prepared,
+                        prepared_audio=audio,
+                        trace=trace,
                     )
+                    if span is not None:
+                        span.event("ipc.request")
+                    outcome = await backend.run_batch_with(body, self._out.response_decoder(ds), attest=attest)
                 except IpcServerError as exc:
                     if exc.message != NO_RUN_BATCH:
                         raise  # nothing ran on NO_RUN_BATCH: this batch goes per-op too, at once
             if outcome is None:
                 decoded = [d.item for d in ds if d.item is not None]
+                if span is not None:
+                    span.attribute("sie.ipc.method", PER_OP_METHOD[op])
                 outcome = await backend.process_batch(
                     PER_OP_METHOD[op],
                     per_op_body(model, op, decoded, fetch_ms, prepared, prepared_audio=audio),
                     attest=attest,
                 )
         except ConfigNotAttested:
-            return None, None  # the config gate: NAKed with the base delay, the reconciler resyncs
+            # The config gate: NAKed with the base delay, the reconciler resyncs.
+            if span is not None:
+                span.end("not sent: the backend does not attest the config")
+            return None, None
         except Exception as exc:
+            if span is not None:
+                span.end(exc.message if isinstance(exc, IpcServerError) else f"{type(exc).__name__}: {exc}")
             return None, exc
+        if span is not None:
+            span.event("ipc.response")
+            span.end()
         return outcome, None
 
     def debug_state(self) -> dict[str, Any]:

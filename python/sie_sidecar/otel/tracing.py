@@ -1,0 +1,281 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Batch spans (`SIE_TRACING_ENABLED`, issue 14): one span per batch RPC, W3C trace context, the
+OTEL samplers, and the bounded buffer the push loop (`trace_export`) drains.
+
+Python touches a batch, not a message: a batch is sampled (or not) once, before anything per item is
+done; only a sampled batch reads its items' incoming `traceparent`s, as links. A batch has no single
+parent (its items come from many traces), so it is always a root span: the `parentbased_*` samplers
+decide with their root sampler (on, off, or the trace-id ratio) and links never make parents.
+
+No protobuf and no HTTP here: those load with the first push (`traces`, `trace_export`).
+"""
+
+from __future__ import annotations
+
+import random
+import re
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Final
+
+#: version 00 only, lower-case hex, nothing after the flags (W3C Trace Context §3.2, strict).
+_TRACEPARENT: Final = re.compile(r"00-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})")
+_ZERO_TRACE: Final = "0" * 32
+_ZERO_SPAN: Final = "0" * 16
+SAMPLED: Final = 0x01
+#: Links kept per span; the rest are counted in `sie.batch.links.dropped`.
+MAX_LINKS: Final = 128
+KIND_CONSUMER: Final = "consumer"
+#: The ratio samplers compare the trace id's low 64 bits with ratio * 2^64 (as the OTEL SDKs do).
+_ID_LIMIT: Final = (1 << 64) - 1
+_ROOT: Final = {
+    "always_on": "on",
+    "always_off": "off",
+    "traceidratio": "ratio",
+    "parentbased_always_on": "on",
+    "parentbased_always_off": "off",
+    "parentbased_traceidratio": "ratio",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class SpanContext:
+    """A parsed `traceparent`: ids as lower-case hex, the trace flags."""
+
+    trace_id: str
+    span_id: str
+    flags: int
+
+    @property
+    def sampled(self) -> bool:
+        return bool(self.flags & SAMPLED)
+
+    @property
+    def traceparent(self) -> str:
+        return format_traceparent(self.trace_id, self.span_id, self.flags)
+
+
+def parse_traceparent(value: object) -> SpanContext | None:
+    """A W3C `traceparent`, strictly: version 00, 32-hex trace id and 16-hex span id (neither all
+    zero), two-hex flags, lower case, nothing else. Anything else is None (no link, no error)."""
+    if not isinstance(value, str) or len(value) != 55:
+        return None
+    m = _TRACEPARENT.fullmatch(value)
+    if m is None:
+        return None
+    trace_id, span_id, flags = m.groups()
+    if trace_id == _ZERO_TRACE or span_id == _ZERO_SPAN:
+        return None
+    return SpanContext(trace_id, span_id, int(flags, 16))
+
+
+def format_traceparent(trace_id: str, span_id: str, flags: int = SAMPLED) -> str:
+    """`00-{trace_id}-{span_id}-{flags:02x}` (ids already lower-case hex of 32 and 16 digits)."""
+    return f"00-{trace_id}-{span_id}-{flags & 0xFF:02x}"
+
+
+class Sampler:
+    """OTEL_TRACES_SAMPLER for a root span (every batch span is one, see the module docstring)."""
+
+    __slots__ = ("_bound", "_root", "name", "ratio")
+
+    def __init__(self, name: str = "parentbased_always_on", ratio: float = 1.0) -> None:
+        if name not in _ROOT:
+            raise ValueError(f"unknown sampler {name!r}")
+        self.name = name
+        self.ratio = min(1.0, max(0.0, ratio))
+        self._root = _ROOT[name]
+        self._bound = round(self.ratio * (1 << 64))
+
+    @property
+    def never(self) -> bool:
+        """Whether no batch is ever sampled (then no trace id is even drawn)."""
+        return self._root == "off" or (self._root == "ratio" and self._bound == 0)
+
+    def sampled(self, trace_id: int) -> bool:
+        """The decision for a new trace id (128-bit int)."""
+        if self._root == "on":
+            return True
+        if self._root == "off":
+            return False
+        return (trace_id & _ID_LIMIT) < self._bound
+
+
+@dataclass(frozen=True, slots=True)
+class SpanRecord:
+    """One finished span, ready to encode. Times are Unix nanoseconds; ids lower-case hex."""
+
+    trace_id: str
+    span_id: str
+    name: str
+    kind: str
+    start_ns: int
+    end_ns: int
+    attributes: tuple[tuple[str, str | int], ...]
+    #: (name, Unix ns)
+    events: tuple[tuple[str, int], ...]
+    links: tuple[SpanContext, ...]
+    dropped_links: int
+    #: None: status unset (the batch ran); else the ERROR status' message.
+    error: str | None
+
+
+class SpanBuffer:
+    """Finished spans waiting for the push loop, at most `capacity`: when the receiver is down (or
+    slow) the oldest go first, counted in `dropped`. `wake` is called when a full export batch waits."""
+
+    def __init__(self, capacity: int = 2048, *, export_batch: int = 512) -> None:
+        self.capacity = max(1, capacity)
+        self.export_batch = max(1, min(export_batch, self.capacity))
+        self._spans: deque[SpanRecord] = deque(maxlen=self.capacity)
+        self.dropped = 0
+        self.wake: Callable[[], None] | None = None
+
+    def __len__(self) -> int:
+        return len(self._spans)
+
+    def add(self, span: SpanRecord) -> None:
+        spans = self._spans
+        if len(spans) == self.capacity:
+            self.dropped += 1  # the deque drops the oldest itself
+        spans.append(span)
+        if len(spans) == self.export_batch and self.wake is not None:
+            self.wake()
+
+    def take(self, n: int | None = None) -> list[SpanRecord]:
+        """Up to `n` (the export batch) of the oldest spans, removed."""
+        spans = self._spans
+        count = min(len(spans), self.export_batch if n is None else n)
+        return [spans.popleft() for _ in range(count)]
+
+    def restore(self, taken: Sequence[SpanRecord]) -> None:
+        """Spans whose export failed go back in front, for the next push; those that no longer fit
+        are the oldest, and are dropped."""
+        spans = self._spans
+        room = self.capacity - len(spans)
+        keep = list(taken[len(taken) - room :]) if room < len(taken) else list(taken)
+        self.dropped += len(taken) - len(keep)
+        spans.extendleft(reversed(keep))
+
+
+def _random_trace_id() -> int:
+    return random.getrandbits(128) or 1
+
+
+def _random_span_id() -> str:
+    return f"{random.getrandbits(64) or 1:016x}"
+
+
+class BatchSpan:
+    """The span of one batch while it runs: its context goes to the backend in every RunBatchItem
+    (`wire_context`), its links are the items' own contexts."""
+
+    __slots__ = ("_attrs", "_buffer", "_events", "_links", "_name", "_start", "dropped_links", "span_id", "trace_id")
+
+    def __init__(self, buffer: SpanBuffer, trace_id: str, name: str, attributes: list[tuple[str, str | int]]) -> None:
+        self._buffer = buffer
+        self.trace_id = trace_id
+        self.span_id = _random_span_id()
+        self._name = name
+        self._attrs = attributes
+        self._events: list[tuple[str, int]] = []
+        self._links: tuple[SpanContext, ...] = ()
+        self.dropped_links = 0
+        self._start = time.time_ns()
+
+    @property
+    def wire_context(self) -> tuple[str, None]:
+        """(traceparent, tracestate) for the backend: this span, sampled; no tracestate (the span is
+        a root: no vendor state came with it)."""
+        return format_traceparent(self.trace_id, self.span_id, SAMPLED), None
+
+    def link(self, traceparents: Iterable[str | None]) -> None:
+        """Links to the items' incoming contexts: valid ones only, each (trace, span) once, at most
+        MAX_LINKS (the rest counted)."""
+        seen: dict[tuple[str, str], SpanContext] = {}
+        valid = 0
+        for value in traceparents:
+            ctx = parse_traceparent(value)
+            if ctx is None:
+                continue
+            key = (ctx.trace_id, ctx.span_id)
+            if key in seen:
+                continue
+            valid += 1
+            if len(seen) < MAX_LINKS:
+                seen[key] = ctx
+        self._links = tuple(seen.values())
+        self.dropped_links = valid - len(self._links)
+
+    def event(self, name: str) -> None:
+        self._events.append((name, time.time_ns()))
+
+    def attribute(self, key: str, value: str | int) -> None:
+        self._attrs.append((key, value))
+
+    def end(self, error: str | None = None) -> None:
+        """Finish the span (status ERROR with `error` when the batch RPC failed) into the buffer."""
+        attrs = self._attrs
+        if self.dropped_links:
+            attrs.append(("sie.batch.links.dropped", self.dropped_links))
+        self._buffer.add(
+            SpanRecord(
+                self.trace_id,
+                self.span_id,
+                self._name,
+                KIND_CONSUMER,
+                self._start,
+                time.time_ns(),
+                tuple(attrs),
+                tuple(self._events),
+                self._links,
+                self.dropped_links,
+                error,
+            )
+        )
+
+
+class Tracer:
+    """Starts batch spans (or not: the sampler decides, once per batch, before any per-item work)."""
+
+    def __init__(self, sampler: Sampler, buffer: SpanBuffer, *, lane: str = "other") -> None:
+        self.sampler = sampler
+        self.buffer = buffer
+        self._lane = lane
+        self._never = sampler.never
+
+    def start_batch(self, model: str, operation: str, size: int, cost: int) -> BatchSpan | None:
+        """The span of a batch about to be sent, or None when it is not sampled. `model` may be
+        `model:profile` (the profile attribute is its suffix, else `default`), as the metrics read it."""
+        if self._never:
+            return None
+        trace_id = _random_trace_id()
+        if not self.sampler.sampled(trace_id):
+            return None
+        base, sep, profile = model.partition(":")
+        attrs: list[tuple[str, str | int]] = [
+            ("lane", self._lane),
+            ("operation", operation),
+            ("model", base if sep else model),
+            ("profile", profile if sep and profile else "default"),
+            ("sie.batch.size", size),
+            ("sie.batch.cost", cost),
+        ]
+        return BatchSpan(self.buffer, f"{trace_id:032x}", f"sie.worker.batch {operation}", attrs)
+
+
+__all__ = [
+    "KIND_CONSUMER",
+    "MAX_LINKS",
+    "SAMPLED",
+    "BatchSpan",
+    "Sampler",
+    "SpanBuffer",
+    "SpanContext",
+    "SpanRecord",
+    "Tracer",
+    "format_traceparent",
+    "parse_traceparent",
+]

@@ -1,0 +1,359 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Batch spans (`SIE_TRACING_ENABLED`, issue 14): the strict W3C `traceparent`, the OTEL samplers for a
+root span, links (valid, deduplicated, capped), the bounded span buffer, the OTLP encoding read back
+with opentelemetry-proto, the settings, and the RunBatch writer's trace context (native and twin)."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import msgpack
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.proto.trace.v1 import trace_pb2 as pb
+
+from sie_sidecar import wire
+from sie_sidecar.config import Settings
+from sie_sidecar.ipc.requests import item_traceparents, item_traceparents_py, run_batch_body, run_batch_body_py
+from sie_sidecar.otel.traces import encode_spans
+from sie_sidecar.otel.tracing import (
+    MAX_LINKS,
+    Sampler,
+    SpanBuffer,
+    SpanContext,
+    SpanRecord,
+    Tracer,
+    format_traceparent,
+    parse_traceparent,
+)
+from sie_sidecar.wire.workitem import WorkItem, decode_work_item
+
+from .test_run_batch_body import BASE
+
+TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
+SPAN = "00f067aa0ba902b7"
+VALID = f"00-{TRACE}-{SPAN}-01"
+ENV = {
+    "SIE_NATS_URL": "nats://127.0.0.1:4222",
+    "SIE_POOL": "default",
+    "SIE_BUNDLE": "default",
+    "SIE_MACHINE_PROFILE": "l4",
+    "HOSTNAME": "pod-0",
+}
+
+# -------------------------------------------------------------------------------------- traceparent
+
+
+def test_a_valid_traceparent_parses_and_formats_back() -> None:
+    ctx = parse_traceparent(VALID)
+    assert ctx == SpanContext(TRACE, SPAN, 1) and ctx.sampled and ctx.traceparent == VALID
+    assert parse_traceparent(f"00-{TRACE}-{SPAN}-00") == SpanContext(TRACE, SPAN, 0)
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        None,
+        17,
+        b"00-" + TRACE.encode() + b"-" + SPAN.encode() + b"-01",
+        "",
+        f"01-{TRACE}-{SPAN}-01",  # strict: version 00 only
+        f"ff-{TRACE}-{SPAN}-01",
+        f"00-{'0' * 32}-{SPAN}-01",  # all-zero trace id
+        f"00-{TRACE}-{'0' * 16}-01",  # all-zero span id
+        f"00-{TRACE.upper()}-{SPAN}-01",  # upper case
+        f"00-{TRACE}-{SPAN}-1",
+        f"00-{TRACE}-{SPAN}-01-",
+        f"00-{TRACE}-{SPAN}-01\n",
+        f" 00-{TRACE}-{SPAN}-01",
+        f"00-{TRACE[:-1]}-{SPAN}-01",
+        f"00_{TRACE}_{SPAN}_01",
+        f"00-{TRACE}-{SPAN}-0g",
+    ],
+)
+def test_anything_else_is_no_context(value: object) -> None:
+    assert parse_traceparent(value) is None
+
+
+_STRICT = re.compile(r"00-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}")
+
+
+@settings(max_examples=400, deadline=None)
+@given(value=st.one_of(st.text(max_size=70), st.from_regex(_STRICT, fullmatch=True), st.from_regex(_STRICT)))
+def test_parsing_never_raises_and_accepts_exactly_the_strict_form(value: str) -> None:
+    ctx = parse_traceparent(value)
+    strict = _STRICT.fullmatch(value) is not None and value[3:35] != "0" * 32 and value[36:52] != "0" * 16
+    assert (ctx is not None) is strict
+    if ctx is not None:
+        assert ctx.traceparent == value
+
+
+@given(trace=st.integers(1, 2**128 - 1), span=st.integers(1, 2**64 - 1), flags=st.integers(0, 255))
+def test_formatted_contexts_parse_back(trace: int, span: int, flags: int) -> None:
+    text = format_traceparent(f"{trace:032x}", f"{span:016x}", flags)
+    assert parse_traceparent(text) == SpanContext(f"{trace:032x}", f"{span:016x}", flags)
+
+
+# ------------------------------------------------------------------------------------------ sampler
+
+
+@pytest.mark.parametrize(
+    ("name", "ratio", "low_id", "high_id"),
+    [
+        ("always_on", 1.0, True, True),
+        ("parentbased_always_on", 1.0, True, True),
+        ("always_off", 1.0, False, False),
+        ("parentbased_always_off", 1.0, False, False),
+        ("traceidratio", 0.5, True, False),
+        ("parentbased_traceidratio", 0.5, True, False),
+        ("traceidratio", 0.0, False, False),
+        ("traceidratio", 1.0, True, True),
+    ],
+)
+def test_a_batch_span_is_a_root_for_every_sampler(name: str, ratio: float, low_id: bool, high_id: bool) -> None:
+    """Batches have no single parent: the parent-based samplers decide with their root sampler; the
+    ratio compares the trace id's low 64 bits (the high 64 are ignored, as in the OTEL SDKs)."""
+    sampler = Sampler(name, ratio)
+    assert sampler.sampled((0xFFFF << 64) | 1) is low_id
+    assert sampler.sampled((1 << 64) - 1) is high_id
+    assert sampler.never is (not low_id and not high_id)
+
+
+def test_a_ratio_samples_about_its_share() -> None:
+    tracer = Tracer(Sampler("traceidratio", 0.25), SpanBuffer())
+    sampled = sum(tracer.start_batch("m", "encode", 1, 1) is not None for _ in range(4000))
+    assert 800 < sampled < 1200
+
+
+def test_an_unknown_sampler_is_refused_by_the_class() -> None:
+    with pytest.raises(ValueError, match="unknown sampler"):
+        Sampler("jaeger_remote")
+
+
+@pytest.mark.parametrize(
+    ("env", "sampler", "ratio", "warned"),
+    [
+        ({}, "parentbased_always_on", 1.0, False),
+        ({"OTEL_TRACES_SAMPLER": "always_off"}, "always_off", 1.0, False),
+        ({"OTEL_TRACES_SAMPLER": " TraceIdRatio ", "OTEL_TRACES_SAMPLER_ARG": "0.1"}, "traceidratio", 0.1, False),
+        ({"OTEL_TRACES_SAMPLER": "parentbased_traceidratio"}, "parentbased_traceidratio", 1.0, False),
+        ({"OTEL_TRACES_SAMPLER": "traceidratio", "OTEL_TRACES_SAMPLER_ARG": "2"}, "traceidratio", 1.0, True),
+        ({"OTEL_TRACES_SAMPLER": "traceidratio", "OTEL_TRACES_SAMPLER_ARG": "x"}, "traceidratio", 1.0, True),
+        ({"OTEL_TRACES_SAMPLER": "always_on", "OTEL_TRACES_SAMPLER_ARG": "x"}, "always_on", 1.0, False),
+        ({"OTEL_TRACES_SAMPLER": "jaeger_remote"}, "parentbased_always_on", 1.0, True),
+    ],
+)
+def test_the_sampler_comes_from_the_standard_variables(
+    env: dict[str, str], sampler: str, ratio: float, warned: bool
+) -> None:
+    s = Settings.from_env(ENV | env)
+    assert (s.otel.traces_sampler, s.otel.traces_sampler_ratio) == (sampler, ratio)
+    assert bool(s.warnings) is warned
+    Sampler(s.otel.traces_sampler, s.otel.traces_sampler_ratio)  # every resolved value is one the class takes
+
+
+# ----------------------------------------------------------------------------------------- settings
+
+
+@pytest.mark.parametrize(
+    ("env", "endpoint", "enabled"),
+    [
+        (
+            {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4318/", "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf"},
+            "http://c:4318/v1/traces",
+            True,
+        ),
+        (
+            {
+                "OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4318",
+                "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://t:9/x",
+                "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "http/protobuf",
+            },
+            "http://t:9/x",
+            True,
+        ),
+        ({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4317"}, "http://c:4317", False),  # gRPC: not exported
+        ({}, None, False),  # no endpoint
+    ],
+)
+def test_the_traces_endpoint_resolves_like_the_metrics_one(
+    env: dict[str, str], endpoint: str | None, enabled: bool
+) -> None:
+    s = Settings.from_env(ENV | env | {"SIE_TRACING_ENABLED": "true"})
+    assert s.otel.traces_endpoint == endpoint and s.tracing_enabled is enabled
+    assert bool(s.warnings) is (not enabled)
+    assert s.unsupported() == []  # no longer refused
+
+
+def test_the_batch_processor_variables() -> None:
+    s = Settings.from_env(
+        ENV
+        | {"OTEL_BSP_SCHEDULE_DELAY": "250", "OTEL_BSP_MAX_QUEUE_SIZE": "10", "OTEL_BSP_MAX_EXPORT_BATCH_SIZE": "99"}
+    )
+    assert (s.otel.traces_schedule_delay_s, s.otel.traces_max_queue, s.otel.traces_max_export_batch) == (0.25, 10, 10)
+    assert Settings.from_env(ENV).tracing_enabled is False
+
+
+# ---------------------------------------------------------------------------------- spans and links
+
+
+def _record(i: int = 0, **kw: Any) -> SpanRecord:
+    base: dict[str, Any] = {
+        "trace_id": f"{i + 1:032x}",
+        "span_id": f"{i + 1:016x}",
+        "name": "sie.worker.batch encode",
+        "kind": "consumer",
+        "start_ns": 1_000 + i,
+        "end_ns": 2_000 + i,
+        "attributes": (("lane", "l"), ("sie.batch.size", 3)),
+        "events": (),
+        "links": (),
+        "dropped_links": 0,
+        "error": None,
+    }
+    return SpanRecord(**(base | kw))
+
+
+def test_a_sampled_batch_links_to_its_items_valid_contexts_once_each() -> None:
+    buffer = SpanBuffer()
+    span = Tracer(Sampler("always_on"), buffer, lane="p|l4|b").start_batch("bge:fast", "encode", 4, 40)
+    assert span is not None
+    other = f"00-{'1' * 32}-{'2' * 16}-00"
+    span.link([VALID, None, "garbage", VALID, other, f"00-{TRACE}-{SPAN}-00"])  # same ids, other flags: once
+    parent, state = span.wire_context
+    assert state is None
+    ctx = parse_traceparent(parent)
+    assert ctx is not None and ctx.sampled and (ctx.trace_id, ctx.span_id) == (span.trace_id, span.span_id)
+    span.event("ipc.request")
+    span.end()
+    (record,) = buffer.take()
+    assert [(c.trace_id, c.span_id) for c in record.links] == [(TRACE, SPAN), ("1" * 32, "2" * 16)]
+    assert record.dropped_links == 0 and record.error is None
+    assert dict(record.attributes) == {
+        "lane": "p|l4|b",
+        "operation": "encode",
+        "model": "bge",
+        "profile": "fast",
+        "sie.batch.size": 4,
+        "sie.batch.cost": 40,
+    }
+    assert record.name == "sie.worker.batch encode" and record.start_ns <= record.events[0][1] <= record.end_ns
+
+
+def test_links_are_capped_and_the_rest_counted() -> None:
+    buffer = SpanBuffer()
+    span = Tracer(Sampler("always_on"), buffer).start_batch("m", "score", 300, 300)
+    assert span is not None
+    span.link([format_traceparent(f"{i + 1:032x}", SPAN) for i in range(300)])
+    span.end("boom")
+    (record,) = buffer.take()
+    assert len(record.links) == MAX_LINKS and record.dropped_links == 300 - MAX_LINKS
+    assert ("sie.batch.links.dropped", 300 - MAX_LINKS) in record.attributes and record.error == "boom"
+
+
+def test_an_unsampled_batch_is_none() -> None:
+    assert Tracer(Sampler("always_off"), SpanBuffer()).start_batch("m", "encode", 1, 1) is None
+    assert Tracer(Sampler("parentbased_traceidratio", 0.0), SpanBuffer()).start_batch("m", "encode", 1, 1) is None
+
+
+def test_the_buffer_drops_its_oldest_and_counts_them() -> None:
+    woken: list[int] = []
+    buffer = SpanBuffer(4, export_batch=3)
+    buffer.wake = lambda: woken.append(len(buffer))
+    for i in range(6):
+        buffer.add(_record(i))
+    assert len(buffer) == 4 and buffer.dropped == 2 and woken == [3]
+    taken = buffer.take()
+    assert [r.start_ns for r in taken] == [1002, 1003, 1004]
+    buffer.add(_record(6))
+    buffer.add(_record(7))
+    buffer.restore(taken)  # the export failed: they go back in front, the oldest that do not fit go
+    assert [r.start_ns for r in buffer.take(10)] == [1004, 1005, 1006, 1007]
+    assert buffer.dropped == 4
+
+
+def test_spans_encode_to_an_otlp_request_that_reads_back() -> None:
+    link = SpanContext(TRACE, SPAN, 1)
+    records = [
+        _record(0, events=(("ipc.request", 1_500),), links=(link,)),
+        _record(1, error="transport: gone", dropped_links=2),
+    ]
+    data = encode_spans(records, resource={"service.name": "s", "cloud.region": "r"}, version="9.9")
+    request = ExportTraceServiceRequest.FromString(data)
+    (rs,) = request.resource_spans
+    assert {kv.key: kv.value.string_value for kv in rs.resource.attributes} == {
+        "service.name": "s",
+        "cloud.region": "r",
+    }
+    (ss,) = rs.scope_spans
+    assert (ss.scope.name, ss.scope.version) == ("sie_sidecar", "9.9")
+    first, second = ss.spans
+    assert first.trace_id == bytes.fromhex(f"{1:032x}") and first.span_id == bytes.fromhex(f"{1:016x}")
+    assert first.kind == pb.Span.SpanKind.SPAN_KIND_CONSUMER and first.parent_span_id == b""
+    assert (first.start_time_unix_nano, first.end_time_unix_nano) == (1_000, 2_000)
+    attrs = {kv.key: kv.value for kv in first.attributes}
+    assert attrs["lane"].string_value == "l" and attrs["sie.batch.size"].int_value == 3
+    assert [(e.name, e.time_unix_nano) for e in first.events] == [("ipc.request", 1_500)]
+    (lk,) = first.links
+    assert (lk.trace_id.hex(), lk.span_id.hex(), lk.flags & 0xFF, bool(lk.flags & 0x200)) == (TRACE, SPAN, 1, True)
+    assert first.status.code == pb.Status.StatusCode.STATUS_CODE_UNSET
+    assert second.status.code == pb.Status.StatusCode.STATUS_CODE_ERROR
+    assert second.status.message == "transport: gone" and second.dropped_links_count == 2
+
+
+# --------------------------------------------------------------------- the RunBatch writer's context
+
+
+def _items(traceparents: list[str | None]) -> list[WorkItem]:
+    payloads = [
+        msgpack.packb(BASE | {"item": {"text": str(i)}, **({"traceparent": tp} if tp is not None else {})})
+        for i, tp in enumerate(traceparents)
+    ]
+    return [decode_work_item(p) for p in payloads]
+
+
+def test_a_trace_context_replaces_every_items_own_and_nothing_else() -> None:
+    items = _items([VALID, None, "x"])
+    untraced = run_batch_body_py("m", "encode", items, "", 3, batch_id=1)
+    traced = run_batch_body_py("m", "encode", items, "", 3, batch_id=1, trace=("00-ab-cd-01", None))
+    a, b = msgpack.unpackb(untraced), msgpack.unpackb(traced)
+    assert [i["traceparent"] for i in a["items"]] == [VALID, None, "x"]
+    assert [(i["traceparent"], i["tracestate"]) for i in b["items"]] == [("00-ab-cd-01", None)] * 3
+    for i in (*a["items"], *b["items"]):
+        del i["traceparent"], i["tracestate"]
+    assert a == b
+
+
+@pytest.mark.skipif(not wire.USING_NATIVE, reason="the native writer")
+@settings(max_examples=60, deadline=None)
+@given(
+    tps=st.lists(st.none() | st.just(VALID) | st.text(max_size=8), max_size=5),
+    trace=st.none() | st.tuples(st.text(max_size=60), st.none() | st.text(max_size=20)),
+)
+def test_the_native_writer_and_the_twin_write_the_same_trace_context(
+    tps: list[str | None], trace: tuple[str, str | None] | None
+) -> None:
+    from sie_sidecar._native import write_run_batch_body
+
+    items = _items(tps)
+    twin = run_batch_body_py("m", "encode", items, "", 1, batch_id=5, trace=trace)
+    assert write_run_batch_body("m", "encode", "", 1, 5, items, None, None, None, trace) == twin
+    assert item_traceparents(items) == item_traceparents_py(items) == tps
+    body = msgpack.unpackb(run_batch_body("m", "encode", items, "", 1, trace=trace))
+    assert [i["traceparent"] for i in body["items"]] == [trace[0] if trace else tp for tp in tps]
+
+
+@pytest.mark.skipif(not wire.USING_NATIVE, reason="LazyDelivery is the extension's")
+def test_undecoded_deliveries_give_their_traceparent_in_place() -> None:
+    from .test_lazy_delivery import intake
+
+    payloads = [msgpack.packb(BASE | {"item": {"text": "a"}, "traceparent": VALID}), msgpack.packb(BASE)]
+    ds = intake(payloads)
+    assert item_traceparents([d.wire_item for d in ds]) == [VALID, None]
+    assert all(d.wire_item is d for d in ds)  # still undecoded
+    assert item_traceparents(ds) == [VALID, None]
+    ds[0].item  # noqa: B018  decoded now: read from the WorkItem
+    assert item_traceparents(ds) == [VALID, None]
