@@ -27,6 +27,7 @@ from sie_sidecar.otel.tracing import (
     SpanRecord,
     Tracer,
     format_traceparent,
+    links_of,
     parse_traceparent,
 )
 from sie_sidecar.wire.workitem import WorkItem, decode_work_item
@@ -211,7 +212,6 @@ def _record(i: int = 0, **kw: Any) -> SpanRecord:
         "attributes": (("lane", "l"), ("sie.batch.size", 3)),
         "events": (),
         "links": (),
-        "dropped_links": 0,
         "error": None,
     }
     return SpanRecord(**(base | kw))
@@ -230,8 +230,10 @@ def test_a_sampled_batch_links_to_its_items_valid_contexts_once_each() -> None:
     span.event("ipc.request")
     span.end()
     (record,) = buffer.take()
-    assert [(c.trace_id, c.span_id) for c in record.links] == [(TRACE, SPAN), ("1" * 32, "2" * 16)]
-    assert record.dropped_links == 0 and record.error is None
+    assert record.links == (VALID, "garbage", other, f"00-{TRACE}-{SPAN}-00")  # distinct strings, unparsed
+    links, dropped = links_of(record.links)  # parsed by the push loop
+    assert [(c.trace_id, c.span_id) for c in links] == [(TRACE, SPAN), ("1" * 32, "2" * 16)]
+    assert dropped == 0 and record.error is None
     assert dict(record.attributes) == {
         "lane": "p|l4|b",
         "operation": "encode",
@@ -250,8 +252,8 @@ def test_links_are_capped_and_the_rest_counted() -> None:
     span.link([format_traceparent(f"{i + 1:032x}", SPAN) for i in range(300)])
     span.end("boom")
     (record,) = buffer.take()
-    assert len(record.links) == MAX_LINKS and record.dropped_links == 300 - MAX_LINKS
-    assert ("sie.batch.links.dropped", 300 - MAX_LINKS) in record.attributes and record.error == "boom"
+    links, dropped = links_of(record.links)
+    assert len(links) == MAX_LINKS and dropped == 300 - MAX_LINKS and record.error == "boom"
 
 
 def test_an_unsampled_batch_is_none() -> None:
@@ -276,10 +278,10 @@ def test_the_buffer_drops_its_oldest_and_counts_them() -> None:
 
 
 def test_spans_encode_to_an_otlp_request_that_reads_back() -> None:
-    link = SpanContext(TRACE, SPAN, 1)
+    too_many = tuple(format_traceparent(f"{i + 1:032x}", SPAN) for i in range(MAX_LINKS + 2))
     records = [
-        _record(0, events=(("ipc.request", 1_500),), links=(link,)),
-        _record(1, error="transport: gone", dropped_links=2),
+        _record(0, events=(("ipc.request", 1_500),), links=(VALID, "x")),
+        _record(1, error="transport: gone", links=too_many),
     ]
     data = encode_spans(records, resource={"service.name": "s", "cloud.region": "r"}, version="9.9")
     request = ExportTraceServiceRequest.FromString(data)

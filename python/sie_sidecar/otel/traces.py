@@ -17,7 +17,7 @@ from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 from opentelemetry.proto.trace.v1 import trace_pb2 as pb
 
 from .metrics import SCOPE
-from .tracing import KIND_CONSUMER, SpanRecord
+from .tracing import KIND_CONSUMER, SpanRecord, links_of
 
 _KINDS: Final = {KIND_CONSUMER: pb.Span.SpanKind.SPAN_KIND_CONSUMER}
 _HAS_IS_REMOTE: Final = 0x100  # SPAN_FLAGS_CONTEXT_HAS_IS_REMOTE_MASK
@@ -31,6 +31,7 @@ def _kv(key: str, value: str | int) -> KeyValue:
 
 
 def _span(record: SpanRecord) -> pb.Span:
+    links, dropped = links_of(record.links)
     span = pb.Span(
         trace_id=bytes.fromhex(record.trace_id),
         span_id=bytes.fromhex(record.span_id),
@@ -40,11 +41,11 @@ def _span(record: SpanRecord) -> pb.Span:
         start_time_unix_nano=record.start_ns,
         end_time_unix_nano=record.end_ns,
         attributes=[_kv(k, v) for k, v in record.attributes],
-        dropped_links_count=record.dropped_links,
+        dropped_links_count=dropped,
     )
     for name, at in record.events:
         span.events.add(name=name, time_unix_nano=at)
-    for link in record.links:
+    for link in links:
         span.links.add(
             trace_id=bytes.fromhex(link.trace_id),
             span_id=bytes.fromhex(link.span_id),

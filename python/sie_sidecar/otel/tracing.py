@@ -3,9 +3,12 @@
 OTEL samplers, and the bounded buffer the push loop (`trace_export`) drains.
 
 Python touches a batch, not a message: a batch is sampled (or not) once, before anything per item is
-done; only a sampled batch reads its items' incoming `traceparent`s, as links. A batch has no single
-parent (its items come from many traces), so it is always a root span: the `parentbased_*` samplers
-decide with their root sampler (on, off, or the trace-id ratio) and links never make parents.
+done; only a sampled batch reads its items' incoming `traceparent`s, as links, and even then they are
+kept as strings (deduplicated in C) and parsed by the push loop (`links_of`), off the batch's path.
+
+A batch has no single parent (its items come from many traces), so it is always a root span: the
+`parentbased_*` samplers decide with their root sampler (on, off, or the trace-id ratio), and links
+never make parents.
 
 No protobuf and no HTTP here: those load with the first push (`traces`, `trace_export`).
 """
@@ -25,7 +28,7 @@ _TRACEPARENT: Final = re.compile(r"00-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2}
 _ZERO_TRACE: Final = "0" * 32
 _ZERO_SPAN: Final = "0" * 16
 SAMPLED: Final = 0x01
-#: Links kept per span; the rest are counted in `sie.batch.links.dropped`.
+#: Links kept per span; the rest are counted in the span's `dropped_links_count`.
 MAX_LINKS: Final = 128
 KIND_CONSUMER: Final = "consumer"
 #: The ratio samplers compare the trace id's low 64 bits with ratio * 2^64 (as the OTEL SDKs do).
@@ -69,6 +72,22 @@ def parse_traceparent(value: object) -> SpanContext | None:
     if trace_id == _ZERO_TRACE or span_id == _ZERO_SPAN:
         return None
     return SpanContext(trace_id, span_id, int(flags, 16))
+
+
+def links_of(traceparents: Iterable[str]) -> tuple[list[SpanContext], int]:
+    """A span's links from its items' `traceparent`s: valid ones only, each (trace, span) once, at
+    most MAX_LINKS; and how many valid distinct ones did not fit."""
+    seen: dict[tuple[str, str], SpanContext] = {}
+    dropped = 0
+    for value in traceparents:
+        ctx = parse_traceparent(value)
+        if ctx is None or (key := (ctx.trace_id, ctx.span_id)) in seen:
+            continue
+        if len(seen) < MAX_LINKS:
+            seen[key] = ctx
+        else:
+            dropped += 1
+    return list(seen.values()), dropped
 
 
 def format_traceparent(trace_id: str, span_id: str, flags: int = SAMPLED) -> str:
@@ -116,8 +135,8 @@ class SpanRecord:
     attributes: tuple[tuple[str, str | int], ...]
     #: (name, Unix ns)
     events: tuple[tuple[str, int], ...]
-    links: tuple[SpanContext, ...]
-    dropped_links: int
+    #: The items' distinct `traceparent` strings, unparsed (`links_of` makes the links).
+    links: tuple[str, ...]
     #: None: status unset (the batch ran); else the ERROR status' message.
     error: str | None
 
@@ -172,7 +191,7 @@ class BatchSpan:
     """The span of one batch while it runs: its context goes to the backend in every RunBatchItem
     (`wire_context`), its links are the items' own contexts."""
 
-    __slots__ = ("_attrs", "_buffer", "_events", "_links", "_name", "_start", "dropped_links", "span_id", "trace_id")
+    __slots__ = ("_attrs", "_buffer", "_events", "_links", "_name", "_start", "span_id", "trace_id")
 
     def __init__(self, buffer: SpanBuffer, trace_id: str, name: str, attributes: list[tuple[str, str | int]]) -> None:
         self._buffer = buffer
@@ -181,8 +200,7 @@ class BatchSpan:
         self._name = name
         self._attrs = attributes
         self._events: list[tuple[str, int]] = []
-        self._links: tuple[SpanContext, ...] = ()
-        self.dropped_links = 0
+        self._links: tuple[str, ...] = ()
         self._start = time.time_ns()
 
     @property
@@ -192,22 +210,9 @@ class BatchSpan:
         return format_traceparent(self.trace_id, self.span_id, SAMPLED), None
 
     def link(self, traceparents: Iterable[str | None]) -> None:
-        """Links to the items' incoming contexts: valid ones only, each (trace, span) once, at most
-        MAX_LINKS (the rest counted)."""
-        seen: dict[tuple[str, str], SpanContext] = {}
-        valid = 0
-        for value in traceparents:
-            ctx = parse_traceparent(value)
-            if ctx is None:
-                continue
-            key = (ctx.trace_id, ctx.span_id)
-            if key in seen:
-                continue
-            valid += 1
-            if len(seen) < MAX_LINKS:
-                seen[key] = ctx
-        self._links = tuple(seen.values())
-        self.dropped_links = valid - len(self._links)
+        """Links to the items' incoming contexts, kept as their distinct strings (no per-item Python:
+        `dict.fromkeys` and `filter` run in C); the push loop parses them (`links_of`)."""
+        self._links = tuple(dict.fromkeys(filter(None, traceparents)))
 
     def event(self, name: str) -> None:
         self._events.append((name, time.time_ns()))
@@ -217,9 +222,6 @@ class BatchSpan:
 
     def end(self, error: str | None = None) -> None:
         """Finish the span (status ERROR with `error` when the batch RPC failed) into the buffer."""
-        attrs = self._attrs
-        if self.dropped_links:
-            attrs.append(("sie.batch.links.dropped", self.dropped_links))
         self._buffer.add(
             SpanRecord(
                 self.trace_id,
@@ -228,10 +230,9 @@ class BatchSpan:
                 KIND_CONSUMER,
                 self._start,
                 time.time_ns(),
-                tuple(attrs),
+                tuple(self._attrs),
                 tuple(self._events),
                 self._links,
-                self.dropped_links,
                 error,
             )
         )
@@ -277,5 +278,6 @@ __all__ = [
     "SpanRecord",
     "Tracer",
     "format_traceparent",
+    "links_of",
     "parse_traceparent",
 ]
