@@ -204,8 +204,8 @@ def attach_catalog(settings: Settings, config: ConfigState, dispatcher: Dispatch
     config.catalog = ModelCatalog(settings.otel.model_allowlist)
     if settings.metrics_enabled or settings.debug_endpoint:
         dispatcher.catalog = config.catalog
-
         dispatcher.generations.telemetry = dispatcher.telemetry
+
 
 def start_metrics(
     settings: Settings,
@@ -224,8 +224,8 @@ def start_metrics(
         for client in clients:
             client.telemetry = telemetry
         payloads.telemetry = telemetry
-    if not settings.metrics_enabled or endpoint is None:
         observe_ipc(telemetry, clients)
+    if not settings.metrics_enabled or endpoint is None:
         return
     from . import __version__
     from .otel.export import make_exporter
@@ -440,8 +440,8 @@ async def _start(settings: Settings, stop: asyncio.Event, resources: contextlib.
         acks_with_replies=writer.framed,  # one writer for both: a batch's ACKs follow its replies
         tracer=start_tracing(settings, resources),
     )
-    subs: list[Subscription] = []
     attach_catalog(settings, config, dispatcher)
+    subs: list[Subscription] = []
     resources.push_async_callback(unsubscribe_all, subs)
     try:
         await subscribe_cancels(nc, dispatcher, settings.worker_id, subs)
