@@ -119,7 +119,7 @@ async def test_one_span_per_batch_linked_to_its_items_and_passed_to_the_backend(
             assert attrs["sie.batch.size"] == len(batch) and attrs["operation"] == "encode"
             assert attrs["model"] == MODEL and attrs["lane"] == "default|cpu|default"
             assert span.status.code == 0  # unset: the batch ran
-            assert [e.name for e in span.events] == ["ipc.request", "ipc.response"]
+            assert [e.name for e in span.events] == ["ipc.request", "ipc.response", "published"]
             links = [f"00-{lk.trace_id.hex()}-{lk.span_id.hex()}-{lk.flags & 0xFF:02x}" for lk in span.links]
             expected = [sent[w] for w, _, _ in batch if parse_traceparent(sent[w]) is not None]
             assert sorted(links) == sorted(expected)  # valid incoming contexts only

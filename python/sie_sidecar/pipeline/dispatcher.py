@@ -29,7 +29,7 @@ from ..errors import (
 from ..ipc.requests import PER_OP_METHOD, encode_item, item_traceparents, lora_key, per_op_body, run_batch_body
 from ..ipc.types import ReadyResponse
 from ..logs import Throttled
-from ..otel.tracing import Tracer
+from ..otel.tracing import BatchSpan, Tracer
 from ..payloads import PayloadStore, resolve_items
 from ..payloads.resolve import payload_ref_of
 from ..prep import RegisteredTokenizer, TokenizerRegistry, encode_cost
@@ -754,11 +754,12 @@ class Dispatcher:
         # mutation runs; a waiting one holds this batch back until it is done.
         async with self._config.barrier.shared():
             pinned = self._config.gate(d.wire_item for d in ds)
+            span: BatchSpan | None = None
             if pinned is None or not self._config.supports(model):
                 refused: BaseException | None = None
                 outcome = None
             else:
-                outcome, refused = await self._call_backend(model, op, lora, ds, total_cost, pinned=pinned)
+                outcome, refused, span = await self._call_backend(model, op, lora, ds, total_cost, pinned=pinned)
         if outcome is None:
             if isinstance(refused, IpcServerError):
                 # `draining` too gets the base delay, as v0.7.1 does in practice (§4.2, last row): a
@@ -775,11 +776,16 @@ class Dispatcher:
             return None
         items_count = len(ds)
         self.batch_sizes[items_count] += 1
-        if isinstance(outcome, wire.FramedResponse):  # replies already framed from the response bytes
-            await self._out.settle_response(ds, outcome)
-            rids = outcome.request_ids
-            return _Executed(outcome.inference_ms, dict.fromkeys(compress(rids, outcome.success)), rids)
-        await self._out.apply(ds, outcome)
+        try:
+            if isinstance(outcome, wire.FramedResponse):  # replies already framed from the response bytes
+                await self._out.settle_response(ds, outcome)
+                rids = outcome.request_ids
+                return _Executed(outcome.inference_ms, dict.fromkeys(compress(rids, outcome.success)), rids)
+            await self._out.apply(ds, outcome)
+        finally:
+            if span is not None:  # the batch's span covers its publish and settlement too
+                span.event("published")
+                span.end()
         outcomes = outcome.outcomes
         return _Executed(
             outcomes[0].inference_ms if outcomes else None,
@@ -788,10 +794,12 @@ class Dispatcher:
 
     async def _call_backend(
         self, model: str, op: str, lora: str, ds: list[Delivery], total_cost: int, *, pinned: bool = False
-    ) -> tuple[Any, BaseException | None]:
+    ) -> tuple[Any, BaseException | None, BatchSpan | None]:
         """One batch RPC (RunBatch, or the per-op method for a backend without it): the outcome, or
-        None and what refused it (None: the config gate). Runs inside the execution barrier. A batch
-        with hash-pinned items goes only to a child whose last Ping attests the advertised config."""
+        None and what refused it (None: the config gate); and, for a sampled batch that got an
+        answer, its span, still open (the caller ends it once the replies are published). Runs
+        inside the execution barrier. A batch with hash-pinned items goes only to a child whose
+        last Ping attests the advertised config."""
         # The RunBatch writer reads undecoded items in place (`wire_item`); every one has an item.
         items = [item for item in (d.wire_item for d in ds) if item is not None]
         fetch_ms = [d.payload_fetch_ms for d in ds]
@@ -844,15 +852,14 @@ class Dispatcher:
             # The config gate: NAKed with the base delay, the reconciler resyncs.
             if span is not None:
                 span.end("not sent: the backend does not attest the config")
-            return None, None
+            return None, None, None
         except Exception as exc:
             if span is not None:
                 span.end(exc.message if isinstance(exc, IpcServerError) else f"{type(exc).__name__}: {exc}")
-            return None, exc
+            return None, exc, None
         if span is not None:
             span.event("ipc.response")
-            span.end()
-        return outcome, None
+        return outcome, None, span
 
     def debug_state(self) -> dict[str, Any]:
         """What `GET /debug/state` shows (SIE_SIDECAR_DEBUG_ENDPOINT=1): per model its readiness as
