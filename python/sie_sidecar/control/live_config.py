@@ -309,9 +309,9 @@ class LiveConfig:
                 )
             # An export is authoritative: at the same epoch it still commits, and a forced one (a
             # rewind) lowers the epoch; an older unforced one was refused above.
-            if self.state.commit(export.epoch, expected, answer.unsupported_models, force=True):
-                if self.on_commit is not None:
-                    self.on_commit()
+            committed = self.state.commit(export.epoch, expected, answer.unsupported_models, force=True)
+            if committed and self.on_commit is not None:
+                self.on_commit()
             self.state.catalog.replace_export(answer.applied_models, answer.applied_profiles)
             self.last_signature = signature
         outcome = "applied" if answer.applied_models else "no_relevant_models"
