@@ -1,0 +1,124 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Child processes of the rig: each the leader of its own process group, all of them killed on any exit.
+
+Every child is registered in one module-level registry; `atexit` and the SIGTERM/SIGINT handlers of
+`install_cleanup` SIGKILL every group still alive, so a failed or interrupted run leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from types import FrameType
+
+STOP_GRACE_S = 15.0
+
+_LIVE: set[Proc] = set()
+
+
+class Proc:
+    """One command that can be started, signalled, stopped and started again (same argv, env and log)."""
+
+    def __init__(self, name: str, argv: Sequence[str], env: Mapping[str, str], log: Path) -> None:
+        self.name = name
+        self.argv = list(argv)
+        self.env = dict(env)
+        self.log = log
+        self.popen: subprocess.Popen[bytes] | None = None
+        self.starts = 0
+
+    def start(self) -> None:
+        if self.alive:
+            raise RuntimeError(f"{self.name} is already running")
+        with self.log.open("ab") as out:
+            out.write(f"\n===== start {self.starts + 1} at {time.strftime('%H:%M:%S')} =====\n".encode())
+            out.flush()
+            self.popen = subprocess.Popen(
+                self.argv,
+                env=self.env,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        self.starts += 1
+        _LIVE.add(self)
+
+    @property
+    def pid(self) -> int:
+        if self.popen is None:
+            raise RuntimeError(f"{self.name} was never started")
+        return self.popen.pid
+
+    @property
+    def alive(self) -> bool:
+        return self.popen is not None and self.popen.poll() is None
+
+    @property
+    def returncode(self) -> int | None:
+        return None if self.popen is None else self.popen.poll()
+
+    def signal(self, sig: int) -> None:
+        """Send `sig` to the whole process group (a no-op once it is gone)."""
+        if self.popen is not None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.popen.pid, sig)
+
+    def wait(self, timeout_s: float) -> int | None:
+        """The exit code, or None if it is still running after `timeout_s`."""
+        if self.popen is None:
+            return None
+        try:
+            return self.popen.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            return None
+
+    def kill(self) -> None:
+        """SIGKILL the group and reap the leader."""
+        self.signal(signal.SIGKILL)
+        if self.popen is not None:
+            self.popen.wait()
+        _LIVE.discard(self)
+
+    def stop(self, grace_s: float = STOP_GRACE_S) -> int | None:
+        """SIGTERM (SIGCONT first, in case it is stopped), then SIGKILL after `grace_s`."""
+        if self.popen is None:
+            return None
+        if self.alive:
+            self.signal(signal.SIGCONT)
+            self.signal(signal.SIGTERM)
+            self.wait(grace_s)
+        self.kill()  # stragglers of the group, and the leader if it ignored SIGTERM
+        return self.returncode
+
+    def tail(self, lines: int = 20) -> str:
+        try:
+            return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no log)"
+
+
+def kill_all() -> None:
+    """SIGKILL every registered group that is still alive (SIGCONT is not needed for SIGKILL)."""
+    for proc in list(_LIVE):
+        proc.kill()
+
+
+def _on_signal(signum: int, frame: FrameType | None) -> None:
+    raise SystemExit(128 + signum)  # unwinds every finally (and then atexit), so every child is stopped
+
+
+def install_cleanup() -> None:
+    """Kill all children at interpreter exit and turn SIGTERM/SIGINT/SIGHUP into a clean exit."""
+    atexit.register(kill_all)
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, _on_signal)
+
+
+__all__ = ["STOP_GRACE_S", "Proc", "install_cleanup", "kill_all"]

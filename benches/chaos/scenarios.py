@@ -1,0 +1,311 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The rig (cluster + pods + gateway) and each fault as a function.
+
+A scenario's `inject(rig, mark)` runs once, at `fault_at` of the load's schedule: it marks the fault
+(`mark(label, "fault")`), does it, undoes it when the fault has an end, and marks the faulted part back
+(`mark(label, "restored")`). `run_scenario` drives the load around it, waits until every item is settled
+(or the settle timeout), and counts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import nats
+from nats.aio.client import Client
+
+from sie_sidecar.bus.topology import TopologySpec
+from sie_sidecar.tools.localhost import free_port
+
+from .cluster import NatsCluster, stream_counts, stream_message_ids
+from .count import ACK_WAIT_S, Count, Mark, count
+from .load import Gateway, measure_capacity
+from .pods import BUNDLE, POOL, PROFILE, BackendShape, Pod, worker_id
+
+PODS = 3
+Marker = Callable[[str, str], None]
+
+
+class Rig:
+    """A fresh cluster, three pods and the gateway, in `workdir`."""
+
+    def __init__(self, workdir: Path, shape: BackendShape, sidecar_env: dict[str, str]) -> None:
+        self.workdir = workdir
+        self.cluster = NatsCluster(workdir)
+        self.specs = [TopologySpec(POOL, PROFILE, BUNDLE, worker_id(i)) for i in range(PODS)]
+        self.pods = [
+            Pod(i, workdir, self.cluster.urls, probe_port=free_port(), shape=shape, sidecar_env=sidecar_env)
+            for i in range(PODS)
+        ]
+        self.gateway = Gateway(self.cluster.urls, "chaosgw")
+        self.admin: Client | None = None
+        self.marks: list[Mark] = []
+
+    @property
+    def pool_stream(self) -> str:
+        return self.specs[0].pool_stream
+
+    @property
+    def pool_durable(self) -> str:
+        return self.specs[0].pool_durable
+
+    @property
+    def pool_filter(self) -> str:
+        return self.specs[0].pool_filter
+
+    def mark(self, label: str, kind: str = "event") -> None:
+        self.marks.append(Mark(self.gateway.now(), label, kind))
+
+    async def start(self) -> None:
+        await self.cluster.start()
+        self.admin = await nats.connect(servers=self.cluster.urls, max_reconnect_attempts=-1, reconnect_time_wait=0.25)
+        await self.cluster.wait_jetstream(self.admin)
+        await self.cluster.create_streams(self.admin, self.specs)
+        for pod in self.pods:
+            await pod.start_backend()
+        for pod in self.pods:
+            await pod.start_sidecar(wait=False)
+        for pod in self.pods:
+            await pod.wait_ready()
+        await self.gateway.connect()
+
+    async def stop(self) -> None:
+        await self.gateway.close()
+        if self.admin is not None:
+            with contextlib.suppress(Exception):
+                await self.admin.close()
+        for pod in self.pods:
+            pod.stop()
+        self.cluster.stop()
+
+    async def stream_state(self) -> dict[str, int | None]:
+        assert self.admin is not None
+        return await stream_counts(self.admin.jetstream(timeout=2), self.pool_stream, self.pool_durable)
+
+
+# --- the faults -----------------------------------------------------------------------------------------------------
+
+
+async def _none(rig: Rig, mark: Marker) -> None:
+    return None
+
+
+async def kill_sidecar(rig: Rig, mark: Marker) -> None:
+    pod = rig.pods[0]
+    pod.kill_sidecar()
+    mark(f"kill -9 {pod.sidecar.name}", "fault")
+    await asyncio.sleep(2.0)
+    await pod.start_sidecar()
+    mark(f"{pod.sidecar.name} restarted and ready", "restored")
+
+
+async def kill_backend(rig: Rig, mark: Marker) -> None:
+    pod = rig.pods[0]
+    pod.kill_backend()
+    mark(f"kill -9 {pod.backend.name}", "fault")
+    await asyncio.sleep(2.0)
+    await pod.start_backend()
+    mark(f"{pod.backend.name} restarted", "restored")
+    await pod.wait_ready()
+
+
+async def backend_graceful_restart(rig: Rig, mark: Marker) -> None:
+    pod = rig.pods[0]
+    mark(f"{pod.backend.name} graceful restart (drain, exit, start)", "fault")
+    exited = await pod.graceful_backend_restart()
+    mark(f"{pod.backend.name} back (old one drained {exited:.1f} s)", "restored")
+
+
+async def kill_stream_leader(rig: Rig, mark: Marker) -> None:
+    assert rig.admin is not None
+    node = await rig.cluster.stream_leader(rig.admin, rig.pool_stream)
+    rig.cluster.kill(node)
+    mark(f"kill -9 nats {node.name} (leader of {rig.pool_stream})", "fault")
+    with contextlib.suppress(RuntimeError):
+        new = await rig.cluster.stream_leader(rig.admin, rig.pool_stream, timeout_s=20.0)
+        mark(f"new stream leader {new.name}", "event")
+    await asyncio.sleep(5.0)
+    await rig.cluster.restart(node)
+    mark(f"nats {node.name} restarted", "event")
+    current = await rig.cluster.wait_replicas_current(rig.admin, rig.pool_stream)
+    mark(f"nats {node.name} {'caught up' if current else 'NOT caught up within 30 s'}", "restored")
+
+
+async def sigstop_leader(rig: Rig, mark: Marker) -> None:
+    assert rig.admin is not None
+    node = await rig.cluster.stream_leader(rig.admin, rig.pool_stream)
+    rig.cluster.pause(node)
+    mark(f"SIGSTOP nats {node.name} (leader of {rig.pool_stream}) for 10 s", "fault")
+    await asyncio.sleep(10.0)
+    rig.cluster.resume(node)
+    mark(f"SIGCONT nats {node.name}", "event")
+    current = await rig.cluster.wait_replicas_current(rig.admin, rig.pool_stream)
+    mark(f"nats {node.name} {'caught up' if current else 'NOT caught up within 30 s'}", "restored")
+
+
+async def backend_stall(rig: Rig, mark: Marker) -> None:
+    pod = rig.pods[0]
+    stall = ACK_WAIT_S + 5.0
+    pod.backend.signal(19)  # SIGSTOP: the socket stays open, nothing answers
+    mark(f"SIGSTOP {pod.backend.name} for {stall:g} s (> ack_wait {ACK_WAIT_S:g} s)", "fault")
+    await asyncio.sleep(stall)
+    pod.backend.signal(18)  # SIGCONT
+    mark(f"SIGCONT {pod.backend.name}", "restored")
+
+
+async def rolling_restart(rig: Rig, mark: Marker) -> None:
+    mark("rolling SIGTERM restart of all sidecars", "fault")
+    for pod in rig.pods:
+        code = await pod.terminate_sidecar()
+        mark(f"{pod.sidecar.name} exited {code} after SIGTERM", "event")
+        await pod.start_sidecar()
+        mark(f"{pod.sidecar.name} ready again", "event")
+    mark("all sidecars restarted", "restored")
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    what: str
+    inject: Callable[[Rig, Marker], Awaitable[None]]
+    fault_at: float = 0.3  # fraction of the load's schedule
+
+
+SCENARIOS: dict[str, Scenario] = {
+    s.name: s
+    for s in (
+        Scenario("baseline", "no fault: the clean path (no duplicate allowed)", _none),
+        Scenario("kill_sidecar", "kill -9 of one sidecar, restarted 2 s later", kill_sidecar),
+        Scenario("kill_backend", "kill -9 of one backend, restarted 2 s later", kill_backend),
+        Scenario(
+            "backend_graceful_restart",
+            "one backend drains (refuses batches) for 5 s, exits, starts again",
+            backend_graceful_restart,
+        ),
+        Scenario(
+            "kill_stream_leader",
+            "kill -9 of the pool stream leader's nats-server, restarted 5 s later",
+            kill_stream_leader,
+        ),
+        Scenario("sigstop_leader", "SIGSTOP of the pool stream leader's nats-server for 10 s", sigstop_leader),
+        Scenario("backend_stall", "one backend stalls (SIGSTOP) for ack_wait + 5 s", backend_stall),
+        Scenario("rolling_restart", "SIGTERM and restart of each sidecar in turn", rolling_restart),
+    )
+}
+
+
+@dataclass
+class Outcome:
+    scenario: str
+    what: str
+    items: int
+    rate: float
+    capacity: float
+    count: Count
+    marks: list[Mark]
+    publish_end_s: float
+    settled: bool
+    wall_s: float
+    stream_end: dict[str, int | None]
+    unconfirmed_publishes: int
+    client_errors: list[str]
+    process_notes: list[str] = field(default_factory=list)
+
+
+async def run_scenario(
+    rig: Rig, scenario: Scenario, *, items: int, rate: float | None, capacity_items: int, settle_timeout_s: float
+) -> Outcome:
+    began = time.monotonic()
+    capacity = await measure_capacity(rig.gateway, capacity_items)
+    rig.mark(f"capacity {capacity:,.0f} items/s", "event")
+    rate = rate if rate else 0.7 * capacity
+    ledger = rig.gateway.ledger(f"s{scenario.name.replace('_', '')}", items)
+    duration = items / rate
+    start = rig.gateway.now()
+    rig.mark(f"load {items:,} items at {rate:,.0f}/s", "event")
+    fault_at = start + scenario.fault_at * duration
+
+    async def inject() -> None:
+        await asyncio.sleep(max(0.0, fault_at - rig.gateway.now()))
+        await scenario.inject(rig, rig.mark)
+
+    injector = asyncio.create_task(inject())
+    publish_end = await rig.gateway.publish_open_loop(ledger, rate)
+    rig.mark("last publish", "event")
+    try:
+        await asyncio.wait_for(injector, timeout=180.0)
+    except TimeoutError:
+        rig.mark("fault injector timed out", "event")
+    settled = await _settle(rig, ledger, settle_timeout_s)
+    rig.mark("settled" if settled else "settle timeout", "event")
+    state = await rig.stream_state()
+    unanswered = ledger.count - ledger.answered
+    in_stream: set[str] = set()
+    if unanswered and rig.admin is not None:
+        in_stream = set(await stream_message_ids(rig.admin, rig.pool_stream, rig.pool_filter))
+    gave_up = {i for prefix, i in rig.gateway.gave_up if prefix == ledger.prefix}
+    result = count(ledger, rig.marks, in_stream, gave_up, publish_end)
+    notes = _process_notes(rig)
+    return Outcome(
+        scenario=scenario.name,
+        what=scenario.what,
+        items=items,
+        rate=rate,
+        capacity=capacity,
+        count=result,
+        marks=list(rig.marks),
+        publish_end_s=publish_end,
+        settled=settled,
+        wall_s=time.monotonic() - began,
+        stream_end=state,
+        unconfirmed_publishes=rig.gateway.unconfirmed,
+        client_errors=rig.gateway.client_errors[:20],
+        process_notes=notes,
+    )
+
+
+async def _settle(rig: Rig, ledger: Any, timeout_s: float) -> bool:
+    """Until every item is answered and the stream and the durable are empty (nothing left that could
+    still be redelivered), then one more second for stragglers; False at the timeout."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if ledger.answered == ledger.count:
+            state = await rig.stream_state()
+            if state["messages"] == 0 and state["num_ack_pending"] == 0 and state["num_pending"] == 0:
+                await asyncio.sleep(1.0)
+                return True
+        await asyncio.sleep(0.5)
+    return False
+
+
+def _process_notes(rig: Rig) -> list[str]:
+    """Processes that died without being told to, and error/Traceback lines in the sidecar logs."""
+    notes: list[str] = []
+    for pod in rig.pods:
+        for proc in (pod.sidecar, pod.backend):
+            if proc.popen is not None and not proc.alive:
+                notes.append(f"{proc.name} not running at the end (exit {proc.returncode})")
+        try:
+            text = pod.sidecar.log.read_text(errors="replace")
+        except OSError:
+            continue
+        bad = [
+            line
+            for line in text.splitlines()
+            if '"level": "error"' in line or '"level":"error"' in line or "Traceback" in line
+        ]
+        if bad:
+            notes.append(f"{pod.sidecar.name}: {len(bad)} error/Traceback log lines, first: {bad[0][:300]}")
+    for node in rig.cluster.nodes:
+        if not node.proc.alive:
+            notes.append(f"{node.proc.name} not running at the end (exit {node.proc.returncode})")
+    return notes
+
+
+__all__ = ["SCENARIOS", "Outcome", "Rig", "Scenario", "run_scenario"]
