@@ -47,6 +47,8 @@ class Count:
     never_accepted: int
     lost: int
     lost_ids: list[str]
+    #: The first duplicated items: work_item_id -> every answer as [t, success, worker_id].
+    duplicate_samples: dict[str, list[tuple[float, bool, str]]]
     error_answers: int
     republished: int
     windows: list[Window] = field(default_factory=list)
@@ -69,15 +71,18 @@ def _percentiles(values: list[float]) -> tuple[float | None, float | None, float
 
 
 def _cause(marks: list[Mark], first: float, later: float, republished: bool) -> str:
-    """A duplicate's cause: the fault between its first answer (less 1 s: a reply can leave just before
-    the kill) and the later one; a publish retry; else the clean path (which must never happen)."""
-    faults = [m for m in marks if m.kind == "fault" and first - 1.0 <= m.t <= later]
+    """A duplicate's cause: a publish retry (the gateway's own at-least-once); else a fault that was in
+    progress when the item was first answered (from 1 s before it began, as a reply can leave just
+    before a kill, to 1 s after its part was back); else the clean path (which must never happen)."""
     gap = later - first
     how = "after ack_wait" if gap >= ACK_WAIT_S - 1.0 else f"after {gap:.1f} s"
-    if faults:
-        return f"{faults[-1].label} (redelivered {how})"
     if republished:
-        return "publish retry (no PubAck)"
+        return "publish retry (no PubAck: the stream may hold two copies)"
+    restored = [m.t for m in marks if m.kind == "restored"]
+    for m in reversed([m for m in marks if m.kind == "fault"]):
+        back = max([t for t in restored if t >= m.t], default=m.t + 5.0)
+        if m.t - 1.0 <= first <= back + 1.0:
+            return f"{m.label} (redelivered {how})"
     return f"CLEAN PATH (redelivered {how})"
 
 
@@ -91,6 +96,7 @@ def count(
     dup_causes: Counter[str] = Counter()
     exactly = dup_items = dup_answers = in_stream = never_accepted = lost = errors = republished = 0
     lost_ids: list[str] = []
+    dup_samples: dict[str, list[tuple[float, bool, str]]] = {}
     for i in range(ledger.count):
         answers = ledger.answers[i]
         if ledger.publishes[i] > 1:
@@ -113,7 +119,9 @@ def count(
             continue
         dup_items += 1
         dup_answers += len(answers) - 1
-        for t, _ in answers[1:]:
+        if len(dup_samples) < 20:
+            dup_samples[ledger.work_item_id(i)] = [(round(t, 3), ok, w) for t, ok, w in answers]
+        for t, _, _ in answers[1:]:
             dup_causes[_cause(marks, answers[0][0], t, ledger.publishes[i] > 1)] += 1
     result = Count(
         items=ledger.count,
@@ -125,6 +133,7 @@ def count(
         never_accepted=never_accepted,
         lost=lost,
         lost_ids=lost_ids,
+        duplicate_samples=dup_samples,
         error_answers=errors,
         republished=republished,
     )
@@ -166,8 +175,13 @@ def _timing(result: Count, ledger: Ledger, marks: list[Mark], publish_end: float
     result.max_latency_ms = max(all_lat) if all_lat else None
     if not faults:
         return
-    before = next(w for w in result.windows if w.name == "before")
-    base_p99 = before.p99_ms if before.p99_ms is not None else 50.0
+    # The healthy latency: items answered before the fault began (not those it caught in flight).
+    healthy = [
+        lat
+        for i, (lat, t) in enumerate(latencies)
+        if lat is not None and t is not None and ledger.answers[i][0][0] < fault
+    ]
+    base_p99 = _percentiles(healthy)[1] or 50.0
     threshold = max(3.0 * base_p99, base_p99 + 200.0)
     result.recovery_threshold_ms = threshold
     # Recovery: from the fault until the last item published after it that was answered slowly (or not at all).

@@ -25,7 +25,7 @@ from nats.aio.msg import Msg
 from sie_sidecar.tools.loadgen import LoadConfig, _pub_ack_error, build_work_item, varied_texts
 
 ACK_TIMEOUT_S = 5.0  # no PubAck this long after a publish: publish again
-MAX_PUBLISHES = 6  # attempts per item before it counts as never accepted
+MAX_PUBLISHES = 20  # attempts per item before it counts as never accepted (about 100 s of no PubAck)
 RETRY_DELAY_S = 0.25
 _SUCCESS = b"\xa7success\xc3"  # `"success": true` in a named-map WorkResult (wire-protocol §8.1)
 _YIELD_EVERY = 32
@@ -42,7 +42,8 @@ class Ledger:
     publish_t: list[float | None] = field(default_factory=list)  # first publish (seconds since t0)
     publishes: list[int] = field(default_factory=list)  # publish attempts
     acked: list[bool] = field(default_factory=list)  # a good PubAck came back
-    answers: list[list[tuple[float, bool]]] = field(default_factory=list)  # (arrival s since t0, success)
+    #: Every answer: (arrival, seconds since t0; success; the answering sidecar's worker_id).
+    answers: list[list[tuple[float, bool, str]]] = field(default_factory=list)
     unexpected: int = 0
 
     def __post_init__(self) -> None:
@@ -190,16 +191,23 @@ class Gateway:
         return self.now()
 
     async def _retry_loop(self) -> None:
+        """Publish again what failed, each no sooner than RETRY_DELAY_S after its failure (never one sleep
+        per item: thousands fail together while a stream has no leader)."""
         config = self.config()
         while True:
-            ledger, index = await self._retry.get()
-            if ledger.acked[index] or ledger.answers[index]:
-                continue
-            if ledger.publishes[index] >= MAX_PUBLISHES:
-                self.gave_up.append((ledger.prefix, index))
-                continue
+            due = [await self._retry.get()]
+            while not self._retry.empty():
+                due.append(self._retry.get_nowait())
             await asyncio.sleep(RETRY_DELAY_S)
-            await self._publish(ledger, index, config)
+            for n, (ledger, index) in enumerate(due):
+                if ledger.acked[index] or ledger.answers[index]:
+                    continue
+                if ledger.publishes[index] >= MAX_PUBLISHES:
+                    self.gave_up.append((ledger.prefix, index))
+                    continue
+                await self._publish(ledger, index, config)
+                if n % _YIELD_EVERY == 0:
+                    await asyncio.sleep(0)
 
     async def _ack_watchdog(self) -> None:
         while True:
@@ -237,7 +245,11 @@ class Gateway:
                 candidate.unexpected += 1
                 break
             return
-        ledger.answers[index].append((now, _SUCCESS in msg.data[:256]))
+        worker = "?"
+        with contextlib.suppress(Exception):  # a WorkResult map; anything else still counts as an answer
+            result = msgpack.unpackb(msg.data, raw=False, strict_map_key=False)
+            worker = str(result.get("worker_id") or "?")
+        ledger.answers[index].append((now, _SUCCESS in msg.data[:256], worker))
 
 
 async def measure_capacity(gateway: Gateway, items: int, timeout_s: float = 120.0) -> float:

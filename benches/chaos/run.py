@@ -68,6 +68,8 @@ def details(o: Outcome) -> str:
     ]
     for cause, n in sorted(c.duplicates_by_cause.items()):
         out.append(f"   duplicates: {n} x {cause}")
+    for wid, answers in list(c.duplicate_samples.items())[:3]:
+        out.append(f"   duplicate {wid}: " + ", ".join(f"{t:.2f}s by {w}" for t, _, w in answers))
     if c.lost_ids:
         out.append(f"   lost ids (first {len(c.lost_ids)}): {', '.join(c.lost_ids[:10])}")
     out.append(f"   stream at end: {o.stream_end}; unconfirmed publishes {o.unconfirmed_publishes}")

@@ -29,6 +29,7 @@ from .load import Gateway, measure_capacity
 from .pods import BUNDLE, POOL, PROFILE, BackendShape, Pod, worker_id
 
 PODS = 3
+STALL_S = ACK_WAIT_S + 30.0  # settling gives up once nothing was answered this long
 Marker = Callable[[str, str], None]
 
 
@@ -64,7 +65,9 @@ class Rig:
 
     async def start(self) -> None:
         await self.cluster.start()
-        self.admin = await nats.connect(servers=self.cluster.urls, max_reconnect_attempts=-1, reconnect_time_wait=0.25)
+        self.admin = await nats.connect(
+            servers=self.cluster.urls, max_reconnect_attempts=-1, reconnect_time_wait=0.25, error_cb=_quiet
+        )
         await self.cluster.wait_jetstream(self.admin)
         await self.cluster.create_streams(self.admin, self.specs)
         for pod in self.pods:
@@ -87,6 +90,10 @@ class Rig:
     async def stream_state(self) -> dict[str, int | None]:
         assert self.admin is not None
         return await stream_counts(self.admin.jetstream(timeout=2), self.pool_stream, self.pool_durable)
+
+
+async def _quiet(exc: Exception) -> None:
+    """The admin connection's errors (EOF from a killed node): it reconnects, nothing to report."""
 
 
 # --- the faults -----------------------------------------------------------------------------------------------------
@@ -160,12 +167,29 @@ async def backend_stall(rig: Rig, mark: Marker) -> None:
 
 
 async def rolling_restart(rig: Rig, mark: Marker) -> None:
-    mark("rolling SIGTERM restart of all sidecars", "fault")
+    """A rolling restart of the pods, as Kubernetes does it: SIGTERM to the sidecar (which drains and
+    sends the backend `Drain`) and to the backend, both started again, the next pod once it is ready."""
+    mark("rolling SIGTERM restart of all pods (sidecar, then backend)", "fault")
+    for pod in rig.pods:
+        code = await pod.terminate_sidecar()
+        mark(f"{pod.sidecar.name} exited {code} after SIGTERM", "event")
+        pod.backend.stop()
+        await pod.start_backend()
+        await pod.start_sidecar()
+        mark(f"pod {pod.index} ready again", "event")
+    mark("all pods restarted", "restored")
+
+
+async def rolling_sidecar_restart(rig: Rig, mark: Marker) -> None:
+    """SIGTERM and restart of each sidecar alone, the backends left running (and drained: the sidecar's
+    shutdown sends them `Drain`, and a new sidecar does not pull from a draining backend, as
+    docs/operations.md "Shutdown" says). Shows what that leaves behind."""
+    mark("rolling SIGTERM restart of the sidecars only", "fault")
     for pod in rig.pods:
         code = await pod.terminate_sidecar()
         mark(f"{pod.sidecar.name} exited {code} after SIGTERM", "event")
         await pod.start_sidecar()
-        mark(f"{pod.sidecar.name} ready again", "event")
+        mark(f"{pod.sidecar.name} ready again (/readyz)", "event")
     mark("all sidecars restarted", "restored")
 
 
@@ -192,10 +216,19 @@ SCENARIOS: dict[str, Scenario] = {
             "kill_stream_leader",
             "kill -9 of the pool stream leader's nats-server, restarted 5 s later",
             kill_stream_leader,
+            fault_at=0.15,
         ),
-        Scenario("sigstop_leader", "SIGSTOP of the pool stream leader's nats-server for 10 s", sigstop_leader),
-        Scenario("backend_stall", "one backend stalls (SIGSTOP) for ack_wait + 5 s", backend_stall),
-        Scenario("rolling_restart", "SIGTERM and restart of each sidecar in turn", rolling_restart),
+        Scenario(
+            "sigstop_leader", "SIGSTOP of the pool stream leader's nats-server for 10 s", sigstop_leader, fault_at=0.15
+        ),
+        Scenario("backend_stall", "one backend stalls (SIGSTOP) for ack_wait + 5 s", backend_stall, fault_at=0.1),
+        Scenario("rolling_restart", "SIGTERM and restart of each pod in turn", rolling_restart, fault_at=0.15),
+        Scenario(
+            "rolling_sidecar_restart",
+            "SIGTERM and restart of each sidecar alone (backends left drained)",
+            rolling_sidecar_restart,
+            fault_at=0.15,
+        ),
     )
 }
 
@@ -272,9 +305,15 @@ async def run_scenario(
 
 async def _settle(rig: Rig, ledger: Any, timeout_s: float) -> bool:
     """Until every item is answered and the stream and the durable are empty (nothing left that could
-    still be redelivered), then one more second for stragglers; False at the timeout."""
+    still be redelivered), then one more second for stragglers; False at the timeout, or once nothing
+    was answered for STALL_S while items are missing."""
     deadline = time.monotonic() + timeout_s
+    answered, progress_at = ledger.answered, time.monotonic()
     while time.monotonic() < deadline:
+        if ledger.answered != answered:
+            answered, progress_at = ledger.answered, time.monotonic()
+        elif time.monotonic() - progress_at > STALL_S:
+            return False  # nothing answered for longer than any redelivery takes: stuck
         if ledger.answered == ledger.count:
             state = await rig.stream_state()
             if state["messages"] == 0 and state["num_ack_pending"] == 0 and state["num_pending"] == 0:
