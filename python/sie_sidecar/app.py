@@ -264,14 +264,15 @@ def start_tracing(settings: Settings, resources: contextlib.AsyncExitStack) -> T
     if not settings.tracing_enabled or otel.traces_endpoint is None:
         return None
     from . import __version__
-    from .otel.trace_export import TraceExporter
+    from .otel.trace_export import make_trace_exporter
     from .otel.tracing import Sampler, SpanBuffer
 
     buffer = SpanBuffer(otel.traces_max_queue, export_batch=otel.traces_max_export_batch)
     tracer = Tracer(Sampler(otel.traces_sampler, otel.traces_sampler_ratio), buffer, lane=otel.lane)
-    exporter = TraceExporter(
+    exporter = make_trace_exporter(
         buffer,
         otel.traces_endpoint,
+        protocol=otel.traces_protocol,
         resource={
             "service.name": otel.service_name,
             "service.version": __version__,

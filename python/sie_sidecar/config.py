@@ -1031,16 +1031,16 @@ class _Builder:
 
     def _tracing_enabled(self, otel: OtelSettings) -> bool:
         """`SIE_TRACING_ENABLED`, off (with a warning) when no traces endpoint resolves or the protocol
-        is not http/protobuf, the one this build exports spans with."""
+        is one this build does not export spans with (`grpc` and `http/protobuf` are; `http/json` is not)."""
         if not self.env_flag("SIE_TRACING_ENABLED", default=False):
             return False
         if otel.traces_endpoint is None:
             self.warnings.append("SIE_TRACING_ENABLED is set but no OTLP traces endpoint is: tracing is off")
             return False
-        if otel.traces_protocol != "http/protobuf":
+        if otel.traces_protocol not in ("grpc", "http/protobuf"):  # otel.trace_export.TRACE_PROTOCOLS
             protocol = otel.traces_protocol
             self.warnings.append(
-                f"OTLP traces protocol {protocol!r} is not exported yet (http/protobuf is): tracing is off"
+                f"OTLP traces protocol {protocol!r} is not exported (grpc and http/protobuf are): tracing is off"
             )
             return False
         return True

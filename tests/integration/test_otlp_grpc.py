@@ -3,10 +3,13 @@
 receiver: a `grpc.aio` server on loopback implementing opentelemetry-proto's generated
 `MetricsServiceServicer`. The real sidecar over a real nats-server and backend pushes its registry
 there; what arrives carries the §13 names, units and `lane`, the resource, and counts equal to the
-work done, as over HTTP (test_otlp_metrics.py)."""
+work done, as over HTTP (test_otlp_metrics.py). Batch spans go the same way to the generated
+`TraceServiceServicer` (`OTEL_EXPORTER_OTLP_TRACES_PROTOCOL=grpc`): one per batch the backend ran,
+and a refused call keeps its spans for the next."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -20,10 +23,19 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
     ExportMetricsServiceRequest,
     ExportMetricsServiceResponse,
 )
+from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc as trace_grpc
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+    ExportTraceServiceRequest,
+    ExportTraceServiceResponse,
+)
+
+from sie_sidecar.otel.grpc_export import GrpcTraceExporter
+from sie_sidecar.otel.tracing import Sampler, SpanBuffer, Tracer
+from sie_sidecar.tools.localhost import free_port
 
 from .conftest import NatsServer
 from .otlp_receiver import Receiver
-from .stack import running_stack, work_item
+from .stack import MODEL, running_stack, work_item
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -54,12 +66,30 @@ class _MetricsService(service_grpc.MetricsServiceServicer):
         return ExportMetricsServiceResponse()
 
 
+class _TraceService(trace_grpc.TraceServiceServicer):
+    def __init__(self, receiver: GrpcReceiver) -> None:
+        self._receiver = receiver
+
+    async def Export(  # noqa: N802 (the generated service's method name)
+        self, request: ExportTraceServiceRequest, context: Any
+    ) -> ExportTraceServiceResponse:
+        metadata = dict(context.invocation_metadata())
+        self._receiver.user_agents.append(str(metadata.get("user-agent", "")))
+        if self._receiver.refused < self._receiver.refuse:
+            self._receiver.refused += 1
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "not yet")
+        self._receiver.trace_requests.append(request)
+        return ExportTraceServiceResponse()
+
+
 @contextlib.asynccontextmanager
 async def otlp_grpc_receiver(*, refuse: int = 0) -> AsyncIterator[GrpcReceiver]:
+    """Both collector services on one loopback port; `refuse` counts calls to either."""
     server = grpc.aio.server()
     port = server.add_insecure_port("127.0.0.1:0")
     receiver = GrpcReceiver(f"http://127.0.0.1:{port}", refuse=refuse)
     service_grpc.add_MetricsServiceServicer_to_server(_MetricsService(receiver), server)  # type: ignore[no-untyped-call]
+    trace_grpc.add_TraceServiceServicer_to_server(_TraceService(receiver), server)  # type: ignore[no-untyped-call]
     await server.start()
     try:
         yield receiver
@@ -145,3 +175,96 @@ async def test_a_refused_push_is_carried_by_the_next_and_serving_goes_on(
         assert receiver.refused == 2
         size = receiver.last_metrics()["sie.worker.batch.size"]
         assert sum(p.sum for p in size.histogram.data_points) == 5
+
+
+def _span_attrs(span: Any) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for kv in span.attributes:
+        out[kv.key] = kv.value.int_value if kv.value.HasField("int_value") else kv.value.string_value
+    return out
+
+
+async def test_one_span_per_batch_arrives_over_grpc(nats_server: NatsServer, tmp_path: Path) -> None:
+    """The traces protocol is the signal-specific one (it wins over the generic `http/protobuf`),
+    and the generic endpoint is used as it is for gRPC (no `/v1/traces`)."""
+    async with otlp_grpc_receiver() as receiver:
+        env = {
+            "SIE_TRACING_ENABLED": "true",
+            "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.url,
+            "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
+            "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "grpc",
+            "OTEL_TRACES_SAMPLER": "always_on",
+            "OTEL_BSP_SCHEDULE_DELAY": "200",
+            "OTEL_SERVICE_NAME": "sidecar-under-test",
+            "SIE_OTEL_LANE": "default|cpu|default",
+        }
+        async with running_stack(nats_server, tmp_path, env=env) as stack:
+            otel = stack.settings.otel
+            assert stack.settings.tracing_enabled and stack.settings.warnings == ()
+            assert (otel.traces_protocol, otel.traces_endpoint) == ("grpc", receiver.url)
+            ids = [await stack.publish(work_item(text=f"t{i}")) for i in range(40)]
+            await stack.wait_for(lambda: all(len(stack.results_for(w)) == 1 for w in ids))
+            await stack.wait_for(lambda: len(receiver.trace_requests) >= 1)  # periodic, not only the last
+            backend_batches = stack.adapter.batches
+        # The stack is closed: the last push (after the drain) carried every span.
+        assert receiver.requests == []  # metrics are off: only the trace service was called
+        assert receiver.user_agents and all(agent.startswith("grpc-python") for agent in receiver.user_agents)
+        assert receiver.trace_resource()["service.name"] == "sidecar-under-test"
+        spans = receiver.spans()
+        assert len(spans) == backend_batches > 0  # one span per batch the backend ran
+        assert len({(s.trace_id, s.span_id) for s in spans}) == len(spans)
+        assert sum(_span_attrs(s)["sie.batch.size"] for s in spans) == 40
+        for span in spans:
+            attrs = _span_attrs(span)
+            assert span.name == "sie.worker.batch encode" and span.parent_span_id == b""
+            assert attrs["model"] == MODEL and attrs["lane"] == "default|cpu|default"
+            assert [e.name for e in span.events] == ["ipc.request", "ipc.response", "published"]
+
+
+async def test_a_refused_span_export_keeps_its_spans_for_the_next() -> None:
+    """The buffer's semantics over gRPC: a refused call (UNAVAILABLE) or no receiver at all puts the
+    spans back in front of the bounded buffer; the next call sends them."""
+    buffer = SpanBuffer(8, export_batch=4)
+    tracer = Tracer(Sampler("always_on"), buffer)
+    for _ in range(3):
+        span = tracer.start_batch("m", "encode", 1, 1)
+        assert span is not None
+        span.end()
+    dead = GrpcTraceExporter(buffer, f"http://127.0.0.1:{free_port()}", resource={"service.name": "s"})
+    channel = dead._open()
+    try:
+        await dead.flush(channel)
+    finally:
+        await dead._close(channel)
+    assert (dead.failures, len(buffer), buffer.dropped) == (1, 3, 0)
+    async with otlp_grpc_receiver(refuse=1) as receiver:
+        live = GrpcTraceExporter(buffer, receiver.url, resource={"service.name": "s"})
+        channel = live._open()
+        try:
+            await live.flush(channel)
+            assert (live.failures, live.exports, len(buffer)) == (1, 0, 3)  # refused: kept, in order
+            await live.flush(channel)
+        finally:
+            await live._close(channel)
+        assert (live.exports, len(buffer), buffer.dropped) == (1, 0, 0)
+        assert len(receiver.spans()) == 3
+
+
+async def test_spans_go_out_over_grpc_from_the_run_loop_at_shutdown() -> None:
+    """The push loop opens its channel only with a span to send, and the last flush after `stop`
+    sends what the schedule delay did not."""
+    buffer = SpanBuffer(16, export_batch=8)
+    tracer = Tracer(Sampler("always_on"), buffer)
+    async with otlp_grpc_receiver() as receiver:
+        exporter = GrpcTraceExporter(buffer, receiver.url, resource={"service.name": "s"}, interval_s=60)
+        stop = asyncio.Event()
+        task = asyncio.create_task(exporter.run(stop))
+        for _ in range(2):
+            span = tracer.start_batch("m", "encode", 1, 1)
+            assert span is not None
+            span.end()
+        await asyncio.sleep(0.05)
+        assert receiver.trace_requests == []  # 60 s schedule delay, no full batch
+        stop.set()
+        await asyncio.wait_for(task, 10)
+        assert exporter.exports == 1 and len(receiver.spans()) == 2 and len(buffer) == 0

@@ -6,18 +6,23 @@ with opentelemetry-proto, the settings, and the RunBatch writer's trace context 
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 from typing import Any
 
 import msgpack
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.trace.v1 import trace_pb2 as pb
 
 from sie_sidecar import wire
 from sie_sidecar.config import Settings
 from sie_sidecar.ipc.requests import item_traceparents, item_traceparents_py, run_batch_body, run_batch_body_py
+from sie_sidecar.otel.grpc_export import GrpcTraceExporter
+from sie_sidecar.otel.trace_export import TRACE_PROTOCOLS, TraceExporter, make_trace_exporter
 from sie_sidecar.otel.traces import encode_spans
 from sie_sidecar.otel.tracing import (
     MAX_LINKS,
@@ -176,7 +181,7 @@ def test_the_sampler_comes_from_the_standard_variables(
             "http://t:9/x",
             True,
         ),
-        ({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4317"}, "http://c:4317", False),  # gRPC: not exported
+        ({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4317/"}, "http://c:4317/", True),  # gRPC: as it is
         ({}, None, False),  # no endpoint
     ],
 )
@@ -187,6 +192,79 @@ def test_the_traces_endpoint_resolves_like_the_metrics_one(
     assert s.otel.traces_endpoint == endpoint and s.tracing_enabled is enabled
     assert bool(s.warnings) is (not enabled)
     assert s.unsupported() == []  # no longer refused
+
+
+@pytest.mark.parametrize(
+    ("env", "protocol", "endpoint", "enabled"),
+    [
+        ({}, "grpc", "http://c:4317", True),  # the default, as for metrics
+        ({"OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf"}, "http/protobuf", "http://c:4317/v1/traces", True),
+        (  # the signal-specific protocol wins over the generic one, both ways
+            {"OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf", "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "grpc"},
+            "grpc",
+            "http://c:4317",
+            True,
+        ),
+        (
+            {"OTEL_EXPORTER_OTLP_PROTOCOL": "grpc", "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": " HTTP/Protobuf "},
+            "http/protobuf",
+            "http://c:4317/v1/traces",
+            True,
+        ),
+        (  # the traces protocol is the traces' own: the metrics one does not decide it
+            {"OTEL_EXPORTER_OTLP_METRICS_PROTOCOL": "http/protobuf"},
+            "grpc",
+            "http://c:4317",
+            True,
+        ),
+        ({"OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "http/json"}, "http/json", "http://c:4317/v1/traces", False),
+        ({"OTEL_EXPORTER_OTLP_PROTOCOL": "thrift"}, "thrift", "http://c:4317", False),
+    ],
+)
+def test_the_traces_protocol_resolves_like_the_metrics_one(
+    env: dict[str, str], protocol: str, endpoint: str, enabled: bool
+) -> None:
+    base = ENV | {"SIE_TRACING_ENABLED": "true", "OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4317"}
+    s = Settings.from_env(base | env)
+    assert (s.otel.traces_protocol, s.otel.traces_endpoint, s.tracing_enabled) == (protocol, endpoint, enabled)
+    warned = [w for w in s.warnings if "tracing is off" in w]
+    assert len(warned) == (0 if enabled else 1)
+    if not enabled:
+        assert repr(protocol) in warned[0] and "grpc and http/protobuf" in warned[0]
+    else:
+        assert protocol in TRACE_PROTOCOLS
+
+
+@pytest.mark.parametrize(("protocol", "kind"), [("grpc", GrpcTraceExporter), ("http/protobuf", TraceExporter)])
+def test_the_span_exporter_follows_the_protocol(protocol: str, kind: type[object]) -> None:
+    exporter = make_trace_exporter(SpanBuffer(4), "http://c:1", protocol=protocol, resource={})
+    assert type(exporter) is kind
+    with pytest.raises(ValueError, match="http/json"):
+        make_trace_exporter(SpanBuffer(4), "http://c:1", protocol="http/json", resource={})
+
+
+def test_the_grpc_span_exporter_calls_the_generated_stubs_method() -> None:
+    """The method path is the one opentelemetry-proto's `TraceServiceStub` calls."""
+    paths: list[str] = []
+
+    class Channel:
+        def unary_unary(self, path: str, **_: Any) -> None:
+            paths.append(path)
+
+    trace_service_pb2_grpc.TraceServiceStub(Channel())  # type: ignore[no-untyped-call]
+    assert paths == [GrpcTraceExporter.METHOD]
+
+
+def test_grpc_is_not_imported_before_the_first_span_push() -> None:
+    """Start-up does not pay for grpcio: choosing the span exporter imports its module only."""
+    code = (
+        "import sys\n"
+        "from sie_sidecar.otel.trace_export import make_trace_exporter\n"
+        "from sie_sidecar.otel.tracing import SpanBuffer\n"
+        "make_trace_exporter(SpanBuffer(4), 'http://c:4317', protocol='grpc', resource={})\n"
+        "assert 'grpc' not in sys.modules, sorted(m for m in sys.modules if m.startswith('grpc'))\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
 
 
 def test_the_batch_processor_variables() -> None:

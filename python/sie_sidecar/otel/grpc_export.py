@@ -1,7 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
-"""OTLP/gRPC metrics push (sidecar-behaviour §1.2: gRPC is the default protocol): each push is one
-unary `MetricsService/Export` call carrying the same serialized `ExportMetricsServiceRequest` the
-HTTP exporter posts, so both transports export identical data.
+"""OTLP/gRPC (sidecar-behaviour §1.2: gRPC is the default protocol) for both signals: each push is
+one unary `Export` call of the signal's collector service carrying the same serialized request the
+HTTP exporter posts, so both transports export identical data. `GrpcTransport` is the shared part
+(endpoint, channel, call); metrics push `MetricsService/Export`, spans `TraceService/Export`.
 
 The endpoint follows the OTLP exporter rules: `http://host:4317` is a plaintext channel to
 `host:4317`, `https://host:4317` a TLS one (system roots); a path is ignored (gRPC has none); an
@@ -11,13 +12,16 @@ plaintext). grpcio is imported at the first push, not at start-up.
 
 from __future__ import annotations
 
-from typing import Any, Final
+from typing import Any, ClassVar, Final
 from urllib.parse import urlsplit
 
 from .export import EXPORT_TIMEOUT_S, PushExporter
+from .trace_export import SpanExporter
 
 #: The OTLP metrics service method (opentelemetry-proto `metrics_service.proto`).
 EXPORT_METHOD: Final = "/opentelemetry.proto.collector.metrics.v1.MetricsService/Export"
+#: The OTLP trace service method (opentelemetry-proto `trace_service.proto`).
+TRACES_EXPORT_METHOD: Final = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
 DEFAULT_PORT: Final = 4317
 
 
@@ -33,9 +37,13 @@ def grpc_target(endpoint: str) -> tuple[str, bool]:
     return f"{host}:{parts.port or DEFAULT_PORT}", parts.scheme == "https"
 
 
-class GrpcMetricsExporter(PushExporter[Any]):
-    """Pushes one registry to one OTLP/gRPC metrics endpoint over one `grpc.aio` channel (grpcio has
-    no type information: the channel is `Any`)."""
+class GrpcTransport:
+    """The gRPC side of an OTLP exporter, mixed in before its signal's base (which stores
+    `_endpoint` and declares these three as abstract): one `grpc.aio` channel to the endpoint, one
+    unary `METHOD` call per export. grpcio has no type information: the channel is `Any`."""
+
+    METHOD: ClassVar[str]
+    _endpoint: str
 
     def _open(self) -> Any:
         import grpc  # type: ignore[import-untyped]
@@ -50,9 +58,29 @@ class GrpcMetricsExporter(PushExporter[Any]):
 
     async def _send(self, connection: Any, body: bytes) -> None:
         # No serializers: the body is already the serialized request, and the reply (an
-        # ExportMetricsServiceResponse) is not needed. A non-OK status raises AioRpcError.
-        export = connection.unary_unary(EXPORT_METHOD, request_serializer=None, response_deserializer=None)
+        # Export*ServiceResponse) is not needed. A non-OK status raises AioRpcError.
+        export = connection.unary_unary(self.METHOD, request_serializer=None, response_deserializer=None)
         await export(body, timeout=EXPORT_TIMEOUT_S)
 
 
-__all__ = ["EXPORT_METHOD", "GrpcMetricsExporter", "grpc_target"]
+class GrpcMetricsExporter(GrpcTransport, PushExporter[Any]):
+    """Pushes one registry to one OTLP/gRPC metrics endpoint (`MetricsService/Export`)."""
+
+    METHOD = EXPORT_METHOD
+
+
+class GrpcTraceExporter(GrpcTransport, SpanExporter[Any]):
+    """Pushes one span buffer to one OTLP/gRPC traces endpoint (`TraceService/Export`); a failed
+    call puts its spans back in front of the buffer, as over HTTP."""
+
+    METHOD = TRACES_EXPORT_METHOD
+
+
+__all__ = [
+    "EXPORT_METHOD",
+    "TRACES_EXPORT_METHOD",
+    "GrpcMetricsExporter",
+    "GrpcTraceExporter",
+    "GrpcTransport",
+    "grpc_target",
+]

@@ -1,9 +1,12 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The OTLP/HTTP push of batch spans: the span buffer drained every schedule delay (5 s,
-`OTEL_BSP_SCHEDULE_DELAY`) or as soon as a full export batch waits, and once more at shutdown.
+"""The OTLP push of batch spans: the span buffer drained every schedule delay (5 s,
+`OTEL_BSP_SCHEDULE_DELAY`) or as soon as a full export batch waits, and once more at shutdown. The
+transport is chosen by the §1.2 protocol: `http/protobuf` is a POST here (`TraceExporter`), `grpc`
+(the OTLP default) is `grpc_export.GrpcTraceExporter`; both send the same serialized
+`ExportTraceServiceRequest`.
 
 Telemetry never affects serving: a failed export is logged (rate-limited) and its spans go back to
-the bounded buffer, which drops its oldest (counted) while the receiver stays away.
+the front of the bounded buffer, which drops its oldest (counted) while the receiver stays away.
 """
 
 from __future__ import annotations
@@ -11,8 +14,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Final, Generic, TypeVar
 
 from ..logs import Throttled
 from .export import CONTENT_TYPE, EXPORT_TIMEOUT_S
@@ -24,15 +28,15 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 _warn = Throttled(log)
 
+#: The §1.2 protocols spans are exported with; anything else leaves tracing off (config.py warns).
+TRACE_PROTOCOLS: Final = ("grpc", "http/protobuf")
 
-def _open_session() -> aiohttp.ClientSession:
-    import aiohttp
-
-    return aiohttp.ClientSession()
+C = TypeVar("C")
 
 
-class TraceExporter:
-    """Pushes one span buffer to one OTLP/HTTP traces endpoint."""
+class SpanExporter(ABC, Generic[C]):
+    """Pushes one span buffer to one OTLP traces endpoint over a connection of type C, opened when
+    the first span is to be sent (nothing is imported or opened before) and closed after the last."""
 
     def __init__(
         self,
@@ -53,40 +57,48 @@ class TraceExporter:
         self.failures = 0
 
     def body(self, spans: Sequence[SpanRecord]) -> bytes:
+        """The spans as a serialized `ExportTraceServiceRequest`: the same bytes for every transport."""
         from .traces import encode_spans  # protobuf loads at the first push, not at start-up
 
         return encode_spans(spans, resource=self._resource, version=self._version)
 
-    async def export(self, session: aiohttp.ClientSession, spans: Sequence[SpanRecord]) -> bool:
-        """One POST; False (logged) when the receiver did not take it."""
-        import aiohttp
+    @abstractmethod
+    def _open(self) -> C:
+        """The connection the pushes share (called in the running loop, at the first push)."""
 
+    @abstractmethod
+    async def _close(self, connection: C) -> None: ...
+
+    @abstractmethod
+    async def _send(self, connection: C, body: bytes) -> None:
+        """One request; raises when the receiver did not take it."""
+
+    def _failed(self, exc: BaseException) -> None:
+        self.failures += 1
+        _warn.warning("OTLP traces export failed", key="otlp-traces", extra={"error": repr(exc)})
+
+    async def export(self, connection: C, spans: Sequence[SpanRecord]) -> bool:
+        """One request; False (logged) when the receiver did not take it."""
         try:
-            async with session.post(
-                self._endpoint,
-                data=self.body(spans),
-                headers={"Content-Type": CONTENT_TYPE},
-                timeout=aiohttp.ClientTimeout(total=EXPORT_TIMEOUT_S),
-                allow_redirects=False,
-            ) as response:
-                await response.read()
-                if response.status // 100 != 2:
-                    raise RuntimeError(f"HTTP {response.status}")
+            await self._send(connection, self.body(spans))
         except Exception as exc:
-            self.failures += 1
-            _warn.warning("OTLP traces export failed", key="otlp-traces", extra={"error": repr(exc)})
+            self._failed(exc)
             return False
         self.exports += 1
         return True
 
-    async def flush(self, session: aiohttp.ClientSession) -> None:
+    async def flush(self, connection: C) -> None:
         """Export batches until the buffer is empty or an export fails (its spans go back)."""
         buffer = self._buffer
         while len(buffer):
             spans = buffer.take()
-            if not await self.export(session, spans):
+            if not await self.export(connection, spans):
                 buffer.restore(spans)
                 break
+        self._report_dropped()
+
+    def _report_dropped(self) -> None:
+        buffer = self._buffer
         if buffer.dropped != self._dropped_seen:
             _warn.warning(
                 "OTLP trace buffer full: oldest spans dropped",
@@ -95,13 +107,27 @@ class TraceExporter:
             )
             self._dropped_seen = buffer.dropped
 
+    async def _push(self, connection: C | None) -> C | None:
+        """A flush on `connection`, opened first if there is none yet. A connection that cannot be
+        opened (an endpoint the transport refuses) counts as a failed export: the spans stay in the
+        buffer, it is tried again at the next push, and serving goes on."""
+        if connection is None:
+            try:
+                connection = self._open()
+            except Exception as exc:
+                self._failed(exc)
+                self._report_dropped()
+                return None
+        await self.flush(connection)
+        return connection
+
     async def run(self, stop: asyncio.Event) -> None:
         """Flush every interval (or when a full batch waits) until `stop`, then once more. Nothing
         is imported or opened before there is a span to send."""
         wake = asyncio.Event()
         self._buffer.wake = wake.set
         stopped = asyncio.ensure_future(stop.wait())
-        session: aiohttp.ClientSession | None = None
+        connection: C | None = None
         try:
             while not stop.is_set():
                 woken = asyncio.ensure_future(wake.wait())
@@ -109,18 +135,65 @@ class TraceExporter:
                 woken.cancel()
                 wake.clear()
                 if not stop.is_set() and len(self._buffer):
-                    session = session or _open_session()
-                    await self.flush(session)
+                    connection = await self._push(connection)
             if len(self._buffer):
-                session = session or _open_session()
-                await self.flush(session)
+                connection = await self._push(connection)
         finally:
             self._buffer.wake = None
             stopped.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await stopped
-            if session is not None:
-                await session.close()
+            if connection is not None:
+                await self._close(connection)
 
 
-__all__ = ["TraceExporter"]
+class TraceExporter(SpanExporter["aiohttp.ClientSession"]):
+    """OTLP/HTTP: one protobuf POST per export batch to the traces endpoint (`.../v1/traces`)."""
+
+    def _open(self) -> aiohttp.ClientSession:
+        import aiohttp
+
+        return aiohttp.ClientSession()
+
+    async def _close(self, connection: aiohttp.ClientSession) -> None:
+        await connection.close()
+
+    async def _send(self, connection: aiohttp.ClientSession, body: bytes) -> None:
+        import aiohttp
+
+        async with connection.post(
+            self._endpoint,
+            data=body,
+            headers={"Content-Type": CONTENT_TYPE},
+            timeout=aiohttp.ClientTimeout(total=EXPORT_TIMEOUT_S),
+            allow_redirects=False,
+        ) as response:
+            await response.read()
+            if response.status // 100 != 2:
+                raise RuntimeError(f"HTTP {response.status}")
+
+
+def make_trace_exporter(
+    buffer: SpanBuffer,
+    endpoint: str,
+    *,
+    protocol: str,
+    resource: Mapping[str, str],
+    interval_s: float = 5.0,
+    version: str = "",
+) -> SpanExporter[Any]:
+    """The span exporter for the resolved §1.2 traces protocol. The gRPC one's module is imported
+    only here, and grpcio only at its first push."""
+    exporter: type[SpanExporter[Any]]
+    if protocol == "grpc":
+        from .grpc_export import GrpcTraceExporter
+
+        exporter = GrpcTraceExporter
+    elif protocol == "http/protobuf":
+        exporter = TraceExporter
+    else:
+        raise ValueError(f"OTLP traces protocol {protocol!r} is not one of {TRACE_PROTOCOLS}")
+    return exporter(buffer, endpoint, resource=resource, interval_s=interval_s, version=version)
+
+
+__all__ = ["TRACE_PROTOCOLS", "SpanExporter", "TraceExporter", "make_trace_exporter"]
