@@ -207,6 +207,19 @@ def attach_catalog(settings: Settings, config: ConfigState, dispatcher: Dispatch
         dispatcher.generations.telemetry = dispatcher.telemetry
 
 
+def otel_resource(settings: Settings) -> dict[str, str]:
+    """The §13 resource both OTLP signals carry (metrics and spans alike)."""
+    from . import __version__
+
+    otel = settings.otel
+    return {
+        "service.name": otel.service_name,
+        "service.version": __version__,
+        "deployment.environment": otel.deployment_environment,
+        "cloud.region": otel.cloud_region,
+    }
+
+
 def start_metrics(
     settings: Settings,
     telemetry: Registry,
@@ -234,12 +247,7 @@ def start_metrics(
         telemetry,
         endpoint,
         protocol=otel.metrics_protocol,
-        resource={
-            "service.name": otel.service_name,
-            "service.version": __version__,
-            "deployment.environment": otel.deployment_environment,
-            "cloud.region": otel.cloud_region,
-        },
+        resource=otel_resource(settings),
         lane=otel.lane,
         interval_s=otel.export_interval_s,
         version=__version__,
@@ -273,12 +281,7 @@ def start_tracing(settings: Settings, resources: contextlib.AsyncExitStack) -> T
         buffer,
         otel.traces_endpoint,
         protocol=otel.traces_protocol,
-        resource={
-            "service.name": otel.service_name,
-            "service.version": __version__,
-            "deployment.environment": otel.deployment_environment,
-            "cloud.region": otel.cloud_region,
-        },
+        resource=otel_resource(settings),
         interval_s=otel.traces_schedule_delay_s,
         version=__version__,
     )
