@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import nats
 from nats.aio.client import Client
@@ -25,7 +25,7 @@ from sie_sidecar.tools.localhost import free_port
 
 from .cluster import NatsCluster, stream_counts, stream_message_ids
 from .count import ACK_WAIT_S, Count, Mark, count
-from .load import Gateway, measure_capacity
+from .load import Gateway, Ledger, measure_capacity
 from .pods import BUNDLE, POOL, PROFILE, BackendShape, Pod, worker_id
 
 PODS = 3
@@ -284,6 +284,7 @@ async def run_scenario(
         in_stream = set(await stream_message_ids(rig.admin, rig.pool_stream, rig.pool_filter))
     gave_up = {i for prefix, i in rig.gateway.gave_up if prefix == ledger.prefix}
     result = count(ledger, rig.marks, in_stream, gave_up, publish_end)
+    _write_ledger(rig.workdir / "ledger.json", ledger, rig.marks)
     notes = _process_notes(rig)
     return Outcome(
         scenario=scenario.name,
@@ -303,7 +304,7 @@ async def run_scenario(
     )
 
 
-async def _settle(rig: Rig, ledger: Any, timeout_s: float) -> bool:
+async def _settle(rig: Rig, ledger: Ledger, timeout_s: float) -> bool:
     """Until every item is answered and the stream and the durable are empty (nothing left that could
     still be redelivered), then one more second for stragglers; False at the timeout, or once nothing
     was answered for STALL_S while items are missing."""
@@ -321,6 +322,17 @@ async def _settle(rig: Rig, ledger: Any, timeout_s: float) -> bool:
                 return True
         await asyncio.sleep(0.5)
     return False
+
+
+def _write_ledger(path: Path, ledger: Ledger, marks: list[Mark]) -> None:
+    """Every item's first publish, publish attempts, PubAck and answers, with the marks: enough to
+    recount a scenario, or to look at one item, after the rig is gone."""
+    items = [
+        [ledger.work_item_id(i), ledger.publish_t[i], ledger.publishes[i], ledger.acked[i], ledger.answers[i]]
+        for i in range(ledger.count)
+    ]
+    doc = {"marks": [[m.t, m.kind, m.label] for m in marks], "items": items}
+    path.write_text(json.dumps(doc, separators=(",", ":")) + "\n")
 
 
 def _process_notes(rig: Rig) -> list[str]:
