@@ -70,6 +70,11 @@ bench: $(BUILD_STAMP) ## benchmarks: native against the pure-Python twin, side b
 		--benchmark-json=.benchmarks/latest.json -p no:cacheprovider
 	$(PY) benches/report.py .benchmarks/latest.json
 
+.PHONY: chaos
+CHAOS_ITEMS ?= 5000
+chaos: $(BUILD_STAMP) ## fault scenarios on a 3-node NATS cluster with 3 pods (docs/reliability.md); CHAOS_ITEMS=N
+	$(PY) -m benches.chaos.run --items $(CHAOS_ITEMS) --scenario all --json .benchmarks/chaos.json
+
 fuzz: $(BUILD_STAMP) ## long fuzz run of every parser (hypothesis, 20k examples per target) plus the Rust fuzz loop
 	HYPOTHESIS_PROFILE=fuzz $(PY) -m pytest -q --timeout=0 tests/fuzz -m fuzz
 	SIE_FUZZ_ITERATIONS=2000000 cargo test -q --release -p sie-core fuzz_

@@ -173,6 +173,7 @@ def main(argv: list[str] | None = None) -> int:
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "loadavg_end": os.getloadavg()},
         "outcomes": [asdict(o) for o in outcomes],
     }
+    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps(result, indent=2, default=str) + "\n")
     print(f"results written to {args.json}")
     return 0 if lost == 0 and clean_dups == 0 else 1
