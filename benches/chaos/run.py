@@ -147,7 +147,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--drain-s", type=float, default=5.0, help="graceful backend restart: drain time (default 5)")
     p.add_argument("--settle-timeout-s", type=float, default=120.0, help="wait for the last answers (default 120)")
     p.add_argument("--scenario-timeout-s", type=float, default=420.0, help="hard cap per scenario (default 420)")
-    p.add_argument("--json", default="chaos-results.json", help="raw results (default chaos-results.json)")
+    p.add_argument("--json", default=".benchmarks/chaos.json", help="raw results (default .benchmarks/chaos.json)")
     p.add_argument("--workdir", default=None, help="logs go to WORKDIR/<scenario> (default a temp dir)")
     p.add_argument("--keep-logs", action="store_true", help="keep every scenario's logs (default: failed ones only)")
     p.add_argument("--sidecar-env", type=_kv, action="append", default=[], metavar="KEY=VALUE")
