@@ -69,6 +69,7 @@ async def start_local(settings: Settings, stop: asyncio.Event, resources: contex
         start_heartbeat,
         start_metrics,
         start_reconciler,
+        start_tracing,
         tune_gc_for_steady_state,
     )
 
@@ -91,6 +92,7 @@ async def start_local(settings: Settings, stop: asyncio.Event, resources: contex
         quantum=quantum,
         payloads=payloads,
         telemetry=telemetry,
+        tracer=start_tracing(settings, resources),
     )
     attach_catalog(settings, config, dispatcher)
     background: list[asyncio.Task[Any]] = []
