@@ -125,8 +125,11 @@ class PushExporter(ABC, Generic[C]):
                 await self._close(connection)
 
 
-class MetricsExporter(PushExporter["aiohttp.ClientSession"]):
-    """OTLP/HTTP: one protobuf POST per push to the metrics endpoint (`.../v1/metrics`)."""
+class HttpTransport:
+    """OTLP/HTTP for any signal's exporter (a mixin: the exporter sets `_endpoint`): one aiohttp
+    session, one protobuf POST per push; anything but a 2xx is a failed push."""
+
+    _endpoint: str
 
     def _open(self) -> aiohttp.ClientSession:
         import aiohttp
@@ -149,6 +152,10 @@ class MetricsExporter(PushExporter["aiohttp.ClientSession"]):
             await response.read()
             if response.status // 100 != 2:
                 raise RuntimeError(f"HTTP {response.status}")
+
+
+class MetricsExporter(HttpTransport, PushExporter["aiohttp.ClientSession"]):
+    """OTLP/HTTP: one protobuf POST per push to the metrics endpoint (`.../v1/metrics`)."""
 
 
 def make_exporter(

@@ -19,11 +19,11 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Final, Generic, TypeVar
 
 from ..logs import Throttled
-from .export import CONTENT_TYPE, EXPORT_TIMEOUT_S
+from .export import HttpTransport
 from .tracing import SpanBuffer, SpanRecord
 
 if TYPE_CHECKING:
-    import aiohttp
+    import aiohttp  # noqa: F401 (named by the TraceExporter base's string type argument)
 
 log = logging.getLogger(__name__)
 _warn = Throttled(log)
@@ -147,30 +147,8 @@ class SpanExporter(ABC, Generic[C]):
                 await self._close(connection)
 
 
-class TraceExporter(SpanExporter["aiohttp.ClientSession"]):
+class TraceExporter(HttpTransport, SpanExporter["aiohttp.ClientSession"]):
     """OTLP/HTTP: one protobuf POST per export batch to the traces endpoint (`.../v1/traces`)."""
-
-    def _open(self) -> aiohttp.ClientSession:
-        import aiohttp
-
-        return aiohttp.ClientSession()
-
-    async def _close(self, connection: aiohttp.ClientSession) -> None:
-        await connection.close()
-
-    async def _send(self, connection: aiohttp.ClientSession, body: bytes) -> None:
-        import aiohttp
-
-        async with connection.post(
-            self._endpoint,
-            data=body,
-            headers={"Content-Type": CONTENT_TYPE},
-            timeout=aiohttp.ClientTimeout(total=EXPORT_TIMEOUT_S),
-            allow_redirects=False,
-        ) as response:
-            await response.read()
-            if response.status // 100 != 2:
-                raise RuntimeError(f"HTTP {response.status}")
 
 
 def make_trace_exporter(
