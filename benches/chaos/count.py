@@ -161,7 +161,9 @@ def _timing(result: Count, ledger: Ledger, marks: list[Mark], publish_end: float
     if faults:
         fault = faults[0]
         back = max(restored) + 1.0 if restored else fault + 5.0
-        bounds = [("before", load_start, fault), ("during", fault, back), ("after", back, max(publish_end, back))]
+        # Items published in the last second before the fault are caught by it: they count as "during".
+        edge = max(load_start, fault - 1.0)
+        bounds = [("before", load_start, edge), ("during", edge, back), ("after", back, max(publish_end, back))]
     firsts = [a[0][0] for a in ledger.answers if a]
     latencies = [(_latency_ms(ledger, i), ledger.publish_t[i]) for i in range(ledger.count)]
     for name, start, end in bounds:

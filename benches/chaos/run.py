@@ -22,7 +22,7 @@ from typing import Any
 
 from .pods import BackendShape
 from .procs import install_cleanup, kill_all
-from .scenarios import SCENARIOS, Outcome, Rig, run_scenario
+from .scenarios import SCENARIOS, TAIL_MIN_ITEMS, Outcome, Rig, run_scenario
 
 
 def _ms(v: float | None) -> str:
@@ -46,11 +46,17 @@ def table(outcomes: list[Outcome]) -> str:
         rates = []
         for name in ("before", "during", "after"):
             w = _window(o, name) or _window(o, "all")
+            if name == "after" and o.tail is not None and (w is None or w.published < TAIL_MIN_ITEMS):
+                w = o.tail.windows[0]  # the tail load, published once the fault was over
             cells.append("-" if w is None else f"{_ms(w.p50_ms)}/{_ms(w.p99_ms)}")
             rates.append("-" if w is None or w.items_per_s is None else f"{w.items_per_s:,.0f}")
+        t = o.tail
+        items, once = c.items + (t.items if t else 0), c.exactly_once + (t.exactly_once if t else 0)
+        dup, stream = c.duplicate_answers + (t.duplicate_answers if t else 0), c.in_stream + (t.in_stream if t else 0)
+        unacc, lost = c.never_accepted + (t.never_accepted if t else 0), c.lost + (t.lost if t else 0)
         lines.append(
-            f"{o.scenario:<25} {c.items:>6} {c.exactly_once:>6} {c.duplicate_answers:>4} {c.in_stream:>6}"
-            f" {c.never_accepted:>5} {c.lost:>4} | {cells[0]:>15} {cells[1]:>15} {cells[2]:>15} |"
+            f"{o.scenario:<25} {items:>6} {once:>6} {dup:>4} {stream:>6} {unacc:>5} {lost:>4} |"
+            f" {cells[0]:>15} {cells[1]:>15} {cells[2]:>15} |"
             f" {'/'.join(rates):>17} | {_ms(c.recovery_s):>7} {_ms(c.settle_s):>8}"
         )
     return "\n".join(lines)
@@ -66,6 +72,14 @@ def details(o: Outcome) -> str:
         f" answers), error answers {c.error_answers}, still in stream {c.in_stream}, never accepted"
         f" {c.never_accepted}, republished {c.republished}, LOST {c.lost}",
     ]
+    if o.tail is not None:
+        t = o.tail
+        w = t.windows[0]
+        out.append(
+            f"   tail load (after the fault): {t.items:,} items, exactly once {t.exactly_once:,}, duplicates"
+            f" {t.duplicate_answers}, in stream {t.in_stream}, LOST {t.lost}; p50 {_ms(w.p50_ms)} ms, p99"
+            f" {_ms(w.p99_ms)} ms, {w.items_per_s or 0:,.0f} items/s"
+        )
     for cause, n in sorted(c.duplicates_by_cause.items()):
         out.append(f"   duplicates: {n} x {cause}")
     for wid, answers in list(c.duplicate_samples.items())[:3]:
@@ -120,7 +134,8 @@ async def run_all(args: argparse.Namespace) -> list[Outcome]:
             rate = outcome.rate  # later scenarios offer the same load
         outcomes.append(outcome)
         print(details(outcome), flush=True)
-        if not args.keep_logs and outcome.count.ok and not outcome.process_notes:
+        tail_ok = outcome.tail is None or outcome.tail.ok
+        if not args.keep_logs and outcome.count.ok and tail_ok and not outcome.process_notes:
             shutil.rmtree(workdir, ignore_errors=True)
     return outcomes
 
@@ -164,8 +179,9 @@ def main(argv: list[str] | None = None) -> int:
     outcomes = asyncio.run(run_all(args))
     print()
     print(table(outcomes))
-    clean_dups = sum(n for o in outcomes for cause, n in o.count.duplicates_by_cause.items() if "CLEAN" in cause)
-    lost = sum(o.count.lost for o in outcomes)
+    counts = [c for o in outcomes for c in (o.count, o.tail) if c is not None]
+    clean_dups = sum(n for c in counts for cause, n in c.duplicates_by_cause.items() if "CLEAN" in cause)
+    lost = sum(c.lost for c in counts)
     print(f"\nlost {lost}, clean-path duplicates {clean_dups} ({'OK' if lost == 0 and clean_dups == 0 else 'FAILED'})")
     result = {
         "started": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(began)),

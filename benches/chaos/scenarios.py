@@ -30,6 +30,8 @@ from .pods import BUNDLE, POOL, PROFILE, BackendShape, Pod, worker_id
 
 PODS = 3
 STALL_S = ACK_WAIT_S + 30.0  # settling gives up once nothing was answered this long
+TAIL_MIN_S = 4.0  # the figures after a fault need at least this much load after it
+TAIL_MIN_ITEMS = 1000
 Marker = Callable[[str, str], None]
 
 
@@ -241,6 +243,7 @@ class Outcome:
     rate: float
     capacity: float
     count: Count
+    tail: Count | None  # the tail load's count, when the load ended before the fault did
     marks: list[Mark]
     publish_end_s: float
     settled: bool
@@ -275,16 +278,32 @@ async def run_scenario(
         await asyncio.wait_for(injector, timeout=180.0)
     except TimeoutError:
         rig.mark("fault injector timed out", "event")
-    settled = await _settle(rig, ledger, settle_timeout_s)
+    ledgers = [ledger]
+    tail_end = publish_end
+    restored = [m.t for m in rig.marks if m.kind == "restored"]
+    if restored and publish_end < max(restored) + 1.0 + TAIL_MIN_S:
+        # The load ended before the fault did (or just after): the figures after the fault come from a
+        # tail load at the same rate, published once the faulted part is back.
+        tail_items = max(TAIL_MIN_ITEMS, round(TAIL_MIN_S * rate))
+        tail = rig.gateway.ledger(f"t{scenario.name.replace('_', '')}", tail_items)
+        await asyncio.sleep(max(0.0, max(restored) + 1.0 - rig.gateway.now()))
+        rig.mark(f"tail load {tail_items:,} items at {rate:,.0f}/s", "event")
+        tail_end = await rig.gateway.publish_open_loop(tail, rate)
+        rig.mark("last tail publish", "event")
+        ledgers.append(tail)
+    settled = await _settle(rig, ledgers, settle_timeout_s)
     rig.mark("settled" if settled else "settle timeout", "event")
     state = await rig.stream_state()
-    unanswered = ledger.count - ledger.answered
     in_stream: set[str] = set()
-    if unanswered and rig.admin is not None:
+    if any(lg.answered < lg.count for lg in ledgers) and rig.admin is not None:
         in_stream = set(await stream_message_ids(rig.admin, rig.pool_stream, rig.pool_filter))
-    gave_up = {i for prefix, i in rig.gateway.gave_up if prefix == ledger.prefix}
-    result = count(ledger, rig.marks, in_stream, gave_up, publish_end)
-    _write_ledger(rig.workdir / "ledger.json", ledger, rig.marks)
+    result = count(ledger, rig.marks, in_stream, _gave_up(rig, ledger), publish_end)
+    tail_count = None
+    if len(ledgers) > 1:
+        tail_count = count(ledgers[1], [], in_stream, _gave_up(rig, ledgers[1]), tail_end)
+        tail_count.windows[0].name = "after (tail)"
+    for lg in ledgers:
+        _write_ledger(rig.workdir / f"ledger-{lg.prefix}.json", lg, rig.marks)
     notes = _process_notes(rig)
     return Outcome(
         scenario=scenario.name,
@@ -293,6 +312,7 @@ async def run_scenario(
         rate=rate,
         capacity=capacity,
         count=result,
+        tail=tail_count,
         marks=list(rig.marks),
         publish_end_s=publish_end,
         settled=settled,
@@ -304,24 +324,33 @@ async def run_scenario(
     )
 
 
-async def _settle(rig: Rig, ledger: Ledger, timeout_s: float) -> bool:
+async def _settle(rig: Rig, ledgers: list[Ledger], timeout_s: float) -> bool:
     """Until every item is answered and the stream and the durable are empty (nothing left that could
     still be redelivered), then one more second for stragglers; False at the timeout, or once nothing
     was answered for STALL_S while items are missing."""
     deadline = time.monotonic() + timeout_s
-    answered, progress_at = ledger.answered, time.monotonic()
+
+    def answered() -> int:
+        return sum(lg.answered for lg in ledgers)
+
+    total = sum(lg.count for lg in ledgers)
+    seen, progress_at = answered(), time.monotonic()
     while time.monotonic() < deadline:
-        if ledger.answered != answered:
-            answered, progress_at = ledger.answered, time.monotonic()
+        if answered() != seen:
+            seen, progress_at = answered(), time.monotonic()
         elif time.monotonic() - progress_at > STALL_S:
             return False  # nothing answered for longer than any redelivery takes: stuck
-        if ledger.answered == ledger.count:
+        if seen == total:
             state = await rig.stream_state()
             if state["messages"] == 0 and state["num_ack_pending"] == 0 and state["num_pending"] == 0:
                 await asyncio.sleep(1.0)
                 return True
         await asyncio.sleep(0.5)
     return False
+
+
+def _gave_up(rig: Rig, ledger: Ledger) -> set[int]:
+    return {i for prefix, i in rig.gateway.gave_up if prefix == ledger.prefix}
 
 
 def _write_ledger(path: Path, ledger: Ledger, marks: list[Mark]) -> None:
