@@ -165,6 +165,15 @@ class NatsCluster:
             await asyncio.sleep(0.2)
         raise RuntimeError(f"no leader for stream {stream} within {timeout_s:g} s")
 
+    async def consumer_leader(self, nc: Client, stream: str, durable: str) -> str | None:
+        """The server name leading `durable` (a consumer's leader may differ from its stream's)."""
+        try:
+            reply = await nc.request(f"$JS.API.CONSUMER.INFO.{stream}.{durable}", b"", timeout=API_TIMEOUT_S)
+        except Exception:
+            return None
+        leader = (json.loads(reply.data).get("cluster") or {}).get("leader")
+        return str(leader) if leader else None
+
     async def wait_replicas_current(self, nc: Client, stream: str, timeout_s: float = 30.0) -> bool:
         """Until the stream has a leader and every other replica reports current (a restarted node caught up)."""
         deadline = time.monotonic() + timeout_s

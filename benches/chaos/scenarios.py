@@ -79,6 +79,21 @@ class Rig:
         for pod in self.pods:
             await pod.wait_ready()
         await self.gateway.connect()
+        self.mark("connections: " + ", ".join(f"{p.sidecar.name} -> {self.connected_node(p)}" for p in self.pods))
+
+    def connected_node(self, pod: Pod) -> str:
+        """The node a sidecar last logged `NATS connected` (or `NATS reconnected`) to."""
+        names = {n.url: n.name for n in self.cluster.nodes}
+        found = "?"
+        try:
+            for line in pod.sidecar.log.read_text(errors="replace").splitlines():
+                if '"msg":"NATS connected"' in line or '"msg":"NATS reconnected"' in line:
+                    for url, name in names.items():
+                        if url in line:
+                            found = name
+        except OSError:
+            pass
+        return found
 
     async def stop(self) -> None:
         await self.gateway.close()
@@ -134,6 +149,8 @@ async def backend_graceful_restart(rig: Rig, mark: Marker) -> None:
 async def kill_stream_leader(rig: Rig, mark: Marker) -> None:
     assert rig.admin is not None
     node = await rig.cluster.stream_leader(rig.admin, rig.pool_stream)
+    durable_leader = await rig.cluster.consumer_leader(rig.admin, rig.pool_stream, rig.pool_durable)
+    mark(f"durable {rig.pool_durable} led by {durable_leader}", "event")
     rig.cluster.kill(node)
     mark(f"kill -9 nats {node.name} (leader of {rig.pool_stream})", "fault")
     with contextlib.suppress(RuntimeError):
@@ -149,6 +166,8 @@ async def kill_stream_leader(rig: Rig, mark: Marker) -> None:
 async def sigstop_leader(rig: Rig, mark: Marker) -> None:
     assert rig.admin is not None
     node = await rig.cluster.stream_leader(rig.admin, rig.pool_stream)
+    durable_leader = await rig.cluster.consumer_leader(rig.admin, rig.pool_stream, rig.pool_durable)
+    mark(f"durable {rig.pool_durable} led by {durable_leader}", "event")
     rig.cluster.pause(node)
     mark(f"SIGSTOP nats {node.name} (leader of {rig.pool_stream}) for 10 s", "fault")
     await asyncio.sleep(10.0)
