@@ -92,6 +92,8 @@ def count(
     in_stream_ids: set[str],
     gave_up: set[int],
     publish_end: float,
+    *,
+    drain_rate: bool = False,
 ) -> Count:
     dup_causes: Counter[str] = Counter()
     exactly = dup_items = dup_answers = in_stream = never_accepted = lost = errors = republished = 0
@@ -137,7 +139,7 @@ def count(
         error_answers=errors,
         republished=republished,
     )
-    _timing(result, ledger, marks, publish_end)
+    _timing(result, ledger, marks, publish_end, drain_rate=drain_rate)
     return result
 
 
@@ -149,7 +151,7 @@ def _latency_ms(ledger: Ledger, i: int) -> float | None:
     return (answers[0][0] - sent) * 1000.0
 
 
-def _timing(result: Count, ledger: Ledger, marks: list[Mark], publish_end: float) -> None:
+def _timing(result: Count, ledger: Ledger, marks: list[Mark], publish_end: float, *, drain_rate: bool) -> None:
     sent = [t for t in ledger.publish_t if t is not None]
     if not sent:
         return
@@ -166,12 +168,16 @@ def _timing(result: Count, ledger: Ledger, marks: list[Mark], publish_end: float
         bounds = [("before", load_start, edge), ("during", edge, back), ("after", back, max(publish_end, back))]
     firsts = [a[0][0] for a in ledger.answers if a]
     latencies = [(_latency_ms(ledger, i), ledger.publish_t[i]) for i in range(ledger.count)]
-    for name, start, end in bounds:
+    last_answer = max(firsts, default=publish_end)
+    for n, (name, start, end) in enumerate(bounds):
         in_window = [lat for lat, t in latencies if t is not None and start <= t < end]
         answered = [lat for lat in in_window if lat is not None]
         p50, p99, mx = _percentiles(answered)
-        length = end - start
-        rate = sum(1 for f in firsts if start <= f < end) / length if length > 0.2 else None
+        # With `drain_rate` the last window's rate runs on to the last answer (a tail load, whose
+        # answers may all come after its last publish while a backlog drains).
+        rate_end = max(end, last_answer) if drain_rate and n == len(bounds) - 1 else end
+        length = rate_end - start
+        rate = sum(1 for f in firsts if start <= f <= rate_end) / length if length > 0.2 else None
         result.windows.append(Window(name, start, end, len(in_window), len(answered), p50, p99, mx, rate))
     all_lat = [lat for lat, _ in latencies if lat is not None]
     result.max_latency_ms = max(all_lat) if all_lat else None

@@ -319,7 +319,7 @@ async def run_scenario(
     result = count(ledger, rig.marks, in_stream, _gave_up(rig, ledger), publish_end)
     tail_count = None
     if len(ledgers) > 1:
-        tail_count = count(ledgers[1], [], in_stream, _gave_up(rig, ledgers[1]), tail_end)
+        tail_count = count(ledgers[1], [], in_stream, _gave_up(rig, ledgers[1]), tail_end, drain_rate=True)
         tail_count.windows[0].name = "after (tail)"
     for lg in ledgers:
         _write_ledger(rig.workdir / f"ledger-{lg.prefix}.json", lg, rig.marks)
