@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import heapq
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -25,8 +26,9 @@ from nats.aio.msg import Msg
 from sie_sidecar.tools.loadgen import LoadConfig, _pub_ack_error, build_work_item, varied_texts
 
 ACK_TIMEOUT_S = 5.0  # no PubAck this long after a publish: publish again
-MAX_PUBLISHES = 20  # attempts per item before it counts as never accepted (about 100 s of no PubAck)
-RETRY_DELAY_S = 0.25
+GIVE_UP_S = 90.0  # an item the stream has not accepted this long after its first publish is never accepted
+RETRY_DELAY_S = 0.25  # the first retry's delay; it doubles per attempt up to RETRY_MAX_S
+RETRY_MAX_S = 4.0
 _SUCCESS = b"\xa7success\xc3"  # `"success": true` in a named-map WorkResult (wire-protocol §8.1)
 _YIELD_EVERY = 32
 #: Item texts: 20-120 words (seeded), so a batch's backend time varies with its tokens as real traffic's does.
@@ -83,7 +85,8 @@ class Gateway:
         self._ack_prefix = ""
         self._seq = 0
         self._waiting: dict[int, tuple[Ledger, int, float]] = {}  # PubAck seq -> (ledger, index, sent at)
-        self._retry: asyncio.Queue[tuple[Ledger, int]] = asyncio.Queue()
+        self._retry: list[tuple[float, int, Ledger, int]] = []  # heap: (due, seq, ledger, index)
+        self._retry_seq = 0
         self._tasks: list[asyncio.Task[None]] = []
         self._packer = msgpack.Packer(use_bin_type=True)
         self.client_errors: list[str] = []
@@ -166,7 +169,7 @@ class Gateway:
             self._waiting.pop(seq, None)
             if len(self.client_errors) < 50:
                 self.client_errors.append(f"{now:.2f}s publish: {exc.__class__.__name__}: {exc}")
-            self._retry.put_nowait((ledger, index))
+            self._schedule_retry(ledger, index)
 
     async def publish_open_loop(
         self, ledger: Ledger, rate: float, on_progress: Callable[[int], None] | None = None
@@ -190,22 +193,35 @@ class Gateway:
             await self.nc.flush(timeout=5)
         return self.now()
 
+    def _schedule_retry(self, ledger: Ledger, index: int) -> None:
+        """Publish `index` again after a back-off that doubles per attempt (RETRY_DELAY_S .. RETRY_MAX_S):
+        while a stream has no leader, PubAck errors come back at once, and a fixed short delay would
+        spend an item's attempts in seconds."""
+        attempts = max(1, ledger.publishes[index])
+        delay = min(RETRY_MAX_S, RETRY_DELAY_S * 2 ** (attempts - 1))
+        self._retry_seq += 1
+        heapq.heappush(self._retry, (self.now() + delay, self._retry_seq, ledger, index))
+
     async def _retry_loop(self) -> None:
-        """Publish again what failed, each no sooner than RETRY_DELAY_S after its failure (never one sleep
-        per item: thousands fail together while a stream has no leader)."""
+        """Publish again what is due; an item never accepted within GIVE_UP_S of its first publish is
+        given up on (counted as never accepted)."""
         config = self.config()
         while True:
-            due = [await self._retry.get()]
-            while not self._retry.empty():
-                due.append(self._retry.get_nowait())
-            await asyncio.sleep(RETRY_DELAY_S)
-            for n, (ledger, index) in enumerate(due):
+            now = self.now()
+            if not self._retry or self._retry[0][0] > now:
+                await asyncio.sleep(0.05)
+                continue
+            n = 0
+            while self._retry and self._retry[0][0] <= now:
+                _, _, ledger, index = heapq.heappop(self._retry)
                 if ledger.acked[index] or ledger.answers[index]:
                     continue
-                if ledger.publishes[index] >= MAX_PUBLISHES:
+                first = ledger.publish_t[index]
+                if first is not None and now - first > GIVE_UP_S:
                     self.gave_up.append((ledger.prefix, index))
                     continue
                 await self._publish(ledger, index, config)
+                n += 1
                 if n % _YIELD_EVERY == 0:
                     await asyncio.sleep(0)
 
@@ -216,7 +232,7 @@ class Gateway:
             for seq, (ledger, index, sent) in list(self._waiting.items()):
                 if now - sent > ACK_TIMEOUT_S:
                     del self._waiting[seq]
-                    self._retry.put_nowait((ledger, index))
+                    self._schedule_retry(ledger, index)
 
     # -- inboxes --
 
@@ -232,7 +248,7 @@ class Gateway:
         if _pub_ack_error(msg) is None:
             ledger.acked[index] = True
         else:
-            self._retry.put_nowait((ledger, index))
+            self._schedule_retry(ledger, index)
 
     async def _on_reply(self, msg: Msg) -> None:
         now = self.now()
