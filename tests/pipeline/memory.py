@@ -23,6 +23,7 @@ from sie_sidecar.pipeline.delivery import Settler
 from sie_sidecar.pipeline.dispatcher import Dispatcher, DispatchSettings
 from sie_sidecar.pipeline.feed import feed
 from sie_sidecar.sched.quantum import LatencyWindow, QuantumController
+from sie_sidecar.sched.scheduler import SchedulerConfig
 from sie_sidecar.wire.types import Reply
 
 _acks = itertools.count()
@@ -164,6 +165,7 @@ async def memory_pipeline(
     acks_with_replies: bool = False,
     parked_deadline_s: float = 600.0,
     fetch_budget: int = 64,
+    progress_after_s: float = 15.0,
 ) -> AsyncIterator[MemoryPipeline]:
     """The dispatcher fed by `feed()` from a memory source, talking to a real backend over a socket."""
     adapter = adapter or NullAdapter(dim=8, preloaded_models=["org/model-a", "org/model-b"])
@@ -178,7 +180,11 @@ async def memory_pipeline(
     quantum = QuantumController(LatencyWindow(), min_ms=1, max_ms=5, target_p50_ms=10)
     dispatcher = Dispatcher(
         DispatchSettings(
-            worker_id="w-mem", nak_delay_ms=nak_delay_ms, parked_deadline_s=parked_deadline_s, fetch_budget=fetch_budget
+            worker_id="w-mem",
+            nak_delay_ms=nak_delay_ms,
+            parked_deadline_s=parked_deadline_s,
+            fetch_budget=fetch_budget,
+            scheduler=SchedulerConfig(progress_after_s=progress_after_s),
         ),
         ipc,
         sink,

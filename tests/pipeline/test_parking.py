@@ -9,6 +9,7 @@ import asyncio
 from pathlib import Path
 
 from sie_sidecar.backend.null import NullAdapter
+from sie_sidecar.ipc.types import ReadyResponse
 from sie_sidecar.pipeline.dispatcher import SHUTDOWN_NAK_MS
 
 from .memory import memory_pipeline
@@ -64,3 +65,29 @@ async def test_a_warm_model_is_not_held_up_by_loading_groups(tmp_path: Path) -> 
         assert not any(m.final for m in cold)
         await p.until_settled(cold, timeout=10)
         assert all(m.final == [("ack", None)] for m in cold + warm)
+
+
+class HangingReady(NullAdapter):
+    """A backend that hangs (not dies) inside EnsureModelReady once: SIGSTOPped, or wedged."""
+
+    def __init__(self, hang_s: float) -> None:
+        super().__init__(dim=8, preloaded_models=["org/model-a"])
+        self.hang_s = hang_s
+
+    async def ensure_ready(self, model_id: str) -> ReadyResponse:
+        hang, self.hang_s = self.hang_s, 0.0
+        await asyncio.sleep(hang)
+        return await super().ensure_ready(model_id)
+
+
+async def test_a_group_waiting_on_a_hung_ensure_model_ready_is_progress_acked(tmp_path: Path) -> None:
+    """Law 3 (issue 15's backend_stall defect): while EnsureModelReady hangs, the group's leases are
+    renewed each progress interval, so JetStream does not hand the items to another worker."""
+    async with memory_pipeline(tmp_path, adapter=HangingReady(1.3), progress_after_s=0.4) as p:
+        msgs = [_msg(_item(f"r{i}")) for i in range(3)]
+        p.send(msgs)
+        await p.until_settled(msgs, timeout=10)
+        for m in msgs:
+            progress = [s for s in m.settlements if s[0] == "progress"]
+            assert len(progress) >= 2, m.settlements  # 0.4 s apart during the 1.3 s hang
+            assert m.final == [("ack", None)]

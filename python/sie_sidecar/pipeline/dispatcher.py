@@ -11,10 +11,10 @@ import asyncio
 import logging
 import time
 from collections import Counter, defaultdict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import compress
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from .. import wire
 from ..errors import (
@@ -53,6 +53,8 @@ from .outcomes import Outcomes, ReplySink
 log = logging.getLogger(__name__)
 #: Warnings that repeat per batch or per group while a dependency keeps failing, rate-limited.
 _warn = Throttled(log)
+
+T = TypeVar("T")
 
 OVERFLOW_NAK_MS = 100
 SHUTDOWN_NAK_MS = 100
@@ -554,12 +556,29 @@ class Dispatcher:
         if (cached := self._cached_ready(model)) is not None:
             return cached
         try:
-            ready = await self._backend.ensure_model_ready(model)
+            ready = await self._progressing(self._backend.ensure_model_ready(model), ds)
         except Exception as exc:  # any IPC failure (transport, timeout, server, decode): NAK the group
             _warn.warning("EnsureModelReady failed", key=model, extra={"model": model, "error": repr(exc)})
             await self._out.nak_all(ds, self._s.nak_delay_ms)
             return None
         return await self._loading_verdict(model, ds, ready)
+
+    async def _progressing(self, call: Awaitable[T], ds: list[Delivery]) -> T:
+        """Await `call`, progress-ACKing `ds` each progress interval while it runs (law 3). A backend
+        that hangs instead of dying leaves EnsureModelReady open for up to 900 s: without this, the
+        group's leases ran out at ack_wait and its items ran twice, here and on another worker."""
+        after = self._lane_settings.scheduler.progress_after_s
+        every = min(PARKED_PROGRESS_S, after) if after > 0 else PARKED_PROGRESS_S
+        task = asyncio.ensure_future(call)
+        try:
+            while True:
+                done, _ = await asyncio.wait({task}, timeout=every)
+                if done:
+                    return task.result()
+                await self._keepalive(ds)
+        except asyncio.CancelledError:
+            task.cancel()
+            raise
 
     async def _loading_verdict(
         self, model: str, ds: list[Delivery], ready: ReadyResponse
