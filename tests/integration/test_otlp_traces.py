@@ -10,7 +10,6 @@ import random
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import pytest
 
 from sie_sidecar.backend.null import NullAdapter
@@ -153,10 +152,11 @@ async def test_spans_wait_in_the_buffer_while_the_receiver_is_away() -> None:
         assert span is not None
         span.end()
     dead = TraceExporter(buffer, f"http://127.0.0.1:{free_port()}/v1/traces", resource={"service.name": "s"})
-    async with aiohttp.ClientSession() as session:
-        await dead.flush(session)
-        assert (dead.failures, len(buffer), buffer.dropped) == (1, 3, 0)  # kept for the next push
-        async with otlp_receiver() as receiver:
-            live = TraceExporter(buffer, receiver.traces_url, resource={"service.name": "s"})
-            await live.flush(session)
-            assert live.exports == 1 and len(buffer) == 0 and len(receiver.spans()) == 3
+    await dead.flush(dead._open())
+    assert (dead.failures, len(buffer), buffer.dropped) == (1, 3, 0)  # kept for the next push
+    async with otlp_receiver() as receiver:
+        live = TraceExporter(buffer, receiver.traces_url, resource={"service.name": "s"})
+        connection = live._open()
+        await live.flush(connection)
+        await connection.close()
+        assert live.exports == 1 and len(buffer) == 0 and len(receiver.spans()) == 3

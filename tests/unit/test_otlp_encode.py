@@ -15,6 +15,7 @@ from sie_sidecar.otel.export import MetricsExporter, make_exporter
 from sie_sidecar.otel.grpc_export import GrpcMetricsExporter, grpc_target
 from sie_sidecar.otel.metrics import UNITS, encode_metrics
 from sie_sidecar.telemetry import Registry
+from sie_sidecar.tools.localhost import free_port
 
 BASE = {"SIE_NATS_URL": "nats://127.0.0.1:4222", "SIE_POOL": "p", "SIE_BUNDLE": "b", "SIE_MACHINE_PROFILE": "m"}
 
@@ -132,16 +133,31 @@ def test_the_exporter_follows_the_protocol(protocol: str, kind: type[object]) ->
         make_exporter(Registry(), "http://c:1", protocol="http/json", resource={}, lane="L")
 
 
-def test_grpc_is_not_imported_before_the_first_push() -> None:
-    """Start-up does not pay for grpcio: choosing the exporter imports its module only."""
+@pytest.mark.parametrize(
+    ("protocol", "path", "library"), [("grpc", "", "grpc"), ("http/protobuf", "/v1/x", "sie_sidecar.otel.http_post")]
+)
+def test_the_first_push_imports_nothing(protocol: str, path: str, library: str) -> None:
+    """What a push needs is imported when the exporter is built, at start-up: a first push that
+    imported aiohttp's client stalled the serving event loop ~130 ms (docs/benchmarks.md). The
+    HTTP transport does not use aiohttp at all."""
     code = (
-        "import sys\n"
-        "from sie_sidecar.otel.export import make_exporter\n"
-        "from sie_sidecar.telemetry import Registry\n"
-        "make_exporter(Registry(), 'http://c:4317', protocol='grpc', resource={}, lane='L')\n"
-        "assert 'grpc' not in sys.modules, sorted(m for m in sys.modules if m.startswith('grpc'))\n"
+        "import asyncio, sys\n"
+        "from sie_sidecar.otel.export import make_exporter\nfrom sie_sidecar.telemetry import Registry\n"
+        f"URL, PROTOCOL = 'http://127.0.0.1:{free_port()}{path}', {protocol!r}\n"
+        "exporter = make_exporter(Registry(), URL, protocol=PROTOCOL, resource={}, lane='L')\n"
+        f"assert {library!r} in sys.modules\n"
+        "before = set(sys.modules)\n"
+        "async def push():\n"
+        "    connection = await exporter._push(None)\n"
+        "    if connection is not None:\n"
+        "        await exporter._close(connection)\n"
+        "asyncio.run(push())\n"
+        "assert exporter.failures == 1, exporter.failures  # nobody listens: the push ran and failed\n"
+        "assert 'aiohttp' not in sys.modules\n"
+        "print(' '.join(sorted(set(sys.modules) - before)))\n"
     )
-    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+    run = subprocess.run([sys.executable, "-c", code], check=True, timeout=60, capture_output=True, text=True)
+    assert [m for m in run.stdout.split() if m.split(".")[0] in ("grpc", "google", "opentelemetry", "ssl")] == []
 
 
 def test_resource_defaults() -> None:

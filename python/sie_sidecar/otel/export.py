@@ -16,13 +16,11 @@ import logging
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, Final, Generic, TypeVar
+from typing import Any, Final, Generic, TypeVar
 
 from ..logs import Throttled
 from ..telemetry import Registry
-
-if TYPE_CHECKING:
-    import aiohttp
+from .http_post import HttpPost
 
 log = logging.getLogger(__name__)
 _warn = Throttled(log)
@@ -37,8 +35,9 @@ C = TypeVar("C")
 
 class PushExporter(ABC, Generic[C]):
     """One registry pushed to one OTLP endpoint over a connection of type C, opened at the first push
-    (nothing is imported or opened before it: the sidecar's first replies do not pay for the
-    exporter) and closed after the last."""
+    and closed after the last. Whatever the pushes import (the protobuf encoder, the transport's
+    client library) is imported here, at start-up: imported at the first push, aiohttp's client
+    (used then) stalled the event loop for ~130 ms while the sidecar was serving (docs/benchmarks.md)."""
 
     def __init__(
         self,
@@ -59,12 +58,14 @@ class PushExporter(ABC, Generic[C]):
         self._start_ns = time.time_ns()
         self.exports = 0
         self.failures = 0
+        from .metrics import encode_metrics
+
+        self._encode = encode_metrics
+        self._load()
 
     def body(self) -> bytes:
         """The snapshot as a serialized `ExportMetricsServiceRequest`: the same bytes for every transport."""
-        from .metrics import encode_metrics  # protobuf loads at the first push, not at start-up
-
-        return encode_metrics(
+        return self._encode(
             self._registry.snapshot(),
             resource=self._resource,
             lane=self._lane,
@@ -72,6 +73,10 @@ class PushExporter(ABC, Generic[C]):
             now_ns=time.time_ns(),
             version=self._version,
         )
+
+    @abstractmethod
+    def _load(self) -> None:
+        """Import the transport's client library (at construction, before the sidecar serves)."""
 
     @abstractmethod
     def _open(self) -> C:
@@ -126,35 +131,28 @@ class PushExporter(ABC, Generic[C]):
 
 
 class HttpTransport:
-    """OTLP/HTTP for any signal's exporter (a mixin: the exporter sets `_endpoint`): one aiohttp
-    session, one protobuf POST per push; anything but a 2xx is a failed push."""
+    """OTLP/HTTP for any signal's exporter (a mixin: the exporter sets `_endpoint`): one kept-alive
+    connection (`http_post`, not aiohttp: see there), one protobuf POST per push; anything but a
+    2xx is a failed push."""
 
     _endpoint: str
 
-    def _open(self) -> aiohttp.ClientSession:
-        import aiohttp
+    def _load(self) -> None:
+        """Nothing to import: `http_post` is asyncio streams."""
 
-        return aiohttp.ClientSession()
+    def _open(self) -> HttpPost:
+        return HttpPost(self._endpoint)
 
-    async def _close(self, connection: aiohttp.ClientSession) -> None:
+    async def _close(self, connection: HttpPost) -> None:
         await connection.close()
 
-    async def _send(self, connection: aiohttp.ClientSession, body: bytes) -> None:
-        import aiohttp
-
-        async with connection.post(
-            self._endpoint,
-            data=body,
-            headers={"Content-Type": CONTENT_TYPE},
-            timeout=aiohttp.ClientTimeout(total=EXPORT_TIMEOUT_S),
-            allow_redirects=False,
-        ) as response:
-            await response.read()
-            if response.status // 100 != 2:
-                raise RuntimeError(f"HTTP {response.status}")
+    async def _send(self, connection: HttpPost, body: bytes) -> None:
+        status, _ = await connection.post(body, {"Content-Type": CONTENT_TYPE}, EXPORT_TIMEOUT_S)
+        if status // 100 != 2:
+            raise RuntimeError(f"HTTP {status}")
 
 
-class MetricsExporter(HttpTransport, PushExporter["aiohttp.ClientSession"]):
+class MetricsExporter(HttpTransport, PushExporter[HttpPost]):
     """OTLP/HTTP: one protobuf POST per push to the metrics endpoint (`.../v1/metrics`)."""
 
 

@@ -7,7 +7,7 @@ HTTP exporter posts, so both transports export identical data. `GrpcTransport` i
 The endpoint follows the OTLP exporter rules: `http://host:4317` is a plaintext channel to
 `host:4317`, `https://host:4317` a TLS one (system roots); a path is ignored (gRPC has none); an
 endpoint without a scheme is TLS (`OTEL_EXPORTER_OTLP_INSECURE` is not read: write `http://` for
-plaintext). grpcio is imported at the first push, not at start-up.
+plaintext). grpcio is imported when the exporter is built, at start-up, not at the first push.
 """
 
 from __future__ import annotations
@@ -45,8 +45,11 @@ class GrpcTransport:
     METHOD: ClassVar[str]
     _endpoint: str
 
+    def _load(self) -> None:
+        import grpc  # type: ignore[import-untyped]  # noqa: F401 (once, before serving: see PushExporter)
+
     def _open(self) -> Any:
-        import grpc  # type: ignore[import-untyped]
+        import grpc
 
         target, secure = grpc_target(self._endpoint)
         if secure:

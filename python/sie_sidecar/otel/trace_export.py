@@ -16,14 +16,12 @@ import contextlib
 import logging
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Final, Generic, TypeVar
+from typing import Any, Final, Generic, TypeVar
 
 from ..logs import Throttled
 from .export import HttpTransport
+from .http_post import HttpPost
 from .tracing import SpanBuffer, SpanRecord
-
-if TYPE_CHECKING:
-    import aiohttp  # noqa: F401 (named by the TraceExporter base's string type argument)
 
 log = logging.getLogger(__name__)
 _warn = Throttled(log)
@@ -36,7 +34,8 @@ C = TypeVar("C")
 
 class SpanExporter(ABC, Generic[C]):
     """Pushes one span buffer to one OTLP traces endpoint over a connection of type C, opened when
-    the first span is to be sent (nothing is imported or opened before) and closed after the last."""
+    the first span is to be sent and closed after the last. The encoder and the transport's client
+    library are imported here, at start-up, not at the first push (see PushExporter)."""
 
     def __init__(
         self,
@@ -55,12 +54,18 @@ class SpanExporter(ABC, Generic[C]):
         self._dropped_seen = 0
         self.exports = 0
         self.failures = 0
+        from .traces import encode_spans
+
+        self._encode = encode_spans
+        self._load()
 
     def body(self, spans: Sequence[SpanRecord]) -> bytes:
         """The spans as a serialized `ExportTraceServiceRequest`: the same bytes for every transport."""
-        from .traces import encode_spans  # protobuf loads at the first push, not at start-up
+        return self._encode(spans, resource=self._resource, version=self._version)
 
-        return encode_spans(spans, resource=self._resource, version=self._version)
+    @abstractmethod
+    def _load(self) -> None:
+        """Import the transport's client library (at construction, before the sidecar serves)."""
 
     @abstractmethod
     def _open(self) -> C:
@@ -123,7 +128,7 @@ class SpanExporter(ABC, Generic[C]):
 
     async def run(self, stop: asyncio.Event) -> None:
         """Flush every interval (or when a full batch waits) until `stop`, then once more. Nothing
-        is imported or opened before there is a span to send."""
+        is opened before there is a span to send."""
         wake = asyncio.Event()
         self._buffer.wake = wake.set
         stopped = asyncio.ensure_future(stop.wait())
@@ -147,7 +152,7 @@ class SpanExporter(ABC, Generic[C]):
                 await self._close(connection)
 
 
-class TraceExporter(HttpTransport, SpanExporter["aiohttp.ClientSession"]):
+class TraceExporter(HttpTransport, SpanExporter[HttpPost]):
     """OTLP/HTTP: one protobuf POST per export batch to the traces endpoint (`.../v1/traces`)."""
 
 
