@@ -8,7 +8,12 @@ real Unix socket, and only this process's CPU is counted (`time.process_time`). 
 drops the framed bytes, so what is measured is the sidecar's own work per item: intake, scheduling,
 the RunBatch body, the IPC call, reply and ACK framing, settlement.
 
-Run from the repository root: `python benches/pipeline_cpu.py [--items 20000] [--rounds 3]`.
+`--metrics` measures recording with telemetry off and on (issue 14), alternating fresh dispatchers
+in ABBA order in this one process: "on" is what the app wires when `SIE_METRICS_ENABLED` is true
+(the model catalog on the dispatcher, the IPC client recording per request) plus a registry
+snapshot and an OTLP encode every `--export-every` items, standing in for the 5 s push.
+
+Run from the repository root: `python benches/pipeline_cpu.py [--items 20000] [--rounds 3] [--metrics]`.
 """
 
 from __future__ import annotations
@@ -32,12 +37,13 @@ from tests.pipeline.test_sequencing import _item, _msg  # noqa: E402
 
 from benches.null_backend import null_backend  # noqa: E402
 from sie_sidecar.app import tune_gc_for_steady_state  # noqa: E402
-from sie_sidecar.ipc.client import IpcClient  # noqa: E402
+from sie_sidecar.ipc.client import IpcClient, observe_ipc  # noqa: E402
 from sie_sidecar.pipeline.delivery import Settler  # noqa: E402
 from sie_sidecar.pipeline.dispatcher import Dispatcher, DispatchSettings  # noqa: E402
 from sie_sidecar.pipeline.feed import feed  # noqa: E402
 from sie_sidecar.sched.quantum import LatencyWindow, QuantumController  # noqa: E402
 from sie_sidecar.sched.scheduler import SchedulerConfig  # noqa: E402
+from sie_sidecar.telemetry import ModelCatalog, Registry  # noqa: E402
 
 MODEL = "org/model-a"
 
@@ -52,7 +58,24 @@ async def measure(items: int, rounds: int) -> list[float]:
         return await _rounds(sock, items, rounds)
 
 
-async def _rounds(sock: str, items: int, rounds: int) -> list[float]:
+async def measure_metrics(items: int, rounds: int, export_every: int) -> dict[str, list[float]]:
+    """µs per item with telemetry off and on, `rounds` of each, ABBA (one dispatcher per figure)."""
+    figures: dict[str, list[float]] = {"off": [], "on": []}
+    async with null_backend(MODEL) as sock:
+        for r in range(rounds):
+            for mode in ("off", "on") if r % 2 == 0 else ("on", "off"):
+                figures[mode] += await _rounds(sock, items, 1, metrics=mode == "on", export_every=export_every)
+    return figures
+
+
+def _export(registry: Registry) -> None:
+    """What one OTLP push costs the event loop's thread: the snapshot and its protobuf encoding."""
+    from sie_sidecar.otel.metrics import encode_metrics
+
+    encode_metrics(registry.snapshot(), resource={"service.name": "bench"}, lane="bench", start_ns=0, now_ns=1)
+
+
+async def _rounds(sock: str, items: int, rounds: int, *, metrics: bool = False, export_every: int = 0) -> list[float]:
     ipc = IpcClient(sock, pool_size=4, request_timeout_s=10.0)
     source, acks = MemorySource(), MemoryAcks()
     sink = MemorySink(framed=True, acks=acks)
@@ -69,6 +92,11 @@ async def _rounds(sock: str, items: int, rounds: int) -> list[float]:
         quantum=quantum,
         acks_with_replies=True,
     )
+    if metrics:  # as app.attach_catalog and app.start_metrics wire it
+        dispatcher.catalog = ModelCatalog([MODEL])
+        dispatcher.generations.telemetry = dispatcher.telemetry
+        ipc.telemetry = dispatcher.telemetry
+        observe_ipc(dispatcher.telemetry, [ipc])
     tasks: set[asyncio.Task[None]] = set()
     loop = asyncio.create_task(
         feed(source, dispatcher.handle, budget=64, inflight=4, stop=stop, tasks=tasks, quantum=quantum)
@@ -79,8 +107,12 @@ async def _rounds(sock: str, items: int, rounds: int) -> list[float]:
         target = settler.counts.settled + n
         cpu = time.process_time()
         source.put(msgs)
+        exported = settler.counts.settled
         while settler.counts.settled < target:
             await asyncio.sleep(0.001)
+            if metrics and export_every and settler.counts.settled - exported >= export_every:
+                _export(dispatcher.telemetry)
+                exported = settler.counts.settled
         return (time.process_time() - cpu) / n * 1e6
 
     await one(2000, "warm")
@@ -98,7 +130,22 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--items", type=int, default=20_000)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--metrics", action="store_true", help="telemetry off against on, ABBA")
+    parser.add_argument(
+        "--export-every",
+        type=int,
+        default=50_000,
+        help="items between snapshot+encode in 'on' runs (default 50000: ~2 s at the e2e rate, under the 5 s push)",
+    )
     args = parser.parse_args(argv)
+    if args.metrics:
+        by_mode = asyncio.run(measure_metrics(args.items, args.rounds, args.export_every))
+        med = {mode: statistics.median(f) for mode, f in by_mode.items()}
+        for mode, f in by_mode.items():
+            print(f"telemetry {mode:<3}: median {med[mode]:.2f} us per item ({' / '.join(f'{x:.2f}' for x in f)})")
+        print(f"on/off: {med['on'] / med['off']:.3f}x ({args.items:,} items a figure, ABBA, export every"
+              f" {args.export_every:,} items)")  # fmt: skip
+        return 0
     figures = asyncio.run(measure(args.items, args.rounds))
     rounds = " / ".join(f"{f:.1f}" for f in figures)
     print(f"pipeline CPU per item: median {statistics.median(figures):.1f} us ({rounds}), {args.items:,} items a round")

@@ -11,6 +11,8 @@ import time
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from sie_sidecar.bus.health import HealthIdentity, HealthReporter, Saturation
 from sie_sidecar.pipeline.readiness import Readiness
@@ -23,6 +25,7 @@ from sie_sidecar.telemetry import (
     SATURATED,
     Registry,
 )
+from sie_sidecar.telemetry.registry import Histogram
 
 # --- the registry ----------------------------------------------------------------------------------
 
@@ -66,6 +69,29 @@ def test_histograms_count_into_buckets() -> None:
     assert (empty.count, empty.min, empty.max) == (0, math.inf, -math.inf)
     with pytest.raises(ValueError, match="increasing"):
         r.histogram("bad", bounds=(4, 1))
+
+
+finite = st.floats(allow_nan=False, allow_infinity=False, min_value=-1e6, max_value=1e6)
+
+
+@given(
+    values=st.lists(st.one_of(finite, st.sampled_from([0.0, 1.0, 4.0, 16.0, 0.0005, 0.001])), max_size=80),
+    bounds=st.lists(finite, min_size=1, max_size=12, unique=True).map(sorted).map(tuple),
+    before=st.lists(finite, max_size=5),
+)
+def test_record_many_is_record_per_value(values: list[float], bounds: tuple[float, ...], before: list[float]) -> None:
+    """A batch recorded at once (sorted, a bisect per bucket reached) lands exactly where one
+    `record` per value would, on bounds and between them, on top of earlier observations."""
+    one, many = Histogram("h", (), bounds), Histogram("h", (), bounds)
+    for v in before:
+        one.record(v)
+        many.record(v)
+    for v in values:
+        one.record(v)
+    many.record_many(iter(values))  # any iterable: the scheduler passes a map
+    assert many.buckets == one.buckets and many.count == one.count
+    assert (many.min, many.max) == (one.min, one.max)
+    assert many.sum == pytest.approx(one.sum, rel=1e-9, abs=1e-6)
 
 
 def test_one_name_has_one_kind() -> None:
