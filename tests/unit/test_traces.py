@@ -279,7 +279,7 @@ def test_the_first_span_push_imports_nothing(protocol: str, path: str, library: 
         "        await exporter._close(connection)\n"
         "asyncio.run(push())\n"
         "assert exporter.failures == 1, exporter.failures  # nobody listens: the push ran and failed\n"
-        "assert 'aiohttp' not in sys.modules\n"
+        "assert 'aiohttp' not in sys.modules and 'google.protobuf' not in sys.modules\n"
         "print(' '.join(sorted(set(sys.modules) - before)))\n"
     )
     run = subprocess.run([sys.executable, "-c", code], check=True, timeout=60, capture_output=True, text=True)

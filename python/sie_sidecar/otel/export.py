@@ -35,9 +35,9 @@ C = TypeVar("C")
 
 class PushExporter(ABC, Generic[C]):
     """One registry pushed to one OTLP endpoint over a connection of type C, opened at the first push
-    and closed after the last. Whatever the pushes import (the protobuf encoder, the transport's
-    client library) is imported here, at start-up: imported at the first push, aiohttp's client
-    (used then) stalled the event loop for ~130 ms while the sidecar was serving (docs/benchmarks.md)."""
+    and closed after the last. Whatever the pushes import (the transport's client library: grpcio
+    for gRPC; nothing for HTTP) is imported here, at start-up, not in the first push, where
+    aiohttp's client (used then) stalled the serving event loop ~130 ms (docs/benchmarks.md)."""
 
     def __init__(
         self,

@@ -16,17 +16,11 @@ from collections.abc import Mapping
 from typing import Final
 from urllib.parse import urlsplit
 
+from ..errors import HttpClosedBeforeResponse, HttpPostError
+
 #: Response heads and bodies larger than this are refused (an OTLP response is a few bytes).
 MAX_HEAD: Final = 64 * 1024
 MAX_BODY: Final = 4 * 1024 * 1024
-
-
-class HttpPostError(Exception):
-    """The endpoint answered something that is not an HTTP/1.1 response, or closed mid-response."""
-
-
-class _ClosedBeforeResponse(HttpPostError):
-    """Not one byte of a response came back: on a reused connection, the server had closed it."""
 
 
 class HttpPost:
@@ -56,7 +50,7 @@ class HttpPost:
                     reused = self._streams is not None
                     try:
                         return await self._exchange(body, headers)
-                    except (_ClosedBeforeResponse, ConnectionError):
+                    except (HttpClosedBeforeResponse, ConnectionError):
                         if not reused:
                             raise
                         await self.close()
@@ -108,7 +102,7 @@ async def _read_head(reader: asyncio.StreamReader) -> tuple[int, dict[str, str]]
             raw = await reader.readuntil(b"\r\n\r\n")
         except asyncio.IncompleteReadError as exc:
             if not exc.partial:
-                raise _ClosedBeforeResponse("the connection closed before a response") from exc
+                raise HttpClosedBeforeResponse("the connection closed before a response") from exc
             raise HttpPostError("the connection closed mid-response") from exc
         except asyncio.LimitOverrunError as exc:
             raise HttpPostError(f"response head over {MAX_HEAD} bytes") from exc

@@ -1,5 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
-"""A registry snapshot as an OTLP `ExportMetricsServiceRequest` (opentelemetry-proto).
+"""A registry snapshot as an OTLP `ExportMetricsServiceRequest`, written with `protowire` (the
+bytes protobuf would write for opentelemetry-proto's messages, without importing it).
 
 Counters become cumulative monotonic sums, gauges gauges, histograms cumulative explicit-bucket
 histograms (the registry's bucket i holds values in (bounds[i-1], bounds[i]], as OTLP's does). Every
@@ -11,21 +12,49 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Final
 
-from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
-from opentelemetry.proto.common.v1.common_pb2 import AnyValue, InstrumentationScope, KeyValue
-from opentelemetry.proto.metrics.v1 import metrics_pb2 as pb
-from opentelemetry.proto.resource.v1.resource_pb2 import Resource
-
 from ..telemetry import INSTRUMENTS, Point
+from .protowire import double, fixed64, message, packed_double, packed_fixed64, string, uint
 
 #: §13: the unit of every instrument (names not listed there are exported without one).
 UNITS: Final[Mapping[str, str]] = {name: unit for name, (_, unit, _) in INSTRUMENTS.items()}
 SCOPE: Final = "sie_sidecar"
-_CUMULATIVE: Final = pb.AggregationTemporality.AGGREGATION_TEMPORALITY_CUMULATIVE
+_CUMULATIVE: Final = 2  # AggregationTemporality.AGGREGATION_TEMPORALITY_CUMULATIVE
+
+# Field numbers (opentelemetry-proto metrics.proto, common.proto, resource.proto, metrics_service.proto).
+_KV_KEY, _KV_VALUE, _ANY_STRING = 1, 2, 1
+_SCOPE_NAME, _SCOPE_VERSION = 1, 2
+_RESOURCE_ATTRIBUTES = 1
+_REQUEST_RESOURCE_METRICS = 1
+_RM_RESOURCE, _RM_SCOPE_METRICS = 1, 2
+_SM_SCOPE, _SM_METRICS = 1, 2
+_METRIC_NAME, _METRIC_UNIT, _METRIC_GAUGE, _METRIC_SUM, _METRIC_HISTOGRAM = 1, 3, 5, 7, 9
+_DATA_POINTS, _TEMPORALITY, _MONOTONIC = 1, 2, 3
+_NDP_START, _NDP_TIME, _NDP_DOUBLE, _NDP_ATTRIBUTES = 2, 3, 4, 7
+_HDP_START, _HDP_TIME, _HDP_COUNT, _HDP_SUM, _HDP_BUCKETS, _HDP_BOUNDS, _HDP_ATTRIBUTES = 2, 3, 4, 5, 6, 7, 9
 
 
-def _kv(key: str, value: str) -> KeyValue:
-    return KeyValue(key=key, value=AnyValue(string_value=value))
+def key_value(field: int, key: str, value: str) -> bytes:
+    """A string attribute (`KeyValue` with an `AnyValue.string_value`, a oneof: written even when empty)."""
+    return message(field, string(_KV_KEY, key) + message(_KV_VALUE, message(_ANY_STRING, value.encode())))
+
+
+def resource_message(field: int, attributes: Mapping[str, str]) -> bytes:
+    return message(field, b"".join(key_value(_RESOURCE_ATTRIBUTES, k, v) for k, v in attributes.items()))
+
+
+def scope_message(field: int, version: str) -> bytes:
+    return message(field, string(_SCOPE_NAME, SCOPE) + string(_SCOPE_VERSION, version))
+
+
+def _data_point(point: Point, attributes: bytes, start_ns: int, now_ns: int) -> bytes:
+    if point.kind == "counter":
+        body = fixed64(_NDP_START, start_ns) + fixed64(_NDP_TIME, now_ns) + double(_NDP_DOUBLE, point.value)
+        return message(_DATA_POINTS, body + attributes)
+    if point.kind == "gauge":
+        return message(_DATA_POINTS, fixed64(_NDP_TIME, now_ns) + double(_NDP_DOUBLE, point.value) + attributes)
+    body = fixed64(_HDP_START, start_ns) + fixed64(_HDP_TIME, now_ns) + fixed64(_HDP_COUNT, point.count)
+    body += double(_HDP_SUM, point.value) + packed_fixed64(_HDP_BUCKETS, point.buckets)
+    return message(_DATA_POINTS, body + packed_double(_HDP_BOUNDS, point.bounds) + attributes)
 
 
 def encode_metrics(
@@ -37,47 +66,28 @@ def encode_metrics(
     now_ns: int,
     version: str = "",
 ) -> bytes:
-    """One request carrying every point, grouped into one metric per instrument name."""
-    by_name: dict[str, pb.Metric] = {}
-    scope_metrics = pb.ScopeMetrics(scope=InstrumentationScope(name=SCOPE, version=version))
+    """One request carrying every point, grouped into one metric per instrument name (in the
+    order names first appear), each point's attributes led by the fixed `lane`."""
+    by_name: dict[str, list[bytes]] = {}
+    kinds: dict[str, str] = {}
     for point in points:
-        metric = by_name.get(point.name)
-        if metric is None:
-            metric = scope_metrics.metrics.add(name=point.name, unit=UNITS.get(point.name, ""))
-            if point.kind == "counter":
-                metric.sum.aggregation_temporality = _CUMULATIVE
-                metric.sum.is_monotonic = True
-            elif point.kind == "gauge":
-                metric.gauge.SetInParent()
-            else:
-                metric.histogram.aggregation_temporality = _CUMULATIVE
-            by_name[point.name] = metric
-        attributes = [_kv("lane", lane), *(_kv(k, v) for k, v in point.attrs)]
-        if point.kind == "counter":
-            metric.sum.data_points.add(
-                attributes=attributes, start_time_unix_nano=start_ns, time_unix_nano=now_ns, as_double=point.value
-            )
-        elif point.kind == "gauge":
-            metric.gauge.data_points.add(attributes=attributes, time_unix_nano=now_ns, as_double=point.value)
+        kinds.setdefault(point.name, point.kind)
+        field = _HDP_ATTRIBUTES if point.kind == "histogram" else _NDP_ATTRIBUTES
+        attributes = key_value(field, "lane", lane) + b"".join(key_value(field, k, v) for k, v in point.attrs)
+        by_name.setdefault(point.name, []).append(_data_point(point, attributes, start_ns, now_ns))
+    metrics = []
+    for name, data_points in by_name.items():
+        head = string(_METRIC_NAME, name) + string(_METRIC_UNIT, UNITS.get(name, ""))
+        body = b"".join(data_points)
+        if kinds[name] == "counter":
+            data = message(_METRIC_SUM, body + uint(_TEMPORALITY, _CUMULATIVE) + uint(_MONOTONIC, 1))
+        elif kinds[name] == "gauge":
+            data = message(_METRIC_GAUGE, body)
         else:
-            metric.histogram.data_points.add(
-                attributes=attributes,
-                start_time_unix_nano=start_ns,
-                time_unix_nano=now_ns,
-                count=point.count,
-                sum=point.value,
-                bucket_counts=list(point.buckets),
-                explicit_bounds=list(point.bounds),
-            )
-    request = ExportMetricsServiceRequest(
-        resource_metrics=[
-            pb.ResourceMetrics(
-                resource=Resource(attributes=[_kv(k, v) for k, v in resource.items()]),
-                scope_metrics=[scope_metrics],
-            )
-        ]
-    )
-    return bytes(request.SerializeToString())
+            data = message(_METRIC_HISTOGRAM, body + uint(_TEMPORALITY, _CUMULATIVE))
+        metrics.append(message(_SM_METRICS, head + data))
+    scope_metrics = message(_RM_SCOPE_METRICS, scope_message(_SM_SCOPE, version) + b"".join(metrics))
+    return message(_REQUEST_RESOURCE_METRICS, resource_message(_RM_RESOURCE, resource) + scope_metrics)
 
 
-__all__ = ["SCOPE", "UNITS", "encode_metrics"]
+__all__ = ["SCOPE", "UNITS", "encode_metrics", "key_value", "resource_message", "scope_message"]

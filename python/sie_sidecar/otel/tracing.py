@@ -10,7 +10,7 @@ A batch has no single parent (its items come from many traces), so it is always 
 `parentbased_*` samplers decide with their root sampler (on, off, or the trace-id ratio), and links
 never make parents.
 
-No protobuf and no HTTP here: those load with the first push (`traces`, `trace_export`).
+No encoding and no HTTP here: those are `traces` and `trace_export`.
 """
 
 from __future__ import annotations
