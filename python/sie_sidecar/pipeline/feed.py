@@ -50,22 +50,38 @@ async def feed(
     stopped = asyncio.ensure_future(stop.wait())  # one waiter for the whole loop, not one per batch
     try:
         while not stopped.done():
+            # The slot first, then the batch: a batch taken and left waiting for a slot was neither in
+            # the source's buffer (a pause returns that) nor with a handler (which progress-ACKs it),
+            # so its leases ran out while every handler waited on a hung backend (law 3).
+            if slots.locked():
+                if not await _unless_stopped(asyncio.ensure_future(slots.acquire()), stopped):
+                    break
+            else:
+                await slots.acquire()  # free: returns without suspending, no task
             next_batch = asyncio.ensure_future(source.next_batch(max(1, size()), quantum.quantum_s(), stop_early))
-            await asyncio.wait({next_batch, stopped}, return_when=asyncio.FIRST_COMPLETED)
-            if not next_batch.done():
-                next_batch.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await next_batch
+            if not await _unless_stopped(next_batch, stopped):
+                slots.release()
                 break
             batch = next_batch.result()
             if not batch:
+                slots.release()
                 continue
-            await slots.acquire()
             task: asyncio.Task[None] = asyncio.create_task(handle(batch, source.settled))
             tasks.add(task)
             task.add_done_callback(finished)
     finally:
         stopped.cancel()
+
+
+async def _unless_stopped(call: asyncio.Future[Any], stopped: asyncio.Future[Any]) -> bool:
+    """Wait for `call`; False (and `call` cancelled, so it took nothing) when `stopped` came first."""
+    await asyncio.wait({call, stopped}, return_when=asyncio.FIRST_COMPLETED)
+    if call.done():
+        return True
+    call.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await call
+    return False
 
 
 __all__ = ["feed"]
