@@ -47,18 +47,24 @@ async def feed(
         if not tasks and on_idle is not None:
             on_idle()
 
+    loop = asyncio.get_running_loop()
     stopped = asyncio.ensure_future(stop.wait())  # one waiter for the whole loop, not one per batch
     try:
         while not stopped.done():
             # The slot first, then the batch: a batch taken and left waiting for a slot was neither in
             # the source's buffer (a pause returns that) nor with a handler (which progress-ACKs it),
             # so its leases ran out while every handler waited on a hung backend (law 3).
+            quantum_s = quantum.quantum_s()
             if slots.locked():
+                waited_from = loop.time()
                 if not await _unless_stopped(asyncio.ensure_future(slots.acquire()), stopped):
                     break
+                # The wait for the slot was coalescing time already (the buffer kept filling): only
+                # the rest of the quantum is spent waiting for more, as when the batch was taken first.
+                quantum_s = max(0.0, quantum_s - (loop.time() - waited_from))
             else:
                 await slots.acquire()  # free: returns without suspending, no task
-            next_batch = asyncio.ensure_future(source.next_batch(max(1, size()), quantum.quantum_s(), stop_early))
+            next_batch = asyncio.ensure_future(source.next_batch(max(1, size()), quantum_s, stop_early))
             if not await _unless_stopped(next_batch, stopped):
                 slots.release()
                 break
