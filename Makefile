@@ -80,6 +80,12 @@ fuzz: $(BUILD_STAMP) ## long fuzz run of every parser (hypothesis, 20k examples 
 	SIE_FUZZ_ITERATIONS=2000000 cargo test -q --release -p sie-core fuzz_
 	SIE_FUZZ_ITERATIONS=200000 cargo test -q --release -p sie-audio fuzz_
 
+.PHONY: fuzz-campaign
+FUZZ_RUNS ?= 1000000
+fuzz-campaign: $(BUILD_STAMP) ## coverage-guided campaign (atheris, installed here): FUZZ_RUNS inputs per parser target, 10 targets
+	$(PY) -m pip install -q "atheris>=2.3"
+	$(PY) benches/fuzz_campaign.py --runs $(FUZZ_RUNS) --json .benchmarks/fuzz-campaign.json
+
 wheel: $(DEPS_STAMP) ## manylinux wheel for this machine's architecture into dist/
 	$(PY) -m pip install -q ziglang
 	PATH=$(abspath $(VENV))/bin:$$PATH maturin build --release --locked --zig --compatibility manylinux2014 -i $(PY) -o dist

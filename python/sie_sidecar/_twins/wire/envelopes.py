@@ -122,7 +122,11 @@ def _is_uint(value: object) -> bool:
 
 
 def _unpacker(view: memoryview) -> Any:
-    unpacker = msgpack.Unpacker(raw=False, strict_map_key=False, max_buffer_size=max(len(view), 1))
+    # surrogateescape: a key that is not UTF-8 is an unknown key, skipped as the native decoder skips
+    # it; the string fields that are read are checked (`_utf8`).
+    unpacker = msgpack.Unpacker(
+        raw=False, strict_map_key=False, unicode_errors="surrogateescape", max_buffer_size=max(len(view), 1)
+    )
     unpacker.feed(view)
     return unpacker
 
@@ -175,11 +179,13 @@ def decode_response(frame: Buffer) -> ResponseEnvelope | IpcResponseChunk:
         count = unpacker.read_map_header()
         for _ in range(count):
             key = unpacker.unpack()
+            if not isinstance(key, str):
+                raise DecodeError(f"map key must be a str, got {type(key).__name__}")
             if key in ("body", "payload"):
                 start = unpacker.tell()
                 unpacker.skip()
                 spans[key] = (start, unpacker.tell())
-            elif isinstance(key, str) and key in _DECODED_KEYS:
+            elif key in _DECODED_KEYS:
                 fields[key] = unpacker.unpack()
             else:
                 unpacker.skip()
@@ -212,6 +218,15 @@ def _require_str(fields: dict[str, Any], key: str, what: str) -> str:
     value = _require(fields, key, what)
     if not isinstance(value, str):
         raise DecodeError(f"{what} {key!r} must be a string")
+    return _utf8(value, key)
+
+
+def _utf8(value: str, key: str) -> str:
+    """A string field as read (surrogate escapes: its bytes were not UTF-8, which the native decoder refuses)."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise DecodeError(f"{key} is not valid UTF-8") from None
     return value
 
 
@@ -233,6 +248,8 @@ def _decode_envelope(view: memoryview, fields: dict[str, Any], spans: dict[str, 
     error = fields.get("error")
     if error is not None and not isinstance(error, str):
         raise DecodeError("response envelope 'error' must be a string or nil")
+    if error is not None:
+        _utf8(error, "error")
     return ResponseEnvelope(version=version, request_id=request_id, ok=ok, body=body, error=error)
 
 
