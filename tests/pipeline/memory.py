@@ -166,13 +166,16 @@ async def memory_pipeline(
     parked_deadline_s: float = 600.0,
     fetch_budget: int = 64,
     progress_after_s: float = 15.0,
+    ipc_socket: str | None = None,
+    ipc_timeout_s: float = 10.0,
 ) -> AsyncIterator[MemoryPipeline]:
-    """The dispatcher fed by `feed()` from a memory source, talking to a real backend over a socket."""
+    """The dispatcher fed by `feed()` from a memory source, talking to a real backend over a socket
+    (`tmp_path/backend.sock`; the IPC client connects to `ipc_socket` instead when given: a proxy)."""
     adapter = adapter or NullAdapter(dim=8, preloaded_models=["org/model-a", "org/model-b"])
     sock = str(tmp_path / "backend.sock")
     backend = BackendServer(adapter, sock, worker_id="backend-0")
     await backend.start()
-    ipc = IpcClient(sock, pool_size=2, request_timeout_s=10.0)
+    ipc = IpcClient(ipc_socket or sock, pool_size=2, request_timeout_s=ipc_timeout_s)
     source, acks = MemorySource(), MemoryAcks()
     sink = MemorySink(framed=framed, acks=acks if acks_with_replies else None)
     settler = Settler(acks)
