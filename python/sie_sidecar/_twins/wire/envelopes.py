@@ -425,11 +425,40 @@ def _f16_multivector(obj: Any) -> BatchedF16Multivector:
     return BatchedF16Multivector(values_f16=values, items=[_f16_item(i) for i in items])
 
 
+_BATCH_KEYS = ("outcomes", "batched_f16_multivectors")
+
+
+def _batch_fields(raw: Buffer) -> dict[str, Any]:
+    """The BatchOutcome map's two known fields, decoded (strictly, as `decode_body` does); the other
+    values are skipped unread and a key that is not UTF-8 is an unknown key, as in the native decoder.
+    A key that is not a string is refused, as there."""
+    view = _flat(raw).toreadonly()
+    fields: dict[str, Any] = {}
+    try:
+        unpacker = _unpacker(view)
+        if view[:1] and view[0] not in _MAP_MARKERS:
+            raise DecodeError("BatchOutcome must be a map")
+        for _ in range(unpacker.read_map_header()):
+            key = unpacker.unpack()
+            if not isinstance(key, str):
+                raise DecodeError(f"map key must be a str, got {type(key).__name__}")
+            start = unpacker.tell()
+            unpacker.skip()
+            if key in _BATCH_KEYS:
+                fields[key] = decode_body(view[start : unpacker.tell()])
+        end = unpacker.tell()
+    except WireError:
+        raise
+    except Exception as exc:
+        raise DecodeError(f"invalid msgpack: {exc}") from None
+    if end != len(view):
+        raise DecodeError(f"BatchOutcome has {len(view) - end} trailing bytes")
+    return fields
+
+
 def decode_batch_outcome(raw: Buffer) -> BatchOutcome:
     """Decode and type-check a BatchOutcome body; any violation fails the whole batch."""
-    root = decode_body(raw)
-    if not isinstance(root, dict):
-        raise DecodeError("BatchOutcome must be a map")
+    root = _batch_fields(raw)
     outcomes = _require(root, "outcomes", "BatchOutcome")
     if not isinstance(outcomes, list):
         raise DecodeError("BatchOutcome 'outcomes' must be an array")
