@@ -91,6 +91,9 @@ class Pod:
             "SIE_WORKER_ID": self.worker_id,
             "SIE_WORKER_PROBE_PORT": str(probe_port),
             "SIE_STREAM_STORAGE": "file",
+            # The rig creates the streams first (one creator, no election race at the sidecars' start-up);
+            # each sidecar then ensures the same count, as a pool on a cluster would be configured.
+            "SIE_STREAM_REPLICAS": "3",
             "RUST_LOG": "info",
             **sidecar_env,
         }

@@ -671,7 +671,6 @@ _DEFAULTS: Mapping[str, object] = {
 #: that sets it. A feature that lands removes its rows; tests/unit/test_settings_wired.py checks that
 #: every other field is read outside this module.
 NOT_YET: tuple[tuple[str, str], ...] = (
-    ("stream_replicas", "SIE_STREAM_REPLICAS"),
     ("work_deadline_enforce", "SIE_WORK_DEADLINE_ENFORCE"),  # work deadlines (§15.3)
 )
 #: Payload store schemes of §12 this build refuses at start-up (the store module refuses them too).

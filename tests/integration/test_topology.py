@@ -135,6 +135,7 @@ async def test_existing_stream_subjects_and_max_age_reconciled(nc: Client, caplo
     assert cfg.storage == js_api.StorageType.FILE
     assert cfg.max_msgs == 5
     assert any("storage" in r.getMessage() for r in caplog.records)
+    assert cfg.discard == js_api.DiscardPolicy.NEW  # newer than v0.7.1: forced to New in place
 
 
 async def test_stale_overlapping_durable_deleted_and_disjoint_kept(nc: Client) -> None:
@@ -284,3 +285,10 @@ async def _eventually(check: Callable[[], Awaitable[bool]], timeout: float = 5.0
     while not await check():
         assert asyncio.get_running_loop().time() < deadline, "condition not met in time"
         await asyncio.sleep(0.05)
+
+
+async def test_replicas_over_one_on_a_single_server_stop_the_ensure_with_the_servers_reason(nc: Client) -> None:
+    js = nc.jetstream()
+    spec = TopologySpec(pool="default", machine_profile="rtx6000", bundle="sglang", worker_id="pod-0.svc", replicas=3)
+    with pytest.raises(APIError, match="replicas"):
+        await ensure_topology(js, spec)

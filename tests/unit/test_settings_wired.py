@@ -75,12 +75,10 @@ def test_every_setting_is_read_or_refused(name: str) -> None:
 
 #: A value that differs from the default, for each refused variable.
 NOT_DEFAULT = {
-    "SIE_STREAM_REPLICAS": "3",
     "SIE_WORK_DEADLINE_ENFORCE": "on",
 }
 #: The same variables at their defaults: accepted (a harmless carried value is not refused).
 AT_DEFAULT = {
-    "SIE_STREAM_REPLICAS": "1",
     "SIE_WORK_DEADLINE_ENFORCE": "off",
 }
 

@@ -50,6 +50,8 @@ class TopologySpec:
     conservative_cleanup: bool = False
     # v0.7.1 always uses memory storage; file storage (SIE_STREAM_STORAGE, newer) is never changed in place.
     storage: js_api.StorageType = js_api.StorageType.MEMORY
+    # v0.7.1 always creates one replica; SIE_STREAM_REPLICAS (newer) is created and reconciled in place.
+    replicas: int = 1
 
     @classmethod
     def from_settings(cls, settings: Settings) -> TopologySpec:
@@ -64,6 +66,7 @@ class TopologySpec:
             max_ack_pending=settings.max_ack_pending,
             conservative_cleanup=settings.nats_conservative_cleanup,
             storage=js_api.StorageType.FILE if settings.stream_storage == "file" else js_api.StorageType.MEMORY,
+            replicas=settings.stream_replicas,
         )
 
     @property
@@ -197,7 +200,7 @@ async def _ensure_stream(
             discard=js_api.DiscardPolicy.NEW,
             max_msgs=STREAM_MAX_MSGS,
             max_age=max_age_s,
-            num_replicas=1,
+            num_replicas=spec.replicas,
         )
         try:
             await js.add_stream(config)
@@ -216,6 +219,13 @@ async def _ensure_stream(
         changes["subjects"] = list(subjects)
     if current.max_age is None or abs(current.max_age - max_age_s) > 1e-6:
         changes["max_age"] = max_age_s
+    # Newer than v0.7.1 (§2.2): the discard policy is forced to New and the replica count follows
+    # SIE_STREAM_REPLICAS (JetStream moves the data; a cluster with fewer servers refuses, and the
+    # error stops the start-up with the server's reason).
+    if current.discard != js_api.DiscardPolicy.NEW:
+        changes["discard"] = js_api.DiscardPolicy.NEW
+    if (current.num_replicas or 1) != spec.replicas:
+        changes["num_replicas"] = spec.replicas
     if current.storage != spec.storage:
         logger.warning(
             "stream storage differs from the configured one; not changed in place",
