@@ -4,9 +4,10 @@ through its target: no crash, and native and twin agree on valid / invalid (stri
 in `tests/fuzz/regressions/<target>/`; a crash or divergence the campaign writes under
 `.benchmarks/fuzz-findings/` is copied there once fixed.
 
-The first 19 came from the first campaign (2026-12-03): IPC response envelopes that the native
-decoder and the twin judged differently (a top-level key that is not a string: refused natively,
-skipped by the twin; a key that is not UTF-8: skipped natively, refused by the twin's msgpack)."""
+The first 29 came from the first campaigns (2026-12-03): IPC response envelopes and BatchOutcomes
+that the native decoders and the twins judged differently (a top-level key that is not a string:
+refused natively, skipped by the twin; a key or an unread value that is not UTF-8: skipped natively,
+refused by the twin's msgpack)."""
 
 from __future__ import annotations
 
