@@ -8,7 +8,8 @@ waited out ack_wait in that gap, ran on another pod, and ran again here when the
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
+from typing import Any
 
 from sie_sidecar.pipeline.feed import feed
 from sie_sidecar.pipeline.source import SettleHandle
@@ -27,6 +28,19 @@ async def _until(condition: Callable[[], bool]) -> None:
             await asyncio.sleep(0.001)
 
 
+Handler = Callable[[Sequence[SettleHandle], Callable[[int], None]], Coroutine[Any, Any, None]]
+
+
+def _start(
+    source: MemorySource, handle: Handler, *, inflight: int, stop: asyncio.Event, tasks: set[asyncio.Task[None]]
+) -> asyncio.Task[None]:
+    """The pull loop, one message a batch, no idle bypass (so only the slots decide)."""
+    quantum = QuantumController(LatencyWindow(), min_ms=1, max_ms=2, target_p50_ms=10)
+    return asyncio.create_task(
+        feed(source, handle, budget=1, inflight=inflight, stop=stop, tasks=tasks, quantum=quantum, idle_bypass=False)
+    )
+
+
 async def test_no_batch_is_taken_while_every_slot_is_busy() -> None:
     source = MemorySource()
     release = asyncio.Event()
@@ -37,12 +51,8 @@ async def test_no_batch_is_taken_while_every_slot_is_busy() -> None:
         await release.wait()  # a handler stuck on a hung backend
         settled(len(batch))
 
-    stop = asyncio.Event()
-    tasks: set[asyncio.Task[None]] = set()
-    quantum = QuantumController(LatencyWindow(), min_ms=1, max_ms=2, target_p50_ms=10)
-    loop = asyncio.create_task(
-        feed(source, handle, budget=1, inflight=2, stop=stop, tasks=tasks, quantum=quantum, idle_bypass=False)
-    )
+    stop, tasks = asyncio.Event(), set[asyncio.Task[None]]()
+    loop = _start(source, handle, inflight=2, stop=stop, tasks=tasks)
     source.put(_messages(5))
     await _until(lambda: len(handled) == 2)
     await asyncio.sleep(0.05)  # the loop would have taken the third batch by now
@@ -62,12 +72,8 @@ async def test_stop_while_waiting_for_a_slot_takes_nothing() -> None:
     async def handle(batch: Sequence[SettleHandle], settled: Callable[[int], None]) -> None:
         await stuck.wait()
 
-    stop = asyncio.Event()
-    tasks: set[asyncio.Task[None]] = set()
-    quantum = QuantumController(LatencyWindow(), min_ms=1, max_ms=2, target_p50_ms=10)
-    loop = asyncio.create_task(
-        feed(source, handle, budget=1, inflight=1, stop=stop, tasks=tasks, quantum=quantum, idle_bypass=False)
-    )
+    stop, tasks = asyncio.Event(), set[asyncio.Task[None]]()
+    loop = _start(source, handle, inflight=1, stop=stop, tasks=tasks)
     source.put(_messages(3))
     await _until(lambda: source.unsettled == 1)
     stop.set()

@@ -6,8 +6,6 @@ with opentelemetry-proto, the settings, and the RunBatch writer's trace context 
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
 from typing import Any
 
 import msgpack
@@ -35,7 +33,6 @@ from sie_sidecar.otel.tracing import (
     links_of,
     parse_traceparent,
 )
-from sie_sidecar.tools.localhost import free_port
 from sie_sidecar.wire.workitem import WorkItem, decode_work_item
 
 from .test_run_batch_body import BASE
@@ -254,36 +251,6 @@ def test_the_grpc_span_exporter_calls_the_generated_stubs_method() -> None:
 
     trace_service_pb2_grpc.TraceServiceStub(Channel())  # type: ignore[no-untyped-call]
     assert paths == [GrpcTraceExporter.METHOD]
-
-
-@pytest.mark.parametrize(
-    ("protocol", "path", "library"), [("grpc", "", "grpc"), ("http/protobuf", "/v1/x", "sie_sidecar.otel.http_post")]
-)
-def test_the_first_span_push_imports_nothing(protocol: str, path: str, library: str) -> None:
-    """What a span push needs is imported when the exporter is built, at start-up: a first push that
-    imported aiohttp's client stalled the serving event loop ~130 ms (docs/benchmarks.md). The
-    HTTP transport does not use aiohttp at all."""
-    code = (
-        "import asyncio, sys\n"
-        "from sie_sidecar.otel.trace_export import make_trace_exporter\n"
-        "from sie_sidecar.otel.tracing import Sampler, SpanBuffer, Tracer\n"
-        f"URL, PROTOCOL = 'http://127.0.0.1:{free_port()}{path}', {protocol!r}\n"
-        "exporter = make_trace_exporter(SpanBuffer(4), URL, protocol=PROTOCOL, resource={})\n"
-        f"assert {library!r} in sys.modules\n"
-        "tracer = Tracer(Sampler('always_on'), exporter._buffer)\n"
-        "tracer.start_batch('m', 'encode', 1, 1).end()  # a span to push\n"
-        "before = set(sys.modules)\n"
-        "async def push():\n"
-        "    connection = await exporter._push(None)\n"
-        "    if connection is not None:\n"
-        "        await exporter._close(connection)\n"
-        "asyncio.run(push())\n"
-        "assert exporter.failures == 1, exporter.failures  # nobody listens: the push ran and failed\n"
-        "assert 'aiohttp' not in sys.modules and 'google.protobuf' not in sys.modules\n"
-        "print(' '.join(sorted(set(sys.modules) - before)))\n"
-    )
-    run = subprocess.run([sys.executable, "-c", code], check=True, timeout=60, capture_output=True, text=True)
-    assert [m for m in run.stdout.split() if m.split(".")[0] in ("grpc", "google", "opentelemetry", "ssl")] == []
 
 
 def test_the_batch_processor_variables() -> None:

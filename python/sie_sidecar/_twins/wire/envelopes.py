@@ -169,23 +169,25 @@ _DECODED_KEYS = frozenset(
 )
 
 
-def decode_response(frame: Buffer) -> ResponseEnvelope | IpcResponseChunk:
-    """Classify and decode one response frame body (by `kind`, independent of key order)."""
-    view = _flat(frame).toreadonly()
+def _top_map(
+    view: memoryview, decoded: frozenset[str], spanned: frozenset[str], what: str
+) -> tuple[dict[str, Any], dict[str, tuple[int, int]]]:
+    """One walk of a top-level map, as the native decoders walk it: string keys only (a key that is
+    not UTF-8 is an unknown one), `decoded` keys unpacked, `spanned` keys' values located (not
+    decoded), everything else skipped unread; trailing bytes are an error."""
     fields: dict[str, Any] = {}
     spans: dict[str, tuple[int, int]] = {}
     try:
         unpacker = _unpacker(view)
-        count = unpacker.read_map_header()
-        for _ in range(count):
+        for _ in range(unpacker.read_map_header()):
             key = unpacker.unpack()
             if not isinstance(key, str):
                 raise DecodeError(f"map key must be a str, got {type(key).__name__}")
-            if key in ("body", "payload"):
+            if key in spanned:
                 start = unpacker.tell()
                 unpacker.skip()
                 spans[key] = (start, unpacker.tell())
-            elif key in _DECODED_KEYS:
+            elif key in decoded:
                 fields[key] = unpacker.unpack()
             else:
                 unpacker.skip()
@@ -193,9 +195,19 @@ def decode_response(frame: Buffer) -> ResponseEnvelope | IpcResponseChunk:
     except WireError:
         raise
     except Exception as exc:
-        raise DecodeError(f"response frame is not a valid msgpack map: {exc}") from None
+        raise DecodeError(f"{what} is not a valid msgpack map: {exc}") from None
     if end != len(view):
-        raise DecodeError(f"response frame has {len(view) - end} trailing bytes")
+        raise DecodeError(f"{what} has {len(view) - end} trailing bytes")
+    return fields, spans
+
+
+_SPANNED_KEYS = frozenset({"body", "payload"})
+
+
+def decode_response(frame: Buffer) -> ResponseEnvelope | IpcResponseChunk:
+    """Classify and decode one response frame body (by `kind`, independent of key order)."""
+    view = _flat(frame).toreadonly()
+    fields, spans = _top_map(view, _DECODED_KEYS, _SPANNED_KEYS, "response frame")
     if fields.get("kind") == IPC_CHUNK_KIND:
         return _decode_chunk(view, fields, spans)
     return _decode_envelope(view, fields, spans)
@@ -425,35 +437,17 @@ def _f16_multivector(obj: Any) -> BatchedF16Multivector:
     return BatchedF16Multivector(values_f16=values, items=[_f16_item(i) for i in items])
 
 
-_BATCH_KEYS = ("outcomes", "batched_f16_multivectors")
+_BATCH_KEYS = frozenset({"outcomes", "batched_f16_multivectors"})
 
 
 def _batch_fields(raw: Buffer) -> dict[str, Any]:
-    """The BatchOutcome map's two known fields, decoded (strictly, as `decode_body` does); the other
-    values are skipped unread and a key that is not UTF-8 is an unknown key, as in the native decoder.
-    A key that is not a string is refused, as there."""
+    """The BatchOutcome map's two known fields, each decoded strictly (as `decode_body` does); the
+    other values are skipped unread, as in the native decoder."""
     view = _flat(raw).toreadonly()
-    fields: dict[str, Any] = {}
-    try:
-        unpacker = _unpacker(view)
-        if view[:1] and view[0] not in _MAP_MARKERS:
-            raise DecodeError("BatchOutcome must be a map")
-        for _ in range(unpacker.read_map_header()):
-            key = unpacker.unpack()
-            if not isinstance(key, str):
-                raise DecodeError(f"map key must be a str, got {type(key).__name__}")
-            start = unpacker.tell()
-            unpacker.skip()
-            if key in _BATCH_KEYS:
-                fields[key] = decode_body(view[start : unpacker.tell()])
-        end = unpacker.tell()
-    except WireError:
-        raise
-    except Exception as exc:
-        raise DecodeError(f"invalid msgpack: {exc}") from None
-    if end != len(view):
-        raise DecodeError(f"BatchOutcome has {len(view) - end} trailing bytes")
-    return fields
+    if view[:1] and view[0] not in _MAP_MARKERS:
+        raise DecodeError("BatchOutcome must be a map")
+    _, spans = _top_map(view, frozenset(), _BATCH_KEYS, "BatchOutcome")
+    return {key: decode_body(view[start:end]) for key, (start, end) in spans.items()}
 
 
 def decode_batch_outcome(raw: Buffer) -> BatchOutcome:
