@@ -431,8 +431,12 @@ class Dispatcher:
         take = min(len(live), self._parked_free)
         kept, over = live[:take], live[take:]
         if over:
+            # One key for every model: the capacity is shared, and 10,000 cold models (a hostile subject
+            # stream) made 10,000 lines at once (tests/pipeline/test_hostile_items.py).
             _warn.warning(
-                "parked-item capacity exhausted; NAKing", key=model, extra={"model": model, "items": len(over)}
+                "parked-item capacity exhausted; NAKing",
+                key="parked-capacity",
+                extra={"model": model, "items": len(over)},
             )
             task = asyncio.create_task(self._out.nak_all(over, self._s.nak_delay_ms))
             self._parked.add(task)
