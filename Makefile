@@ -75,6 +75,11 @@ CHAOS_ITEMS ?= 5000
 chaos: $(BUILD_STAMP) ## fault scenarios on a 3-node NATS cluster with 3 pods (docs/reliability.md); CHAOS_ITEMS=N
 	$(PY) -m benches.chaos.run --items $(CHAOS_ITEMS) --scenario all --json .benchmarks/chaos.json
 
+.PHONY: soak
+SOAK_MINUTES ?= 30
+soak: $(BUILD_STAMP) ## the chaos rig at 70% load for SOAK_MINUTES with a fault every 5 min; RSS/fds sampled (docs/img/soak.png)
+	$(PY) -m benches.chaos.soak --minutes $(SOAK_MINUTES) --png docs/img/soak.png --json .benchmarks/soak.json
+
 fuzz: $(BUILD_STAMP) ## long fuzz run of every parser (hypothesis, 20k examples per target) plus the Rust fuzz loop
 	HYPOTHESIS_PROFILE=fuzz $(PY) -m pytest -q --timeout=0 tests/fuzz -m fuzz
 	SIE_FUZZ_ITERATIONS=2000000 cargo test -q --release -p sie-core fuzz_

@@ -1,0 +1,267 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The soak (issue 15): the chaos rig under an open-loop load at 70% of its capacity for `--minutes`,
+a fault every `--fault-every-min` (the faults of the scenarios in turn, each hitting pod 0 or the
+stream leader), and every sidecar's RSS and open file descriptors sampled every 10 s.
+
+Pass: nothing lost, and pods 1 and 2 (never killed, so one process each for the whole run) flat:
+their RSS at the end within `--rss-growth-pct` of the median after the first fault's warm-up, and
+their fds within `--fd-growth` of it. Writes the samples as JSON and a PNG plot (RSS and fds over
+time, faults marked) drawn without a plotting library.
+
+Run: `python -m benches.chaos.soak --minutes 30 --png docs/img/soak.png --json .benchmarks/soak.json`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import itertools
+import json
+import os
+import statistics
+import struct
+import sys
+import tempfile
+import time
+import zlib
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .count import count
+from .load import measure_capacity
+from .pods import BackendShape
+from .scenarios import (
+    Rig,
+    _gave_up,
+    _settle,
+    backend_graceful_restart,
+    kill_backend,
+    kill_sidecar,
+    kill_stream_leader,
+    rolling_restart,
+)
+
+FAULTS = (kill_sidecar, kill_backend, backend_graceful_restart, kill_stream_leader, rolling_restart)
+SAMPLE_S = 10.0
+
+
+@dataclass
+class Sample:
+    t: float
+    pod: int
+    pid: int
+    rss_mb: float
+    fds: int
+
+
+@dataclass
+class SoakResult:
+    minutes: float
+    rate: float
+    capacity: float
+    items: int
+    lost: int
+    duplicated_items: int
+    exactly_once: int
+    in_stream: int
+    faults: list[tuple[float, str]] = field(default_factory=list)
+    samples: list[Sample] = field(default_factory=list)
+    flat: dict[str, Any] = field(default_factory=dict)
+
+
+def _proc_stats(pid: int) -> tuple[float, int] | None:
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+        rss_kb = next(int(line.split()[1]) for line in status.splitlines() if line.startswith("VmRSS:"))
+        return rss_kb / 1024, len(os.listdir(f"/proc/{pid}/fd"))
+    except (OSError, StopIteration, ValueError):
+        return None
+
+
+async def _sampler(rig: Rig, out: list[Sample], stop: asyncio.Event) -> None:
+    while not stop.is_set():
+        for pod in rig.pods:
+            with contextlib.suppress(Exception):
+                pid = pod.sidecar.pid
+                stats = _proc_stats(pid)
+                if stats is not None:
+                    out.append(Sample(rig.gateway.now(), pod.index, pid, round(stats[0], 1), stats[1]))
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), SAMPLE_S)
+
+
+def flatness(samples: list[Sample], warmup_s: float, rss_pct: float, fd_growth: int) -> dict[str, Any]:
+    """Per long-lived pod (one pid for the whole run): the median RSS and fds after the warm-up against
+    the last three samples. A leak shows as the end above the median by more than the allowance."""
+    verdict: dict[str, Any] = {}
+    for pod in sorted({s.pod for s in samples}):
+        mine = [s for s in samples if s.pod == pod]
+        if len({s.pid for s in mine}) != 1:
+            verdict[f"pod-{pod}"] = {"checked": False, "why": "restarted during the run"}
+            continue
+        steady = [s for s in mine if s.t >= warmup_s]
+        if len(steady) < 6:
+            verdict[f"pod-{pod}"] = {"checked": False, "why": "too few samples"}
+            continue
+        rss_mid = statistics.median(s.rss_mb for s in steady)
+        fds_mid = statistics.median(s.fds for s in steady)
+        rss_end = statistics.median(s.rss_mb for s in steady[-3:])
+        fds_end = max(s.fds for s in steady[-3:])
+        ok = rss_end <= rss_mid * (1 + rss_pct / 100) and fds_end <= fds_mid + fd_growth
+        verdict[f"pod-{pod}"] = {
+            "checked": True,
+            "ok": ok,
+            "rss_median_mb": rss_mid,
+            "rss_end_mb": rss_end,
+            "rss_min_mb": min(s.rss_mb for s in steady),
+            "rss_max_mb": max(s.rss_mb for s in steady),
+            "fds_median": fds_mid,
+            "fds_end": fds_end,
+            "fds_max": max(s.fds for s in steady),
+        }
+    return verdict
+
+
+# --- a PNG without a plotting library ------------------------------------------------------------------
+
+_COLOURS = [(31, 119, 180), (255, 127, 14), (44, 160, 44)]
+
+
+def _png(width: int, height: int, pixels: bytearray) -> bytes:
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
+
+    rows = b"".join(b"\x00" + bytes(pixels[y * width * 3 : (y + 1) * width * 3]) for y in range(height))
+    header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(rows, 9)) + chunk(b"IEND", b"")
+
+
+def plot(samples: list[Sample], faults: list[tuple[float, str]], duration_s: float) -> bytes:
+    """Two panels (RSS MB above, fds below), one line per pod, a grey vertical line per fault."""
+    width, panel, gap = 900, 220, 20
+    height = 2 * panel + gap
+    pixels = bytearray(b"\xff" * (width * height * 3))
+
+    def put(x: int, y: int, colour: tuple[int, int, int]) -> None:
+        if 0 <= x < width and 0 <= y < height:
+            i = (y * width + x) * 3
+            pixels[i : i + 3] = bytes(colour)
+
+    def line(x0: int, y0: int, x1: int, y1: int, colour: tuple[int, int, int]) -> None:
+        steps = max(abs(x1 - x0), abs(y1 - y0), 1)
+        for k in range(steps + 1):
+            x, y = x0 + (x1 - x0) * k // steps, y0 + (y1 - y0) * k // steps
+            put(x, y, colour)
+            put(x, y + 1, colour)
+
+    for top, value in ((0, "rss_mb"), (panel + gap, "fds")):
+        values = [getattr(s, value) for s in samples] or [0.0]
+        low, high = 0.0, max(values) * 1.15 or 1.0
+        line(0, top + panel - 1, width - 1, top + panel - 1, (0, 0, 0))
+        line(0, top, 0, top + panel - 1, (0, 0, 0))
+        for t, _ in faults:
+            x = int(t / duration_s * (width - 1))
+            for y in range(top, top + panel, 3):
+                put(x, y, (170, 170, 170))
+        for pod in sorted({s.pod for s in samples}):
+            scale = (panel - 2) / (high - low)
+            points = [
+                (int(s.t / duration_s * (width - 1)), top + panel - 1 - int((getattr(s, value) - low) * scale))
+                for s in samples
+                if s.pod == pod
+            ]
+            for (xa, ya), (xb, yb) in itertools.pairwise(points):
+                line(xa, ya, xb, yb, _COLOURS[pod % len(_COLOURS)])
+    return _png(width, height, pixels)
+
+
+async def soak(args: argparse.Namespace, workdir: Path) -> SoakResult:
+    rig = Rig(workdir, BackendShape(), {})
+    await rig.start()
+    samples: list[Sample] = []
+    stop = asyncio.Event()
+    sampler = asyncio.create_task(_sampler(rig, samples, stop))
+    faults: list[tuple[float, str]] = []
+    try:
+        capacity = await measure_capacity(rig.gateway, 2000)
+        rate = 0.7 * capacity
+        duration_s = args.minutes * 60
+        items = int(rate * duration_s)
+        ledger = rig.gateway.ledger("soak", items)
+        start = rig.gateway.now()
+        print(
+            f"soak: {items:,} items at {rate:,.0f}/s for {args.minutes:g} min (capacity {capacity:,.0f}/s)", flush=True
+        )
+
+        async def inject() -> None:
+            n = 0
+            while True:
+                await asyncio.sleep(args.fault_every_min * 60)
+                fault = FAULTS[n % len(FAULTS)]
+                faults.append((rig.gateway.now(), fault.__name__))
+                print(f"  t={rig.gateway.now() - start:7.1f}s fault {fault.__name__}", flush=True)
+                await fault(rig, rig.mark)
+                n += 1
+
+        injector = asyncio.create_task(inject())
+        publish_end = await rig.gateway.publish_open_loop(ledger, rate)
+        injector.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await injector
+        settled = await _settle(rig, [ledger], 180.0)
+        result = count(ledger, rig.marks, set(), _gave_up(rig, ledger), publish_end)
+        stop.set()
+        await sampler
+        out = SoakResult(
+            minutes=args.minutes,
+            rate=rate,
+            capacity=capacity,
+            items=items,
+            lost=result.lost + (0 if settled else result.in_stream),
+            duplicated_items=result.duplicated_items,
+            exactly_once=result.exactly_once,
+            in_stream=result.in_stream,
+            faults=faults,
+            samples=samples,
+        )
+        first_fault = faults[0][0] if faults else duration_s / 2
+        out.flat = flatness(samples, first_fault + 60.0, args.rss_growth_pct, args.fd_growth)
+        if args.png:
+            Path(args.png).write_bytes(plot(samples, faults, max(s.t for s in samples)))
+        return out
+    finally:
+        stop.set()
+        sampler.cancel()
+        await rig.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--minutes", type=float, default=30.0)
+    parser.add_argument("--fault-every-min", type=float, default=5.0)
+    parser.add_argument("--rss-growth-pct", type=float, default=10.0, help="allowed RSS growth of a long-lived sidecar")
+    parser.add_argument("--fd-growth", type=int, default=8, help="allowed open-fd growth of a long-lived sidecar")
+    parser.add_argument("--png", help="write the RSS/fd plot here")
+    parser.add_argument("--json", help="write the samples and the verdict here")
+    args = parser.parse_args(argv)
+    began = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="sie-soak-") as tmp:
+        result = asyncio.run(soak(args, Path(tmp)))
+    checked = [v for v in result.flat.values() if v.get("checked")]
+    ok = result.lost == 0 and bool(checked) and all(v["ok"] for v in checked)
+    print(
+        f"soak: {result.items:,} items, exactly once {result.exactly_once:,}, duplicated {result.duplicated_items:,},"
+        f" lost {result.lost}; faults {len(result.faults)}; wall {time.monotonic() - began:.0f} s"
+    )
+    for pod, verdict in result.flat.items():
+        print(f"  {pod}: {verdict}")
+    print("PASS" if ok else "FAIL")
+    if args.json:
+        Path(args.json).write_text(json.dumps(asdict(result), indent=1))
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
