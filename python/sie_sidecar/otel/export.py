@@ -21,6 +21,7 @@ from typing import Any, Final, Generic, TypeVar
 from ..logs import Throttled
 from ..telemetry import Registry
 from .http_post import HttpPost
+from .metrics import encode_metrics
 
 log = logging.getLogger(__name__)
 _warn = Throttled(log)
@@ -58,14 +59,11 @@ class PushExporter(ABC, Generic[C]):
         self._start_ns = time.time_ns()
         self.exports = 0
         self.failures = 0
-        from .metrics import encode_metrics
-
-        self._encode = encode_metrics
         self._load()
 
     def body(self) -> bytes:
         """The snapshot as a serialized `ExportMetricsServiceRequest`: the same bytes for every transport."""
-        return self._encode(
+        return encode_metrics(
             self._registry.snapshot(),
             resource=self._resource,
             lane=self._lane,

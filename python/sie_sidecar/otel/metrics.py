@@ -13,17 +13,14 @@ from collections.abc import Mapping, Sequence
 from typing import Final
 
 from ..telemetry import INSTRUMENTS, Point
+from .common import SCOPE, key_value, resource_message, scope_message
 from .protowire import double, fixed64, message, packed_double, packed_fixed64, string, uint
 
 #: §13: the unit of every instrument (names not listed there are exported without one).
 UNITS: Final[Mapping[str, str]] = {name: unit for name, (_, unit, _) in INSTRUMENTS.items()}
-SCOPE: Final = "sie_sidecar"
 _CUMULATIVE: Final = 2  # AggregationTemporality.AGGREGATION_TEMPORALITY_CUMULATIVE
 
-# Field numbers (opentelemetry-proto metrics.proto, common.proto, resource.proto, metrics_service.proto).
-_KV_KEY, _KV_VALUE, _ANY_STRING = 1, 2, 1
-_SCOPE_NAME, _SCOPE_VERSION = 1, 2
-_RESOURCE_ATTRIBUTES = 1
+# Field numbers (opentelemetry-proto metrics.proto, metrics_service.proto).
 _REQUEST_RESOURCE_METRICS = 1
 _RM_RESOURCE, _RM_SCOPE_METRICS = 1, 2
 _SM_SCOPE, _SM_METRICS = 1, 2
@@ -31,19 +28,6 @@ _METRIC_NAME, _METRIC_UNIT, _METRIC_GAUGE, _METRIC_SUM, _METRIC_HISTOGRAM = 1, 3
 _DATA_POINTS, _TEMPORALITY, _MONOTONIC = 1, 2, 3
 _NDP_START, _NDP_TIME, _NDP_DOUBLE, _NDP_ATTRIBUTES = 2, 3, 4, 7
 _HDP_START, _HDP_TIME, _HDP_COUNT, _HDP_SUM, _HDP_BUCKETS, _HDP_BOUNDS, _HDP_ATTRIBUTES = 2, 3, 4, 5, 6, 7, 9
-
-
-def key_value(field: int, key: str, value: str) -> bytes:
-    """A string attribute (`KeyValue` with an `AnyValue.string_value`, a oneof: written even when empty)."""
-    return message(field, string(_KV_KEY, key) + message(_KV_VALUE, message(_ANY_STRING, value.encode())))
-
-
-def resource_message(field: int, attributes: Mapping[str, str]) -> bytes:
-    return message(field, b"".join(key_value(_RESOURCE_ATTRIBUTES, k, v) for k, v in attributes.items()))
-
-
-def scope_message(field: int, version: str) -> bytes:
-    return message(field, string(_SCOPE_NAME, SCOPE) + string(_SCOPE_VERSION, version))
 
 
 def _data_point(point: Point, attributes: bytes, start_ns: int, now_ns: int) -> bytes:
@@ -90,4 +74,4 @@ def encode_metrics(
     return message(_REQUEST_RESOURCE_METRICS, resource_message(_RM_RESOURCE, resource) + scope_metrics)
 
 
-__all__ = ["SCOPE", "UNITS", "encode_metrics", "key_value", "resource_message", "scope_message"]
+__all__ = ["SCOPE", "UNITS", "encode_metrics"]

@@ -21,6 +21,7 @@ from typing import Any, Final, Generic, TypeVar
 from ..logs import Throttled
 from .export import HttpTransport
 from .http_post import HttpPost
+from .traces import encode_spans
 from .tracing import SpanBuffer, SpanRecord
 
 log = logging.getLogger(__name__)
@@ -34,8 +35,8 @@ C = TypeVar("C")
 
 class SpanExporter(ABC, Generic[C]):
     """Pushes one span buffer to one OTLP traces endpoint over a connection of type C, opened when
-    the first span is to be sent and closed after the last. The encoder and the transport's client
-    library are imported here, at start-up, not at the first push (see PushExporter)."""
+    the first span is to be sent and closed after the last. The transport's client library is
+    imported here, at start-up, not at the first push (see PushExporter)."""
 
     def __init__(
         self,
@@ -54,14 +55,11 @@ class SpanExporter(ABC, Generic[C]):
         self._dropped_seen = 0
         self.exports = 0
         self.failures = 0
-        from .traces import encode_spans
-
-        self._encode = encode_spans
         self._load()
 
     def body(self, spans: Sequence[SpanRecord]) -> bytes:
         """The spans as a serialized `ExportTraceServiceRequest`: the same bytes for every transport."""
-        return self._encode(spans, resource=self._resource, version=self._version)
+        return encode_spans(spans, resource=self._resource, version=self._version)
 
     @abstractmethod
     def _load(self) -> None:

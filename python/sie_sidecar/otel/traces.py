@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Final
 
-from .metrics import key_value, resource_message, scope_message
-from .protowire import fixed32, fixed64, message, string, uint, varint
+from .common import key_value, resource_message, scope_message
+from .protowire import fixed32, fixed64, message, string, uint
 from .tracing import KIND_CONSUMER, SpanRecord, links_of
 
 _KIND_INTERNAL, _KIND_CONSUMER = 1, 5  # Span.SpanKind
@@ -21,22 +21,13 @@ _STATUS_ERROR: Final = 2  # Status.StatusCode.STATUS_CODE_ERROR
 _HAS_IS_REMOTE: Final = 0x100  # SPAN_FLAGS_CONTEXT_HAS_IS_REMOTE_MASK
 _IS_REMOTE: Final = 0x200  # SPAN_FLAGS_CONTEXT_IS_REMOTE_MASK
 
-# Field numbers (opentelemetry-proto trace.proto, trace_service.proto, common.proto).
+# Field numbers (opentelemetry-proto trace.proto, trace_service.proto).
 _REQUEST_RESOURCE_SPANS, _RS_RESOURCE, _RS_SCOPE_SPANS, _SS_SCOPE, _SS_SPANS = 1, 1, 2, 1, 2
 _TRACE_ID, _SPAN_ID, _NAME, _KIND, _START, _END, _ATTRIBUTES = 1, 2, 5, 6, 7, 8, 9
 _EVENTS, _LINKS, _DROPPED_LINKS, _STATUS, _FLAGS = 11, 13, 14, 15, 16
 _EVENT_TIME, _EVENT_NAME = 1, 2
 _LINK_TRACE_ID, _LINK_SPAN_ID, _LINK_FLAGS = 1, 2, 6
 _STATUS_MESSAGE, _STATUS_CODE = 2, 3
-_KV_KEY, _KV_VALUE, _ANY_INT = 1, 2, 3
-_ANY_INT_TAG: Final = bytes([_ANY_INT << 3])  # varint wire type
-
-
-def _attribute(key: str, value: str | int) -> bytes:
-    if isinstance(value, int):  # AnyValue.int_value: a oneof member, written even when zero
-        any_value = message(_KV_VALUE, _ANY_INT_TAG + varint(value))
-        return message(_ATTRIBUTES, string(_KV_KEY, key) + any_value)
-    return key_value(_ATTRIBUTES, key, value)
 
 
 def _bytes(field: int, hex_id: str) -> bytes:
@@ -49,7 +40,7 @@ def _span(record: SpanRecord) -> bytes:
     body = _bytes(_TRACE_ID, record.trace_id) + _bytes(_SPAN_ID, record.span_id) + string(_NAME, record.name)
     body += uint(_KIND, _KINDS.get(record.kind, _KIND_INTERNAL))
     body += fixed64(_START, record.start_ns) + fixed64(_END, record.end_ns)
-    body += b"".join(_attribute(k, v) for k, v in record.attributes)
+    body += b"".join(key_value(_ATTRIBUTES, k, v) for k, v in record.attributes)
     for name, at in record.events:
         body += message(_EVENTS, fixed64(_EVENT_TIME, at) + string(_EVENT_NAME, name))
     for link in links:
