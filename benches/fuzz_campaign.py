@@ -279,18 +279,11 @@ def seeds(target: str) -> list[bytes]:
     """Valid inputs to start from (the fuzzer mutates these first)."""
     import msgpack
 
-    work_item = {
-        "work_item_id": "r.0",
-        "request_id": "r",
-        "item_index": 0,
-        "total_items": 1,
-        "operation": "encode",
-        "model_id": "org/m",
-        "profile_id": "default",
-        "reply_subject": "_INBOX.x",
-        "timestamp": 1.7e9,
-        "text": "hello",
-    }
+    from sie_sidecar.tools.loadgen import LoadConfig, build_work_item
+
+    work_item = build_work_item(
+        LoadConfig(nats_url="nats://unused"), request_id="r", item_index=0, total_items=1, text_index=0, timestamp=1.7e9
+    )  # a gateway's WorkItem, as the load generator writes it
     envelope = {"version": 1, "request_id": "r1", "ok": True, "body": {"outcomes": []}, "error": None}
     out = {
         "envelopes": [msgpack.packb(envelope), msgpack.packb({"outcomes": [{"work_item_id": "r.0"}]})],
