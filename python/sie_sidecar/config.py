@@ -101,6 +101,8 @@ LIMITS: Mapping[str, float] = {
     "SIE_NATS_FETCH_BUDGET": INT64_MAX,
     "SIE_NATS_PULL_EXPIRES_S": INT64_MAX,  # 1..29 is the spec's range; others fall back to 5
     "SIE_NATS_CONNECT_TIMEOUT_S": MAX_DURATION_S,
+    "SIE_NATS_PING_INTERVAL_S": MAX_DURATION_S,
+    "SIE_NATS_MAX_OUTSTANDING_PINGS": MAX_CONCURRENCY,
     "SIE_PULL_LOOP_INFLIGHT": MAX_CONCURRENCY,
     "SIE_PULL_LOOP_MAX_OUTSTANDING": INT64_MAX,
     "SIE_MAX_CONCURRENT_BATCHES": MAX_CONCURRENCY,
@@ -483,6 +485,12 @@ class Settings:
     #: Deadline of the first NATS connection (our extension, `SIE_NATS_CONNECT_TIMEOUT_S`); later
     #: reconnects retry forever.
     nats_connect_timeout_s: float = 30.0
+    #: Client PING period and how many may go unanswered (our extension, `SIE_NATS_PING_INTERVAL_S`,
+    #: `SIE_NATS_MAX_OUTSTANDING_PINGS`): a server that stops answering without closing the socket
+    #: (frozen, a VM pause, a half-open route) is left after interval * (pings + 1) at most, 20 s by
+    #: default, inside ack_wait; nats-py's own 120 s and 2 pings left a sidecar idle for minutes.
+    nats_ping_interval_s: float = 5.0
+    nats_max_outstanding_pings: int = 3
     #: `SIE_METRICS_ENABLED` / `SIE_TRACING_ENABLED` (§13): on only with an endpoint and a protocol this
     #: build exports. `SIE_WORK_DEADLINE_ENFORCE` (§15.3) is parsed so that asking for it is refused
     #: (`NOT_YET`) rather than ignored.
@@ -959,6 +967,8 @@ class _Builder:
             generate_ipc_frame_timeout_s=self.env_uint("SIE_GENERATE_IPC_FRAME_TIMEOUT_S", 300),
             ipc_mux=self._environ.get("SIE_IPC_MUX") in _MUX_ON,
             nats_connect_timeout_s=self.env_float("SIE_NATS_CONNECT_TIMEOUT_S", 30.0),
+            nats_ping_interval_s=self.env_float("SIE_NATS_PING_INTERVAL_S", 5.0),
+            nats_max_outstanding_pings=self.env_uint("SIE_NATS_MAX_OUTSTANDING_PINGS", 3),
             metrics_enabled=self._metrics_enabled(otel),
             otel=otel,
             tracing_enabled=self._tracing_enabled(otel),

@@ -7,6 +7,8 @@ nats-py, left to itself, retries the first connection forever (with `max_reconne
 logs each failure with a traceback; a wrong password or an untrusted certificate then looks like an
 outage. Here the first connection ends at its deadline or at the first refusal that retrying cannot
 fix (credentials, TLS), as `ConnectError`; only after it succeeded do reconnects go on forever.
+Client PINGs every `SIE_NATS_PING_INTERVAL_S` leave a server that stopped answering (frozen, not
+closed) within seconds rather than nats-py's four minutes.
 """
 
 from __future__ import annotations
@@ -127,6 +129,8 @@ async def connect(nc: NatsClient, settings: Settings, events: NatsEvents) -> Non
             reconnected_cb=events.reconnected,
             max_reconnect_attempts=-1,
             reconnect_time_wait=RECONNECT_WAIT_S,  # type: ignore[arg-type]  # nats-py types seconds as int
+            ping_interval=settings.nats_ping_interval_s,  # type: ignore[arg-type]  # likewise
+            max_outstanding_pings=settings.nats_max_outstanding_pings,
             name=f"sie-sidecar {settings.worker_id}",
             **options,  # type: ignore[arg-type]
         )
