@@ -80,6 +80,11 @@ SOAK_MINUTES ?= 30
 soak: $(BUILD_STAMP) ## the chaos rig at 70% load for SOAK_MINUTES with a fault every 5 min; RSS/fds sampled (docs/img/soak.png)
 	$(PY) -m benches.chaos.soak --minutes $(SOAK_MINUTES) --png docs/img/soak.png --json .benchmarks/soak.json
 
+.PHONY: leak-check
+LEAK_ITEMS ?= 2000000
+leak-check: $(BUILD_STAMP) ## LEAK_ITEMS through one sidecar at 80% load; fails on an RSS slope > 2 B/item or growing fds
+	$(PY) -m benches.leak_check --items $(LEAK_ITEMS) --json .benchmarks/leak-check.json --png .benchmarks/leak-check.png
+
 fuzz: $(BUILD_STAMP) ## long fuzz run of every parser (hypothesis, 20k examples per target) plus the Rust fuzz loop
 	HYPOTHESIS_PROFILE=fuzz $(PY) -m pytest -q --timeout=0 tests/fuzz -m fuzz
 	SIE_FUZZ_ITERATIONS=2000000 cargo test -q --release -p sie-core fuzz_
