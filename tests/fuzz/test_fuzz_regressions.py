@@ -7,7 +7,11 @@ in `tests/fuzz/regressions/<target>/`; a crash or divergence the campaign writes
 The first 29 came from the first campaigns (2026-12-03): IPC response envelopes and BatchOutcomes
 that the native decoders and the twins judged differently (a top-level key that is not a string:
 refused natively, skipped by the twin; a key or an unread value that is not UTF-8: skipped natively,
-refused by the twin's msgpack)."""
+refused by the twin's msgpack). The `work_item` ones (2026-12-03) are WorkItems the native decoder
+and `decode_work_item_py` judged differently: a known key given twice, its first value of the wrong
+type (the native decoder checks every occurrence; the twin's dict kept the last), an ext key of a
+negative type code (skipped undecoded natively, refused by the twin's msgpack), and a value nested
+129 deep (the native reader's limit is 128)."""
 
 from __future__ import annotations
 

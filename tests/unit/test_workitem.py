@@ -170,3 +170,60 @@ def test_a_key_given_twice_keeps_the_last_value_and_slots_hold_one_reference_eac
     held = sys.getrefcount(shared)
     del items[1:]
     assert sys.getrefcount(shared) == held - 99  # each slot owned exactly one reference
+
+
+def _with_entries(*entries: bytes) -> bytes:
+    """TV_W1 with extra map entries (each a key and a value, already encoded) before its own."""
+    raw = msgpack.unpackb(TV_W1)
+    return bytes([0x80 | (len(raw) + len(entries))]) + b"".join(entries) + bytes(msgpack.packb(raw)[1:])
+
+
+@pytest.mark.parametrize(
+    "entry",
+    [
+        msgpack.packb("reply_subject") + msgpack.packb(5),  # TV_W1's str comes after
+        msgpack.packb("item_index") + msgpack.packb(-1),
+        msgpack.packb("is_query") + msgpack.packb("yes") + msgpack.packb("is_query") + msgpack.packb(True),
+        msgpack.packb("work_item_id") + b"\xd4\xfe\x00",  # an ext value where a str is read
+    ],
+)
+def test_every_occurrence_of_a_repeated_key_is_checked(decode_work_item: Any, entry: bytes) -> None:
+    with pytest.raises(WorkItemError, match="must be"):
+        decode_work_item(_with_entries(entry))
+
+
+def test_a_repeated_key_with_good_values_keeps_the_last(decode_work_item: Any) -> None:
+    item = decode_work_item(_with_entries(msgpack.packb("model_id") + msgpack.packb("first")))
+    assert item.model_id == "BAAI/bge-m3"
+
+
+@pytest.mark.parametrize(
+    ("key", "decodes"),
+    [
+        (b"\xd4\xfe\x00", False),  # ext type -2: reserved, no ExtType for it
+        (b"\xc7\x03\xff\x00\x00\x00", False),  # ext -1 (a Timestamp) of a length no Timestamp has
+        (b"\xd4\x05\x00", True),
+    ],
+)
+def test_an_ext_key_is_skipped_undecoded_but_an_ext_value_is_decoded(
+    decode_work_item: Any, key: bytes, decodes: bool
+) -> None:
+    assert decode_work_item(_with_entries(key + msgpack.packb(1))).work_item_id == "req-1.0"
+    unknown_value = msgpack.packb("future_field") + key
+    if decodes:
+        assert decode_work_item(_with_entries(unknown_value)).work_item_id == "req-1.0"
+    else:
+        with pytest.raises(WorkItemError, match="not msgpack"):
+            decode_work_item(_with_entries(unknown_value))
+
+
+@pytest.mark.parametrize("where", ["item", "future_field"])
+def test_values_nest_at_most_128_deep(decode_work_item: Any, where: str) -> None:
+    key = msgpack.packb(where)
+    deepest: Any = 0
+    for _ in range(128):
+        deepest = [deepest]
+    assert decode_work_item(_with_entries(key + b"\x91" * 128 + b"\x00")).item == (deepest if where == "item" else None)
+    assert decode_work_item(_with_entries(key + b"\x91" * 128 + b"\x80")).work_item_id == "req-1.0"  # empty map
+    with pytest.raises(WorkItemError, match="too deep"):
+        decode_work_item(_with_entries(key + b"\x91" * 129 + b"\x00"))

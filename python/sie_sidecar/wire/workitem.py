@@ -91,66 +91,151 @@ _OPT_STR_DEFAULT_EMPTY = ("profile_id", "engine", "admission_pool", "bundle_conf
 _OPT_STR_NONE = ("payload_ref", "instruction", "query_payload_ref", "traceparent", "tracestate")
 
 
-def _uint(value: Any, key: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise WorkItemError(f"{key} must be an unsigned int")
+#: How deep a value inside the WorkItem map may nest (the native reader's `sie_core::msgpack::MAX_DEPTH`):
+#: a value of the top-level map is at depth 0, an element of it at 1, and so on.
+MAX_DEPTH = 128
+
+_MARKERS = {0xC0: "nil", 0xC1: "invalid", 0xC2: "bool", 0xC3: "bool", 0xCA: "float", 0xCB: "float"}
+_MARKERS.update({0xC4: "bin", 0xC5: "bin", 0xC6: "bin"})
+
+
+def _family(marker: int) -> str:
+    """The msgpack family of a value starting with `marker` (the native reader's token kinds)."""
+    if marker <= 0x7F or 0xCC <= marker <= 0xD3 or marker >= 0xE0:
+        return "int"
+    if marker <= 0x8F or marker in (0xDE, 0xDF):
+        return "map"
+    if marker <= 0x9F or marker in (0xDC, 0xDD):
+        return "array"
+    if marker <= 0xBF or 0xD9 <= marker <= 0xDB:
+        return "str"
+    return _MARKERS.get(marker, "ext")  # ext: 0xc7-0xc9 and 0xd4-0xd8
+
+
+@dataclass(frozen=True, slots=True)
+class _Kind:
+    """How a known key's value is checked: the families taken (None: any value, decoded generically),
+    the error for another one, and the field value made from a decoded one."""
+
+    families: frozenset[str] | None
+    message: str
+    convert: Callable[[Any], Any] = lambda value: value
+
+
+def _uint(value: int) -> int:
+    if value < 0:
+        raise ValueError
     return value
+
+
+def _float(value: float | None) -> float:
+    return 0.0 if value is None else float(value)
+
+
+def _kinds() -> dict[str, _Kind]:
+    kinds = {key: _Kind(frozenset({"str"}), f"{key} must be a str") for key in _STR_FIELDS}
+    for key in ("item_index", "total_items"):
+        kinds[key] = _Kind(frozenset({"int"}), f"{key} must be an unsigned int", _uint)
+    for key in _OPT_STR_DEFAULT_EMPTY:
+        kinds[key] = _Kind(frozenset({"str", "nil"}), f"{key} must be a str", lambda value: value or "")
+    for key in _OPT_STR_NONE:
+        kinds[key] = _Kind(frozenset({"str", "nil"}), f"{key} must be a str or nil")
+    for key in ("is_query", "accepts_result_chunks"):
+        kinds[key] = _Kind(frozenset({"bool", "nil"}), f"{key} must be a bool", bool)
+    kinds["timestamp"] = _Kind(frozenset({"int", "float", "nil"}), "timestamp must be a number", _float)
+    for key in ("output_types", "labels", "score_items"):
+        kinds[key] = _Kind(frozenset({"array", "nil"}), f"{key} must be an array or nil")
+    kinds["options"] = _Kind(frozenset({"map", "nil"}), "options must be a map or nil")
+    for key in ("item", "query_item", "output_schema"):
+        kinds[key] = _Kind(None, "")
+    return kinds
+
+
+#: Every known key (all `WorkItem` fields but `raw` and `spans`) and how its value is checked.
+_KINDS = _kinds()
+
+
+def _check_depth(value: Any) -> None:
+    """Refuse a decoded value nested deeper than the native reader takes (`MAX_DEPTH`)."""
+    stack: list[tuple[Any, int]] = [(value, 0)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > MAX_DEPTH:
+            raise WorkItemError("not msgpack: msgpack nesting too deep")
+        if isinstance(node, list):
+            stack.extend((child, depth + 1) for child in node)
+        elif isinstance(node, dict):
+            stack.extend((child, depth + 1) for pair in node.items() for child in pair)
+
+
+def _decoded(unpacker: Any) -> Any:
+    value = unpacker.unpack()
+    _check_depth(value)
+    return value
+
+
+def _family_at(buf: bytes, at: int) -> str:
+    if at >= len(buf):
+        raise WorkItemError("not msgpack: truncated")
+    return _family(buf[at])
+
+
+def _read_fields(buf: bytes) -> dict[str, Any]:
+    """The known fields of the WorkItem map in `buf`, walked as the native decoder walks it.
+
+    Each occurrence of a known key is checked (a repeated key keeps its last value, but an earlier
+    bad one is refused); a value of the wrong family is refused undecoded (an ext value of any type
+    code in a str field, say). An unknown key's value is decoded and dropped. A key that is not a str
+    is skipped without being decoded (an ext key of any type code, a bad Timestamp included), its
+    value decoded and dropped; an array or map key is refused. Trailing bytes are refused.
+    """
+    if _family_at(buf, 0) != "map":
+        raise WorkItemError("WorkItem must be a map")
+    unpacker = msgpack.Unpacker(raw=False, strict_map_key=False, max_buffer_size=max(len(buf), 1))
+    unpacker.feed(buf)
+    fields: dict[str, Any] = {}
+    for _ in range(unpacker.read_map_header()):
+        family = _family_at(buf, unpacker.tell())
+        if family in ("array", "map"):
+            raise WorkItemError("not msgpack: unhashable map key")
+        if family != "str":
+            unpacker.skip()
+            _decoded(unpacker)
+            continue
+        key = unpacker.unpack()
+        kind = _KINDS.get(key)
+        if kind is None:
+            _decoded(unpacker)
+            continue
+        family = _family_at(buf, unpacker.tell())
+        if kind.families is not None and family != "invalid" and family not in kind.families:
+            raise WorkItemError(kind.message)
+        value = _decoded(unpacker)
+        try:
+            fields[key] = kind.convert(value)
+        except ValueError:
+            raise WorkItemError(kind.message) from None
+    if unpacker.tell() != len(buf):
+        raise WorkItemError(f"not msgpack: {len(buf) - unpacker.tell()} trailing bytes")
+    return fields
 
 
 def decode_work_item_py(data: bytes | memoryview) -> WorkItem:
     """Decode one WorkItem; `WorkItemError` when it is not msgpack, not a map, or misses a key.
 
-    The pure-Python twin of the native decoder (`sie_sidecar._native.decode_work_item`).
+    The pure-Python twin of the native decoder (`sie_sidecar._native.decode_work_item`), with its
+    rules (`_read_fields`): every occurrence of a known key type-checked, a key that is not a str
+    skipped undecoded, values nested at most `MAX_DEPTH` deep.
     """
     try:
-        raw = msgpack.unpackb(data, raw=False, strict_map_key=False)
+        fields = _read_fields(bytes(data))
+    except WorkItemError:
+        raise
     except Exception as exc:  # msgpack raises several unrelated types for bad input
         raise WorkItemError(f"not msgpack: {exc}") from None
-    if not isinstance(raw, dict):
-        raise WorkItemError("WorkItem must be a map")
-    missing = [key for key in REQUIRED if key not in raw]
+    missing = [key for key in REQUIRED if key not in fields]
     if missing:
         raise WorkItemError(f"WorkItem is missing {', '.join(missing)}")
-    for key in _STR_FIELDS:
-        if not isinstance(raw[key], str):
-            raise WorkItemError(f"{key} must be a str")
-    fields: dict[str, Any] = {key: raw[key] for key in _STR_FIELDS}
-    fields["item_index"] = _uint(raw["item_index"], "item_index")
-    fields["total_items"] = _uint(raw["total_items"], "total_items")
-    for key in _OPT_STR_DEFAULT_EMPTY:
-        value = raw.get(key)
-        if value is not None and not isinstance(value, str):
-            raise WorkItemError(f"{key} must be a str")
-        fields[key] = value or ""
-    for key in _OPT_STR_NONE:
-        value = raw.get(key)
-        if value is not None and not isinstance(value, str):
-            raise WorkItemError(f"{key} must be a str or nil")
-        fields[key] = value
-    for key in ("is_query", "accepts_result_chunks"):
-        value = raw.get(key, False)
-        if value is None:
-            value = False
-        if not isinstance(value, bool):
-            raise WorkItemError(f"{key} must be a bool")
-        fields[key] = value
-    timestamp = raw.get("timestamp", 0.0)
-    if timestamp is None:
-        timestamp = 0.0
-    if isinstance(timestamp, bool) or not isinstance(timestamp, int | float):
-        raise WorkItemError("timestamp must be a number")
-    fields["timestamp"] = float(timestamp)
-    for key in ("output_types", "labels", "score_items"):
-        value = raw.get(key)
-        if value is not None and not isinstance(value, list):
-            raise WorkItemError(f"{key} must be an array or nil")
-        fields[key] = value
-    options = raw.get("options")
-    if options is not None and not isinstance(options, dict):
-        raise WorkItemError("options must be a map or nil")
-    fields["options"] = options
-    for key in ("item", "query_item", "output_schema"):
-        fields[key] = raw.get(key)
     return WorkItem(**fields)
 
 
