@@ -2,15 +2,17 @@
 """A 3-node nats-server cluster on loopback: routes between three cluster ports, JetStream (file store) on each.
 
 `NatsCluster` starts the nodes, waits for a JetStream meta leader, creates the pool and worker-direct
-streams with 3 replicas (the sidecar refuses `SIE_STREAM_REPLICAS` > 1 today, and its ensure step
-leaves an existing stream's replicas alone), finds a stream's leader through `$JS.API.STREAM.INFO`,
-and kills, restarts, stops (SIGSTOP) and continues (SIGCONT) single nodes.
+streams with 3 replicas (before any sidecar starts, so that their start-up meets no election), finds
+a stream's and a durable's leader through the JetStream API and moves them to a chosen node
+(`place`: leader stepdown with a preferred server), and kills, restarts, stops (SIGSTOP) and
+continues (SIGCONT) single nodes.
 """
 
 from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import json
 import signal
 import time
@@ -174,6 +176,33 @@ class NatsCluster:
         leader = (json.loads(reply.data).get("cluster") or {}).get("leader")
         return str(leader) if leader else None
 
+    async def place(
+        self, nc: Client, stream: str, durable: str, *, stream_on: Node, durable_on: Node, timeout_s: float = 30.0
+    ) -> tuple[str | None, str | None]:
+        """Move the stream's and the durable's leaders to the given nodes (a stepdown with that node
+        preferred, asked again until it holds), so that a fault hits the leader it means to; returns
+        where they are at the end (a stepdown can be refused while a peer catches up)."""
+        deadline = time.monotonic() + timeout_s
+        where: tuple[str | None, str | None] = (None, None)
+        while time.monotonic() < deadline:
+            with contextlib.suppress(RuntimeError):
+                where = ((await self.stream_leader(nc, stream, timeout_s=5.0)).name, where[1])
+            where = (where[0], await self.consumer_leader(nc, stream, durable))
+            if where == (stream_on.name, durable_on.name):
+                return where
+            if where[0] != stream_on.name:
+                await self._stepdown(nc, f"$JS.API.STREAM.LEADER.STEPDOWN.{stream}", stream_on)
+            elif where[1] != durable_on.name:
+                await self._stepdown(nc, f"$JS.API.CONSUMER.LEADER.STEPDOWN.{stream}.{durable}", durable_on)
+            await asyncio.sleep(0.5)
+        return where
+
+    @staticmethod
+    async def _stepdown(nc: Client, subject: str, preferred: Node) -> None:
+        body = json.dumps({"placement": {"preferred": preferred.name}}).encode()
+        with contextlib.suppress(Exception):  # no responders / timeout while electing: asked again
+            await nc.request(subject, body, timeout=API_TIMEOUT_S * 2)
+
     async def wait_replicas_current(self, nc: Client, stream: str, timeout_s: float = 30.0) -> bool:
         """Until the stream has a leader and every other replica reports current (a restarted node caught up)."""
         deadline = time.monotonic() + timeout_s
@@ -221,7 +250,7 @@ async def stream_counts(js: Any, stream: str, durable: str) -> dict[str, int | N
     return out
 
 
-async def stream_message_ids(nc: Client, stream: str, subject_filter: str, limit: int = 20_000) -> list[str]:
+async def stream_message_ids(nc: Client, stream: str, subject_filter: str, limit: int = STREAM_MAX_MSGS) -> list[str]:
     """The work_item_ids of the messages still in `stream` (walked with next_by_subj from sequence 1)."""
     ids: list[str] = []
     seq = 1

@@ -2,11 +2,14 @@
 """The gateway stand-in: open-loop publishing of WorkItems and a reply collector that counts per item.
 
 WorkItems are the load generator's (`sie_sidecar.tools.loadgen.build_work_item`: the v0.7.1 gateway's
-keys and order), one item per request so the reply subject names the item. Publishes are core `PUB`s
+keys and order), one item per request so the reply subject names the item. Publishes are core `HPUB`s
 with a per-publish reply subject for the PubAck, as the load generator pipelines them; unlike it, a
 publish whose PubAck is an error, or missing after `ACK_TIMEOUT_S`, is published again (at least once,
-as a gateway would retry), and such items are marked so that a duplicate they cause is attributed to
-the retry, not to the sidecar. Every answer is kept with its arrival time.
+as a gateway would retry), with the work item id as `Nats-Msg-Id` so that JetStream stores a retried
+item once (its duplicate window, 2 minutes, outlasts `GIVE_UP_S`). Retried items are marked so that a
+duplicate they could still cause is attributed to the retry, not to the sidecar. The connection goes
+to the first URL given (no shuffle), so the rig can keep the gateway off the node a fault hits.
+Every answer is kept with its arrival time.
 """
 
 from __future__ import annotations
@@ -107,6 +110,7 @@ class Gateway:
 
         self.nc = await nats.connect(
             servers=self.urls,
+            dont_randomize=True,  # the first URL: the rig's gateway node, which no fault hits
             connect_timeout=5,
             max_reconnect_attempts=-1,
             reconnect_time_wait=0.25,
@@ -164,7 +168,12 @@ class Gateway:
         seq = self._seq
         self._waiting[seq] = (ledger, index, now)
         try:
-            await self.nc.publish(config.subject, self._packer.pack(item), reply=f"{self._ack_prefix}.{seq}")
+            await self.nc.publish(
+                config.subject,
+                self._packer.pack(item),
+                reply=f"{self._ack_prefix}.{seq}",
+                headers={"Nats-Msg-Id": ledger.work_item_id(index)},  # a retry is stored once
+            )
         except Exception as exc:  # outbound buffer full while disconnected, connection closed
             self._waiting.pop(seq, None)
             if len(self.client_errors) < 50:

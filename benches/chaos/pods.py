@@ -27,12 +27,14 @@ READY_TIMEOUT_S = 60.0
 
 @dataclass(frozen=True)
 class BackendShape:
-    """The null adapter's cost model and the graceful restart's drain."""
+    """The null adapter's cost model, the graceful restart's drain and the batch hang's length (longer
+    than the pool's 30 s ack_wait)."""
 
     batch_time_a_ms: float = 10.0
     batch_time_b_us: float = 50.0
     batch_budget: int = 64
     drain_s: float = 5.0
+    hang_s: float = 35.0
 
 
 def worker_id(index: int) -> str:
@@ -77,6 +79,8 @@ class Pod:
                 str(shape.batch_budget),
                 "--drain-s",
                 f"{shape.drain_s:g}",
+                "--hang-s",
+                f"{shape.hang_s:g}",
             ],
             base,
             workdir / f"backend-{index}.log",
@@ -125,6 +129,10 @@ class Pod:
 
     def kill_backend(self) -> None:
         self.backend.kill()
+
+    def hang_backend_batches(self) -> None:
+        """SIGUSR2: batches hang for the backend's `--hang-s` while its heartbeat answers."""
+        self.backend.signal(signal.SIGUSR2)
 
     async def graceful_backend_restart(self, timeout_s: float = 60.0) -> float:
         """SIGUSR1: drain (refuse batches) for the shape's drain_s, exit 0; then start it again.

@@ -23,7 +23,7 @@ from nats.aio.client import Client
 from sie_sidecar.bus.topology import TopologySpec
 from sie_sidecar.tools.localhost import free_port
 
-from .cluster import NatsCluster, stream_counts, stream_message_ids
+from .cluster import NatsCluster, Node, stream_counts, stream_message_ids
 from .count import ACK_WAIT_S, Count, Mark, count
 from .load import Gateway, Ledger, measure_capacity
 from .pods import BUNDLE, POOL, PROFILE, BackendShape, Pod, worker_id
@@ -36,17 +36,26 @@ Marker = Callable[[str, str], None]
 
 
 class Rig:
-    """A fresh cluster, three pods and the gateway, in `workdir`."""
+    """A fresh cluster, three pods and the gateway, in `workdir`.
+
+    The gateway stand-in is connected to the last node (`gateway_node`), and no fault hits that node:
+    replies are NATS Core messages (at most once), so a gateway whose own server dies loses the
+    replies in flight, which no sidecar can prevent, and would mix the gateway's failure into each
+    node scenario. The node faults hit `target` (n0), with the leaders placed first (`place`)."""
 
     def __init__(self, workdir: Path, shape: BackendShape, sidecar_env: dict[str, str]) -> None:
         self.workdir = workdir
+        self.shape = shape
         self.cluster = NatsCluster(workdir)
         self.specs = [TopologySpec(POOL, PROFILE, BUNDLE, worker_id(i)) for i in range(PODS)]
         self.pods = [
             Pod(i, workdir, self.cluster.urls, probe_port=free_port(), shape=shape, sidecar_env=sidecar_env)
             for i in range(PODS)
         ]
-        self.gateway = Gateway(self.cluster.urls, "chaosgw")
+        self.gateway_node = self.cluster.nodes[-1]
+        self.target = self.cluster.nodes[0]
+        others = [n.url for n in self.cluster.nodes if n is not self.gateway_node]
+        self.gateway = Gateway([self.gateway_node.url, *others], "chaosgw")
         self.admin: Client | None = None
         self.marks: list[Mark] = []
 
@@ -94,6 +103,19 @@ class Rig:
         except OSError:
             pass
         return found
+
+    def sidecars_on(self, node: Node) -> list[Pod]:
+        return [pod for pod in self.pods if self.connected_node(pod) == node.name]
+
+    async def place(self, mark: Marker, *, stream_on: Node, durable_on: Node) -> None:
+        """Move the pool stream's and the durable's leaders to the given nodes and mark where they are."""
+        assert self.admin is not None
+        where = await self.cluster.place(
+            self.admin, self.pool_stream, self.pool_durable, stream_on=stream_on, durable_on=durable_on
+        )
+        wanted = (stream_on.name, durable_on.name)
+        note = "" if where == wanted else f" (asked for {wanted[0]} / {wanted[1]})"
+        mark(f"leaders: stream {where[0]}, durable {where[1]}{note}", "event")
 
     async def stop(self) -> None:
         await self.gateway.close()
@@ -146,16 +168,20 @@ async def backend_graceful_restart(rig: Rig, mark: Marker) -> None:
     mark(f"{pod.backend.name} back (old one drained {exited:.1f} s)", "restored")
 
 
-async def kill_stream_leader(rig: Rig, mark: Marker) -> None:
+def _other(rig: Rig, *not_these: Node) -> Node:
+    return next(n for n in rig.cluster.nodes if n not in not_these)
+
+
+async def _kill_node(rig: Rig, mark: Marker, node: Node, what: str) -> None:
+    """kill -9 of `node`, started again 5 s later, until the pool stream's replicas are current."""
     assert rig.admin is not None
-    node = await rig.cluster.stream_leader(rig.admin, rig.pool_stream)
-    durable_leader = await rig.cluster.consumer_leader(rig.admin, rig.pool_stream, rig.pool_durable)
-    mark(f"durable {rig.pool_durable} led by {durable_leader}", "event")
+    mark(f"sidecars on {node.name}: {', '.join(p.sidecar.name for p in rig.sidecars_on(node)) or 'none'}", "event")
     rig.cluster.kill(node)
-    mark(f"kill -9 nats {node.name} (leader of {rig.pool_stream})", "fault")
+    mark(f"kill -9 nats {node.name} ({what})", "fault")
     with contextlib.suppress(RuntimeError):
         new = await rig.cluster.stream_leader(rig.admin, rig.pool_stream, timeout_s=20.0)
-        mark(f"new stream leader {new.name}", "event")
+        durable = await rig.cluster.consumer_leader(rig.admin, rig.pool_stream, rig.pool_durable)
+        mark(f"stream leader {new.name}, durable leader {durable}", "event")
     await asyncio.sleep(5.0)
     await rig.cluster.restart(node)
     mark(f"nats {node.name} restarted", "event")
@@ -163,16 +189,82 @@ async def kill_stream_leader(rig: Rig, mark: Marker) -> None:
     mark(f"nats {node.name} {'caught up' if current else 'NOT caught up within 30 s'}", "restored")
 
 
+async def place_stream_leader(rig: Rig, mark: Marker) -> None:
+    await rig.place(mark, stream_on=rig.target, durable_on=_other(rig, rig.target, rig.gateway_node))
+
+
+async def kill_stream_leader(rig: Rig, mark: Marker) -> None:
+    await _kill_node(rig, mark, rig.target, f"leader of {rig.pool_stream}, not of the durable")
+
+
+async def place_durable_leader(rig: Rig, mark: Marker) -> None:
+    await rig.place(mark, stream_on=_other(rig, rig.target, rig.gateway_node), durable_on=rig.target)
+
+
+async def kill_durable_leader(rig: Rig, mark: Marker) -> None:
+    await _kill_node(rig, mark, rig.target, f"leader of the durable {rig.pool_durable}, not of the stream")
+
+
+async def place_away_from_target(rig: Rig, mark: Marker) -> None:
+    leader = _other(rig, rig.target, rig.gateway_node)
+    await rig.place(mark, stream_on=leader, durable_on=leader)
+
+
+async def kill_follower(rig: Rig, mark: Marker) -> None:
+    await _kill_node(rig, mark, rig.target, "a follower: it leads neither the stream nor the durable")
+
+
+async def place_both_on_target(rig: Rig, mark: Marker) -> None:
+    await rig.place(mark, stream_on=rig.target, durable_on=rig.target)
+
+
 async def sigstop_leader(rig: Rig, mark: Marker) -> None:
+    """SIGSTOP of the node leading the stream and the durable for 10 s: a partition of one node that
+    heals before any client's ping window ends (its routes and clients see silence, not a close)."""
     assert rig.admin is not None
-    node = await rig.cluster.stream_leader(rig.admin, rig.pool_stream)
-    durable_leader = await rig.cluster.consumer_leader(rig.admin, rig.pool_stream, rig.pool_durable)
-    mark(f"durable {rig.pool_durable} led by {durable_leader}", "event")
+    node = rig.target
+    mark(f"sidecars on {node.name}: {', '.join(p.sidecar.name for p in rig.sidecars_on(node)) or 'none'}", "event")
     rig.cluster.pause(node)
-    mark(f"SIGSTOP nats {node.name} (leader of {rig.pool_stream}) for 10 s", "fault")
+    mark(f"SIGSTOP nats {node.name} (leader of {rig.pool_stream} and its durable) for 10 s", "fault")
     await asyncio.sleep(10.0)
     rig.cluster.resume(node)
     mark(f"SIGCONT nats {node.name}", "event")
+    current = await rig.cluster.wait_replicas_current(rig.admin, rig.pool_stream)
+    mark(f"nats {node.name} {'caught up' if current else 'NOT caught up within 30 s'}", "restored")
+
+
+FREEZE_S = 40.0  # longer than the sidecar's ping window (5 s x (3 + 1) = 20 s by default)
+
+
+async def place_away_from_sidecars(rig: Rig, mark: Marker) -> None:
+    """The freeze target: the non-gateway node most sidecars are connected to; the leaders go elsewhere."""
+    candidates = [n for n in rig.cluster.nodes if n is not rig.gateway_node]
+    rig.target = max(candidates, key=lambda n: (len(rig.sidecars_on(n)), -n.index))
+    leader = _other(rig, rig.target, rig.gateway_node)
+    await rig.place(mark, stream_on=leader, durable_on=leader)
+
+
+async def freeze_sidecar_node(rig: Rig, mark: Marker) -> None:
+    """SIGSTOP for 40 s of a node that leads nothing but has sidecars connected: they must notice (ping
+    window) and move to another node, their held items settled there."""
+    assert rig.admin is not None
+    node = rig.target
+    pods = rig.sidecars_on(node)
+    mark(f"sidecars on {node.name}: {', '.join(p.sidecar.name for p in pods) or 'none'}", "event")
+    rig.cluster.pause(node)
+    mark(f"SIGSTOP nats {node.name} (no leader; {len(pods)} sidecars connected) for {FREEZE_S:g} s", "fault")
+    loop = asyncio.get_running_loop()
+    until = loop.time() + FREEZE_S
+    moved: set[str] = set()
+    while loop.time() < until:
+        await asyncio.sleep(0.5)
+        for pod in pods:
+            now_on = rig.connected_node(pod)
+            if pod.sidecar.name not in moved and now_on not in ("?", node.name):
+                moved.add(pod.sidecar.name)
+                mark(f"{pod.sidecar.name} reconnected to {now_on}", "event")
+    rig.cluster.resume(node)
+    mark(f"SIGCONT nats {node.name} ({len(moved)} of {len(pods)} sidecars had moved)", "event")
     current = await rig.cluster.wait_replicas_current(rig.admin, rig.pool_stream)
     mark(f"nats {node.name} {'caught up' if current else 'NOT caught up within 30 s'}", "restored")
 
@@ -185,6 +277,17 @@ async def backend_stall(rig: Rig, mark: Marker) -> None:
     await asyncio.sleep(stall)
     pod.backend.signal(18)  # SIGCONT
     mark(f"SIGCONT {pod.backend.name}", "restored")
+
+
+async def backend_batch_hang(rig: Rig, mark: Marker) -> None:
+    """Batches hang past ack_wait while the backend's heartbeat answers (SIGUSR2 to the chaos backend):
+    the sidecar sees a ready backend and slow batches, so only its progress ACKs keep what it holds."""
+    pod = rig.pods[0]
+    hang = rig.shape.hang_s
+    pod.hang_backend_batches()
+    mark(f"{pod.backend.name}: batches hang {hang:g} s (> ack_wait {ACK_WAIT_S:g} s), heartbeat answers", "fault")
+    await asyncio.sleep(hang)
+    mark(f"{pod.backend.name}: batches run again", "restored")
 
 
 async def rolling_restart(rig: Rig, mark: Marker) -> None:
@@ -220,6 +323,7 @@ class Scenario:
     what: str
     inject: Callable[[Rig, Marker], Awaitable[None]]
     fault_at: float = 0.3  # fraction of the load's schedule
+    prepare: Callable[[Rig, Marker], Awaitable[None]] = _none  # before the load (leader placement)
 
 
 SCENARIOS: dict[str, Scenario] = {
@@ -235,14 +339,46 @@ SCENARIOS: dict[str, Scenario] = {
         ),
         Scenario(
             "kill_stream_leader",
-            "kill -9 of the pool stream leader's nats-server, restarted 5 s later",
+            "kill -9 of the pool stream leader's nats-server (not the durable's), restarted 5 s later",
             kill_stream_leader,
             fault_at=0.15,
+            prepare=place_stream_leader,
         ),
         Scenario(
-            "sigstop_leader", "SIGSTOP of the pool stream leader's nats-server for 10 s", sigstop_leader, fault_at=0.15
+            "kill_durable_leader",
+            "kill -9 of the durable's leader's nats-server (not the stream's), restarted 5 s later",
+            kill_durable_leader,
+            fault_at=0.15,
+            prepare=place_durable_leader,
+        ),
+        Scenario(
+            "kill_follower",
+            "kill -9 of a nats-server leading neither stream nor durable, restarted 5 s later",
+            kill_follower,
+            fault_at=0.15,
+            prepare=place_away_from_target,
+        ),
+        Scenario(
+            "sigstop_leader",
+            "SIGSTOP of the node leading the stream and the durable for 10 s",
+            sigstop_leader,
+            fault_at=0.15,
+            prepare=place_both_on_target,
+        ),
+        Scenario(
+            "freeze_sidecar_node",
+            "SIGSTOP for 40 s (> the ping window) of a node with sidecars and no leader",
+            freeze_sidecar_node,
+            fault_at=0.15,
+            prepare=place_away_from_sidecars,
         ),
         Scenario("backend_stall", "one backend stalls (SIGSTOP) for ack_wait + 5 s", backend_stall, fault_at=0.1),
+        Scenario(
+            "backend_batch_hang",
+            "one backend's batches hang for ack_wait + 5 s, its heartbeat answering",
+            backend_batch_hang,
+            fault_at=0.1,
+        ),
         Scenario("rolling_restart", "SIGTERM and restart of each pod in turn", rolling_restart, fault_at=0.15),
         Scenario(
             "rolling_sidecar_restart",
@@ -277,6 +413,7 @@ async def run_scenario(
     rig: Rig, scenario: Scenario, *, items: int, rate: float | None, capacity_items: int, settle_timeout_s: float
 ) -> Outcome:
     began = time.monotonic()
+    await scenario.prepare(rig, rig.mark)
     capacity = await measure_capacity(rig.gateway, capacity_items)
     rig.mark(f"capacity {capacity:,.0f} items/s", "event")
     rate = rate if rate else 0.7 * capacity

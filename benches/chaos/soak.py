@@ -32,18 +32,13 @@ from typing import Any
 from .count import count
 from .load import measure_capacity
 from .pods import BackendShape
-from .scenarios import (
-    Rig,
-    _gave_up,
-    _settle,
-    backend_graceful_restart,
-    kill_backend,
-    kill_sidecar,
-    kill_stream_leader,
-    rolling_restart,
-)
+from .scenarios import SCENARIOS, Rig, _gave_up, _settle
 
-FAULTS = (kill_sidecar, kill_backend, backend_graceful_restart, kill_stream_leader, rolling_restart)
+#: The scenarios' faults, in turn (each one's leader placement first, then the fault).
+FAULTS = tuple(
+    SCENARIOS[name]
+    for name in ("kill_sidecar", "kill_backend", "backend_graceful_restart", "kill_stream_leader", "rolling_restart")
+)
 SAMPLE_S = 10.0
 
 
@@ -202,9 +197,10 @@ async def soak(args: argparse.Namespace, workdir: Path) -> SoakResult:
             while True:
                 await asyncio.sleep(args.fault_every_min * 60)
                 fault = FAULTS[n % len(FAULTS)]
-                faults.append((rig.gateway.now(), fault.__name__))
-                print(f"  t={rig.gateway.now() - start:7.1f}s fault {fault.__name__}", flush=True)
-                await fault(rig, rig.mark)
+                faults.append((rig.gateway.now(), fault.name))
+                print(f"  t={rig.gateway.now() - start:7.1f}s fault {fault.name}", flush=True)
+                await fault.prepare(rig, rig.mark)
+                await fault.inject(rig, rig.mark)
                 n += 1
 
         injector = asyncio.create_task(inject())
