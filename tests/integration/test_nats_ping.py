@@ -7,6 +7,7 @@ the sidecars connected to it idle for minutes (docs/reliability.md, `sigstop_lea
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import signal
 
@@ -31,7 +32,9 @@ def test_the_defaults_leave_a_frozen_server_inside_ack_wait() -> None:
 # nats-py shuffles the URLs; when its reconnect tries the frozen server first, that attempt times out
 # waiting for INFO (2 s) and nats-py leaves its socket to the garbage collector, which warns.
 @pytest.mark.filterwarnings("ignore:unclosed <StreamWriter:ResourceWarning")
-async def test_a_frozen_server_is_left_for_another_url(nats_server_factory: NatsServerFactory) -> None:
+async def test_a_frozen_server_is_left_for_another_url(
+    nats_server_factory: NatsServerFactory, caplog: pytest.LogCaptureFixture
+) -> None:
     servers = [await nats_server_factory(jetstream=False), await nats_server_factory(jetstream=False)]
     settings = Settings.from_env(
         {
@@ -41,6 +44,7 @@ async def test_a_frozen_server_is_left_for_another_url(nats_server_factory: Nats
             "SIE_NATS_MAX_OUTSTANDING_PINGS": "2",
         }
     )
+    caplog.set_level(logging.INFO, logger="sie_sidecar.bus.connect")
     nc = NatsClient()
     events = NatsEvents(lambda text: text)
     reconnected = asyncio.Event()
@@ -62,6 +66,8 @@ async def test_a_frozen_server_is_left_for_another_url(nats_server_factory: Nats
         assert nc.connected_url is not None and nc.connected_url.port == other.port
         assert 0.6 <= left_after_s < 5.0
         await nc.flush(timeout=2)  # the new connection serves
+        lines = [r for r in caplog.records if r.getMessage().startswith("NATS reconnected")]
+        assert [getattr(r, "server", None) for r in lines] == [other.url]  # the line names the new server
     finally:
         os.kill(pid, signal.SIGCONT)
         await close(nc, events)

@@ -64,6 +64,9 @@ class NatsEvents:
     def __init__(self, redact: Callable[[str], str]) -> None:
         self._redact = redact
         self.on_reconnected: list[Callable[[], None]] = []
+        #: The server now connected to (set by `connect`), named in the reconnect line: which node a
+        #: sidecar moved to is what an operator asks after a node fault.
+        self.server: Callable[[], str | None] = lambda: None
         self.connected = False  # the first connection succeeded
         self.closing = False
         self.failures = 0  # since the last good connection
@@ -101,7 +104,7 @@ class NatsEvents:
             log.warning("NATS disconnected; reconnecting")
 
     async def reconnected(self) -> None:
-        log.info("NATS reconnected; re-issuing pull credit", extra={"failures": self.failures})
+        log.info("NATS reconnected; re-issuing pull credit", extra={"failures": self.failures, "server": self.server()})
         self.failures = 0
         for hook in list(self.on_reconnected):
             hook()
@@ -135,6 +138,7 @@ async def connect(nc: NatsClient, settings: Settings, events: NatsEvents) -> Non
             **options,  # type: ignore[arg-type]
         )
     )
+    events.server = lambda: redact_url_userinfo(nc.connected_url.geturl()) if nc.connected_url is not None else None
     refusal = events.refusal()
     waiters: set[asyncio.Future[Any]] = {attempt, refusal}
     try:
