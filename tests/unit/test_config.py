@@ -153,6 +153,8 @@ DEFAULTS: list[tuple[str, object]] = [
     ("generate_ipc_frame_timeout_s", 300),
     ("ipc_mux", False),
     ("nats_connect_timeout_s", 30.0),
+    ("nats_ping_interval_s", 5.0),
+    ("nats_max_outstanding_pings", 3),
     ("metrics_enabled", False),
     ("tracing_enabled", False),
     ("otel", OtelSettings()),
