@@ -28,3 +28,17 @@ def mutated(draw: st.DrawFn, source: bytes) -> bytes:
         elif op == "truncate":
             del data[pos:]
     return bytes(data)
+
+
+#: The smallest WorkItem both decoders accept: every required key, short values.
+MINIMAL_WORK_ITEM: dict[str, object] = {
+    "work_item_id": "r.0",
+    "request_id": "r",
+    "item_index": 0,
+    "total_items": 1,
+    "operation": "encode",
+    "model_id": "m",
+    "pool_name": "p",
+    "machine_profile": "c",
+    "reply_subject": "_INBOX.x",
+}

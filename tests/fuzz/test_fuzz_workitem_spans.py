@@ -17,21 +17,11 @@ from sie_sidecar._native import decode_work_item
 from sie_sidecar.errors import WorkItemError
 from sie_sidecar.wire.workitem import SPLICED_FIELDS, WorkItem, work_item_spans_py
 
-from .strategies import mutated
+from .strategies import MINIMAL_WORK_ITEM, mutated
 
 pytestmark = pytest.mark.fuzz
 
-_BASE = {
-    "work_item_id": "r.0",
-    "request_id": "r",
-    "item_index": 0,
-    "total_items": 1,
-    "operation": "encode",
-    "model_id": "m",
-    "pool_name": "p",
-    "machine_profile": "c",
-    "reply_subject": "_INBOX.x",
-}
+_BASE = MINIMAL_WORK_ITEM
 _leaf = st.one_of(
     st.none(), st.booleans(), st.integers(-(2**63), 2**64 - 1), st.floats(), st.text(max_size=6), st.binary(max_size=6)
 )

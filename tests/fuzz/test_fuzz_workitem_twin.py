@@ -18,21 +18,11 @@ from sie_sidecar._native import decode_work_item
 from sie_sidecar.errors import WorkItemError
 from sie_sidecar.wire.workitem import MAX_DEPTH, REQUIRED, WorkItem, decode_work_item_py
 
+from .strategies import MINIMAL_WORK_ITEM
+
 pytestmark = pytest.mark.fuzz
 
-_BASE: dict[str, Any] = {
-    "work_item_id": "r.0",
-    "request_id": "r",
-    "item_index": 0,
-    "total_items": 1,
-    "operation": "encode",
-    "model_id": "m",
-    "pool_name": "p",
-    "machine_profile": "c",
-    "reply_subject": "_INBOX.x",
-    "item": {"text": "hi"},
-    "timestamp": 1.7e9,
-}
+_BASE: dict[str, Any] = {**MINIMAL_WORK_ITEM, "item": {"text": "hi"}, "timestamp": 1.7e9}
 _KNOWN = [*REQUIRED, "is_query", "timestamp", "options", "labels", "profile_id", "payload_ref", "item", "query_item"]
 _FIXEXT = {1: 0xD4, 2: 0xD5, 4: 0xD6, 8: 0xD7, 16: 0xD8}
 
