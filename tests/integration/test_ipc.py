@@ -880,6 +880,66 @@ async def test_drain_refuses_later_batches(client: IpcClient, backend: BackendSe
     assert await client.probe_draining(MODEL) is True  # the empty-batch probe is how a drain shows
 
 
+@pytest.mark.parametrize("transport", ["pool", "mux"])
+async def test_a_drain_ends_when_the_sidecar_that_asked_has_gone(
+    adapter: NullAdapter, sock_path: str, transport: str
+) -> None:
+    """A sidecar restarted alone (SIGTERM: it sends Drain, then exits) must not leave the backend
+    drained for the next one (the chaos rig's rolling_sidecar_restart left 83,929 of 100,000 items
+    unserved): once the last connection has closed, batch work is taken again."""
+    server = BackendServer(adapter, sock_path, worker_id="worker-test")
+    await server.start()
+    try:
+
+        def connect() -> IpcClient:
+            if transport == "mux":
+                return MuxIpcClient(sock_path, request_timeout_s=10.0)
+            return IpcClient(sock_path, pool_size=2, request_timeout_s=10.0)
+
+        first, watcher = connect(), connect()
+        assert await first.drain(15000) is True and await watcher.ping()
+        await first.close()
+        await asyncio.sleep(0.2)
+        assert server.draining  # another connection (a sidecar still there) keeps it
+        await watcher.close()
+        await _until(lambda: not server.draining)  # the server's end of a close finishes on its own
+        assert server.drain_deadline_ms is None
+        second = connect()
+        try:
+            result = await second.run_batch(run_batch_body([wrapped("encode", 0)]))
+            assert [o.work_item_id for o in result.outcomes] == ["r.0"]
+        finally:
+            await second.close()
+    finally:
+        await server.close()
+
+
+async def test_a_drain_stays_with_keep_drain_and_for_the_backends_own(adapter: NullAdapter, sock_path: str) -> None:
+    """`--keep-drain` (v0.7.1): a Drain lasts until restart. A drain the backend started itself
+    (a graceful restart: the test hook) is never released by a disconnect."""
+    server = BackendServer(adapter, sock_path, worker_id="worker-test", release_drain_on_disconnect=False)
+    await server.start()
+    try:
+        ipc = IpcClient(sock_path, pool_size=1, request_timeout_s=10.0)
+        assert await ipc.drain(15000) is True
+        await ipc.close()
+        await _until(lambda: server.open_connections == 0)  # every connection's end has run
+        assert server.draining
+    finally:
+        await server.close()
+    own = BackendServer(adapter, sock_path, worker_id="worker-test")
+    await own.start()
+    try:
+        own.drain_for(None)
+        ipc = IpcClient(sock_path, pool_size=1, request_timeout_s=10.0)
+        assert await ipc.drain(15000) is True  # a Drain on top of the backend's own drain
+        await ipc.close()
+        await _until(lambda: own.open_connections == 0)
+        assert own.draining
+    finally:
+        await own.close()
+
+
 class SlowModelAdapter(NullAdapter):
     """Batches of the model "slow" take a while, so a later request can finish first."""
 

@@ -33,6 +33,12 @@ def add_backend_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"Unix socket to serve (default $SIE_IPC_SOCKET_PATH or {DEFAULT_SOCKET})",
     )
     parser.add_argument("--worker-id", default=None, help="worker id reported by Ping (default: the host name)")
+    parser.add_argument(
+        "--keep-drain",
+        action="store_true",
+        help="stay draining after a Drain until restarted (v0.7.1); by default the drain ends when the sidecar that "
+        "asked for it has closed every connection",
+    )
     null = parser.add_argument_group("null adapter")
     null.add_argument("--dim", type=_non_negative(1), default=384, help="vector dimension (default 384)")
     null.add_argument("--load-delay-s", type=_seconds, default=0.0, help="simulated model load time (default 0)")
@@ -155,7 +161,12 @@ def build_adapter(args: argparse.Namespace) -> Adapter:
 async def run_backend(args: argparse.Namespace) -> int:
     """Serve until SIGTERM or SIGINT, then close (in-flight batches are cancelled)."""
     adapter = build_adapter(args)
-    server = BackendServer(adapter, args.socket, worker_id=args.worker_id or socket.gethostname())
+    server = BackendServer(
+        adapter,
+        args.socket,
+        worker_id=args.worker_id or socket.gethostname(),
+        release_drain_on_disconnect=not args.keep_drain,
+    )
     await serve_until_signalled(server)
     return 0
 

@@ -93,10 +93,19 @@ class BackendServer:
     """Serves one adapter on a Unix socket (mode 0600), any number of concurrent connections."""
 
     def __init__(
-        self, adapter: Adapter, socket_path: str, *, worker_id: str, stop_grace_s: float = STOP_GRACE_S
+        self,
+        adapter: Adapter,
+        socket_path: str,
+        *,
+        worker_id: str,
+        stop_grace_s: float = STOP_GRACE_S,
+        release_drain_on_disconnect: bool = True,
     ) -> None:
         """`stop_grace_s`: how long `close` lets in-flight batches finish (a Drain deadline, when
-        tighter, wins)."""
+        tighter, wins). `release_drain_on_disconnect`: a `Drain` IPC belongs to the sidecar that
+        sent it; once every connection has closed, the backend takes work again (our extension:
+        v0.7.1 stays draining until restarted, so a sidecar container restarted alone, say after a
+        failed liveness probe, left the pod idle; False restores that)."""
         self._adapter = adapter
         self._stop_grace_s = max(0.0, stop_grace_s)
         self._path = socket_path
@@ -105,6 +114,10 @@ class BackendServer:
         self._connections: dict[asyncio.Task[Any], _Connection] = {}
         self._heavy: set[asyncio.Task[None]] = set()
         self._draining = False
+        #: The drain came from a Drain request (not from `close` or the test hook): it is released
+        #: when the last connection closes, if `release_drain_on_disconnect`.
+        self._drain_requested = False
+        self._release_drain_on_disconnect = release_drain_on_disconnect
         self._undrain: asyncio.TimerHandle | None = None
         #: Batch items refused with `draining` (tests count how much work a sidecar sent meanwhile),
         #: and how often each work item was refused (a delivery the item spent for nothing).
@@ -164,6 +177,7 @@ class BackendServer:
             self._undrain.cancel()
             self._undrain = None
         self._draining = True
+        self._drain_requested = False
         if seconds is not None:
             self._undrain = asyncio.get_running_loop().call_later(seconds, self.undrain)
         log.info("backend draining (test hook)", extra={"seconds": seconds})
@@ -174,6 +188,7 @@ class BackendServer:
             self._undrain.cancel()
             self._undrain = None
         self._draining = False
+        self._drain_requested = False
         log.info("backend serving again (test hook)")
 
     @property
@@ -190,6 +205,11 @@ class BackendServer:
     def sidecar_stale(self) -> bool:
         """True when no Ping arrived in the last 10 s (or none ever)."""
         return self._last_ping is None or time.monotonic() - self._last_ping > HEARTBEAT_STALE_S
+
+    @property
+    def open_connections(self) -> int:
+        """Accepted connections whose handler has not finished."""
+        return len(self._connections)
 
     @property
     def in_flight(self) -> int:
@@ -312,6 +332,17 @@ class BackendServer:
             with contextlib.suppress(OSError, RuntimeError, asyncio.CancelledError):
                 await writer.wait_closed()
             del self._connections[task]
+            self._release_drain_if_unowned()
+
+    def _release_drain_if_unowned(self) -> None:
+        """The sidecar that asked for the drain has gone (no connection left): take work again, so
+        the next sidecar of the pod is served instead of finding the backend drained for good."""
+        if not (self._drain_requested and self._release_drain_on_disconnect) or self._connections or self._closed:
+            return
+        self._drain_requested = False
+        self._draining = False
+        self._drain_deadline_ms = None
+        log.info("backend takes work again: every connection of the sidecar that asked for the drain has closed")
 
     async def _serve(self, reader: asyncio.StreamReader, conn: _Connection) -> None:
         splitter = wire.FrameSplitter()
@@ -468,6 +499,7 @@ class BackendServer:
             self._drain_deadline_ms = float(deadline) if current is None else min(current, float(deadline))
         if not self._draining:
             log.info("backend draining", extra={"deadline_ms": self._drain_deadline_ms, "in_flight": self.in_flight})
+            self._drain_requested = True  # a drain of the hook's or of close() stays theirs
         self._draining = True
         return {"acknowledged": True}
 
