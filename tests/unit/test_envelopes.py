@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import dataclasses
+import gc
+import sys
 from types import ModuleType
 from typing import Any
 
@@ -254,6 +256,40 @@ CHUNK_FIELDS = {
     "payload": b"an exact s",
     "kind": "ipc_response_chunk_v1",
 }
+
+
+# --- decoding holds on to nothing -----------------------------------------------------------------
+
+LEAK_CALLS = 20_000
+
+
+def _blocks_left_by(decode: Any, frame: bytes) -> int:
+    """Allocated blocks left behind by `LEAK_CALLS` decodes of `frame` (results dropped at once)."""
+    for _ in range(100):  # warm-up: interned names, type caches, the slice cache
+        decode(frame)
+    gc.collect()
+    before = sys.getallocatedblocks()
+    for _ in range(LEAK_CALLS):
+        decode(frame)
+    gc.collect()
+    return sys.getallocatedblocks() - before
+
+
+@pytest.mark.parametrize("kind", ["envelope", "chunk"])
+def test_decode_response_leaves_nothing_behind(impl: ModuleType, kind: str) -> None:
+    """The body (or payload) view of every response frame is a slice of the frame; pyo3 0.30's
+    `PySlice::new` leaked its int bounds, so each frame whose view ends past 256 (every RunBatch
+    response) left one int behind: one per batch, the leak check's steady RSS growth. A leak of
+    one object per call would leave `LEAK_CALLS` blocks; the allowance is for allocator noise."""
+    if kind == "envelope":
+        frame = envelope(version=1, request_id="r-leak", ok=True, body={"value": b"x" * 1000}, error=None)
+    else:
+        frame = pack(CHUNK_FIELDS | {"payload": b"x" * 1000, "total_bytes": 2000})
+    result = impl.decode_response(frame)
+    view = result.body if kind == "envelope" else result.payload
+    assert view is not None and frame.index(bytes(view)) + len(view) > 256  # the view's end is no small int
+    del result, view
+    assert _blocks_left_by(impl.decode_response, frame) < LEAK_CALLS // 20
 
 
 @pytest.mark.parametrize("missing", [k for k in CHUNK_FIELDS if k != "kind"])

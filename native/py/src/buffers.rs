@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use pyo3::exceptions::PyBufferError;
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyMemoryView, PySlice};
+use pyo3::types::{PyBytes, PyMemoryView};
 use pyo3::{ffi, IntoPyObjectExt};
 
 /// A held `Py_buffer`, released on drop. Holding it keeps the exporter alive and its memory fixed.
@@ -218,7 +218,21 @@ pub fn shared_view(
 pub fn slice_view(obj: &Bound<'_, PyAny>, start: usize, end: usize) -> PyResult<Py<PyAny>> {
     let py = obj.py();
     let mv = PyMemoryView::from(obj)?;
-    let slice = PySlice::new(py, start as isize, end as isize, 1);
+    // Not `PySlice::new`: pyo3 0.30's hands the new references of its three `PyLong_FromSsize_t`
+    // calls to `PySlice_New`, which takes references of its own, so each bound outside the
+    // small-int cache (here `end`, past 256) leaked one int. `decode_response` slices every IPC
+    // response frame, so that was one leaked int per batch (~0.5 B/item in the leak check). The
+    // bounds here are owned `Bound`s, released on return; a NULL step is `None` (a step of 1).
+    let start = start.into_pyobject(py)?;
+    let end = end.into_pyobject(py)?;
+    // SAFETY: the GIL is held; `start` and `end` are live ints, which `PySlice_New` only borrows
+    // (it takes references of its own); it returns a new reference, or NULL with an exception set.
+    let slice = unsafe {
+        Bound::from_owned_ptr_or_err(
+            py,
+            ffi::PySlice_New(start.as_ptr(), end.as_ptr(), std::ptr::null_mut()),
+        )?
+    };
     mv.get_item(slice)?.into_py_any(py)
 }
 
