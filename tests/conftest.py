@@ -12,6 +12,8 @@ from hypothesis import HealthCheck, settings
 
 settings.register_profile("default", max_examples=200, deadline=None)
 settings.register_profile("ci", max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+# A wheel's smoke test runs the wire vectors under emulation (.ci/wheels.py smoke): a few examples each.
+settings.register_profile("smoke", max_examples=10, deadline=None, suppress_health_check=list(HealthCheck))
 settings.register_profile("fuzz", max_examples=20_000, deadline=None, suppress_health_check=list(HealthCheck))
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 

@@ -23,24 +23,40 @@ fn main() {
         "free-threaded CPython is not supported: the Cython part is not audited for it"
     );
 
-    let python = env::var("PYO3_PYTHON").unwrap_or_else(|_| "python3".to_owned());
+    // The interpreter that runs Cython (the build host's, with Cython installed): SIE_BUILD_PYTHON,
+    // else PYO3_PYTHON, else python3.
+    let python = env::var("SIE_BUILD_PYTHON")
+        .or_else(|_| env::var("PYO3_PYTHON"))
+        .unwrap_or_else(|_| "python3".to_owned());
     let out = PathBuf::from(env::var("OUT_DIR").expect("OUT_DIR"));
     let cython_dir = PathBuf::from(env::var("CARGO_MANIFEST_DIR").expect("CARGO_MANIFEST_DIR"))
         .join("../../cython");
     println!("cargo:rerun-if-env-changed=PYO3_PYTHON");
+    println!("cargo:rerun-if-env-changed=SIE_BUILD_PYTHON");
+    println!("cargo:rerun-if-env-changed=SIE_PYTHON_INCLUDE");
     for entry in std::fs::read_dir(&cython_dir).expect("cython/ directory") {
         let path = entry.expect("dir entry").path();
         println!("cargo:rerun-if-changed={}", path.display());
     }
 
-    let include = python_stdout(
-        &python,
-        "import sysconfig; print(sysconfig.get_path('include'), end='')",
-    );
+    // The C is compiled against the *target* CPython's headers. For a native build they are the
+    // interpreter's own; a cross or other-version build names them in SIE_PYTHON_INCLUDE (a
+    // path list: Debian's pyconfig.h wrapper also needs the directory above its multiarch one).
+    let includes: Vec<PathBuf> = match env::var_os("SIE_PYTHON_INCLUDE") {
+        Some(list) => env::split_paths(&list).collect(),
+        None => vec![PathBuf::from(python_stdout(
+            &python,
+            "import sysconfig; print(sysconfig.get_path('include'), end='')",
+        ))],
+    };
+    let target = cfg.version();
+    check_header_version(&includes, target.major, target.minor);
 
     let mut build = cc::Build::new();
+    for dir in &includes {
+        build.include(dir);
+    }
     build
-        .include(&include)
         .include(&cython_dir)
         .flag_if_supported("-fno-strict-aliasing")
         .flag_if_supported("-fvisibility=hidden")
@@ -74,6 +90,28 @@ fn cythonize(python: &str, cython_dir: &Path, stem: &str, qualname: &str, c_file
         .status()
         .expect("failed to run `python -m cython` (is cython in build-system.requires?)");
     assert!(status.success(), "cython failed on {stem}.pyx");
+}
+
+/// Refuse headers of another CPython than the one PyO3 targets: the wheel would import and then
+/// misbehave (struct layouts differ between minor versions), so fail the build instead.
+fn check_header_version(includes: &[PathBuf], major: u8, minor: u8) {
+    let Some(text) = includes
+        .iter()
+        .find_map(|dir| std::fs::read_to_string(dir.join("patchlevel.h")).ok())
+    else {
+        panic!("no patchlevel.h in {includes:?}: set SIE_PYTHON_INCLUDE to the target CPython's include directory");
+    };
+    let field = |name: &str| -> Option<u8> {
+        text.lines()
+            .find_map(|line| line.strip_prefix("#define ")?.strip_prefix(name))
+            .and_then(|rest| rest.split_whitespace().next()?.parse().ok())
+    };
+    let found = (field("PY_MAJOR_VERSION"), field("PY_MINOR_VERSION"));
+    assert!(
+        found == (Some(major), Some(minor)),
+        "CPython headers in {includes:?} are {found:?}, but the build targets {major}.{minor}: \
+         set SIE_PYTHON_INCLUDE to that version's include directory"
+    );
 }
 
 fn python_stdout(python: &str, code: &str) -> String {
