@@ -543,6 +543,19 @@ async def test_null_adapter_failure_modes(sock_path: str) -> None:
         assert (unloaded.outcomes[0].disposition, unloaded.outcomes[0].nak_delay_ms) == ("nak_retry", 5000)
 
 
+async def test_null_adapter_error_every_counts_across_batches(sock_path: str) -> None:
+    """Every Nth inferred item fails however the sidecar batches: items sent one per batch (as
+    just-in-time dispatch does under load) once all succeeded, because the count restarted per batch."""
+    adapter = NullAdapter(8, error_every=2, preloaded_models=[MODEL])
+    async with BackendServer(adapter, sock_path, worker_id="w") as _, IpcClient(sock_path) as ipc:
+        dispositions = []
+        for i in range(4):
+            result = await ipc.run_batch(run_batch_body([wrapped("encode", i)]))
+            dispositions.extend(o.disposition for o in result.outcomes)
+        assert dispositions == ["publish_and_ack", "publish_error_and_ack"] * 2
+        assert adapter.inferred == 4
+
+
 def test_pad_result_keeps_msgpack_valid() -> None:
     for value in ({"a": 1}, {f"k{i}": i for i in range(15)}, [1, 2], list(range(20))):
         padded = pad_result(pack(value), 10)

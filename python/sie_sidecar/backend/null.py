@@ -95,8 +95,9 @@ class NullAdapter(Adapter):
     Loading: the first EnsureModelReady of a model answers `loading_started`, later ones
     `loading_in_progress` until `load_delay_s` has passed since that first call, then `ready`
     (models in `preloaded_models` are ready from the start). Failure modes: `retry_later_models`
-    and `failed_models` answer those states for ever; `error_every=N` turns every Nth item of a
-    batch into an `inference_error`; `oversized_bytes` pads the first result of each batch so the
+    and `failed_models` answer those states for ever; `error_every=N` turns every Nth item the
+    adapter infers (counted across batches, so how the sidecar batches cannot hide it) into an
+    `inference_error`; `oversized_bytes` pads the first result of each batch so the
     response exceeds that size; `crash_after_batches=N` ends the process (`os._exit(1)`) when the
     Nth batch arrives; `batch_delay_s` makes every batch take that long. Items of a model that is
     not loaded are NAKed (`nak_retry`).
@@ -187,6 +188,7 @@ class NullAdapter(Adapter):
         self._loaded: set[str] = set(preloaded_models) - self.retry_later_models - self.failed_models
         self._loading: dict[str, float] = {}
         self.batches = 0
+        self.inferred = 0  # items that reached inference, the count error_every steps through
         self.items = 0
         #: SplitMix64 increments per column: (column + 1) x the golden-ratio constant, modulo 2**64.
         self._columns = (np.arange(1, self.dim + 1, dtype=np.uint64) * _GOLDEN).astype(np.uint64)
@@ -383,8 +385,10 @@ class NullAdapter(Adapter):
         elapsed_ms = (time.perf_counter() - started) * 1000.0 if device_ms is None else device_ms
         outcomes: list[dict[str, Any]] = []
         padded = self.oversized_bytes == 0
+        first = self.inferred
+        self.inferred += len(items)
         for k, (item, result, unit) in enumerate(zip(items, results, units, strict=True)):
-            if self.error_every and (k + 1) % self.error_every == 0:
+            if self.error_every and (first + k + 1) % self.error_every == 0:
                 outcomes.append(
                     outcome_for(
                         item,
