@@ -50,7 +50,7 @@ test-rust: $(DEPS_STAMP) ## Rust unit tests: the core and the audio crate, and t
 test-py: $(BUILD_STAMP) ## pytest: unit tests and bounded fuzz targets, both implementations
 	$(PY) -m pytest -q
 
-lint: $(BUILD_STAMP) ## ruff, mypy --strict, stubtest, rustfmt, clippy
+lint: $(BUILD_STAMP) ## ruff, mypy --strict, stubtest, rustfmt, clippy, hadolint, kubernetes-validate
 	$(VENV)/bin/ruff check python tests benches .ci
 	$(VENV)/bin/ruff format --check python tests benches .ci
 	$(VENV)/bin/mypy
@@ -58,6 +58,8 @@ lint: $(BUILD_STAMP) ## ruff, mypy --strict, stubtest, rustfmt, clippy
 	$(PY) -m mypy.stubtest sie_sidecar._native --allowlist .mypy-stubtest-allowlist  # covers ._native.wire too
 	cargo fmt --all -- --check
 	cargo clippy -q --all-targets -- -D warnings
+	$(VENV)/bin/hadolint Dockerfile
+	$(VENV)/bin/kubernetes-validate --quiet --strict -k 1.30.0 deploy/kubernetes/worker.yaml deploy/kubernetes/secret.example.yaml
 
 format: $(DEPS_STAMP) ## auto-format Python and Rust
 	$(VENV)/bin/ruff format python tests benches .ci

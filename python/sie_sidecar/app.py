@@ -37,7 +37,7 @@ from .otel.tracing import Tracer
 from .payloads import PayloadStore, PayloadStoreConfigError
 from .pipeline.admission import Admission
 from .pipeline.delivery import Settler
-from .pipeline.dispatcher import SHUTDOWN_NAK_MS, ConfigState, Dispatcher, DispatchSettings
+from .pipeline.dispatcher import PARKED_JOIN_S, SHUTDOWN_NAK_MS, ConfigState, Dispatcher, DispatchSettings
 from .pipeline.feed import feed
 from .pipeline.gate import gate_pulls
 from .pipeline.readiness import PingClient, Readiness, heartbeat
@@ -673,6 +673,24 @@ def record_drain(telemetry: Registry, started: float, *, clean: bool) -> None:
     telemetry.record(SHUTDOWN_DRAIN_DURATION, time.monotonic() - started, (("outcome", outcome),))
 
 
+def shutdown_bound_s(settings: Settings) -> float:
+    """The longest a SIGTERM'd sidecar takes to exit when every bounded step of `_drain` and the exit
+    stack runs to its deadline: a pod's termination grace shorter than this lets the kubelet SIGKILL
+    a drain that would have settled its batches (deploy/kubernetes is checked against it)."""
+    pulls = settings.nats_pull_expires_s + 1.0  # the pull loops see the stop when their request ends
+    drain = (
+        TASK_JOIN_S
+        + PARKED_JOIN_S
+        + settings.scheduler_drain_deadline_ms / 1000.0
+        + GENERATION_JOIN_S
+        + HEALTH_TOMBSTONE_WAIT_S
+        + BACKEND_DRAIN_MS / 1000.0
+        + 1.0
+    )
+    exporters = METRICS_FLUSH_S * 2  # the last OTLP metrics and traces pushes
+    return pulls + drain + connection.CLOSE_FLUSH_S + exporters
+
+
 def _log_stopped(r: _Running) -> None:
     counts = r.settler.counts
     log.info(
@@ -800,4 +818,4 @@ async def run(settings: Settings, *, stop: asyncio.Event | None = None, started:
             asyncio.get_running_loop().remove_signal_handler(sig)
 
 
-__all__ = ["StartupError", "run"]
+__all__ = ["StartupError", "run", "shutdown_bound_s"]

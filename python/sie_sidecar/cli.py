@@ -64,6 +64,11 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         from .tools.top import add_top_arguments
 
         add_top_arguments(top)
+    probe = commands.add_parser("probe", help="ask a running sidecar's /healthz or /readyz; exit 0 only on 200")
+    if command in (None, "probe"):
+        from .tools.probe import add_probe_arguments
+
+        add_probe_arguments(probe)
     demo = commands.add_parser("demo", help="run the whole pipeline locally and print a summary")
     demo.add_argument("--adapter", choices=("minilm", "null"), default="minilm")
     demo.add_argument("--items", type=int, default=None, help="items to send (default: 2,000 minilm, 50,000 null)")
@@ -132,6 +137,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     command = _command_of(argv)
     if command == "run":
         return _run(argv)
+    if command == "probe":  # a HEALTHCHECK every few seconds: no asyncio, no runtime imports
+        from .tools.probe import run_probe
+
+        return run_probe(build_parser(command).parse_args(argv))
     import asyncio
 
     args = build_parser(command).parse_args(argv)

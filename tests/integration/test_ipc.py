@@ -548,7 +548,7 @@ async def test_null_adapter_error_every_counts_across_batches(sock_path: str) ->
     just-in-time dispatch does under load) once all succeeded, because the count restarted per batch."""
     adapter = NullAdapter(8, error_every=2, preloaded_models=[MODEL])
     async with BackendServer(adapter, sock_path, worker_id="w") as _, IpcClient(sock_path) as ipc:
-        dispositions = []
+        dispositions: list[str] = []
         for i in range(4):
             result = await ipc.run_batch(run_batch_body([wrapped("encode", i)]))
             dispositions.extend(o.disposition for o in result.outcomes)
