@@ -1,12 +1,15 @@
 # SPDX-License-Identifier: Apache-2.0
 """The soak (issue 15): the chaos rig under an open-loop load at 70% of its capacity for `--minutes`,
 a fault every `--fault-every-min` (the faults of the scenarios in turn, each hitting pod 0 or the
-stream leader), and every sidecar's RSS and open file descriptors sampled every 10 s.
+stream leader), and every sidecar's RSS, open file descriptors and live memory sampled every 10 s
+(live memory from its `/debug/state`: glibc's bytes in use and Python's allocated blocks, which a
+leak raises and allocator fragmentation does not).
 
 Pass: nothing lost, and every sidecar process that lived `--min-span-s` past its own warm-up flat:
-its RSS at the end within `--rss-growth-pct` of its steady median, its fds within `--fd-growth`
-(a fault that restarts a sidecar starts a new process, judged on its own). Writes the samples as
-JSON and a PNG plot (RSS and fds over time, faults marked) drawn without a plotting library.
+its RSS at the end within `--rss-growth-pct` of its steady median, its live memory (C heap in use,
+Python blocks) within `--live-growth-pct`, its fds within `--fd-growth` (a fault that restarts a
+sidecar starts a new process, judged on its own). Writes the samples as JSON and a PNG plot (RSS,
+C heap in use and fds over time, faults marked) drawn without a plotting library.
 
 Run: `python -m benches.chaos.soak --minutes 30 --png docs/img/soak.png --json .benchmarks/soak.json`.
 """
@@ -49,6 +52,8 @@ class Sample:
     pid: int
     rss_mb: float
     fds: int
+    heap_in_use_mb: float | None = None  # glibc's mallinfo2: heap chunks in use plus mmapped blocks
+    python_blocks: int | None = None  # sys.getallocatedblocks()
 
 
 @dataclass
@@ -75,6 +80,21 @@ def _proc_stats(pid: int) -> tuple[float, int] | None:
         return None
 
 
+async def _memory(port: int) -> dict[str, int]:
+    """The sidecar's `/debug/state` `memory` document ({} when it does not answer in time)."""
+    reader, writer = await asyncio.wait_for(asyncio.open_connection("127.0.0.1", port), 1.0)
+    try:
+        writer.write(b"GET /debug/state HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        raw = await asyncio.wait_for(reader.read(), 2.0)
+    finally:
+        writer.close()
+    head, _, body = raw.partition(b"\r\n\r\n")
+    if not head.startswith(b"HTTP/1.1 200"):
+        return {}
+    memory: dict[str, int] = json.loads(body).get("memory") or {}
+    return memory
+
+
 async def _sampler(rig: Rig, out: list[Sample], stop: asyncio.Event) -> None:
     while not stop.is_set():
         for pod in rig.pods:
@@ -82,17 +102,46 @@ async def _sampler(rig: Rig, out: list[Sample], stop: asyncio.Event) -> None:
                 pid = pod.sidecar.pid
                 stats = _proc_stats(pid)
                 if stats is not None:
-                    out.append(Sample(rig.gateway.now(), pod.index, pid, round(stats[0], 1), stats[1]))
+                    memory: dict[str, int] = {}
+                    with contextlib.suppress(Exception):
+                        memory = await _memory(pod.probe_port)
+                    in_use = memory.get("in_use_bytes")
+                    out.append(
+                        Sample(
+                            rig.gateway.now(),
+                            pod.index,
+                            pid,
+                            round(stats[0], 1),
+                            stats[1],
+                            None if in_use is None else round(in_use / 2**20, 2),
+                            memory.get("python_blocks"),
+                        )
+                    )
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), SAMPLE_S)
 
 
+def _grew(values: list[float], pct: float) -> tuple[float, float, bool]:
+    """(steady median, end = median of the last three, end within `pct` of the median)."""
+    mid = statistics.median(values)
+    end = statistics.median(values[-3:])
+    return mid, end, end <= mid * (1 + pct / 100)
+
+
 def flatness(
-    samples: list[Sample], warmup_s: float, rss_pct: float, fd_growth: int, min_span_s: float
+    samples: list[Sample],
+    warmup_s: float,
+    rss_pct: float,
+    fd_growth: int,
+    min_span_s: float,
+    *,
+    live_pct: float = 10.0,
 ) -> dict[str, Any]:
     """Per sidecar process (pod and pid) that lived at least `min_span_s` after its own `warmup_s`:
-    the median RSS and fds of that steady part against its last three samples. A leak shows as the
-    end above the median by more than the allowance; a process restarted by a fault starts a new one."""
+    the median RSS, live memory and fds of that steady part against its last three samples. A leak
+    shows as the end above the median by more than the allowance; a process restarted by a fault
+    starts a new one. Live memory is judged where the samples have it (runs before it was sampled
+    have RSS and fds only)."""
     verdict: dict[str, Any] = {}
     for pod, pid in sorted({(s.pod, s.pid) for s in samples}):
         mine = [s for s in samples if (s.pod, s.pid) == (pod, pid)]
@@ -101,13 +150,22 @@ def flatness(
         if len(steady) < 6 or steady[-1].t - steady[0].t < min_span_s:
             verdict[name] = {"checked": False, "why": f"lived {mine[-1].t - mine[0].t:.0f} s"}
             continue
-        rss_mid = statistics.median(s.rss_mb for s in steady)
+        rss_mid, rss_end, rss_ok = _grew([s.rss_mb for s in steady], rss_pct)
         fds_mid = statistics.median(s.fds for s in steady)
-        rss_end = statistics.median(s.rss_mb for s in steady[-3:])
         fds_end = max(s.fds for s in steady[-3:])
+        live: dict[str, Any] = {}
+        live_ok = True
+        for key in ("heap_in_use_mb", "python_blocks"):
+            values = [float(v) for s in steady if (v := getattr(s, key)) is not None]
+            if len(values) >= 6:
+                mid, end, ok = _grew(values, live_pct)
+                live |= {f"{key}_median": round(mid, 2), f"{key}_end": round(end, 2)}
+                live_ok = live_ok and ok
         verdict[name] = {
             "checked": True,
-            "ok": rss_end <= rss_mid * (1 + rss_pct / 100) and fds_end <= fds_mid + fd_growth,
+            "ok": rss_ok and live_ok and fds_end <= fds_mid + fd_growth,
+            "rss_ok": rss_ok,
+            "live_ok": live_ok,
             "from_s": round(steady[0].t),
             "to_s": round(steady[-1].t),
             "rss_median_mb": rss_mid,
@@ -117,6 +175,7 @@ def flatness(
             "fds_median": fds_mid,
             "fds_end": fds_end,
             "fds_max": max(s.fds for s in steady),
+            **live,
         }
     return verdict
 
@@ -136,9 +195,10 @@ def _png(width: int, height: int, pixels: bytearray) -> bytes:
 
 
 def plot(samples: list[Sample], faults: list[tuple[float, str]], duration_s: float) -> bytes:
-    """Two panels (RSS MB above, fds below), one line per pod, a grey vertical line per fault."""
+    """Three panels (RSS MB, C heap in use MB, fds, top to bottom), one line per pod, a grey vertical
+    line per fault; a panel whose samples lack the value stays empty."""
     width, panel, gap = 900, 220, 20
-    height = 2 * panel + gap
+    height = 3 * panel + 2 * gap
     pixels = bytearray(b"\xff" * (width * height * 3))
 
     def put(x: int, y: int, colour: tuple[int, int, int]) -> None:
@@ -153,8 +213,8 @@ def plot(samples: list[Sample], faults: list[tuple[float, str]], duration_s: flo
             put(x, y, colour)
             put(x, y + 1, colour)
 
-    for top, value in ((0, "rss_mb"), (panel + gap, "fds")):
-        values = [getattr(s, value) for s in samples] or [0.0]
+    for top, value in ((0, "rss_mb"), (panel + gap, "heap_in_use_mb"), (2 * (panel + gap), "fds")):
+        values = [v for s in samples if (v := getattr(s, value)) is not None] or [0.0]
         low, high = 0.0, max(values) * 1.15 or 1.0
         line(0, top + panel - 1, width - 1, top + panel - 1, (0, 0, 0))
         line(0, top, 0, top + panel - 1, (0, 0, 0))
@@ -167,7 +227,7 @@ def plot(samples: list[Sample], faults: list[tuple[float, str]], duration_s: flo
             points = [
                 (int(s.t / duration_s * (width - 1)), top + panel - 1 - int((getattr(s, value) - low) * scale))
                 for s in samples
-                if s.pod == pod
+                if s.pod == pod and getattr(s, value) is not None
             ]
             for (xa, ya), (xb, yb) in itertools.pairwise(points):
                 line(xa, ya, xb, yb, _COLOURS[pod % len(_COLOURS)])
@@ -175,7 +235,7 @@ def plot(samples: list[Sample], faults: list[tuple[float, str]], duration_s: flo
 
 
 async def soak(args: argparse.Namespace, workdir: Path) -> SoakResult:
-    rig = Rig(workdir, BackendShape(), {})
+    rig = Rig(workdir, BackendShape(), {"SIE_SIDECAR_DEBUG_ENDPOINT": "1"})  # live memory via /debug/state
     await rig.start()
     samples: list[Sample] = []
     stop = asyncio.Event()
@@ -224,7 +284,9 @@ async def soak(args: argparse.Namespace, workdir: Path) -> SoakResult:
             faults=faults,
             samples=samples,
         )
-        out.flat = flatness(samples, args.warmup_s, args.rss_growth_pct, args.fd_growth, args.min_span_s)
+        out.flat = flatness(
+            samples, args.warmup_s, args.rss_growth_pct, args.fd_growth, args.min_span_s, live_pct=args.live_growth_pct
+        )
         if args.png:
             Path(args.png).write_bytes(plot(samples, faults, max(s.t for s in samples)))
         return out
@@ -239,6 +301,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--minutes", type=float, default=30.0)
     parser.add_argument("--fault-every-min", type=float, default=5.0)
     parser.add_argument("--rss-growth-pct", type=float, default=10.0, help="allowed RSS growth of a long-lived sidecar")
+    parser.add_argument(
+        "--live-growth-pct", type=float, default=10.0, help="allowed live-memory growth (C heap in use, Python blocks)"
+    )
     parser.add_argument("--fd-growth", type=int, default=8, help="allowed open-fd growth of a long-lived sidecar")
     parser.add_argument("--warmup-s", type=float, default=180.0, help="a process's own start-up, not judged")
     parser.add_argument("--min-span-s", type=float, default=600.0, help="shortest steady part that is judged")
@@ -251,7 +316,9 @@ def main(argv: list[str] | None = None) -> int:
         raw = json.loads(Path(args.from_json).read_text())
         samples = [Sample(**s) for s in raw.pop("samples")]
         result = SoakResult(**{**raw, "samples": samples, "faults": [tuple(f) for f in raw["faults"]]})
-        result.flat = flatness(samples, args.warmup_s, args.rss_growth_pct, args.fd_growth, args.min_span_s)
+        result.flat = flatness(
+            samples, args.warmup_s, args.rss_growth_pct, args.fd_growth, args.min_span_s, live_pct=args.live_growth_pct
+        )
         if args.png:
             Path(args.png).write_bytes(plot(samples, result.faults, max(s.t for s in samples)))
     else:

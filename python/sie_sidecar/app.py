@@ -47,6 +47,7 @@ from .probes import ProbeServer, start_probes
 from .sched.quantum import LatencyWindow, QuantumController
 from .sched.scheduler import MAX_ITEM_WAIT_S, SchedulerConfig
 from .telemetry import SHUTDOWN_DRAIN_DURATION, ModelCatalog, Registry
+from .telemetry.memory import memory_stats
 
 if TYPE_CHECKING:
     from .local.runtime import LocalRunning
@@ -506,6 +507,7 @@ async def _start(settings: Settings, stop: asyncio.Event, resources: contextlib.
             state["live_config"] = live.snapshot() | {
                 "reconciler": None if reconciler is None else reconciler.snapshot()
             }
+            state["memory"] = memory_stats()
             return state
 
         probes.serve_debug(debug_state, telemetry)

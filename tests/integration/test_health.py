@@ -72,6 +72,9 @@ async def test_debug_state_shows_each_model_when_enabled(nats_server: NatsServer
         assert model["batch_budget"] == 64 and model["count_cap"] == 64
         assert model["queue_depth"] == 0 and model["in_flight_batches"] == 0
         assert model["cost_cap"] > 0 and model["wait_ms"] > 0
+        memory = state["memory"]  # what the soak judges a leak by (docs/reliability.md, "Soak")
+        assert memory["python_blocks"] > 0
+        assert memory["in_use_bytes"] >= memory["mmap_bytes"] >= 0 and memory["free_bytes"] >= 0
     async with running_stack(nats_server, tmp_path) as stack:  # off by default
         url = f"http://127.0.0.1:{stack.settings.worker_probe_port}/debug/state"
         async with aiohttp.ClientSession() as http, http.get(url) as r:

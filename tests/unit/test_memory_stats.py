@@ -1,0 +1,63 @@
+"""telemetry/memory: live memory as the allocators count it, which a leak raises and fragmentation
+does not; and the soak's verdict built on it."""
+
+from __future__ import annotations
+
+import gc
+
+import pytest
+from benches.chaos.soak import Sample, flatness
+
+from sie_sidecar.telemetry.memory import memory_stats
+
+
+def test_python_blocks_count_live_objects() -> None:
+    gc.collect()
+    before = memory_stats()["python_blocks"]
+    held = [object() for _ in range(50_000)]
+    assert memory_stats()["python_blocks"] - before >= 50_000
+    del held
+    gc.collect()
+    assert memory_stats()["python_blocks"] - before < 5_000
+
+
+def test_c_heap_in_use_counts_a_large_block_until_it_is_freed() -> None:
+    before = memory_stats()
+    if "in_use_bytes" not in before:
+        pytest.skip("not glibc: only the Python count is there")
+    block = bytearray(8 << 20)  # in use either way: a heap chunk or an mmapped block, by the threshold
+    during = memory_stats()
+    assert during["in_use_bytes"] - before["in_use_bytes"] >= 8 << 20
+    del block
+    assert memory_stats()["in_use_bytes"] - before["in_use_bytes"] < 1 << 20
+
+
+def samples(rss: list[float], blocks: list[int]) -> list[Sample]:
+    return [
+        Sample(t=10.0 * i, pod=0, pid=1, rss_mb=r, fds=12, python_blocks=b)
+        for i, (r, b) in enumerate(zip(rss, blocks, strict=True))
+    ]
+
+
+def test_flat_rss_with_growing_python_blocks_fails() -> None:
+    """A leak the allocator's free space hides from RSS still fails the soak."""
+    flat_rss = [40.0] * 90
+    leaking = [100_000 + 500 * i for i in range(90)]
+    (verdict,) = flatness(samples(flat_rss, leaking), 60.0, 10.0, 8, 600.0).values()
+    assert verdict["rss_ok"] and not verdict["live_ok"] and not verdict["ok"]
+
+
+def test_fragmentation_alone_passes_the_live_check() -> None:
+    """RSS a little up, live memory flat: the live check passes, RSS is judged by its own allowance."""
+    creeping_rss = [40.0 + 0.02 * i for i in range(90)]
+    steady = [100_000 + (i % 3) * 100 for i in range(90)]
+    (verdict,) = flatness(samples(creeping_rss, steady), 60.0, 10.0, 8, 600.0).values()
+    assert verdict["live_ok"] and verdict["rss_ok"] and verdict["ok"]
+    (strict,) = flatness(samples(creeping_rss, steady), 60.0, 1.0, 8, 600.0).values()
+    assert not strict["rss_ok"] and strict["live_ok"]
+
+
+def test_old_samples_without_live_memory_are_judged_on_rss_and_fds() -> None:
+    old = [Sample(t=10.0 * i, pod=0, pid=1, rss_mb=40.0, fds=12) for i in range(90)]
+    (verdict,) = flatness(old, 60.0, 10.0, 8, 600.0).values()
+    assert verdict["ok"] and "python_blocks_median" not in verdict
