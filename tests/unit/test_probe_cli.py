@@ -6,32 +6,16 @@ import asyncio
 import io
 import socket
 import time
-from collections.abc import AsyncIterator
 
 import pytest
 
 from sie_sidecar.cli import build_parser, main
 from sie_sidecar.config import Settings
 from sie_sidecar.pipeline.readiness import Readiness
-from sie_sidecar.probes import ProbeServer, start_probes
+from sie_sidecar.probes import ProbeServer
 from sie_sidecar.tools.probe import DEFAULT_PROBE_PORT, probe_port, run_probe
 
 REQUIRED = {"SIE_NATS_URL": "nats://127.0.0.1:4222", "SIE_POOL": "p", "SIE_BUNDLE": "b", "SIE_MACHINE_PROFILE": "m"}
-
-
-@pytest.fixture
-def readiness() -> Readiness:
-    return Readiness()
-
-
-@pytest.fixture
-async def server(readiness: Readiness) -> AsyncIterator[ProbeServer]:
-    started = await start_probes(readiness, 0, host="127.0.0.1")
-    assert started is not None
-    try:
-        yield started
-    finally:
-        await started.cleanup()
 
 
 async def probe(port: int, *path: str) -> tuple[int, str]:

@@ -8,7 +8,6 @@ import contextlib
 import json
 import socket
 import time
-from collections.abc import AsyncIterator
 
 import aiohttp
 import pytest
@@ -22,21 +21,6 @@ PLAIN = "Content-Type: text/plain; charset=utf-8"
 
 def response(status: str, body: str) -> bytes:
     return (f"HTTP/1.1 {status}\r\n{PLAIN}\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n{body}").encode()
-
-
-@pytest.fixture
-def readiness() -> Readiness:
-    return Readiness()
-
-
-@pytest.fixture
-async def server(readiness: Readiness) -> AsyncIterator[ProbeServer]:
-    started = await start_probes(readiness, 0, host="127.0.0.1")
-    assert started is not None
-    try:
-        yield started
-    finally:
-        await started.cleanup()
 
 
 async def exchange(port: int, data: bytes, *, half_close: bool = False) -> bytes:
