@@ -11,7 +11,6 @@ in `in_use_bytes` or `python_blocks`; fragmentation only in `free_bytes`.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import sys
 from functools import cache
 from typing import Any
@@ -27,8 +26,9 @@ class _Mallinfo2(ctypes.Structure):
 def _mallinfo2() -> Any:
     """glibc's `mallinfo2` (2.33+), or None on another C library or an older glibc."""
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        function = libc.mallinfo2
+        # The process's own symbols (dlopen(NULL)) include the C library's; find_library would spawn
+        # ldconfig from the event loop.
+        function = ctypes.CDLL(None).mallinfo2
     except (OSError, AttributeError):
         return None
     function.restype = _Mallinfo2
