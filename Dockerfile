@@ -32,7 +32,8 @@ FROM wheels-${WHEELS} AS wheels
 
 FROM python:${PYTHON_VERSION}-slim-bookworm
 ARG UID=10001
-RUN useradd --system --uid ${UID} --user-group --home-dir /nonexistent --shell /usr/sbin/nologin sidecar
+RUN groupadd --system --gid ${UID} sidecar \
+ && useradd --system --uid ${UID} --gid ${UID} --home-dir /nonexistent --shell /usr/sbin/nologin sidecar
 # pip picks the wheel whose tags match this image (python minor, architecture) out of /wheels and
 # nothing else (no index: a newer sie-sidecar on PyPI must not win); then its dependencies, pinned
 # to the version just installed, come from the index. (DL3013: /wheels holds one version, the pin.)

@@ -40,6 +40,9 @@ def test_it_runs_as_the_numeric_user_the_pod_expects() -> None:
     assert user == "${UID}:${UID}"
     uid = next(i.args for i in final_stage() if i.keyword == "ARG" and i.args.startswith("UID="))
     assert int(uid.removeprefix("UID=")) == pod_spec()["securityContext"]["runAsUser"] != 0
+    assert pod_spec()["securityContext"]["runAsGroup"] == pod_spec()["securityContext"]["runAsUser"]
+    (accounts,) = [args for args in instruction("RUN") if "useradd" in args]
+    assert "groupadd --system --gid ${UID} sidecar" in accounts and "--uid ${UID} --gid ${UID}" in accounts
 
 
 def test_it_exposes_the_probe_port_the_sidecar_serves() -> None:
