@@ -335,11 +335,10 @@ SPAWNING_TESTS = ("tests/unit/test_native.py::test_environment_switch_selects_th
 
 
 def smoke_commands(python: list[str], *, emulated: bool = False) -> list[list[str]]:
-    """What each wheel must survive: the version, the tour (native against twin, byte for byte),
-    and the wire vectors with a short hypothesis profile."""
+    """What each wheel must survive after `expect_version`: the tour (native against twin, byte for
+    byte) and the wire vectors with a short hypothesis profile."""
     deselect = [f"--deselect={test}" for test in SPAWNING_TESTS] if emulated else []
     return [
-        [*python, "-m", "sie_sidecar", "--version"],
         [*python, "-m", "sie_sidecar", "tour", "--items", "64", "--chunked-mib", "4"],
         [*python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--timeout=900", *deselect, *SMOKE_TESTS],
     ]

@@ -154,19 +154,25 @@ class Pod:
         if wait:
             await self.wait_ready()
 
-    async def ready(self) -> bool:
+    async def get(self, path: str) -> tuple[int, bytes]:
+        """(status, body) of a GET on the sidecar's probe port; (0, b"") when it does not answer in time."""
         try:
             reader, writer = await asyncio.wait_for(asyncio.open_connection("127.0.0.1", self.probe_port), 1.0)
         except (OSError, TimeoutError):
-            return False
+            return 0, b""
         try:
-            writer.write(b"GET /readyz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-            line = await asyncio.wait_for(reader.readline(), 2.0)
-            return line.split(b" ")[1:2] == [b"200"]
-        except (OSError, TimeoutError, IndexError):
-            return False
+            writer.write(f"GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode())
+            raw = await asyncio.wait_for(reader.read(), 2.0)
+        except (OSError, TimeoutError):
+            return 0, b""
         finally:
             writer.close()
+        head, _, body = raw.partition(b"\r\n\r\n")
+        status = head.split(b" ")[1:2]
+        return (int(status[0]), body) if status and status[0].isdigit() else (0, b"")
+
+    async def ready(self) -> bool:
+        return (await self.get("/readyz"))[0] == 200
 
     async def wait_ready(self, timeout_s: float = READY_TIMEOUT_S) -> None:
         deadline = time.monotonic() + timeout_s

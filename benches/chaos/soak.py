@@ -34,7 +34,7 @@ from typing import Any
 
 from .count import count
 from .load import measure_capacity
-from .pods import BackendShape
+from .pods import BackendShape, Pod
 from .scenarios import SCENARIOS, Rig, _gave_up, _settle
 
 #: The scenarios' faults, in turn (each one's leader placement first, then the fault).
@@ -80,16 +80,10 @@ def _proc_stats(pid: int) -> tuple[float, int] | None:
         return None
 
 
-async def _memory(port: int) -> dict[str, int]:
+async def _memory(pod: Pod) -> dict[str, int]:
     """The sidecar's `/debug/state` `memory` document ({} when it does not answer in time)."""
-    reader, writer = await asyncio.wait_for(asyncio.open_connection("127.0.0.1", port), 1.0)
-    try:
-        writer.write(b"GET /debug/state HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-        raw = await asyncio.wait_for(reader.read(), 2.0)
-    finally:
-        writer.close()
-    head, _, body = raw.partition(b"\r\n\r\n")
-    if not head.startswith(b"HTTP/1.1 200"):
+    status, body = await pod.get("/debug/state")
+    if status != 200:
         return {}
     memory: dict[str, int] = json.loads(body).get("memory") or {}
     return memory
@@ -104,7 +98,7 @@ async def _sampler(rig: Rig, out: list[Sample], stop: asyncio.Event) -> None:
                 if stats is not None:
                     memory: dict[str, int] = {}
                     with contextlib.suppress(Exception):
-                        memory = await _memory(pod.probe_port)
+                        memory = await _memory(pod)
                     in_use = memory.get("in_use_bytes")
                     out.append(
                         Sample(

@@ -47,7 +47,6 @@ from .probes import ProbeServer, start_probes
 from .sched.quantum import LatencyWindow, QuantumController
 from .sched.scheduler import MAX_ITEM_WAIT_S, SchedulerConfig
 from .telemetry import SHUTDOWN_DRAIN_DURATION, ModelCatalog, Registry
-from .telemetry.memory import memory_stats
 
 if TYPE_CHECKING:
     from .local.runtime import LocalRunning
@@ -58,6 +57,8 @@ _T = TypeVar("_T")
 TASK_JOIN_S = 10.0
 HEALTH_TOMBSTONE_WAIT_S = 2.0
 BACKEND_DRAIN_MS = 15_000
+#: How long `_drain` waits for the backend's Drain answer: its deadline and a second for the reply.
+BACKEND_DRAIN_WAIT_S = BACKEND_DRAIN_MS / 1000.0 + 1
 GENERATION_JOIN_S = 15.0
 
 
@@ -499,6 +500,7 @@ async def _start(settings: Settings, stop: asyncio.Event, resources: contextlib.
     )
     reporter = HealthReporter(identity, readiness, telemetry, max_concurrent_batches=limits.model_groups)
     if probes is not None and settings.debug_endpoint:
+        from .telemetry.memory import memory_stats  # ctypes and mallinfo2 only with the debug endpoint
 
         def debug_state() -> dict[str, Any]:
             state = dispatcher.debug_state()
@@ -664,7 +666,7 @@ async def _drain(r: _Running) -> None:
     await _end_tasks(r.background)
     # 7. Backend drain; 8. (the exit stack) NATS flush and close, probes off.
     with contextlib.suppress(Exception):
-        await asyncio.wait_for(r.ipc.drain(BACKEND_DRAIN_MS), BACKEND_DRAIN_MS / 1000.0 + 1)
+        await asyncio.wait_for(r.ipc.drain(BACKEND_DRAIN_MS), BACKEND_DRAIN_WAIT_S)
     record_drain(r.dispatcher.telemetry, started, clean=not pending)
 
 
@@ -686,8 +688,7 @@ def shutdown_bound_s(settings: Settings) -> float:
         + settings.scheduler_drain_deadline_ms / 1000.0
         + GENERATION_JOIN_S
         + HEALTH_TOMBSTONE_WAIT_S
-        + BACKEND_DRAIN_MS / 1000.0
-        + 1.0
+        + BACKEND_DRAIN_WAIT_S
     )
     exporters = METRICS_FLUSH_S * 2  # the last OTLP metrics and traces pushes
     return pulls + drain + connection.CLOSE_FLUSH_S + exporters
