@@ -34,6 +34,8 @@ NODES = 3
 CLUSTER_NAME = "chaos"
 READY_TIMEOUT_S = 30.0
 API_TIMEOUT_S = 2.0
+#: The stream `wait_jetstream` places on every node to learn that the cluster can.
+PLACEMENT_PROBE = "CHAOS_PLACEMENT_PROBE"
 
 
 @dataclass(frozen=True)
@@ -105,14 +107,26 @@ class NatsCluster:
             await asyncio.sleep(0.05)
 
     async def wait_jetstream(self, nc: Client, timeout_s: float = READY_TIMEOUT_S) -> None:
-        """Until the cluster answers the JetStream API (a meta leader is elected)."""
+        """Until the cluster can place a stream on every node: a meta leader answering the JetStream
+        API is not enough, since it may not have heard from every peer yet, and an R3 stream created
+        then fails with `no suitable peers for placement` (10005). So a throwaway memory stream of
+        `len(self.nodes)` replicas is created (and deleted) until the leader places it."""
         deadline = time.monotonic() + timeout_s
         last = ""
+        probe = {
+            "name": PLACEMENT_PROBE,
+            "subjects": [f"{PLACEMENT_PROBE}.probe"],
+            "storage": "memory",
+            "num_replicas": len(self.nodes),
+        }
         while time.monotonic() < deadline:
             try:
-                reply = await nc.request("$JS.API.INFO", b"", timeout=API_TIMEOUT_S)
+                reply = await nc.request(
+                    f"$JS.API.STREAM.CREATE.{PLACEMENT_PROBE}", json.dumps(probe).encode(), timeout=API_TIMEOUT_S
+                )
                 body = json.loads(reply.data)
                 if "error" not in body:
+                    await nc.request(f"$JS.API.STREAM.DELETE.{PLACEMENT_PROBE}", b"", timeout=API_TIMEOUT_S)
                     return
                 last = str(body["error"])
             except Exception as exc:  # no responders / timeout while the meta group elects
