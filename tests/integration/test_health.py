@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import nats
 
 from sie_sidecar.backend.null import NullAdapter
 from sie_sidecar.pipeline.readiness import Readiness
@@ -118,23 +119,30 @@ async def test_a_beat_goes_out_at_once_when_a_model_starts_or_finishes_loading(
     beats: list[tuple[float, dict[str, Any]]] = []
     adapter = NullAdapter(dim=8, preloaded_models=[MODEL], load_delay_s=1.0)
     env = {"SIE_HEALTH_PUBLISH_INTERVAL_MS": "30000"}
-    async with running_stack(nats_server, tmp_path, adapter=adapter, env=env) as stack:
 
-        async def on_beat(msg: Any) -> None:
-            beats.append((time.monotonic(), json.loads(msg.data)))
+    async def on_beat(msg: Any) -> None:
+        beats.append((time.monotonic(), json.loads(msg.data)))
 
-        await stack.nc.subscribe(f"sie.health.{WORKER}", cb=on_beat)
-        await stack.wait_for(lambda: any(b["ready"] for _, b in beats), timeout=10)
-        cold = "org/cold"
-        subject = f"sie.work.{POOL}.{PROFILE}.{BUNDLE}.{cold}"
-        wid = await stack.publish(work_item(model=cold), subject=subject)
-        await stack.wait_for(lambda: any(cold in b["loading_models"] for _, b in beats), timeout=5)
-        await stack.wait_for(lambda: any(cold in b["loaded_models"] for _, b in beats), timeout=5)
-        await stack.wait_for(lambda: len(stack.results_for(wid)) == 1)
-        loading = next(t for t, b in beats if cold in b["loading_models"])
-        loaded = next(t for t, b in beats if cold in b["loaded_models"])
-        assert 0.5 < loaded - loading < 5.0  # each change had its own beat, long before the interval
-        assert all(b["loading_models"] == [] for _, b in beats if cold in b["loaded_models"])
+    # Subscribed before the sidecar starts: its ready beat goes out as the handshake finds the
+    # preloaded model, and a subscription made after start-up could miss it (then none for 30 s).
+    listener = await nats.connect(nats_server.url)
+    await listener.subscribe(f"sie.health.{WORKER}", cb=on_beat)
+    await listener.flush()
+    try:
+        async with running_stack(nats_server, tmp_path, adapter=adapter, env=env) as stack:
+            await stack.wait_for(lambda: any(b["ready"] for _, b in beats), timeout=10)
+            cold = "org/cold"
+            subject = f"sie.work.{POOL}.{PROFILE}.{BUNDLE}.{cold}"
+            wid = await stack.publish(work_item(model=cold), subject=subject)
+            await stack.wait_for(lambda: any(cold in b["loading_models"] for _, b in beats), timeout=5)
+            await stack.wait_for(lambda: any(cold in b["loaded_models"] for _, b in beats), timeout=5)
+            await stack.wait_for(lambda: len(stack.results_for(wid)) == 1)
+            loading = next(t for t, b in beats if cold in b["loading_models"])
+            loaded = next(t for t, b in beats if cold in b["loaded_models"])
+            assert 0.5 < loaded - loading < 5.0  # each change had its own beat, long before the interval
+            assert all(b["loading_models"] == [] for _, b in beats if cold in b["loaded_models"])
+    finally:
+        await listener.close()
 
 
 def test_readiness_reasons() -> None:
