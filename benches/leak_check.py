@@ -33,6 +33,11 @@ under ~1 GB even at that rate.
 
 Run: `python -m benches.leak_check --items 2000000 --json .benchmarks/leak-check.json --png leak.png`
 (or `make leak-check LEAK_ITEMS=...`).
+
+Where live memory goes: `--census-dir DIR` runs the sidecar under `benches.heap_census` (tracemalloc
+from its first import) and takes a census at each `--census-at` share of the steady items and once
+more after the drain, then prints what grew between them by allocation site and by type. With
+`--batch-time 10,50 --rate 200` the batches look like the soak's (a simulated device, ~200 items/s).
 """
 
 from __future__ import annotations
@@ -53,6 +58,7 @@ from typing import Any
 if __package__ in (None, ""):  # run as a script: make `benches.*` importable like under pytest and mypy
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from benches import heap_census
 from benches.chaos.load import Gateway, measure_capacity
 from benches.chaos.pods import BackendShape, Pod
 from benches.chaos.procs import Proc, install_cleanup
@@ -267,9 +273,12 @@ async def _sampler(pod: Pod, tally: Tally, run: Run, t0: float, *, every_s: floa
 async def leak_check(args: argparse.Namespace, workdir: Path) -> Run:
     run = Run(items=args.items, capacity_items=args.capacity_items)
     nats_proc, url = _start_nats(workdir)
-    shape = BackendShape(batch_time_a_ms=0.0, batch_time_b_us=0.0)
+    shape = BackendShape(batch_time_a_ms=args.batch_time[0], batch_time_b_us=args.batch_time[1])
     sidecar_env = {"SIE_STREAM_REPLICAS": "1", "RUST_LOG": "warning"}
-    pod = Pod(0, workdir, [url], probe_port=free_port(), shape=shape, sidecar_env=sidecar_env)
+    census_dir = Path(args.census_dir).resolve() if args.census_dir else None
+    argv = [sys.executable, "-m", "benches.heap_census", "child", str(census_dir)] if census_dir else None
+    pod = Pod(0, workdir, [url], probe_port=free_port(), shape=shape, sidecar_env=sidecar_env, sidecar_argv=argv)
+    census_marks = sorted(int(f * args.items) for f in args.census_at) if census_dir else []
     gateway = Gateway([url], "leakgw")
     tally = Tally(gateway)
     stop = asyncio.Event()
@@ -316,7 +325,11 @@ async def leak_check(args: argparse.Namespace, workdir: Path) -> Run:
                 while tally.published - tally.answered() > MAX_BACKLOG // 2 and not stop.is_set():
                     await asyncio.sleep(0.1)
                 run.throttled_s += time.monotonic() - waited
-            ledger = gateway.ledger(f"w{wave:05d}", min(wave_items, args.items - steady_sent))
+            while census_marks and steady_sent >= census_marks[0]:
+                census_marks.pop(0)
+                await _take_census(pod, census_dir, run)
+            size = min(wave_items, args.items - steady_sent, *(m - steady_sent for m in census_marks[:1]))
+            ledger = gateway.ledger(f"w{wave:05d}", size)
             await gateway.publish_open_loop(ledger, run.rate, tally.on_progress)
             tally.end_wave()
             steady_sent += ledger.count
@@ -336,6 +349,8 @@ async def leak_check(args: argparse.Namespace, workdir: Path) -> Run:
         cpu1 = {**_groups_cpu_s(set(groups.values())), 0: time.process_time()}
         run.load_cpu_s = {name: round(cpu1[pid] - cpu0[pid], 2) for name, pid in {**groups, "bench": 0}.items()}
         await asyncio.sleep(min(2.0, args.sample_s))  # a last sample with everything answered
+        if census_dir is not None:
+            await _take_census(pod, census_dir, run)  # idle: nothing in flight
         stop.set()
         await sampler
         sampler = None
@@ -358,6 +373,14 @@ async def leak_check(args: argparse.Namespace, workdir: Path) -> Run:
         nats_proc.stop(grace_s=5.0)
 
 
+async def _take_census(pod: Pod, directory: Path | None, run: Run) -> None:
+    assert directory is not None
+    if await heap_census.take_census(pod.sidecar.pid, directory):
+        print(f"  heap census taken at {run.samples[-1].items if run.samples else 0:,} items", flush=True)
+    else:
+        run.notes.append("a heap census was not written")
+
+
 def _plot(run: Run, verdict: Verdict) -> bytes:
     """The soak's plot with items answered on the x axis (RSS above, fds below), warm-up end marked."""
     points = [SoakSample(float(s.items), 0, run.sidecar_pid, s.rss_mb, s.fds) for s in run.samples]
@@ -366,6 +389,18 @@ def _plot(run: Run, verdict: Verdict) -> bytes:
 
 def _fmt(value: float | None, spec: str) -> str:
     return "-" if value is None else format(value, spec)
+
+
+def _batch_time(text: str) -> tuple[float, float]:
+    a, _, b = text.partition(",")
+    return float(a), float(b or 0)
+
+
+def _fractions(text: str) -> list[float]:
+    values = [float(part) for part in text.split(",") if part]
+    if not all(0 <= v <= 1 for v in values):
+        raise argparse.ArgumentTypeError("shares between 0 and 1")
+    return values
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -380,6 +415,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--wave-s", type=float, default=5.0, help="seconds of load per wave (one ledger)")
     parser.add_argument("--sample-s", type=float, default=2.0, help="seconds between RSS/fd samples")
     parser.add_argument("--max-minutes", type=float, default=30.0, help="stop publishing after this long")
+    parser.add_argument(
+        "--batch-time",
+        type=_batch_time,
+        default=(0.0, 0.0),
+        metavar="A_MS,B_US",
+        help="the null backend's batch time a + b x cost (default 0,0: no simulated device)",
+    )
+    parser.add_argument(
+        "--census-dir",
+        help="run the sidecar under benches.heap_census (tracemalloc) and write censuses here; RSS is then not judged",
+    )
+    parser.add_argument(
+        "--census-at",
+        type=_fractions,
+        default=[0.25, 0.95],
+        metavar="F,F",
+        help="shares of the steady items at which a heap census is taken (one more after the drain)",
+    )
     parser.add_argument("--json", help="write the samples and the verdict here")
     parser.add_argument("--png", help="write the RSS/fd-against-items plot here")
     parser.add_argument("--keep-logs", help="copy the children's logs into this directory")
@@ -404,7 +457,8 @@ def main(argv: list[str] | None = None) -> int:
     verdict = judge(
         run.samples,
         warmup_fraction=args.warmup_fraction,
-        max_slope=args.max_slope_bytes_per_item,
+        # Under the census tracemalloc's traces and each snapshot raise RSS by megabytes: only fds are judged.
+        max_slope=math.inf if args.census_dir else args.max_slope_bytes_per_item,
         fd_growth=args.fd_growth,
     )
     print(
@@ -436,6 +490,8 @@ def main(argv: list[str] | None = None) -> int:
     else:
         outcome, code = "PASS", 0
     print(outcome)
+    if args.census_dir:
+        print(heap_census.report(Path(args.census_dir)))
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         out: dict[str, Any] = {

@@ -53,7 +53,9 @@ class Pod:
         probe_port: int,
         shape: BackendShape,
         sidecar_env: dict[str, str],
+        sidecar_argv: list[str] | None = None,
     ) -> None:
+        """`sidecar_argv` replaces `python -m sie_sidecar run` (the leak check's heap census wraps it)."""
         self.index = index
         self.worker_id = worker_id(index)
         self.socket = str(workdir / f"pod{index}.sock")
@@ -102,7 +104,10 @@ class Pod:
             **sidecar_env,
         }
         self.sidecar = Proc(
-            f"sidecar-{index}", [sys.executable, "-m", "sie_sidecar", "run"], env, workdir / f"sidecar-{index}.log"
+            f"sidecar-{index}",
+            sidecar_argv or [sys.executable, "-m", "sie_sidecar", "run"],
+            env,
+            workdir / f"sidecar-{index}.log",
         )
 
     # -- backend --

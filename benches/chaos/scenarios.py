@@ -43,13 +43,23 @@ class Rig:
     replies in flight, which no sidecar can prevent, and would mix the gateway's failure into each
     node scenario. The node faults hit `target` (n0), with the leaders placed first (`place`)."""
 
-    def __init__(self, workdir: Path, shape: BackendShape, sidecar_env: dict[str, str]) -> None:
+    def __init__(
+        self, workdir: Path, shape: BackendShape, sidecar_env: dict[str, str], sidecar_argv: list[str] | None = None
+    ) -> None:
         self.workdir = workdir
         self.shape = shape
         self.cluster = NatsCluster(workdir)
         self.specs = [TopologySpec(POOL, PROFILE, BUNDLE, worker_id(i)) for i in range(PODS)]
         self.pods = [
-            Pod(i, workdir, self.cluster.urls, probe_port=free_port(), shape=shape, sidecar_env=sidecar_env)
+            Pod(
+                i,
+                workdir,
+                self.cluster.urls,
+                probe_port=free_port(),
+                shape=shape,
+                sidecar_env=sidecar_env,
+                sidecar_argv=sidecar_argv,
+            )
             for i in range(PODS)
         ]
         self.gateway_node = self.cluster.nodes[-1]

@@ -32,6 +32,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from benches import heap_census
+
 from .count import count
 from .load import measure_capacity
 from .pods import BackendShape, Pod
@@ -229,7 +231,9 @@ def plot(samples: list[Sample], faults: list[tuple[float, str]], duration_s: flo
 
 
 async def soak(args: argparse.Namespace, workdir: Path) -> SoakResult:
-    rig = Rig(workdir, BackendShape(), {"SIE_SIDECAR_DEBUG_ENDPOINT": "1"})  # live memory via /debug/state
+    census_dir = Path(args.census_dir).resolve() if args.census_dir else None
+    argv = [sys.executable, "-m", "benches.heap_census", "child", str(census_dir)] if census_dir else None
+    rig = Rig(workdir, BackendShape(), {"SIE_SIDECAR_DEBUG_ENDPOINT": "1"}, argv)  # live memory via /debug/state
     await rig.start()
     samples: list[Sample] = []
     stop = asyncio.Event()
@@ -257,11 +261,22 @@ async def soak(args: argparse.Namespace, workdir: Path) -> SoakResult:
                 await fault.inject(rig, rig.mark)
                 n += 1
 
-        injector = asyncio.create_task(inject())
+        async def census() -> None:
+            assert census_dir is not None
+            for minute in sorted(args.census_at_min):
+                await asyncio.sleep(max(0.0, start + minute * 60 - rig.gateway.now()))
+                for pod in rig.pods:
+                    if pod.sidecar.alive and await heap_census.take_census(pod.sidecar.pid, census_dir):
+                        print(f"  t={rig.gateway.now() - start:7.1f}s heap census of sidecar-{pod.index}", flush=True)
+
+        background = [asyncio.create_task(inject())]
+        if census_dir is not None:
+            background.append(asyncio.create_task(census()))
         publish_end = await rig.gateway.publish_open_loop(ledger, rate)
-        injector.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await injector
+        for task in background:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
         settled = await _settle(rig, [ledger], 180.0)
         result = count(ledger, rig.marks, set(), _gave_up(rig, ledger), publish_end)
         stop.set()
@@ -304,6 +319,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--png", help="write the RSS/fd plot here")
     parser.add_argument("--from-json", help="judge and plot the samples of an earlier run's --json again")
     parser.add_argument("--json", help="write the samples and the verdict here")
+    parser.add_argument("--census-dir", help="run the sidecars under benches.heap_census; censuses go here")
+    parser.add_argument(
+        "--census-at-min",
+        type=lambda text: [float(part) for part in text.split(",") if part],
+        default=[4.0, 24.0],
+        metavar="M,M",
+        help="minutes into the load at which every live sidecar takes a heap census",
+    )
     args = parser.parse_args(argv)
     began = time.monotonic()
     if args.from_json:
@@ -327,6 +350,8 @@ def main(argv: list[str] | None = None) -> int:
     for pod, verdict in result.flat.items():
         print(f"  {pod}: {verdict}")
     print("PASS" if ok else "FAIL")
+    if args.census_dir:
+        print(heap_census.report(Path(args.census_dir)))
     if args.json:
         Path(args.json).write_text(json.dumps(asdict(result), indent=1))
     return 0 if ok else 1
