@@ -32,6 +32,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from benches import heap_census
 
 from .count import count
@@ -56,6 +58,7 @@ class Sample:
     fds: int
     heap_in_use_mb: float | None = None  # glibc's mallinfo2: heap chunks in use plus mmapped blocks
     python_blocks: int | None = None  # sys.getallocatedblocks()
+    held: int | None = None  # messages the sidecar held unsettled (its consumers' `unsettled`)
 
 
 @dataclass
@@ -82,13 +85,16 @@ def _proc_stats(pid: int) -> tuple[float, int] | None:
         return None
 
 
-async def _memory(pod: Pod) -> dict[str, int]:
-    """The sidecar's `/debug/state` `memory` document ({} when it does not answer in time)."""
+async def _memory(pod: Pod) -> tuple[dict[str, int], int | None]:
+    """The sidecar's `/debug/state` `memory` document and the messages it holds ({} and None when it
+    does not answer in time)."""
     status, body = await pod.get("/debug/state")
     if status != 200:
-        return {}
-    memory: dict[str, int] = json.loads(body).get("memory") or {}
-    return memory
+        return {}, None
+    state = json.loads(body)
+    memory: dict[str, int] = state.get("memory") or {}
+    consumers = state.get("consumers")
+    return memory, None if consumers is None else sum(int(c["unsettled"]) for c in consumers)
 
 
 async def _sampler(rig: Rig, out: list[Sample], stop: asyncio.Event) -> None:
@@ -99,8 +105,9 @@ async def _sampler(rig: Rig, out: list[Sample], stop: asyncio.Event) -> None:
                 stats = _proc_stats(pid)
                 if stats is not None:
                     memory: dict[str, int] = {}
+                    held: int | None = None
                     with contextlib.suppress(Exception):
-                        memory = await _memory(pod)
+                        memory, held = await _memory(pod)
                     in_use = memory.get("in_use_bytes")
                     out.append(
                         Sample(
@@ -111,6 +118,7 @@ async def _sampler(rig: Rig, out: list[Sample], stop: asyncio.Event) -> None:
                             stats[1],
                             None if in_use is None else round(in_use / 2**20, 2),
                             memory.get("python_blocks"),
+                            held,
                         )
                     )
         with contextlib.suppress(TimeoutError):
@@ -124,6 +132,30 @@ def _grew(values: list[float], pct: float) -> tuple[float, float, bool]:
     return mid, end, end <= mid * (1 + pct / 100)
 
 
+def blocks_trend(steady: list[Sample]) -> tuple[float, float] | None:
+    """Least squares `blocks = a + b·held + c·t` over the samples that have both: (b, c), the Python
+    blocks per held message and the growth per second with what is held taken out. None under 6 points
+    or when `held` never varies and time alone must explain the blocks (then b is reported as 0).
+
+    Why: a heap census (benches/heap_census.py) finds ~a dozen live blocks per message held (nats-py's
+    Msg, its subject, reply, headers and data, our delivery), so blocks follow the backlog of the
+    instant, which drifts over a soak as the machine slows; a leak is what grows with time beyond it."""
+    points = [
+        (float(s.python_blocks), float(s.held), s.t)
+        for s in steady
+        if s.python_blocks is not None and s.held is not None
+    ]
+    if len(points) < 6:
+        return None
+    blocks, held, t = (np.array(column) for column in zip(*points, strict=True))
+    if np.ptp(held) == 0:
+        slope = np.polyfit(t, blocks, 1)[0]
+        return 0.0, float(slope)
+    design = np.column_stack([np.ones_like(t), held, t])
+    coef = np.linalg.lstsq(design, blocks, rcond=None)[0]
+    return float(coef[1]), float(coef[2])
+
+
 def flatness(
     samples: list[Sample],
     warmup_s: float,
@@ -132,12 +164,15 @@ def flatness(
     min_span_s: float,
     *,
     live_pct: float = 10.0,
+    blocks_pct: float = 1.0,
 ) -> dict[str, Any]:
     """Per sidecar process (pod and pid) that lived at least `min_span_s` after its own `warmup_s`:
     the median RSS, live memory and fds of that steady part against its last three samples. A leak
     shows as the end above the median by more than the allowance; a process restarted by a fault
     starts a new one. Live memory is judged where the samples have it (runs before it was sampled
-    have RSS and fds only)."""
+    have RSS and fds only). Where the samples also have the messages held, Python's blocks are judged
+    by their trend with the held messages taken out (`blocks_trend`): growth over the steady part
+    within `blocks_pct` of the median."""
     verdict: dict[str, Any] = {}
     for pod, pid in sorted({(s.pod, s.pid) for s in samples}):
         mine = [s for s in samples if (s.pod, s.pid) == (pod, pid)]
@@ -157,6 +192,17 @@ def flatness(
                 mid, end, ok = _grew(values, live_pct)
                 live |= {f"{key}_median": round(mid, 2), f"{key}_end": round(end, 2)}
                 live_ok = live_ok and ok
+        trend = blocks_trend(steady)
+        if trend is not None and "python_blocks_median" in live:
+            per_held, per_s = trend
+            growth = per_s * (steady[-1].t - steady[0].t)
+            trend_ok = growth <= live["python_blocks_median"] * blocks_pct / 100
+            live |= {
+                "python_blocks_per_held": round(per_held, 1),
+                "python_blocks_trend": round(growth),  # over the steady part, what is held taken out
+                "python_blocks_trend_ok": trend_ok,
+            }
+            live_ok = live_ok and trend_ok
         verdict[name] = {
             "checked": True,
             "ok": rss_ok and live_ok and fds_end <= fds_mid + fd_growth,
@@ -294,7 +340,13 @@ async def soak(args: argparse.Namespace, workdir: Path) -> SoakResult:
             samples=samples,
         )
         out.flat = flatness(
-            samples, args.warmup_s, args.rss_growth_pct, args.fd_growth, args.min_span_s, live_pct=args.live_growth_pct
+            samples,
+            args.warmup_s,
+            args.rss_growth_pct,
+            args.fd_growth,
+            args.min_span_s,
+            live_pct=args.live_growth_pct,
+            blocks_pct=args.blocks_growth_pct,
         )
         if args.png:
             Path(args.png).write_bytes(plot(samples, faults, max(s.t for s in samples)))
@@ -312,6 +364,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rss-growth-pct", type=float, default=10.0, help="allowed RSS growth of a long-lived sidecar")
     parser.add_argument(
         "--live-growth-pct", type=float, default=10.0, help="allowed live-memory growth (C heap in use, Python blocks)"
+    )
+    parser.add_argument(
+        "--blocks-growth-pct",
+        type=float,
+        default=1.0,
+        help="allowed growth of Python blocks over the steady part, the messages held taken out",
     )
     parser.add_argument("--fd-growth", type=int, default=8, help="allowed open-fd growth of a long-lived sidecar")
     parser.add_argument("--warmup-s", type=float, default=180.0, help="a process's own start-up, not judged")
@@ -334,7 +392,13 @@ def main(argv: list[str] | None = None) -> int:
         samples = [Sample(**s) for s in raw.pop("samples")]
         result = SoakResult(**{**raw, "samples": samples, "faults": [tuple(f) for f in raw["faults"]]})
         result.flat = flatness(
-            samples, args.warmup_s, args.rss_growth_pct, args.fd_growth, args.min_span_s, live_pct=args.live_growth_pct
+            samples,
+            args.warmup_s,
+            args.rss_growth_pct,
+            args.fd_growth,
+            args.min_span_s,
+            live_pct=args.live_growth_pct,
+            blocks_pct=args.blocks_growth_pct,
         )
         if args.png:
             Path(args.png).write_bytes(plot(samples, result.faults, max(s.t for s in samples)))

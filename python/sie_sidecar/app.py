@@ -499,6 +499,7 @@ async def _start(settings: Settings, stop: asyncio.Event, resources: contextlib.
         backend_children=len(pingers),
     )
     reporter = HealthReporter(identity, readiness, telemetry, max_concurrent_batches=limits.model_groups)
+    consumers: list[PullConsumer] = []  # made below; the debug endpoint may be asked before
     if probes is not None and settings.debug_endpoint:
         from .telemetry.memory import memory_stats  # ctypes and mallinfo2 only with the debug endpoint
 
@@ -510,6 +511,7 @@ async def _start(settings: Settings, stop: asyncio.Event, resources: contextlib.
                 "reconciler": None if reconciler is None else reconciler.snapshot()
             }
             state["memory"] = memory_stats()
+            state["consumers"] = [consumer.snapshot() for consumer in consumers]
             return state
 
         probes.serve_debug(debug_state, telemetry)

@@ -12,6 +12,7 @@ from typing import Any
 import aiohttp
 import nats
 
+from sie_sidecar import wire
 from sie_sidecar.backend.null import NullAdapter
 from sie_sidecar.pipeline.readiness import Readiness
 
@@ -76,6 +77,13 @@ async def test_debug_state_shows_each_model_when_enabled(nats_server: NatsServer
         memory = state["memory"]  # what the soak judges a leak by (docs/reliability.md, "Soak")
         assert memory["python_blocks"] > 0
         assert memory["in_use_bytes"] >= memory["mmap_bytes"] >= 0 and memory["free_bytes"] >= 0
+        # The messages held now, which live memory is read against (a heap census: ~a dozen blocks each).
+        held = {c["stream"]: c for c in state["consumers"]}
+        assert set(held) == {wire.worker_stream_name(stack.settings.worker_id), wire.pool_stream_name(POOL)}
+        pool = held[wire.pool_stream_name(POOL)]
+        assert pool["durable"] == wire.pool_durable_name(POOL, PROFILE, BUNDLE)
+        assert pool["unsettled"] == pool["buffered"] == 0 and pool["high_water"] >= 1  # it held the item, then settled
+        assert pool["max_outstanding"] >= pool["credit"] >= 0 and pool["paused"] is None
     async with running_stack(nats_server, tmp_path) as stack:  # off by default
         url = f"http://127.0.0.1:{stack.settings.worker_probe_port}/debug/state"
         async with aiohttp.ClientSession() as http, http.get(url) as r:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import gc
 
 import pytest
-from benches.chaos.soak import Sample, flatness
+from benches.chaos.soak import Sample, blocks_trend, flatness
 
 from sie_sidecar.telemetry.memory import memory_stats
 
@@ -61,3 +61,41 @@ def test_old_samples_without_live_memory_are_judged_on_rss_and_fds() -> None:
     old = [Sample(t=10.0 * i, pod=0, pid=1, rss_mb=40.0, fds=12) for i in range(90)]
     (verdict,) = flatness(old, 60.0, 10.0, 8, 600.0).values()
     assert verdict["ok"] and "python_blocks_median" not in verdict
+
+
+def held_samples(blocks: list[int], held: list[int]) -> list[Sample]:
+    return [
+        Sample(t=10.0 * i, pod=0, pid=1, rss_mb=40.0, fds=12, python_blocks=b, held=h)
+        for i, (b, h) in enumerate(zip(blocks, held, strict=True))
+    ]
+
+
+def test_blocks_that_follow_a_growing_backlog_pass() -> None:
+    """What the census found in the soak: ~13 blocks per held message, the backlog drifting up as the
+    machine slows. The blocks' end is 3% over their median, yet nothing leaks."""
+    held = [100 + 3 * i + (7 if i % 2 else -7) for i in range(90)]
+    blocks = [135_000 + 13 * h for h in held]
+    (verdict,) = flatness(held_samples(blocks, held), 60.0, 10.0, 8, 600.0).values()
+    assert verdict["python_blocks_per_held"] == pytest.approx(13.0, abs=0.1)
+    assert abs(verdict["python_blocks_trend"]) < 10
+    assert verdict["python_blocks_trend_ok"] and verdict["live_ok"] and verdict["ok"]
+
+
+def test_a_leak_under_a_varying_backlog_fails_by_its_trend() -> None:
+    """1 block per 50 items at 180 items/s (3.6 blocks/s), hidden in a backlog that swings by 1,300
+    blocks: 2.2% over 14 minutes, under the 10% allowance of the median check, over the 1% trend check."""
+    held = [150 + (100 if i % 4 < 2 else -100) for i in range(90)]
+    blocks = [135_000 + 13 * h + int(3.6 * 10.0 * i) for i, h in enumerate(held)]
+    (verdict,) = flatness(held_samples(blocks, held), 60.0, 10.0, 8, 600.0).values()
+    assert verdict["python_blocks_trend"] == pytest.approx(3.6 * (890 - 60), rel=0.05)
+    assert not verdict["python_blocks_trend_ok"] and not verdict["live_ok"] and not verdict["ok"]
+    assert verdict["rss_ok"]
+
+
+def test_blocks_trend_needs_six_points_and_handles_a_constant_backlog() -> None:
+    few = held_samples([1, 2, 3, 4, 5], [0] * 5)
+    assert blocks_trend(few) is None
+    constant = held_samples([100 + 2 * i for i in range(10)], [7] * 10)
+    trend = blocks_trend(constant)
+    assert trend is not None
+    assert trend[0] == 0.0 and trend[1] == pytest.approx(0.2)
