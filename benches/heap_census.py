@@ -58,6 +58,7 @@ class Censor:
         blocks = sys.getallocatedblocks()
         traced = tracemalloc.get_traced_memory()[0]
         types = Counter(type(obj).__qualname__ for obj in gc.get_objects())
+        made_by_callbacks = callback_made_objects()
         snapshot = tracemalloc.take_snapshot()
         snapshot.dump(f"{stem}.tracemalloc")
         del snapshot
@@ -66,9 +67,34 @@ class Censor:
             "traced_bytes": traced,
             "frozen_objects": gc.get_freeze_count(),
             "types": dict(types.most_common()),
+            "made_by_loop_callbacks": made_by_callbacks,
         }
         Path(f"{stem}.json").write_text(json.dumps(info))
         return Path(f"{stem}.json")
+
+
+def callback_made_objects(samples: int = 5) -> dict[str, Any]:
+    """Live objects whose allocation's innermost traced frame is asyncio's `Handle._run`: made by
+    native code (a C or Rust callable) the loop called directly, so no Python frame names their
+    maker. Per type: the count and a few reprs, which usually do. Objects the collector does not
+    track (tuples of atoms, ints, strings) are found as referents of those it does."""
+    seen: set[int] = set()
+    counts: Counter[str] = Counter()
+    reprs: dict[str, list[str]] = {}
+    for holder in gc.get_objects():
+        for obj in (holder, *gc.get_referents(holder)):
+            if id(obj) in seen:
+                continue
+            seen.add(id(obj))
+            trace = tracemalloc.get_object_traceback(obj)
+            if trace is None or not trace[-1].filename.endswith(("asyncio/events.py", "asyncio\\events.py")):
+                continue
+            name = type(obj).__qualname__
+            counts[name] += 1
+            kept = reprs.setdefault(name, [])
+            if len(kept) < samples:
+                kept.append(repr(obj)[:160])
+    return {name: {"count": n, "samples": reprs[name]} for name, n in counts.most_common()}
 
 
 def child(directory: Path, sidecar_args: list[str]) -> int:
@@ -109,6 +135,7 @@ class CensusDiff:
     traced_bytes: tuple[int, int]
     sites: list[SiteGrowth] = field(default_factory=list)
     types: list[tuple[str, int, int]] = field(default_factory=list)  # (type, count in last, growth)
+    made_by_callbacks: list[tuple[str, int, int, str]] = field(default_factory=list)  # (type, growth, now, sample)
 
 
 def _ignore(snapshot: tracemalloc.Snapshot) -> tracemalloc.Snapshot:
@@ -162,6 +189,14 @@ def diff(first: Path, last: Path, *, top: int = TOP) -> CensusDiff:
     grown = [(name, n, n - types0.get(name, 0)) for name, n in types1.items() if n > types0.get(name, 0)]
     grown.sort(key=lambda row: row[2], reverse=True)
     result.types = grown[:top]
+    made0: dict[str, Any] = info0.get("made_by_loop_callbacks", {})
+    made1: dict[str, Any] = info1.get("made_by_loop_callbacks", {})
+    for name, entry in made1.items():
+        growth = entry["count"] - made0.get(name, {}).get("count", 0)
+        if growth > 0:
+            result.made_by_callbacks.append((name, growth, entry["count"], (entry["samples"] or [""])[-1]))
+    result.made_by_callbacks.sort(key=lambda row: row[1], reverse=True)
+    del result.made_by_callbacks[top:]
     return result
 
 
@@ -184,6 +219,9 @@ def format_diff(d: CensusDiff) -> str:
     lines += [
         f"    {s.count_diff:+6,} blocks {s.size_diff:+9,} B (now {s.count:,}) {' < '.join(s.frames)}" for s in d.sites
     ] or ["    none"]
+    if d.made_by_callbacks:
+        lines.append("  made by native code a loop callback ran (type: count, a sample):")
+        lines += [f"    {name}: {n:+,} (now {now:,}) {sample}" for name, n, now, sample in d.made_by_callbacks]
     lines.append("  types whose live objects grew:")
     lines += [f"    {growth:+6,} {name} (now {n:,})" for name, n, growth in d.types] or ["    none"]
     return "\n".join(lines)

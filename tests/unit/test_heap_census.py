@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import tracemalloc
 from collections.abc import Iterator
 from pathlib import Path
@@ -77,3 +78,26 @@ def test_frames_are_cut_after_the_first_frame_of_the_package() -> None:
     assert _own_frame_first(foreign) == foreign[:4]
     assert _short("/x/.venv/lib/python3.11/site-packages/sie_sidecar/bus/pull.py") == "sie_sidecar/bus/pull.py"
     assert _short("/usr/lib/python3.11/asyncio/events.py") == "events.py"
+
+
+def test_objects_a_native_loop_callback_made_are_named_by_type(tracing: None, tmp_path: Path) -> None:
+    """No Python frame names what a C or Rust callable the loop ran allocated; the census still finds
+    those objects (as referents: the collector does not track strings) and shows their type. Strings,
+    not tuples: a tuple from the free list keeps the traceback of its first allocation."""
+    made: list[str] = []
+    names = [f"subject-{k}" for k in range(300)]
+
+    async def plant_by_callback() -> None:
+        loop = asyncio.get_running_loop()
+        done = loop.create_future()
+        loop.call_soon(made.extend, map(str.upper, names))  # the strings are made inside C code
+        loop.call_soon(done.set_result, None)
+        await done
+
+    censor = Censor(tmp_path)
+    censor.take()
+    asyncio.run(plant_by_callback())
+    censor.take()
+    result = diff(*censuses(tmp_path))
+    strings = next(row for row in result.made_by_callbacks if row[0] == "str")
+    assert strings[1] >= 300 and "SUBJECT-" in strings[3]
