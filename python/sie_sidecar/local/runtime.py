@@ -59,6 +59,7 @@ class LocalRunning:
 async def start_local(settings: Settings, stop: asyncio.Event, resources: contextlib.AsyncExitStack) -> LocalRunning:
     """Open everything in start-up order, each close pushed onto `resources` as soon as it exists."""
     from ..app import (
+        PeriodicCollection,
         _dispatch_settings,
         _end_tasks,
         attach_catalog,
@@ -133,6 +134,7 @@ async def start_local(settings: Settings, stop: asyncio.Event, resources: contex
     loop = start_feed(settings, source, dispatcher, quantum=quantum, tasks=tasks, stop=pull_stop, on_idle=source.wake)
     resources.push_async_callback(_end_tasks, [loop], pull_stop)
     tune_gc_for_steady_state()
+    PeriodicCollection().start(hb_stop, background)
     gate = asyncio.create_task(
         gate_pulls(
             readiness,

@@ -11,6 +11,7 @@ in `in_use_bytes` or `python_blocks`; fragmentation only in `free_bytes`.
 from __future__ import annotations
 
 import ctypes
+import gc
 import sys
 from functools import cache
 from typing import Any
@@ -53,4 +54,19 @@ def memory_stats() -> dict[str, int]:
     }
 
 
-__all__ = ["memory_stats"]
+def gc_stats() -> dict[str, Any]:
+    """The cyclic collector per generation: objects pending (`gc.get_count`), collections run and
+    objects they freed so far. Freed objects were cyclic garbage, alive (as `python_blocks`) until a
+    collection of their generation; a steady `collected` rise means something makes reference
+    cycles on the hot path."""
+    stats = gc.get_stats()
+    return {
+        "pending": list(gc.get_count()),
+        "collections": [int(g["collections"]) for g in stats],
+        "collected": [int(g["collected"]) for g in stats],
+        "uncollectable": sum(int(g["uncollectable"]) for g in stats),
+        "frozen": gc.get_freeze_count(),
+    }
+
+
+__all__ = ["gc_stats", "memory_stats"]
