@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import gc
-from asyncio.selector_events import _SelectorSocketTransport
 from pathlib import Path
 
 import pytest
@@ -25,10 +24,11 @@ from .stack import running_stack
 CONNECTIONS = 20
 
 
-def closed_transports_of(port: int) -> list[_SelectorSocketTransport]:
+def closed_transports_of(port: int) -> list[asyncio.Transport]:
+    """asyncio's socket transports (`_SelectorSocketTransport`) of `port` that are closed and alive."""
     found = []
     for obj in gc.get_objects():
-        if isinstance(obj, _SelectorSocketTransport) and obj.is_closing():
+        if isinstance(obj, asyncio.Transport) and obj.is_closing():
             sockname = obj.get_extra_info("sockname")
             if isinstance(sockname, tuple) and sockname[1] == port:
                 found.append(obj)
