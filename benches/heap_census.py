@@ -8,9 +8,12 @@ the live blocks were allocated, taken twice under the same load, can.
 Two halves:
 - the child: `python -m benches.heap_census child DIR [sidecar args...]` starts `tracemalloc` before
   anything of the package is imported (so every allocation is traced), then runs `sie-sidecar run`.
-  Each SIGUSR1 writes `DIR/census-NNN.tracemalloc` (a tracemalloc snapshot) and `DIR/census-NNN.json`
-  (the allocated-block count, and live objects per type from `gc.get_objects()` plus the frozen
-  start-up objects' count, which `gc.freeze()` hides from it). A snapshot takes ~1 s of the loop.
+  Each SIGUSR1 writes, under `DIR/pid-PID/`, `census-NNN.tracemalloc` (a tracemalloc snapshot) and
+  `census-NNN.json`: the allocated blocks before and after a full collection, what that collection
+  freed by type (`DEBUG_SAVEALL`: cyclic garbage, with reprs), live objects per type from
+  `gc.get_objects()` (the frozen start-up objects only as a count: `gc.freeze()` hides them), and
+  objects native code made inside a loop callback. A census takes ~1.5 s of the loop.
+  `HEAP_CENSUS_TRACE=0` leaves tracemalloc off: the counts and the garbage only, at full speed.
 - the report: `python -m benches.heap_census diff DIR` (or `report()` from the leak check) compares the
   first census with each later one: blocks, the allocation sites whose live bytes or blocks grew most
   (grouped by traceback, the sidecar's own frames first) and the object types whose count grew.
