@@ -27,11 +27,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
+import inspect
 import json
 import os
+import reprlib
 import signal
 import sys
 import time
+import traceback
 import tracemalloc
 from collections import Counter
 from dataclasses import dataclass, field
@@ -54,6 +57,7 @@ class Censor:
         self.taken = 0
 
     def take(self) -> Path:
+        """One census now; the path of its JSON half."""
         stem = self.directory / f"census-{self.taken:03d}"
         self.taken += 1
         blocks_before = sys.getallocatedblocks()
@@ -97,12 +101,27 @@ def collect_garbage(samples: int = 5) -> dict[str, Any]:
         for obj in gc.garbage:
             kept = reprs.setdefault(type(obj).__qualname__, [])
             if len(kept) < samples:
-                kept.append(repr(obj)[:200])
+                kept.append(_SHORT_REPR.repr(obj))
     finally:
         gc.garbage.clear()
         gc.set_debug(flags)
     gc.collect()  # the garbage, now unreferenced by gc.garbage, goes for real
     return {name: {"count": n, "samples": reprs[name]} for name, n in counts.most_common()}
+
+
+def _handle_run_lines() -> tuple[str, range]:
+    lines, first = inspect.getsourcelines(asyncio.events.Handle._run)
+    return inspect.getsourcefile(asyncio.events.Handle._run) or "", range(first, first + len(lines))
+
+
+_HANDLE_RUN = _handle_run_lines()
+#: Reprs of bounded cost: a multi-MB payload is not rendered whole to keep 160 characters of it.
+_SHORT_REPR = reprlib.Repr()
+_SHORT_REPR.maxstring = _SHORT_REPR.maxother = 160
+
+
+def _in_handle_run(frame: tracemalloc.Frame) -> bool:
+    return frame.filename == _HANDLE_RUN[0] and frame.lineno in _HANDLE_RUN[1]
 
 
 def callback_made_objects(samples: int = 5) -> dict[str, Any]:
@@ -119,13 +138,13 @@ def callback_made_objects(samples: int = 5) -> dict[str, Any]:
                 continue
             seen.add(id(obj))
             trace = tracemalloc.get_object_traceback(obj)
-            if trace is None or not trace[-1].filename.endswith(("asyncio/events.py", "asyncio\\events.py")):
+            if trace is None or not _in_handle_run(trace[-1]):
                 continue
             name = type(obj).__qualname__
             counts[name] += 1
             kept = reprs.setdefault(name, [])
             if len(kept) < samples:
-                kept.append(repr(obj)[:160])
+                kept.append(_SHORT_REPR.repr(obj))
     return {name: {"count": n, "samples": reprs[name]} for name, n in counts.most_common()}
 
 
@@ -134,13 +153,25 @@ def child(directory: Path, sidecar_args: list[str]) -> int:
     if os.environ.get("HEAP_CENSUS_TRACE", "1") != "0":  # 0: counts only, at the sidecar's own speed
         tracemalloc.start(FRAMES)
     own = directory / f"pid-{os.getpid()}"  # a restarted sidecar is a new process with its own censuses
-    own.mkdir(parents=True, exist_ok=True)
     censor = Censor(own)
+    busy = False
 
     def on_usr1(_signum: int, _frame: FrameType | None) -> None:
-        censor.take()
+        """Never raises into the code it interrupted (the event loop): an error is printed, and a
+        signal during a census is ignored (a nested census would clear `gc.garbage` under the first)."""
+        nonlocal busy
+        if busy:
+            return
+        busy = True
+        try:
+            censor.take()
+        except BaseException:  # anything raised here would surface in the sidecar's loop
+            traceback.print_exc()
+        finally:
+            busy = False
 
-    signal.signal(signal.SIGUSR1, on_usr1)
+    signal.signal(signal.SIGUSR1, on_usr1)  # before the directory exists: `take_census` waits for it
+    own.mkdir(parents=True, exist_ok=True)
     from sie_sidecar.cli import main as sidecar_main
 
     return sidecar_main(["run", *sidecar_args])
@@ -162,6 +193,8 @@ class SiteGrowth:
 
 @dataclass
 class CensusDiff:
+    """What grew from one census of a process to a later one."""
+
     first: str
     last: str
     blocks: tuple[int, int]
@@ -244,6 +277,7 @@ def count_taken(directory: Path) -> int:
 
 
 def format_diff(d: CensusDiff) -> str:
+    """The diff as the report prints it."""
     lines = [
         f"{d.first} -> {d.last}: blocks {d.blocks[0]:,} -> {d.blocks[1]:,} ({d.blocks[1] - d.blocks[0]:+,}),"
         f" traced {d.traced_bytes[0] / 1e6:.2f} -> {d.traced_bytes[1] / 1e6:.2f} MB",
@@ -278,6 +312,8 @@ def report(directory: Path, *, top: int = TOP) -> str:
 async def take_census(pid: int, directory: Path, timeout_s: float = 60.0) -> bool:
     """SIGUSR1 to the child `pid`, then wait until its census file is written (about a second).
     False when none came in time or the process is gone."""
+    if not (directory / f"pid-{pid}").is_dir():
+        return False  # not started far enough to have its handler (SIGUSR1 would kill it)
     before = count_taken(directory)
     try:
         os.kill(pid, signal.SIGUSR1)

@@ -23,6 +23,7 @@ POOL = "default"
 BUNDLE = "default"
 PROFILE = "cpu"
 READY_TIMEOUT_S = 60.0
+REPO = Path(__file__).resolve().parents[2]
 
 
 @dataclass(frozen=True)
@@ -61,6 +62,9 @@ class Pod:
         self.socket = str(workdir / f"pod{index}.sock")
         self.probe_port = probe_port
         base = {k: v for k, v in os.environ.items() if not k.startswith("SIE_")}
+        # The children run `-m benches...` (the chaos backend, the heap census): wherever the rig was
+        # started from, they find the repository's `benches`.
+        base["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), base.get("PYTHONPATH", "")]))
         self.backend = Proc(
             f"backend-{index}",
             [

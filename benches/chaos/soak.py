@@ -47,6 +47,8 @@ FAULTS = tuple(
     for name in ("kill_sidecar", "kill_backend", "backend_graceful_restart", "kill_stream_leader", "rolling_restart")
 )
 SAMPLE_S = 10.0
+#: |correlation| of held messages with time above which their effect cannot be separated from a leak.
+COLLINEAR = 0.9
 
 
 @dataclass
@@ -85,14 +87,14 @@ def _proc_stats(pid: int) -> tuple[float, int] | None:
         return None
 
 
-async def _memory(pod: Pod) -> tuple[dict[str, int], int | None]:
+async def _memory(pod: Pod) -> tuple[dict[str, Any], int | None]:
     """The sidecar's `/debug/state` `memory` document and the messages it holds ({} and None when it
     does not answer in time)."""
     status, body = await pod.get("/debug/state")
     if status != 200:
         return {}, None
     state = json.loads(body)
-    memory: dict[str, int] = state.get("memory") or {}
+    memory: dict[str, Any] = state.get("memory") or {}
     consumers = state.get("consumers")
     return memory, None if consumers is None else sum(int(c["unsettled"]) for c in consumers)
 
@@ -104,7 +106,7 @@ async def _sampler(rig: Rig, out: list[Sample], stop: asyncio.Event) -> None:
                 pid = pod.sidecar.pid
                 stats = _proc_stats(pid)
                 if stats is not None:
-                    memory: dict[str, int] = {}
+                    memory: dict[str, Any] = {}
                     held: int | None = None
                     with contextlib.suppress(Exception):
                         memory, held = await _memory(pod)
@@ -134,8 +136,8 @@ def _grew(values: list[float], pct: float) -> tuple[float, float, bool]:
 
 def blocks_trend(steady: list[Sample]) -> tuple[float, float] | None:
     """Least squares `blocks = a + b·held + c·t` over the samples that have both: (b, c), the Python
-    blocks per held message and the growth per second with what is held taken out. None under 6 points
-    or when `held` never varies and time alone must explain the blocks (then b is reported as 0).
+    blocks per held message and the growth per second with what is held taken out. None under 6 points;
+    b is 0 (time explains everything) when `held` never varies or follows time too closely to tell apart.
 
     Why: a heap census (benches/heap_census.py) finds ~a dozen live blocks per message held (nats-py's
     Msg, its subject, reply, headers and data, our delivery), so blocks follow the backlog of the
@@ -148,7 +150,9 @@ def blocks_trend(steady: list[Sample]) -> tuple[float, float] | None:
     if len(points) < 6:
         return None
     blocks, held, t = (np.array(column) for column in zip(*points, strict=True))
-    if np.ptp(held) == 0:
+    if np.ptp(held) == 0 or abs(np.corrcoef(held, t)[0, 1]) > COLLINEAR:
+        # Held constant, or rising (or falling) with time so closely that the fit cannot tell a
+        # per-message cost from a leak: all of the growth is charged to time, which fails safe.
         slope = np.polyfit(t, blocks, 1)[0]
         return 0.0, float(slope)
     design = np.column_stack([np.ones_like(t), held, t])
@@ -407,6 +411,9 @@ def main(argv: list[str] | None = None) -> int:
             result = asyncio.run(soak(args, Path(tmp)))
     checked = [v for v in result.flat.values() if v.get("checked")]
     ok = result.lost == 0 and bool(checked) and all(v["ok"] for v in checked)
+    if args.census_dir:  # tracemalloc inflates RSS and each census's collection drops the blocks
+        print("soak: memory not judged under the heap census; only items lost count")
+        ok = result.lost == 0
     print(
         f"soak: {result.items:,} items, exactly once {result.exactly_once:,}, duplicated {result.duplicated_items:,},"
         f" lost {result.lost}; faults {len(result.faults)}; wall {time.monotonic() - began:.0f} s"

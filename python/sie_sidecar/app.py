@@ -104,6 +104,7 @@ class PeriodicCollection:
         self.max_ms = 0.0
 
     def collect(self) -> int:
+        """One full collection now; the objects it freed."""
         started = time.perf_counter()
         freed = gc.collect()
         elapsed_ms = (time.perf_counter() - started) * 1000.0
@@ -114,6 +115,7 @@ class PeriodicCollection:
         return freed
 
     async def run(self, stop: asyncio.Event) -> None:
+        """Collect every `interval_s` until `stop` is set."""
         while not stop.is_set():
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), self.interval_s)
@@ -121,9 +123,11 @@ class PeriodicCollection:
                 self.collect()
 
     def start(self, stop: asyncio.Event, background: list[asyncio.Task[Any]]) -> None:
+        """Run it as a background task, ended with the others at shutdown."""
         background.append(asyncio.create_task(self.run(stop)))
 
-    def snapshot(self) -> dict[str, float]:
+    def snapshot(self) -> dict[str, float | int]:
+        """What `/debug/state` shows under `memory.gc.periodic`."""
         return {
             "interval_s": self.interval_s,
             "runs": self.runs,

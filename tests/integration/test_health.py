@@ -65,9 +65,15 @@ async def test_debug_state_shows_each_model_when_enabled(nats_server: NatsServer
         wid = await stack.publish(work_item(text="hello"))
         await stack.wait_for(lambda: len(stack.results_for(wid)) == 1)
         url = f"http://127.0.0.1:{stack.settings.worker_probe_port}/debug/state"
-        async with aiohttp.ClientSession() as http, http.get(url) as r:
-            assert r.status == 200 and r.headers["Content-Type"] == "application/json"
-            state = await r.json()
+        pool_stream = wire.pool_stream_name(POOL)
+        async with aiohttp.ClientSession() as http:
+            for _ in range(100):  # the ACK (and the release of its slot) goes out after the reply
+                async with http.get(url) as r:
+                    assert r.status == 200 and r.headers["Content-Type"] == "application/json"
+                    state = await r.json()
+                if all(c["unsettled"] == 0 for c in state["consumers"] if c["stream"] == pool_stream):
+                    break
+                await asyncio.sleep(0.05)
         assert state["worker_id"] == stack.settings.worker_id and state["batch_method"] == "run_batch"
         model = state["models"][MODEL]
         assert model["ready_state"] == "ready" and model["tokenizer_mode"] == "none"
@@ -83,7 +89,7 @@ async def test_debug_state_shows_each_model_when_enabled(nats_server: NatsServer
         # The messages held now, which live memory is read against (a heap census: ~a dozen blocks each).
         held = {c["stream"]: c for c in state["consumers"]}
         assert set(held) == {wire.worker_stream_name(stack.settings.worker_id), wire.pool_stream_name(POOL)}
-        pool = held[wire.pool_stream_name(POOL)]
+        pool = held[pool_stream]
         assert pool["durable"] == wire.pool_durable_name(POOL, PROFILE, BUNDLE)
         assert pool["unsettled"] == pool["buffered"] == 0 and pool["high_water"] >= 1  # it held the item, then settled
         assert pool["max_outstanding"] >= pool["credit"] >= 0 and pool["paused"] is None
