@@ -343,22 +343,28 @@ async def soak(args: argparse.Namespace, workdir: Path) -> SoakResult:
             faults=faults,
             samples=samples,
         )
-        out.flat = flatness(
-            samples,
-            args.warmup_s,
-            args.rss_growth_pct,
-            args.fd_growth,
-            args.min_span_s,
-            live_pct=args.live_growth_pct,
-            blocks_pct=args.blocks_growth_pct,
-        )
-        if args.png:
-            Path(args.png).write_bytes(plot(samples, faults, max(s.t for s in samples)))
+        out.flat = _judge_and_plot(samples, faults, args)
         return out
     finally:
         stop.set()
         sampler.cancel()
         await rig.stop()
+
+
+def _judge_and_plot(samples: list[Sample], faults: list[tuple[float, str]], args: argparse.Namespace) -> dict[str, Any]:
+    """The flatness verdict with the command line's allowances, and the plot when `--png` asks."""
+    verdict = flatness(
+        samples,
+        args.warmup_s,
+        args.rss_growth_pct,
+        args.fd_growth,
+        args.min_span_s,
+        live_pct=args.live_growth_pct,
+        blocks_pct=args.blocks_growth_pct,
+    )
+    if args.png:
+        Path(args.png).write_bytes(plot(samples, faults, max(s.t for s in samples)))
+    return verdict
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -395,17 +401,7 @@ def main(argv: list[str] | None = None) -> int:
         raw = json.loads(Path(args.from_json).read_text())
         samples = [Sample(**s) for s in raw.pop("samples")]
         result = SoakResult(**{**raw, "samples": samples, "faults": [tuple(f) for f in raw["faults"]]})
-        result.flat = flatness(
-            samples,
-            args.warmup_s,
-            args.rss_growth_pct,
-            args.fd_growth,
-            args.min_span_s,
-            live_pct=args.live_growth_pct,
-            blocks_pct=args.blocks_growth_pct,
-        )
-        if args.png:
-            Path(args.png).write_bytes(plot(samples, result.faults, max(s.t for s in samples)))
+        result.flat = _judge_and_plot(samples, result.faults, args)
     else:
         with tempfile.TemporaryDirectory(prefix="sie-soak-") as tmp:
             result = asyncio.run(soak(args, Path(tmp)))
