@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from . import wire
+from .bus import ack_confirm
 from .bus import connect as connection
 from .bus.attempts import observe_pulls
 from .bus.config_sub import subscribe_config
@@ -484,7 +485,10 @@ async def _start(settings: Settings, stop: asyncio.Event, resources: contextlib.
     telemetry = Registry()
     start_metrics(settings, telemetry, resources, ipc, payloads)
     writer = FramedWriter(nc)  # the connection's one writer: replies, then their ACKs, in order
-    settler = Settler(writer)
+    confirmer = await _ack_confirmer(nc, writer, settings, ack_wait_s)
+    if confirmer is not None:
+        resources.push_async_callback(confirmer.close)  # after the drain, before NATS closes
+    settler = Settler(writer if confirmer is None else confirmer)
     publisher = Publisher(nc, writer=writer)
     if settings.metrics_enabled or settings.debug_endpoint:
         settler.telemetry = telemetry  # settlement counts are NATS operations here (§13)
@@ -499,7 +503,8 @@ async def _start(settings: Settings, stop: asyncio.Event, resources: contextlib.
         quantum=quantum,
         payloads=payloads,
         telemetry=telemetry,
-        acks_with_replies=writer.framed,  # one writer for both: a batch's ACKs follow its replies
+        # one writer for both: a batch's ACKs follow its replies, unless they are confirmed (one write more)
+        acks_with_replies=writer.framed and confirmer is None,
         tracer=start_tracing(settings, resources),
     )
     attach_catalog(settings, config, dispatcher)
@@ -569,6 +574,7 @@ async def _start(settings: Settings, stop: asyncio.Event, resources: contextlib.
             }
             state["memory"] = memory_stats() | {"gc": gc_stats() | {"periodic": collection.snapshot()}}
             state["consumers"] = [consumer.snapshot() for consumer in consumers]
+            state["ack_confirm"] = None if confirmer is None else confirmer.snapshot()
             return state
 
         probes.serve_debug(debug_state, telemetry)
@@ -730,6 +736,20 @@ async def _drain(r: _Running) -> None:
     record_drain(r.dispatcher.telemetry, started, clean=not pending)
 
 
+async def _ack_confirmer(
+    nc: NatsClient, writer: FramedWriter, settings: Settings, ack_wait_s: float
+) -> ack_confirm.AckConfirmer | None:
+    """The settler's writer when ACKs are confirmed (`SIE_NATS_ACK_CONFIRM_S` > 0), answers subscribed."""
+    if settings.nats_ack_confirm_s <= 0:
+        return None
+    confirmer = ack_confirm.AckConfirmer(nc, writer, timeout_s=settings.nats_ack_confirm_s, ack_wait_s=ack_wait_s)
+    try:
+        await confirmer.start()
+    except NATS_FAILURES as exc:
+        raise StartupError("ACK confirmation subscription", str(exc)) from None
+    return confirmer
+
+
 def record_drain(telemetry: Registry, started: float, *, clean: bool) -> None:
     """`sie.worker.shutdown.drain.duration` (§13): how long the drain took, and whether in-flight work
     had to be cancelled at the join deadline."""
@@ -751,7 +771,8 @@ def shutdown_bound_s(settings: Settings) -> float:
         + BACKEND_DRAIN_WAIT_S
     )
     exporters = METRICS_FLUSH_S * 2  # the last OTLP metrics and traces pushes
-    return pulls + drain + connection.CLOSE_FLUSH_S + exporters
+    confirmations = ack_confirm.CLOSE_WAIT_S if settings.nats_ack_confirm_s > 0 else 0.0
+    return pulls + drain + confirmations + connection.CLOSE_FLUSH_S + exporters
 
 
 def _log_stopped(r: _Running) -> None:

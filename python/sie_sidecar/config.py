@@ -103,6 +103,7 @@ LIMITS: Mapping[str, float] = {
     "SIE_NATS_CONNECT_TIMEOUT_S": MAX_DURATION_S,
     "SIE_NATS_PING_INTERVAL_S": MAX_DURATION_S,
     "SIE_NATS_MAX_OUTSTANDING_PINGS": MAX_CONCURRENCY,
+    "SIE_NATS_ACK_CONFIRM_S": MAX_DURATION_S,
     "SIE_PULL_LOOP_INFLIGHT": MAX_CONCURRENCY,
     "SIE_PULL_LOOP_MAX_OUTSTANDING": INT64_MAX,
     "SIE_MAX_CONCURRENT_BATCHES": MAX_CONCURRENCY,
@@ -491,6 +492,11 @@ class Settings:
     #: default, inside ack_wait; nats-py's own 120 s and 2 pings left a sidecar idle for minutes.
     nats_ping_interval_s: float = 5.0
     nats_max_outstanding_pings: int = 3
+    #: Confirmed ACKs (our extension, `SIE_NATS_ACK_CONFIRM_S`; 0: off): each batch's last ACK asks
+    #: for JetStream's answer, and a batch unanswered after this long is ACKed again (the wait
+    #: doubling) until ack_wait has passed, so ACKs lost with a durable's leader do not become
+    #: duplicates (bus/ack_confirm.py).
+    nats_ack_confirm_s: float = 2.0
     #: `SIE_METRICS_ENABLED` / `SIE_TRACING_ENABLED` (§13): on only with an endpoint and a protocol this
     #: build exports. `SIE_WORK_DEADLINE_ENFORCE` (§15.3) is parsed so that asking for it is refused
     #: (`NOT_YET`) rather than ignored.
@@ -969,6 +975,7 @@ class _Builder:
             nats_connect_timeout_s=self.env_float("SIE_NATS_CONNECT_TIMEOUT_S", 30.0),
             nats_ping_interval_s=self.env_float("SIE_NATS_PING_INTERVAL_S", 5.0),
             nats_max_outstanding_pings=self.env_uint("SIE_NATS_MAX_OUTSTANDING_PINGS", 3),
+            nats_ack_confirm_s=self.env_float("SIE_NATS_ACK_CONFIRM_S", 2.0, lambda x: x >= 0),
             metrics_enabled=self._metrics_enabled(otel),
             otel=otel,
             tracing_enabled=self._tracing_enabled(otel),

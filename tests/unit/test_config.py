@@ -155,6 +155,7 @@ DEFAULTS: list[tuple[str, object]] = [
     ("nats_connect_timeout_s", 30.0),
     ("nats_ping_interval_s", 5.0),
     ("nats_max_outstanding_pings", 3),
+    ("nats_ack_confirm_s", 2.0),
     ("metrics_enabled", False),
     ("tracing_enabled", False),
     ("otel", OtelSettings()),
