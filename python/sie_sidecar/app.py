@@ -488,7 +488,7 @@ async def _start(settings: Settings, stop: asyncio.Event, resources: contextlib.
     confirmer = await _ack_confirmer(nc, writer, settings, ack_wait_s)
     if confirmer is not None:
         resources.push_async_callback(confirmer.close)  # after the drain, before NATS closes
-    settler = Settler(writer if confirmer is None else confirmer)
+    settler = Settler(writer, None) if confirmer is None else Settler(confirmer, confirmer)
     publisher = Publisher(nc, writer=writer)
     if settings.metrics_enabled or settings.debug_endpoint:
         settler.telemetry = telemetry  # settlement counts are NATS operations here (§13)
@@ -503,8 +503,7 @@ async def _start(settings: Settings, stop: asyncio.Event, resources: contextlib.
         quantum=quantum,
         payloads=payloads,
         telemetry=telemetry,
-        # one writer for both: a batch's ACKs follow its replies, unless they are confirmed (one write more)
-        acks_with_replies=writer.framed and confirmer is None,
+        acks_with_replies=writer.framed,  # one writer for both: a batch's ACKs follow its replies
         tracer=start_tracing(settings, resources),
     )
     attach_catalog(settings, config, dispatcher)

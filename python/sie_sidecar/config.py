@@ -494,8 +494,8 @@ class Settings:
     nats_max_outstanding_pings: int = 3
     #: Confirmed ACKs (our extension, `SIE_NATS_ACK_CONFIRM_S`; 0: off): each batch's last ACK asks
     #: for JetStream's answer, and a batch unanswered after this long is ACKed again (the wait
-    #: doubling) until ack_wait has passed, so ACKs lost with a durable's leader do not become
-    #: duplicates (bus/ack_confirm.py).
+    #: doubling) while its connection stands, until ack_wait has passed, so ACKs lost with a
+    #: durable's leader do not become duplicates (bus/ack_confirm.py).
     nats_ack_confirm_s: float = 2.0
     #: `SIE_METRICS_ENABLED` / `SIE_TRACING_ENABLED` (§13): on only with an endpoint and a protocol this
     #: build exports. `SIE_WORK_DEADLINE_ENFORCE` (§15.3) is parsed so that asking for it is refused

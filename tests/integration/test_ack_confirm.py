@@ -10,6 +10,7 @@ import asyncio
 import itertools
 import json
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +22,7 @@ from nats.aio.client import Client
 
 from sie_sidecar.bus import ack_confirm
 from sie_sidecar.bus.ack_confirm import AckConfirmer
-from sie_sidecar.bus.outbound import FramedWriter
+from sie_sidecar.bus.outbound import FramedWriter, frame_pubs
 
 from .conftest import NatsServer
 from .stack import Stack, running_stack, work_item
@@ -120,17 +121,17 @@ async def test_a_replicated_consumer_answers_an_ack_only_once_a_quorum_holds_it(
 
 
 async def _lose_acks_with_the_leader(cluster: NatsCluster, *, confirm: bool) -> tuple[list[Any], AckConfirmer | None]:
-    """Fetch every item through a sidecar-like client connected to the durable's leader, freeze the
-    leader, ACK (the ACKs wait unread in its socket), kill it: no server ever saw them. Returns what
-    the next leader delivers again within three ack_waits."""
+    """Fetch every item through a sidecar-like client connected to a follower, freeze the durable's
+    leader, ACK (the follower forwards the ACKs into the frozen leader's route, unread), kill the
+    leader: no server that survives saw them. Returns what the next leader delivers again within
+    1.5 ack_waits."""
     probe = await nats.connect(servers=cluster.urls)
     leader = await _consumer_leader(cluster, probe)
     await probe.close()
     others = [n for n in cluster.nodes if n is not leader]
-    # The worker's client knows every URL (leader first), as a sidecar does, so it moves on.
-    worker = await nats.connect(servers=[leader.url, *(n.url for n in others)], dont_randomize=True)
+    worker = await nats.connect(servers=[others[0].url], dont_randomize=True)
     writer = FramedWriter(worker)
-    confirmer = AckConfirmer(worker, writer, timeout_s=0.5, ack_wait_s=ACK_WAIT_S * 4) if confirm else None
+    confirmer = AckConfirmer(worker, writer, timeout_s=0.5, ack_wait_s=ACK_WAIT_S) if confirm else None
     try:
         if confirmer is not None:
             await confirmer.start()
@@ -143,14 +144,15 @@ async def _lose_acks_with_the_leader(cluster: NatsCluster, *, confirm: bool) -> 
             await confirmer.ack_many(subjects)
         else:
             await writer.ack_many(subjects)
-        await asyncio.sleep(0.3)  # written to the frozen leader's socket, never read
+        await worker.flush(timeout=5)  # the follower has read them and routed them to the frozen leader
+        await asyncio.sleep(0.3)
         cluster.kill(leader)
         if confirmer is not None:
-            await _until(lambda: confirmer.pending == 0, 30, "the re-sent ACKs confirmed by the next leader")
+            await _until(lambda: confirmer.pending == 0, ACK_WAIT_S, "the re-sent ACKs confirmed by the next leader")
         observer = await nats.connect(servers=[n.url for n in others])
         try:
             await _new_leader(cluster, observer, others)
-            again = await _fetch(observer, 4, ACK_WAIT_S * 3)
+            again = await _fetch(observer, 4, ACK_WAIT_S * 1.5)
         finally:
             await observer.close()
         return again, confirmer
@@ -172,7 +174,8 @@ async def test_confirmed_acks_lost_with_the_durables_leader_are_sent_again_and_n
     again, confirmer = await _lose_acks_with_the_leader(cluster, confirm=True)
     assert confirmer is not None
     assert again == []
-    assert confirmer.counts.resent >= 1 and confirmer.counts.confirmed == 1 and confirmer.counts.expired == 0
+    assert confirmer.counts.resent >= 1 and confirmer.counts.confirmed == 1
+    assert confirmer.counts.expired == confirmer.counts.abandoned == 0
 
 
 async def test_a_batch_is_confirmed_by_one_answer(nats_server: NatsServer) -> None:
@@ -196,6 +199,7 @@ async def test_a_batch_is_confirmed_by_one_answer(nats_server: NatsServer) -> No
             "confirmed": 2,
             "resent": 0,
             "expired": 0,
+            "abandoned": 0,
             "overflowed": 0,
             "unheard": 0,
         }
@@ -276,3 +280,62 @@ async def test_batches_owed_past_the_bound_are_given_up_oldest_first(
         await confirmer.close(0)
     finally:
         await nc.close()
+
+
+@dataclass
+class _Held:
+    """What `AckConfirmer.ask` reads of a delivery: its message (the ACK subject is `msg.reply`)."""
+
+    msg: Any
+
+
+async def test_acks_whose_replies_may_have_died_with_the_connection_are_not_sent_again(cluster: NatsCluster) -> None:
+    """The sidecar's own node freezes and dies with a batch's replies and ACKs unread in its socket;
+    the client reconnects elsewhere. ACKing again there would settle items whose replies never
+    left (lost: the first version did so), so the batch is abandoned and JetStream redelivers it."""
+    probe = await nats.connect(servers=cluster.urls)
+    leader = await _consumer_leader(cluster, probe)
+    await probe.close()
+    doomed = next(n for n in cluster.nodes if n is not leader)
+    others = [n for n in cluster.nodes if n is not doomed]
+    replies: list[bytes] = []
+    gateway = await nats.connect(servers=[leader.url])
+
+    async def on_reply(msg: Any) -> None:
+        replies.append(msg.data)
+
+    await gateway.subscribe("replies.>", cb=on_reply)
+    await gateway.flush()
+    worker = await nats.connect(
+        servers=[doomed.url, *(n.url for n in others)], dont_randomize=True, ping_interval=0.3, max_outstanding_pings=2
+    )
+    confirmer = AckConfirmer(worker, FramedWriter(worker), timeout_s=0.5, ack_wait_s=ACK_WAIT_S)
+    try:
+        await confirmer.start()
+        msgs = await _fetch(worker, 4, 5)
+        assert len(msgs) == 4
+        await asyncio.sleep(0.5)  # the deliveries replicate
+        cluster.pause(doomed)
+        held = [_Held(m) for m in msgs]
+        framed = frame_pubs(
+            [*((f"replies.{i}", m.data) for i, m in enumerate(msgs)), *((m.reply, b"+ACK") for m in msgs)]
+        )
+        buffer, token = confirmer.ask(framed, held)
+        assert token
+        await FramedWriter(worker).publish_framed(buffer, 8, sum(len(m.data) for m in msgs) + 16)
+        confirmer.owe(token, held)
+        await asyncio.sleep(0.3)  # into the frozen server's socket
+        cluster.kill(doomed)
+        await _until(lambda: confirmer.pending == 0, ACK_WAIT_S, "the batch abandoned once the client moved on")
+        assert confirmer.counts.abandoned == 1 and confirmer.counts.resent == 0 and confirmer.counts.confirmed == 0
+        observer = await nats.connect(servers=[n.url for n in others])
+        try:
+            again = await _fetch(observer, 4, ACK_WAIT_S * 1.5)
+        finally:
+            await observer.close()
+        assert replies == []  # they died with the node
+        assert sorted(m.data for m in again) == [b"item-%d" % i for i in range(4)]  # so nothing is lost
+    finally:
+        await confirmer.close(0)
+        await worker.close()
+        await gateway.close()

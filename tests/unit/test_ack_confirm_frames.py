@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sie_sidecar.bus.ack_confirm import frame_confirmed_acks
+from sie_sidecar.bus.ack_confirm import ask_last_ack, frame_confirmed_acks
 
 SUBJECT = st.text(st.characters(min_codepoint=0x21, max_codepoint=0x7E), min_size=1, max_size=40)
 
@@ -40,3 +40,32 @@ def test_the_frame_is_every_ack_in_order(subjects: list[str], reply: str) -> Non
     assert all(c.split(b" ")[-1] == b"4" for c in commands)
     assert [len(c.split(b" ")) for c in commands] == [3] * (len(subjects) - 1) + [4]
     assert commands[-1].split(b" ")[2].decode() == reply
+
+
+def test_the_last_ack_of_a_replies_buffer_is_made_to_ask() -> None:
+    replies = (
+        b"PUB _INBOX.r.1 3\r\nabc\r\nPUB $JS.ACK.S.D.1.1.1.0.0 4\r\n+ACK\r\nPUB $JS.ACK.S.D.1.2.2.0.0 4\r\n+ACK\r\n"
+    )
+    assert ask_last_ack(replies, "$JS.ACK.S.D.1.2.2.0.0", "_INBOX.c.7") == (
+        b"PUB _INBOX.r.1 3\r\nabc\r\nPUB $JS.ACK.S.D.1.1.1.0.0 4\r\n+ACK\r\n"
+        b"PUB $JS.ACK.S.D.1.2.2.0.0 _INBOX.c.7 4\r\n+ACK\r\n"
+    )
+
+
+@pytest.mark.parametrize(
+    "buffer",
+    [
+        b"PUB _INBOX.r.1 3\r\nabc\r\n",  # no ACKs framed
+        b"PUB $JS.ACK.S.D.1.1.1.0.0 4\r\n+ACK\r\n",  # another message's ACK last
+        b"",
+    ],
+)
+def test_a_buffer_not_ending_with_that_ack_is_left_alone(buffer: bytes) -> None:
+    assert ask_last_ack(buffer, "$JS.ACK.S.D.1.2.2.0.0", "_INBOX.c.7") is None
+
+
+@given(st.lists(SUBJECT, min_size=1, max_size=20), SUBJECT)
+def test_asking_on_a_replies_buffer_frames_what_the_ack_path_frames(subjects: list[str], reply: str) -> None:
+    """The two ways a batch's ACKs go out (after its replies in one buffer, or on their own) agree."""
+    plain = b"".join(b"PUB %s 4\r\n+ACK\r\n" % s.encode() for s in subjects)
+    assert ask_last_ack(plain, subjects[-1], reply) == frame_confirmed_acks(subjects, reply)

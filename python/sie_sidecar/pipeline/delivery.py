@@ -38,6 +38,14 @@ class AckWriter(Protocol):
     async def ack_many(self, reply_subjects: Sequence[str]) -> None: ...
 
 
+class AckConfirmation(Protocol):
+    """Confirmed ACKs (`bus.ack_confirm.AckConfirmer`) for batches whose ACKs leave in the buffer of
+    their replies: `ask` makes the last ACK ask for an answer, `owe` awaits it once written."""
+
+    def ask(self, buffer: bytes, deliveries: Sequence[Any]) -> tuple[bytes, int]: ...
+    def owe(self, token: int, deliveries: Sequence[Any]) -> None: ...
+
+
 @dataclass(slots=True)
 class SettleCounts:
     """How deliveries ended; `settled` counts every final state, `left_unacked` included."""
@@ -90,9 +98,11 @@ class Settler:
     un-ACKed message after ack_wait, which is the safe outcome.
     """
 
-    def __init__(self, writer: AckWriter | None = None) -> None:
+    def __init__(self, writer: AckWriter | None = None, confirmation: AckConfirmation | None = None) -> None:
         self.counts = SettleCounts()
         self._writer = writer
+        #: Set when ACKs are confirmed; the writer is then the confirmer too.
+        self.confirmation = confirmation
         #: Where `sie.worker.nats.operations` is recorded (§13), once per settle call; None: not.
         self.telemetry: Registry | None = None
 
@@ -209,4 +219,4 @@ class Settler:
         return True
 
 
-__all__ = ["AckWriter", "Delivery", "SettleCounts", "Settler"]
+__all__ = ["AckConfirmation", "AckWriter", "Delivery", "SettleCounts", "Settler"]

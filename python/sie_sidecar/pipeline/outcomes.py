@@ -35,7 +35,7 @@ class ReplySink(Protocol):
     def framed(self) -> bool: ...
     @property
     def max_payload(self) -> int: ...
-    async def publish_framed(self, replies: wire.FramedReplies) -> bool: ...
+    async def publish_framed(self, replies: wire.FramedReplies, *, buffer: bytes | None = None) -> bool: ...
     async def publish_batch(self, replies: list[Reply]) -> list[bool]: ...
     async def publish_raw(self, subject: str, payload: bytes) -> bool: ...
 
@@ -176,8 +176,17 @@ class Outcomes:
             q.observe(inference_ms, postprocessing_ms, queue_ms(item, now) if q.include_queue_ms else None)
 
     async def settle_framed(self, ds: list[Delivery], framed: wire.FramedReplies) -> bool:
-        """Publish a natively framed batch, flush, then ACK; on failure leave what was sent un-ACKed."""
-        if await self._publisher.publish_framed(framed):
+        """Publish a natively framed batch, flush, then ACK; on failure leave what was sent un-ACKed.
+        With confirmed ACKs the last ACK in the buffer asks for an answer."""
+        confirmation = self._settler.confirmation if framed.acks else None
+        if confirmation is None:
+            published = await self._publisher.publish_framed(framed)
+        else:
+            buffer, token = confirmation.ask(framed.buffer, ds)
+            published = await self._publisher.publish_framed(framed, buffer=buffer)
+            if published:
+                confirmation.owe(token, ds)
+        if published:
             if framed.acks:
                 self._settler.acked_with_replies(ds)
             else:
