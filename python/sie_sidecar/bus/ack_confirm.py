@@ -161,7 +161,7 @@ class AckConfirmer:
         """The buffer `ask` returned with `token` was handed to the connection: await its answer."""
         if token:
             self.counts.batches += 1
-            self._remember(token, self._batch(None, deliveries))
+            self._remember(token, self._batch(None, tuple(deliveries)))
 
     async def ack_many(self, reply_subjects: Sequence[str]) -> None:
         """ACK a batch in one write (after its replies, which were written just before), the last
