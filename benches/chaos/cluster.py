@@ -240,7 +240,10 @@ class NatsCluster:
         await self.wait_listening(node)
 
     def pause(self, node: Node) -> None:
+        """SIGSTOP the node, returning once it is stopped (not merely signalled)."""
         node.proc.signal(signal.SIGSTOP)
+        if not node.proc.wait_stopped():
+            raise RuntimeError(f"{node.proc.name} did not stop on SIGSTOP")
 
     def resume(self, node: Node) -> None:
         node.proc.signal(signal.SIGCONT)

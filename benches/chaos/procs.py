@@ -70,6 +70,25 @@ class Proc:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(self.popen.pid, sig)
 
+    def wait_stopped(self, timeout_s: float = 1.0) -> bool:
+        """After SIGSTOP: until the kernel shows the process stopped (`T` in /proc/PID/stat). The
+        signal takes effect a moment after `kill` returns, long enough for a server on another CPU
+        to answer one more request; where /proc is missing, False at once."""
+        if self.popen is None:
+            return False
+        deadline = time.monotonic() + timeout_s
+        stat = Path(f"/proc/{self.popen.pid}/stat")
+        while True:
+            try:
+                state = stat.read_text().rpartition(")")[2].split()[0]
+            except (OSError, IndexError):
+                return False
+            if state in ("T", "t"):
+                return True
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.001)
+
     def wait(self, timeout_s: float) -> int | None:
         """The exit code, or None if it is still running after `timeout_s`."""
         if self.popen is None:
