@@ -651,6 +651,11 @@ def _short_frame(frame: str) -> str:
 # --- report --------------------------------------------------------------------------------------------------------
 
 
+def abba(rounds: int, sides: tuple[str, str]) -> list[str]:
+    """A, B, B, A, A, B, ...: drift over a run falls on both sides alike (metrics_overhead, env_ab)."""
+    return [side for r in range(rounds) for side in (sides if r % 2 == 0 else sides[::-1])]
+
+
 def _median(values: list[float]) -> float:
     return statistics.median(values) if values else 0.0
 

@@ -29,16 +29,12 @@ from benches.e2e_throughput import (
     _busy_cpus,
     _key_value,
     _median,
+    abba,
     precompile_package,
     run_with_children,
     steady_cpu_ms_per_1k,
     throughput_round,
 )
-
-
-def abba(rounds: int) -> list[str]:
-    """A, B, B, A, A, B, ...: drift over the run falls on both sides alike."""
-    return [side for r in range(rounds) for side in ("AB" if r % 2 == 0 else "BA")]
 
 
 def side_medians(runs: list[tuple[str, ThroughputRun]], side: str) -> dict[str, float]:
@@ -59,7 +55,7 @@ async def run_ab(args: argparse.Namespace, procs: Processes) -> dict[str, Any]:
     envs = {"A": {**args.sidecar_env, **dict(args.a)}, "B": {**args.sidecar_env, **dict(args.b)}}
     runs: list[tuple[str, ThroughputRun]] = []
     problems: list[str] = []
-    for index, side in enumerate(abba(args.rounds), start=1):
+    for index, side in enumerate(abba(args.rounds, ("A", "B")), start=1):
         round_args = argparse.Namespace(**{**vars(args), "sidecar_env": envs[side]})
         run = await throughput_round(procs, "sidecar", index, round_args)
         runs.append((side, run))
@@ -107,7 +103,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--b", metavar="KEY=VALUE", type=_key_value, action="append", default=[], help="B's env")
     parser.add_argument("--phase-timeout-s", type=float, default=120.0, help="give up on a run after this long")
     parser.add_argument("--json", metavar="PATH", help="write the raw numbers as JSON to PATH")
-    parser.add_argument("--keep-logs", metavar="DIR", help="copy every process log into DIR")
     parser.add_argument("--no-precompile", action="store_true", help="leave the bytecode unwritten")
     parser.add_argument("--sidecar-env", metavar="KEY=VALUE", type=_key_value, action="append", default=[])
     args = parser.parse_args(argv)

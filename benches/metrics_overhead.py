@@ -36,6 +36,7 @@ from benches.e2e_throughput import (
     _median,
     _tail,
     _wait_until,
+    abba,
     precompile_package,
     run_with_children,
     startup_cpu_s,
@@ -122,7 +123,7 @@ class ModeRun:
 
 def schedule(rounds: int) -> list[str]:
     """off, on, on, off, off, on, ...: ABBA, so drift cancels out."""
-    return [mode for r in range(rounds) for mode in (MODES if r % 2 == 0 else MODES[::-1])]
+    return abba(rounds, MODES)
 
 
 def metrics_env(port: int, interval_ms: int = EXPORT_INTERVAL_MS) -> dict[str, str]:
