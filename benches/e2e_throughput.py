@@ -54,6 +54,10 @@ from sie_sidecar.config import Settings
 from sie_sidecar.tools.loadgen import LoadConfig, build_work_item, generate_load
 from sie_sidecar.tools.localhost import find_nats_server, free_port, port_open
 
+if __package__ in (None, ""):  # run as a script: the repository root makes `benches` importable
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from benches.gateway_items import gateway_request_id, gateway_texts, gateway_work_item
+
 HERE = Path(__file__).resolve().parent
 NAIVE_LOOP = HERE / "naive_loop.py"
 MODEL = "null/vectors"
@@ -313,7 +317,34 @@ class ReplyCollector:
         return sum(n - 1 for n in self.counts.values())
 
 
-async def preload(nc: Client, config: LoadConfig, count: int, prefix: str) -> tuple[set[str], float]:
+def work_items(config: LoadConfig, count: int, round_no: int, shape: str) -> Any:
+    """`count` WorkItems of one-item requests: as the gateway writes them (`gateway`, the default: every
+    §7.2 row, item ids, 32-256 byte random texts, UUID request ids) or as the load generator does."""
+    if shape == "gateway":
+        texts = gateway_texts(seed=round_no)
+        for i in range(count):
+            yield gateway_work_item(
+                request_id=gateway_request_id(round_no, i),
+                text=texts[i % len(texts)],
+                model=config.model,
+                pool=config.pool,
+                machine_profile=config.machine_profile,
+                router_id=config.router_id,
+                timestamp=time.time(),
+            )
+        return
+    for i in range(count):
+        yield build_work_item(
+            config,
+            request_id=f"r{round_no}-{i:08d}",
+            item_index=0,
+            total_items=1,
+            text_index=i,
+            timestamp=time.time(),
+        )
+
+
+async def preload(nc: Client, config: LoadConfig, items: Any, count: int) -> tuple[set[str], float]:
     """Publish `count` WorkItems with pipelined PubAcks; returns their reply subjects and the elapsed time."""
     ack_prefix = nc.new_inbox()
     acked = 0
@@ -332,15 +363,7 @@ async def preload(nc: Client, config: LoadConfig, count: int, prefix: str) -> tu
     subject = config.subject
     replies: set[str] = set()
     started = time.perf_counter()
-    for i in range(count):
-        item = build_work_item(
-            config,
-            request_id=f"{prefix}-{i:08d}",
-            item_index=0,
-            total_items=1,
-            text_index=i,
-            timestamp=time.time(),
-        )
+    for i, item in enumerate(items):
         replies.add(item["reply_subject"])
         await nc.publish(subject, packer.pack(item), reply=f"{ack_prefix}.{i}")
         while i + 1 - acked > PRELOAD_WINDOW:
@@ -410,7 +433,8 @@ async def throughput_round(
                 await ensure_topology(js, spec)
                 router = f"tp{round_no}{contender}"
                 config = LoadConfig(nats_url=env.nats_url, model=MODEL, router_id=router)
-                expected, preload_s = await preload(nc, config, args.items, f"r{round_no}")
+                items = work_items(config, args.items, round_no, args.work)
+                expected, preload_s = await preload(nc, config, items, args.items)
                 collector = ReplyCollector(expected)
                 await nc.subscribe(
                     f"_INBOX.{router}.>", cb=collector.on_reply, pending_msgs_limit=0, pending_bytes_limit=0
@@ -880,6 +904,12 @@ def _key_value(text: str) -> tuple[str, str]:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--items", type=int, default=50_000, help="preloaded encode items per round (default 50000)")
+    parser.add_argument(
+        "--work",
+        choices=("gateway", "loadgen"),
+        default="gateway",
+        help="WorkItems as the gateway writes them (default) or as the load generator does (lighter)",
+    )
     parser.add_argument("--rounds", type=int, default=2, help="throughput rounds per contender (default 2)")
     parser.add_argument("--half-load-s", type=float, default=10.0, help="half-load phase length, s (0 = skip)")
     parser.add_argument("--half-load-rate", type=float, default=0.0, help="override the half-load rate (items/s)")

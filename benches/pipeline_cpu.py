@@ -8,6 +8,11 @@ real Unix socket, and only this process's CPU is counted (`time.process_time`). 
 drops the framed bytes, so what is measured is the sidecar's own work per item: intake, scheduling,
 the RunBatch body, the IPC call, reply and ACK framing, settlement.
 
+`--work gateway` (the default, issue 30) is what the NATS source hands on: gateway-shaped WorkItems
+(benches/gateway_items.py) framed as JetStream `MSG`s and scanned into one native delivery each by the
+inbound scanner, in runs of 256 frames (a socket read's worth), the scan counted. `--work memory` is
+the older figure: `MemoryMessage`s of the sequencing tests, which intake must decode one by one.
+
 `--metrics` measures recording with telemetry off and on (issue 14), alternating fresh dispatchers
 in ABBA order in this one process: "on" is what the app wires when `SIE_METRICS_ENABLED` is true
 (the model catalog on the dispatcher, the IPC client recording per request) plus a registry
@@ -28,14 +33,21 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+import functools  # noqa: E402
+
+import msgpack  # noqa: E402
+from nats.aio.msg import Msg  # noqa: E402
 from tests.pipeline.memory import MemoryAcks, MemorySink, MemorySource  # noqa: E402
 from tests.pipeline.test_sequencing import _item, _msg  # noqa: E402
 
+from benches.gateway_items import gateway_request_id, gateway_texts, gateway_work_item  # noqa: E402
 from benches.null_backend import null_backend  # noqa: E402
+from sie_sidecar import wire  # noqa: E402
 from sie_sidecar.app import tune_gc_for_steady_state  # noqa: E402
 from sie_sidecar.ipc.client import IpcClient, observe_ipc  # noqa: E402
 from sie_sidecar.pipeline.delivery import Settler  # noqa: E402
@@ -44,18 +56,55 @@ from sie_sidecar.pipeline.feed import feed  # noqa: E402
 from sie_sidecar.sched.quantum import LatencyWindow, QuantumController  # noqa: E402
 from sie_sidecar.sched.scheduler import SchedulerConfig  # noqa: E402
 from sie_sidecar.telemetry import ModelCatalog, Registry  # noqa: E402
+from sie_sidecar.wire.workitem import WorkItem  # noqa: E402
 
 MODEL = "org/model-a"
+SUBJECT = wire.pool_work_subject("default", "cpu", "default", MODEL)
+RUN_FRAMES = 256  # frames per scanned run: about one 64 KiB socket read of gateway-shaped items
+
+
+def gateway_frames(n: int, tag: int) -> list[bytes]:
+    """`n` gateway-shaped WorkItems as JetStream `MSG` frames, in runs of RUN_FRAMES."""
+    texts = gateway_texts(seed=tag)
+    packer = msgpack.Packer(use_bin_type=True)
+    frames = []
+    for i in range(n):
+        payload = packer.pack(
+            gateway_work_item(
+                request_id=gateway_request_id(tag, i),
+                text=texts[i % len(texts)],
+                model=MODEL,
+                pool="default",
+                machine_profile="cpu",
+                router_id="gw",
+                timestamp=time.time(),
+            )
+        )
+        ack = b"$JS.ACK.WORK_POOL_default.w.1.%d.%d.1733100000000000000.0" % (i + 1, i + 1)
+        frames.append(b"MSG %s 1 %s %d\r\n%s\r\n" % (SUBJECT.encode(), ack, len(payload), payload))
+    return [b"".join(frames[i : i + RUN_FRAMES]) for i in range(0, n, RUN_FRAMES)]
+
+
+def scan(run: bytes) -> list[Any]:
+    """One run of frames into native deliveries, as the NATS inbound fast path makes them."""
+    from sie_sidecar._native import deliveries_of_run
+    from sie_sidecar._native.wire import scan_direct_msgs
+
+    got: list[Any] = []
+    scan_direct_msgs(
+        bytearray(run), {1: got.extend}, None, Msg, functools.partial(deliveries_of_run, item_cls=WorkItem)
+    )
+    return got
 
 
 async def _dropped(_: object) -> bool:
     return True
 
 
-async def measure(items: int, rounds: int) -> list[float]:
+async def measure(items: int, rounds: int, work: str = "gateway") -> list[float]:
     """µs of this process's CPU per item, one figure per round (after a warm-up)."""
     async with null_backend(MODEL) as sock:
-        return await _rounds(sock, items, rounds)
+        return await _rounds(sock, items, rounds, work=work)
 
 
 async def measure_metrics(items: int, rounds: int, export_every: int) -> dict[str, list[float]]:
@@ -75,7 +124,9 @@ def _export(registry: Registry) -> None:
     encode_metrics(registry.snapshot(), resource={"service.name": "bench"}, lane="bench", start_ns=0, now_ns=1)
 
 
-async def _rounds(sock: str, items: int, rounds: int, *, metrics: bool = False, export_every: int = 0) -> list[float]:
+async def _rounds(
+    sock: str, items: int, rounds: int, *, metrics: bool = False, export_every: int = 0, work: str = "memory"
+) -> list[float]:
     ipc = IpcClient(sock, pool_size=4, request_timeout_s=10.0)
     source, acks = MemorySource(), MemoryAcks()
     sink = MemorySink(framed=True, acks=acks)
@@ -102,11 +153,15 @@ async def _rounds(sock: str, items: int, rounds: int, *, metrics: bool = False, 
         feed(source, dispatcher.handle, budget=64, inflight=4, stop=stop, tasks=tasks, quantum=quantum)
     )
 
-    async def one(n: int, tag: str) -> float:
-        msgs = [_msg(_item(f"{tag}{i}", model=MODEL)) for i in range(n)]
+    async def one(n: int, tag: int) -> float:
+        runs = gateway_frames(n, tag) if work == "gateway" else []
+        msgs = [] if runs else [_msg(_item(f"{tag}-{i}", model=MODEL)) for i in range(n)]
         target = settler.counts.settled + n
         cpu = time.process_time()
-        source.put(msgs)
+        for run in runs:  # the scan is the NATS source's work: counted
+            source.put(scan(run))
+        if msgs:
+            source.put(msgs)
         exported = settler.counts.settled
         while settler.counts.settled < target:
             await asyncio.sleep(0.001)
@@ -115,9 +170,9 @@ async def _rounds(sock: str, items: int, rounds: int, *, metrics: bool = False, 
                 exported = settler.counts.settled
         return (time.process_time() - cpu) / n * 1e6
 
-    await one(2000, "warm")
+    await one(2000, 1000)
     tune_gc_for_steady_state()  # as the app does once started
-    figures = [await one(items, f"r{r}-") for r in range(rounds)]
+    figures = [await one(items, r) for r in range(rounds)]
     stop.set()
     source.stop()
     await loop
@@ -131,6 +186,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--items", type=int, default=20_000)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--metrics", action="store_true", help="telemetry off against on, ABBA")
+    parser.add_argument(
+        "--work",
+        choices=("gateway", "memory"),
+        default="gateway",
+        help="scanned gateway-shaped deliveries (default) or the sequencing tests' memory messages",
+    )
     parser.add_argument(
         "--export-every",
         type=int,
@@ -146,9 +207,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"on/off: {med['on'] / med['off']:.3f}x ({args.items:,} items a figure, ABBA, export every"
               f" {args.export_every:,} items)")  # fmt: skip
         return 0
-    figures = asyncio.run(measure(args.items, args.rounds))
+    figures = asyncio.run(measure(args.items, args.rounds, args.work))
     rounds = " / ".join(f"{f:.1f}" for f in figures)
-    print(f"pipeline CPU per item: median {statistics.median(figures):.1f} us ({rounds}), {args.items:,} items a round")
+    print(
+        f"pipeline CPU per item ({args.work}): median {statistics.median(figures):.1f} us ({rounds}), {args.items:,} items a round"
+    )
     return 0
 
 

@@ -31,6 +31,7 @@ import msgpack
 from nats.aio.msg import Msg
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from benches.gateway_items import gateway_request_id, gateway_texts, gateway_work_item
 from benches.null_backend import null_backend
 from sie_sidecar import wire
 from sie_sidecar._native import deliveries_of_run
@@ -46,28 +47,21 @@ MODEL = "org/model-a"
 SUBJECT = wire.pool_work_subject("default", "cpu", "default", MODEL)
 
 
+_TEXTS = gateway_texts()
+
+
 def _payload(i: int) -> bytes:
-    return bytes(
-        msgpack.packb(
-            {
-                "work_item_id": f"r{i}.0",
-                "request_id": f"r{i}",
-                "item_index": 0,
-                "total_items": 1,
-                "operation": "encode",
-                "model_id": MODEL,
-                "profile_id": "default",
-                "pool_name": "default",
-                "machine_profile": "cpu",
-                "item": {"text": f"text of item {i}"},
-                "output_types": ["dense"],
-                "router_id": "gw",
-                "reply_subject": f"_INBOX.gw.r{i}",
-                "timestamp": time.time(),
-                "accepts_result_chunks": True,
-            }
-        )
+    """Item `i` as the gateway writes it (benches/gateway_items.py)."""
+    item = gateway_work_item(
+        request_id=gateway_request_id(0, i),
+        text=_TEXTS[i % len(_TEXTS)],
+        model=MODEL,
+        pool="default",
+        machine_profile="cpu",
+        router_id="gw",
+        timestamp=time.time(),
     )
+    return bytes(msgpack.packb(item))
 
 
 def _frames(n: int) -> bytes:

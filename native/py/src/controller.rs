@@ -255,6 +255,11 @@ impl PercentileWindow {
         self.inner.push(value)
     }
 
+    /// `push` of each value in order, in one call (a batch's latencies); how many were kept.
+    fn extend(&mut self, values: Vec<f64>) -> usize {
+        values.into_iter().filter(|v| self.inner.push(*v)).count()
+    }
+
     fn percentile(&self, p: f64) -> PyResult<Option<f64>> {
         self.inner.percentile(p).map_err(value_error)
     }

@@ -6,6 +6,7 @@ mod attempts;
 mod audio;
 mod batcher;
 mod buffers;
+mod columns;
 mod controller;
 mod convert;
 mod cython;
@@ -84,6 +85,9 @@ mod _native {
 
     #[pymodule_export]
     use crate::settle::finish_deliveries;
+
+    #[pymodule_export]
+    use crate::columns::{config_hashes, request_latencies_ms, run_batch_columns};
 
     #[pymodule_export]
     use crate::local_items::check_local_items;

@@ -15,7 +15,7 @@ import math
 import operator
 import re
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, Final
 
@@ -137,6 +137,10 @@ class PercentileWindow:
             return False
         self._samples.append(v)
         return True
+
+    def extend(self, values: Sequence[float]) -> int:
+        """`push` of each value in order (a batch's latencies at once); how many were kept."""
+        return sum(self.push(v) for v in list(values))
 
     def percentile(self, p: float) -> float | None:
         p = _f64(p)

@@ -17,7 +17,6 @@ import itertools
 import logging
 import re
 import time
-from collections import deque
 from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any, Final, Self, TypeVar
 
@@ -51,7 +50,8 @@ from ..telemetry import (
 )
 from ..telemetry.catalog import IPC_METHODS, closed
 from ..wire.limits import IPC_VERSION
-from .transport import READ_LIMIT, READ_SIZE, TransportFailure, is_retryable
+from .connection import FrameConnection, open_frame_connection
+from .transport import TransportFailure, is_retryable
 from .types import ConfigResponse, GenerateEvent, PingResponse, ReadyResponse
 
 if TYPE_CHECKING:
@@ -116,36 +116,30 @@ PROCESS_BATCH_METHODS: Final = ("ProcessEncodeBatch", "ProcessScoreBatch", "Proc
 
 
 class _Slot:
-    """One pool connection (opened lazily) with its frame splitter and already-split frames."""
+    """One pool connection (opened lazily); its protocol splits the frames as they arrive."""
 
-    __slots__ = ("index", "pending", "reader", "splitter", "writer")
+    __slots__ = ("conn", "index")
 
     def __init__(self, index: int) -> None:
         self.index = index
-        self.reader: asyncio.StreamReader | None = None
-        self.writer: asyncio.StreamWriter | None = None
-        self.splitter = wire.FrameSplitter()
-        self.pending: deque[memoryview] = deque()
+        self.conn: FrameConnection | None = None
 
     @property
     def connected(self) -> bool:
-        return self.writer is not None
+        return self.conn is not None
 
     def disconnect(self) -> None:
         """Drop the connection (the transport closes in the background); the slot stays reusable."""
-        writer = self.writer
-        self.reader = self.writer = None
-        self.splitter = wire.FrameSplitter()
-        self.pending.clear()
-        if writer is not None:
-            writer.close()
+        conn, self.conn = self.conn, None
+        if conn is not None:
+            conn.close()
 
     async def aclose(self) -> None:
-        writer = self.writer
+        conn = self.conn
         self.disconnect()
-        if writer is not None:
+        if conn is not None:
             with contextlib.suppress(OSError, RuntimeError):
-                await writer.wait_closed()
+                await conn.wait_closed()
 
 
 class IpcClient:
@@ -341,29 +335,23 @@ class IpcClient:
         body = _pack({"model_id": model_id, "work_item_msgpack": work_item_msgpack})
         frame = wire.encode_request("ProcessGenerate", request_id, body, False)
         try:
-            reader, writer = await asyncio.wait_for(
-                asyncio.open_unix_connection(self._path, limit=READ_LIMIT), frame_timeout_s
-            )
+            conn = await asyncio.wait_for(open_frame_connection(self._path), frame_timeout_s)
         except TimeoutError:
             raise IpcTimeout(f"ProcessGenerate {request_id}: connect timed out") from None
         except OSError as exc:
             self.reported_hash = None
             raise IpcTransportError(f"ProcessGenerate {request_id} to {self._path}: {exc}") from exc
-        splitter = wire.FrameSplitter()
-        pending: deque[memoryview] = deque()
         try:
-            writer.write(frame)
-            await writer.drain()
+            conn.write(frame)
+            await conn.drain()
             while True:
-                while not pending:
-                    try:
-                        data = await asyncio.wait_for(reader.read(READ_SIZE), frame_timeout_s)
-                    except TimeoutError:
-                        raise IpcTimeout(f"ProcessGenerate {request_id}: no frame for {frame_timeout_s:g} s") from None
-                    if not data:
-                        raise IpcTransportError(f"ProcessGenerate {request_id}: the backend closed the stream")
-                    pending.extend(splitter.feed(data))
-                env = wire.decode_response(pending.popleft())
+                try:
+                    raw = await asyncio.wait_for(conn.next_frame(), frame_timeout_s)
+                except TimeoutError:
+                    raise IpcTimeout(f"ProcessGenerate {request_id}: no frame for {frame_timeout_s:g} s") from None
+                except EOFError:
+                    raise IpcTransportError(f"ProcessGenerate {request_id}: the backend closed the stream") from None
+                env = wire.decode_response(raw)
                 if not isinstance(env, wire.ResponseEnvelope):
                     raise ProtocolError("a ProcessGenerate stream carries no response chunks")
                 event = GenerateEvent.from_body(wire.decode_body(wire.response_body(env, request_id)))
@@ -373,9 +361,9 @@ class IpcClient:
         except OSError as exc:
             raise IpcTransportError(f"ProcessGenerate {request_id} to {self._path}: {exc}") from exc
         finally:
-            writer.close()
+            conn.close()
             with contextlib.suppress(Exception):
-                await writer.wait_closed()
+                await conn.wait_closed()
 
     async def drain(self, deadline_ms: int = 15000) -> bool:
         """Tell the backend to stop taking batch work; returns its `acknowledged` flag."""
@@ -563,15 +551,15 @@ class IpcClient:
         try:
             try:
                 async with asyncio.timeout(timeout_s):
-                    writer = await self._connect(slot)
+                    conn = await self._connect(slot)
                     if attest is not None and not attest(self.reported_hash):
                         keep = True  # nothing was written: the connection is in step
                         raise ConfigNotAttested(f"backend at {self._path} does not attest the config")
-                    writer.write(frame)
-                    await writer.drain()
+                    conn.write(frame)
+                    await conn.drain()
                     while True:
                         frames += 1
-                        assembled = assembler.feed(wire.decode_response(await self._read_frame(slot)))
+                        assembled = assembler.feed(wire.decode_response(await conn.next_frame()))
                         if assembled is not None:
                             break
                 if frames > 1 and self.telemetry is not None:
@@ -601,29 +589,15 @@ class IpcClient:
                 assembler.abort()
                 slot.disconnect()
 
-    async def _connect(self, slot: _Slot) -> asyncio.StreamWriter:
-        writer = slot.writer
-        if writer is not None and slot.reader is not None and (slot.reader.at_eof() or writer.is_closing()):
+    async def _connect(self, slot: _Slot) -> FrameConnection:
+        conn = slot.conn
+        if conn is not None and (conn.at_eof or conn.is_closing):
             slot.disconnect()  # the backend closed this idle connection; reconnecting is not a retry
             self.reported_hash = None  # ... but whatever answers may be a restarted backend
-            writer = None
-        if writer is None:
-            reader, writer = await asyncio.open_unix_connection(self._path, limit=READ_LIMIT)
-            slot.reader, slot.writer = reader, writer
-        return writer
-
-    @staticmethod
-    async def _read_frame(slot: _Slot) -> memoryview:
-        """The next complete frame body on this connection (FrameTooLarge past 32 MiB)."""
-        while not slot.pending:
-            reader = slot.reader
-            if reader is None:
-                raise EOFError("connection was closed")
-            data = await reader.read(READ_SIZE)
-            if not data:
-                raise EOFError("backend closed the connection before the response was complete")
-            slot.pending.extend(slot.splitter.feed(data))
-        return slot.pending.popleft()
+            conn = None
+        if conn is None:
+            conn = slot.conn = await open_frame_connection(self._path)
+        return conn
 
 
 def _pack(body: dict[str, Any]) -> bytes:

@@ -14,8 +14,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Callable, Iterable
-from typing import TYPE_CHECKING
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any
 
 from ..logs import Throttled
 from ..telemetry import ModelCatalog
@@ -136,6 +136,20 @@ class ConfigState:
                     return None
                 pinned = True
         return pinned
+
+    def accepts_hashes(self, hashes: Sequence[Any]) -> bool:
+        """`accepts_all` over a batch's distinct hashes (`columns.config_hashes`: one native pass)."""
+        return self.gate_hashes(hashes) is not None
+
+    def gate_hashes(self, hashes: Sequence[Any]) -> bool | None:
+        """`gate` over a batch's distinct non-empty hashes (`columns.config_hashes`)."""
+        current = self._hash
+        for h in hashes:
+            if h != current:
+                if self.on_refused is not None:
+                    self.on_refused()
+                return None
+        return bool(hashes)
 
     def executes_on(self, reported: str | None) -> bool:
         """Whether a backend child that reported `reported` in its last Ping may run pinned work: it

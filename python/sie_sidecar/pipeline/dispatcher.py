@@ -44,6 +44,7 @@ from ..telemetry import QUEUE_DEPTH, ModelCatalog, QueueDepth, Registry
 from ..telemetry.lane_metrics import LaneMetrics
 from ..wire.workitem import WorkItem
 from .admission import Admission
+from .columns import config_hashes, request_latencies_ms, run_batch_columns
 from .config_gate import ConfigState
 from .delivery import Delivery, Settler
 from .generation import Generations, GenerationSettings
@@ -366,7 +367,7 @@ class Dispatcher:
         if not ds:
             return None
         # The group pre-check (§4.2): a hash no longer current, or a model the backend cannot serve.
-        if not self._config.accepts_all(d.wire_item for d in ds) or not self._config.supports(model):
+        if not self._config.accepts_hashes(config_hashes(ds)) or not self._config.supports(model):
             await self._out.nak_all(ds, base)
             return None
         if ready is None:
@@ -738,18 +739,12 @@ class Dispatcher:
         reported = outcome.inference_ms
         # One latency per request with a success: from its first item's enqueue to now.
         succeeded = outcome.succeeded
-        latencies = []
+        latencies: list[float] = []
         if succeeded:
             rids = outcome.request_ids
             if rids is None or len(rids) != len(formed.items):  # some were cancelled before the call
                 rids = [d.item.request_id if d.item is not None else "" for d in formed.items]
-            # Reversed, so each request keeps its first item's enqueue time (C loops, no per-item code).
-            enqueued = dict(zip(reversed(rids), reversed(formed.enqueued_at), strict=True))
-            latencies = [
-                (finished - since) * 1000.0
-                for since in map(enqueued.get, succeeded)
-                if since is not None and finished > since
-            ]
+            latencies = request_latencies_ms(rids, formed.enqueued_at, succeeded, finished)
         return BatchReport(reported, (finished - started) * 1000.0, finished, latencies)
 
     async def _keepalive(self, ds: list[Delivery]) -> None:
@@ -776,7 +771,7 @@ class Dispatcher:
         # The execution barrier (§5.5): from the hash check until the backend call returns, no config
         # mutation runs; a waiting one holds this batch back until it is done.
         async with self._config.barrier.shared():
-            pinned = self._config.gate(d.wire_item for d in ds)
+            pinned = self._config.gate_hashes(config_hashes(ds))
             span: BatchSpan | None = None
             if pinned is None or not self._config.supports(model):
                 refused: BaseException | None = None
@@ -824,10 +819,7 @@ class Dispatcher:
         inside the execution barrier. A batch with hash-pinned items goes only to a child whose
         last Ping attests the advertised config."""
         # The RunBatch writer reads undecoded items in place (`wire_item`); every one has an item.
-        items = [item for item in (d.wire_item for d in ds) if item is not None]
-        fetch_ms = [d.payload_fetch_ms for d in ds]
-        prepared = [d.prepared_tokens for d in ds] if op == "encode" else None
-        audio = [d.prepared_audio for d in ds] if op == "extract" else None
+        items, fetch_ms, prepared, audio = run_batch_columns(ds, op)
         # A sampled batch's span links to the items' own contexts and is the one every RunBatchItem
         # carries to the backend; an unsampled batch's bytes are exactly the untraced ones.
         span = self.tracer.start_batch(model, op, len(items), total_cost) if self.tracer is not None else None

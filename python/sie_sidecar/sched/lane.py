@@ -128,8 +128,7 @@ class ModelLane(Generic[T]):
         return report.inference_ms
 
     def _learn(self, formed: Formed[T], report: BatchReport) -> None:
-        for ms in report.success_latencies_ms:
-            self.latency.push(ms)
+        self.latency.extend(report.success_latencies_ms)
         ctl = self.controller
         if not ctl.calibrated:
             inference_ms = report.inference_ms if report.inference_ms is not None else report.elapsed_ms

@@ -1,0 +1,149 @@
+//! What the dispatcher reads across a whole batch of deliveries, one call per batch (issue 30: no
+//! Python loop over a batch's items on the common path).
+//!
+//! The twins are the `_py` functions of `pipeline.columns`. Both kinds of delivery are taken: a
+//! `LazyDelivery` still read in place is read from its payload's spans, anything else (a decoded
+//! `LazyDelivery`, the `Delivery` dataclass) through its attributes, exactly as the twin does.
+
+use std::collections::HashMap;
+
+use pyo3::intern;
+use pyo3::prelude::*;
+use pyo3::types::{PyList, PyString, PyTuple};
+
+use crate::lazy::{LazyDelivery, BUNDLE_CONFIG_HASH};
+
+/// The distinct non-empty `bundle_config_hash` values of the deliveries' items, in first-seen
+/// order (a delivery whose `wire_item` is None has none). The config gate's one pass (§5.5).
+#[pyfunction]
+pub fn config_hashes<'py>(
+    py: Python<'py>,
+    deliveries: &Bound<'py, PyAny>,
+) -> PyResult<Bound<'py, PyList>> {
+    let found = PyList::empty(py);
+    let mut in_place: Vec<Vec<u8>> = Vec::new();
+    let (k_wire_item, k_hash) = (intern!(py, "wire_item"), intern!(py, "bundle_config_hash"));
+    for d in deliveries.try_iter()? {
+        let d = d?;
+        if let Ok(lazy) = d.cast::<LazyDelivery>() {
+            let this = lazy.borrow();
+            if let Some(view) = this.in_place(py) {
+                let hash = view.parsed.str(view.data(), BUNDLE_CONFIG_HASH);
+                if !hash.is_empty() && !in_place.iter().any(|h| h.as_slice() == hash.as_bytes()) {
+                    let value = PyString::new(py, hash);
+                    in_place.push(hash.as_bytes().to_vec());
+                    if !found.contains(&value)? {
+                        found.append(value)?;
+                    }
+                }
+                continue;
+            }
+        }
+        let item = d.getattr(k_wire_item)?;
+        if item.is_none() {
+            continue;
+        }
+        let hash = item.getattr(k_hash)?;
+        if hash.is_truthy()? && !found.contains(&hash)? {
+            found.append(hash)?;
+        }
+    }
+    Ok(found)
+}
+
+/// What the RunBatch writer takes from a batch: `(items, payload_fetch_ms, prepared_tokens,
+/// prepared_audio)`. `items`: each delivery's `wire_item` that is not None. The other three have
+/// one entry per delivery, or are None when every entry would be 0.0 / None (the writer reads None
+/// as exactly that); tokens only for `encode`, audio only for `extract`.
+#[pyfunction]
+pub fn run_batch_columns<'py>(
+    py: Python<'py>,
+    deliveries: &Bound<'py, PyList>,
+    op: &str,
+) -> PyResult<Bound<'py, PyTuple>> {
+    let n = deliveries.len();
+    let items = PyList::empty(py);
+    let mut fetch_ms: Vec<f64> = Vec::with_capacity(n);
+    let mut tokens: Vec<Bound<'py, PyAny>> = Vec::with_capacity(n);
+    let mut audio: Vec<Bound<'py, PyAny>> = Vec::with_capacity(n);
+    let (want_tokens, want_audio) = (op == "encode", op == "extract");
+    let (mut any_ms, mut any_tokens, mut any_audio) = (false, false, false);
+    let k = (
+        intern!(py, "wire_item"),
+        intern!(py, "payload_fetch_ms"),
+        intern!(py, "prepared_tokens"),
+        intern!(py, "prepared_audio"),
+    );
+    for d in deliveries.iter() {
+        let (item, ms, t, a) = match d.cast::<LazyDelivery>() {
+            Ok(lazy) => {
+                let item = d.getattr(k.0)?; // the delivery itself while undecoded: no copy
+                let this = lazy.borrow();
+                (
+                    item,
+                    this.payload_fetch_ms,
+                    this.prepared_tokens.bind(py).clone(),
+                    this.prepared_audio.bind(py).clone(),
+                )
+            }
+            Err(_) => (
+                d.getattr(k.0)?,
+                d.getattr(k.1)?.extract::<f64>()?,
+                if want_tokens { d.getattr(k.2)? } else { py.None().into_bound(py) },
+                if want_audio { d.getattr(k.3)? } else { py.None().into_bound(py) },
+            ),
+        };
+        if !item.is_none() {
+            items.append(item)?;
+        }
+        any_ms |= ms != 0.0;
+        fetch_ms.push(ms);
+        if want_tokens {
+            any_tokens |= !t.is_none();
+            tokens.push(t);
+        }
+        if want_audio {
+            any_audio |= !a.is_none();
+            audio.push(a);
+        }
+    }
+    let none = || py.None().into_bound(py);
+    let fetch_ms = if any_ms { PyList::new(py, fetch_ms)?.into_any() } else { none() };
+    let tokens = if any_tokens { PyList::new(py, tokens)?.into_any() } else { none() };
+    let audio = if any_audio { PyList::new(py, audio)?.into_any() } else { none() };
+    PyTuple::new(py, [items.into_any(), fetch_ms, tokens, audio])
+}
+
+/// One latency (ms) per request of `succeeded` (request ids, in order): from the enqueue of the
+/// request's first item in the batch (`request_ids[i]` was enqueued at `enqueued_at[i]`) to
+/// `finished`. A request not in the batch, or enqueued at or after `finished`, gives none.
+#[pyfunction]
+pub fn request_latencies_ms(
+    request_ids: &Bound<'_, PyList>,
+    enqueued_at: Vec<f64>,
+    succeeded: &Bound<'_, PyAny>,
+    finished: f64,
+) -> PyResult<Vec<f64>> {
+    if request_ids.len() != enqueued_at.len() {
+        return Err(pyo3::exceptions::PyValueError::new_err(
+            "request_ids and enqueued_at must have the same length",
+        ));
+    }
+    let mut first: HashMap<String, f64> = HashMap::with_capacity(enqueued_at.len());
+    for (rid, at) in request_ids.iter().zip(&enqueued_at) {
+        first.entry(rid.extract::<String>()?).or_insert(*at);
+    }
+    let mut out = Vec::with_capacity(first.len());
+    for rid in succeeded.try_iter()? {
+        let rid = rid?;
+        let Ok(rid) = rid.cast::<PyString>() else {
+            continue; // not a request id of this batch
+        };
+        if let Some(since) = first.get(rid.to_str()?) {
+            if finished > *since {
+                out.push((finished - since) * 1000.0);
+            }
+        }
+    }
+    Ok(out)
+}

@@ -1,0 +1,163 @@
+# SPDX-License-Identifier: Apache-2.0
+"""`pipeline.columns` (issue 30): what the dispatcher reads across a batch in one native call gives exactly
+what its Python twin gives, for deliveries still read in place, decoded ones (edited too) and the
+`Delivery` dataclass; and the config gate over those hashes decides as the per-item gate did."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgpack
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from sie_sidecar import wire
+from sie_sidecar.pipeline.columns import (
+    config_hashes_py,
+    request_latencies_ms_py,
+    run_batch_columns_py,
+)
+from sie_sidecar.pipeline.config_gate import ConfigState
+from sie_sidecar.pipeline.delivery import Delivery
+from sie_sidecar.wire.workitem import decode_work_item
+
+from .test_lazy_delivery import _scanned
+from .test_run_batch_body import BASE
+
+native = pytest.mark.skipif(not wire.USING_NATIVE, reason="the native columns are the extension's")
+
+HASHES = ["", "", "cfg-a", "cfg-b"]
+KINDS = ("lazy", "decoded", "edited", "dataclass")
+
+
+class Msg:
+    def __init__(self, n: int) -> None:
+        self.subject, self.data, self.reply = "sie.work.x", b"", f"$JS.ACK.s.c.1.{n}.{n}.0.0"
+
+
+def _payload(n: int, config_hash: str) -> bytes:
+    return bytes(msgpack.packb({**BASE, "work_item_id": f"r{n}.0", "bundle_config_hash": config_hash}))
+
+
+def _deliveries(plan: list[tuple[str, int, float, bool]]) -> list[Any]:
+    """One delivery per (kind, hash index, fetch ms, tokens) of `plan`, made fresh each call."""
+    out: list[Any] = []
+    for n, (kind, h, ms, tokens) in enumerate(plan):
+        payload = _payload(n, HASHES[h])
+        if kind == "dataclass":
+            d: Any = Delivery(msg=Msg(n), worker_direct=False, item=decode_work_item(payload))
+        else:
+            (d,) = _scanned([payload], make_run=True)
+            if kind in ("decoded", "edited"):
+                item = d.item  # decoded from now on: the WorkItem is the truth
+                if kind == "edited":
+                    item.bundle_config_hash = HASHES[(h + 1) % len(HASHES)]
+        d.payload_fetch_ms = ms
+        d.prepared_tokens = {"input_ids": [[n]]} if tokens else None
+        out.append(d)
+    return out
+
+
+plans = st.lists(
+    st.tuples(st.sampled_from(KINDS), st.integers(0, len(HASHES) - 1), st.sampled_from([0.0, 1.5]), st.booleans()),
+    max_size=12,
+)
+
+
+def _ids(values: list[Any] | None) -> Any:
+    """Items compared by what they are: a delivery read in place by its work item id."""
+    if values is None:
+        return None
+    return [v.work_item_id if hasattr(v, "work_item_id") else repr(v) for v in values]
+
+
+@native
+@given(plan=plans)
+def test_config_hashes_match_the_twin(plan: list[tuple[str, int, float, bool]]) -> None:
+    from sie_sidecar._native import config_hashes
+
+    assert config_hashes(_deliveries(plan)) == config_hashes_py(_deliveries(plan))
+
+
+@native
+@given(plan=plans, op=st.sampled_from(["encode", "score", "extract"]))
+def test_run_batch_columns_match_the_twin(plan: list[tuple[str, int, float, bool]], op: str) -> None:
+    from sie_sidecar._native import run_batch_columns
+
+    got = run_batch_columns(_deliveries(plan), op)
+    want = run_batch_columns_py(_deliveries(plan), op)
+    assert len(got[0]) == len(want[0]) == len(plan)
+    assert [type(i).__name__ for i in got[0]] == [type(i).__name__ for i in want[0]]
+    assert [wire_item_id(i) for i in got[0]] == [wire_item_id(i) for i in want[0]]
+    assert got[1:] == want[1:]
+
+
+def wire_item_id(item: Any) -> str:
+    """A RunBatch writer input's work item id: an undecoded delivery's, or its WorkItem's."""
+    return str(item.work_item_id) if hasattr(item, "work_item_id") else str(item.item.work_item_id)
+
+
+def test_columns_are_none_where_every_entry_is_the_default() -> None:
+    """What lets the writer skip the column: no fetch time, no tokens, no audio anywhere."""
+    ds = [Delivery(msg=Msg(n), worker_direct=False, item=decode_work_item(_payload(n, ""))) for n in range(3)]
+    items, fetch_ms, tokens, audio = run_batch_columns_py(ds, "encode")
+    assert len(items) == 3 and (fetch_ms, tokens, audio) == (None, None, None)
+    ds[1].payload_fetch_ms = 2.0
+    assert run_batch_columns_py(ds, "encode")[1] == [0.0, 2.0, 0.0]
+
+
+@native
+@given(
+    rids=st.lists(st.sampled_from(["a", "b", "c", "d"]), max_size=16),
+    data=st.data(),
+)
+def test_request_latencies_match_the_twin(rids: list[str], data: st.DataObject) -> None:
+    from sie_sidecar._native import request_latencies_ms
+
+    enqueued = data.draw(st.lists(st.floats(0, 10, allow_nan=False), min_size=len(rids), max_size=len(rids)))
+    succeeded = data.draw(st.lists(st.sampled_from(["a", "b", "c", "e"]), unique=True))
+    finished = data.draw(st.floats(0, 12, allow_nan=False))
+    assert request_latencies_ms(rids, enqueued, succeeded, finished) == request_latencies_ms_py(
+        rids, enqueued, succeeded, finished
+    )
+
+
+def test_a_request_latency_runs_from_its_first_item() -> None:
+    got = request_latencies_ms_py(["a", "b", "a"], [1.0, 2.0, 0.5], {"b": None, "a": None, "z": None}, 3.0)
+    assert got == [1000.0, 2000.0]  # b from 2.0; a from its first item (1.0, not 0.5); z not in the batch
+
+
+@given(plan=plans, current=st.sampled_from(HASHES))
+def test_the_gate_over_distinct_hashes_decides_as_the_item_gate(
+    plan: list[tuple[str, int, float, bool]], current: str
+) -> None:
+    """Pinned, legacy-only or refused, and `on_refused` called exactly when the item gate calls it."""
+    from sie_sidecar.pipeline.columns import config_hashes
+
+    def state() -> tuple[ConfigState, list[int]]:
+        calls: list[int] = []
+        s = ConfigState()
+        s._hash = current
+        s.on_refused = lambda: calls.append(1)
+        return s, calls
+
+    by_items, item_calls = state()
+    by_hashes, hash_calls = state()
+    ds = _deliveries(plan)
+    assert by_hashes.gate_hashes(config_hashes(ds)) == by_items.gate(d.wire_item for d in ds)
+    assert hash_calls == item_calls
+
+
+@native
+def test_percentile_window_extend_is_push_in_order() -> None:
+    from sie_sidecar._native import PercentileWindow
+    from sie_sidecar._twins.controller import PercentileWindow as Twin
+
+    for cls in (PercentileWindow, Twin):
+        one, many = cls(4), cls(4)
+        values = [3.0, float("nan"), 1.0, 2.0, 5.0, 4.0]
+        for v in values:
+            one.push(v)
+        assert many.extend(values) == 5  # NaN is dropped
+        assert many.values() == one.values() == [1.0, 2.0, 5.0, 4.0]
