@@ -56,7 +56,7 @@ async def run_ab(args: argparse.Namespace, procs: Processes) -> dict[str, Any]:
     runs: list[tuple[str, ThroughputRun]] = []
     problems: list[str] = []
     for index, side in enumerate(abba(args.rounds, ("A", "B")), start=1):
-        round_args = argparse.Namespace(**{**vars(args), "sidecar_env": envs[side]})
+        round_args = argparse.Namespace(**{"keep_logs": None, **vars(args), "sidecar_env": envs[side]})
         run = await throughput_round(procs, "sidecar", index, round_args)
         runs.append((side, run))
         cpu = steady_cpu_ms_per_1k(run)
@@ -99,6 +99,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--items", type=int, default=50_000, help="preloaded encode items per run (default 50000)")
     parser.add_argument("--rounds", type=int, default=3, help="rounds of {A, B} runs, ABBA (default 3)")
+    parser.add_argument("--work", choices=("gateway", "loadgen"), default="gateway", help="WorkItems' shape")
     parser.add_argument("--a", metavar="KEY=VALUE", type=_key_value, action="append", default=[], help="A's env")
     parser.add_argument("--b", metavar="KEY=VALUE", type=_key_value, action="append", default=[], help="B's env")
     parser.add_argument("--phase-timeout-s", type=float, default=120.0, help="give up on a run after this long")

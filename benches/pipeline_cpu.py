@@ -60,6 +60,7 @@ from sie_sidecar.wire.workitem import WorkItem  # noqa: E402
 
 MODEL = "org/model-a"
 SUBJECT = wire.pool_work_subject("default", "cpu", "default", MODEL)
+MAX_OUTSTANDING = 256  # the pull consumer's bound at the defaults (SIE_PULL_LOOP_MAX_OUTSTANDING)
 RUN_FRAMES = 256  # frames per scanned run: about one 64 KiB socket read of gateway-shaped items
 
 
@@ -128,7 +129,7 @@ async def _rounds(
     sock: str, items: int, rounds: int, *, metrics: bool = False, export_every: int = 0, work: str = "memory"
 ) -> list[float]:
     ipc = IpcClient(sock, pool_size=4, request_timeout_s=10.0)
-    source, acks = MemorySource(), MemoryAcks()
+    source, acks = MemorySource(MAX_OUTSTANDING), MemoryAcks()
     sink = MemorySink(framed=True, acks=acks)
     sink.publish_framed = _dropped  # type: ignore[method-assign,assignment]
     settler = Settler(acks)
@@ -177,6 +178,8 @@ async def _rounds(
     source.stop()
     await loop
     await dispatcher.close_schedulers(1.0)
+    if os.environ.get("PIPELINE_CPU_SIZES"):
+        print(dispatcher.batch_summary(), sorted(dispatcher.batch_sizes.items())[:8])
     await ipc.close()
     return figures
 

@@ -58,6 +58,34 @@ async def test_publish_many_delivers_every_message_in_order(nats_server: NatsSer
     assert got == messages
 
 
+async def test_direct_writes_never_overtake_queued_commands(nats_server: NatsServer, nc: Client) -> None:
+    """A buffer goes straight to the transport only while nothing waits in the client's pending list;
+    with something queued (a publish whose flusher has not run yet) it queues behind it, so the
+    server sees every message in the order it was handed over."""
+    got: list[bytes] = []
+    done = asyncio.Event()
+
+    async def on_msg(msg: Any) -> None:
+        got.append(msg.data)
+        if len(got) == 4:
+            done.set()
+
+    await nc.subscribe("ord", cb=on_msg)
+    await nc.flush()
+    writer = FramedWriter(nc)
+    assert writer.direct
+    await writer.publish_framed(frame_pubs([("ord", b"1")]), 1, 1)
+    assert (writer.direct_writes, writer.queued_writes) == (1, 0)  # nothing was queued: straight out
+    await nc.publish("ord", b"2")  # queued in nats-py's pending list; its flusher has not run yet
+    assert nc._pending
+    await writer.publish_framed(frame_pubs([("ord", b"3")]), 1, 1)
+    assert (writer.direct_writes, writer.queued_writes) == (1, 1)  # behind "2", not before it
+    await writer.publish_framed(frame_pubs([("ord", b"4")]), 1, 1)
+    await nc.flush()
+    await asyncio.wait_for(done.wait(), 10)
+    assert got == [b"1", b"2", b"3", b"4"]
+
+
 async def test_ack_many_acks_real_jetstream_messages(nats_server: NatsServer, nc: Client) -> None:
     js = nc.jetstream()
     await js.add_stream(name="ACKS", subjects=["acks.>"])

@@ -500,3 +500,15 @@ async def test_a_paused_consumer_pulls_nothing_and_hands_back_what_it_holds(nc: 
         assert delivered[2:] == [2, 2, 2] and max(delivered) == 2
     finally:
         await consumer.stop()
+
+
+@pytest.mark.parametrize("expires_s", [0.5, 30.0, 600.0])
+def test_the_request_body_is_what_json_dumps_writes(expires_s: float) -> None:
+    """The pull request body is encoded once and filled in per request: byte for byte `json.dumps`."""
+    import json
+
+    consumer = PullConsumer(Client(), SPEC.pool_stream, SPEC.pool_durable, expires_s=expires_s)
+    for want in (1, 64, 256, 10_000):
+        expected = json.dumps({"batch": want, **consumer._request_extra}, separators=(",", ":")).encode()
+        assert consumer._request_body(want) == expected
+        assert json.loads(consumer._request_body(want))["batch"] == want

@@ -55,11 +55,14 @@ class MemoryMessage:
 class MemorySource:
     """A `Source` over a queue; capacity accounting like the pull consumer's (`unsettled`)."""
 
-    def __init__(self) -> None:
+    def __init__(self, max_outstanding: int | None = None) -> None:
+        """`max_outstanding`: hand out no more while this many are unsettled, as the pull consumer
+        holds at most SIE_PULL_LOOP_MAX_OUTSTANDING (None: no bound)."""
         self._queue: deque[MemoryMessage] = deque()
         self._data = asyncio.Event()
         self._stopped = False
         self.unsettled = 0
+        self.max_outstanding = max_outstanding
 
     def put(self, messages: Sequence[MemoryMessage]) -> None:
         self._queue.extend(messages)
@@ -72,17 +75,21 @@ class MemorySource:
     async def next_batch(
         self, max_messages: int, quantum_s: float, stop_early: Callable[[], bool] | None = None
     ) -> list[MemoryMessage]:
-        while not self._queue:
+        while not self._queue or (self.max_outstanding is not None and self.unsettled >= self.max_outstanding):
             if self._stopped:
                 return []
             self._data.clear()
             await self._data.wait()
         n = min(max_messages, len(self._queue))
+        if self.max_outstanding is not None:
+            n = min(n, self.max_outstanding - self.unsettled)
         self.unsettled += n
         return [self._queue.popleft() for _ in range(n)]
 
     def settled(self, n: int) -> None:
         self.unsettled -= n
+        if self.max_outstanding is not None:
+            self._data.set()
 
     def wake(self) -> None:
         self._data.set()

@@ -161,3 +161,14 @@ def test_percentile_window_extend_is_push_in_order() -> None:
             one.push(v)
         assert many.extend(values) == 5  # NaN is dropped
         assert many.values() == one.values() == [1.0, 2.0, 5.0, 4.0]
+
+
+@native
+def test_equal_request_ids_that_are_distinct_objects_are_one_request() -> None:
+    """Each item's request id is its own str object (the framer makes them): equal text is one request."""
+    from sie_sidecar._native import request_latencies_ms
+
+    parts = ["req", "-", "1"]
+    a, b = "".join(parts), "".join(parts)
+    assert a == b and a is not b
+    assert request_latencies_ms([a, b], [1.0, 0.5], ["".join(parts)], 2.0) == [1000.0]

@@ -6,6 +6,7 @@
 //! `LazyDelivery`, the `Delivery` dataclass) through its attributes, exactly as the twin does.
 
 use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
 
 use pyo3::intern;
 use pyo3::prelude::*;
@@ -129,21 +130,68 @@ pub fn request_latencies_ms(
             "request_ids and enqueued_at must have the same length",
         ));
     }
-    let mut first: HashMap<String, f64> = HashMap::with_capacity(enqueued_at.len());
+    // Keyed by each str's own hash (cached in the object: no string is hashed twice); equal hashes
+    // are chained and told apart by comparing the strs. A request keeps its first item's enqueue.
+    let mut heads: HashMap<isize, usize, BuildHasherDefault<PyHashKey>> =
+        HashMap::with_capacity_and_hasher(enqueued_at.len(), BuildHasherDefault::default());
+    let mut entries: Vec<(Bound<'_, PyString>, f64, Option<usize>)> =
+        Vec::with_capacity(enqueued_at.len());
+    let find = |entries: &[(Bound<'_, PyString>, f64, Option<usize>)],
+                mut at: Option<usize>,
+                rid: &Bound<'_, PyString>| {
+        while let Some(i) = at {
+            if same_str(&entries[i].0, rid) {
+                return Some(entries[i].1);
+            }
+            at = entries[i].2;
+        }
+        None
+    };
     for (rid, at) in request_ids.iter().zip(&enqueued_at) {
-        first.entry(rid.extract::<String>()?).or_insert(*at);
+        let rid = rid.cast_into::<PyString>().map_err(PyErr::from)?;
+        let hash = rid.hash()?;
+        let head = heads.get(&hash).copied();
+        if find(&entries, head, &rid).is_none() {
+            heads.insert(hash, entries.len());
+            entries.push((rid, *at, head));
+        }
     }
-    let mut out = Vec::with_capacity(first.len());
+    let mut out = Vec::with_capacity(entries.len());
     for rid in succeeded.try_iter()? {
         let rid = rid?;
         let Ok(rid) = rid.cast::<PyString>() else {
             continue; // not a request id of this batch
         };
-        if let Some(since) = first.get(rid.to_str()?) {
-            if finished > *since {
+        if let Some(since) = find(&entries, heads.get(&rid.hash()?).copied(), rid) {
+            if finished > since {
                 out.push((finished - since) * 1000.0);
             }
         }
     }
     Ok(out)
+}
+
+/// A `Hasher` for keys that are already hashes (a Python str's cached hash): taken as they are.
+#[derive(Default)]
+struct PyHashKey(u64);
+
+impl Hasher for PyHashKey {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(*b);
+        }
+    }
+
+    fn write_isize(&mut self, i: isize) {
+        self.0 = i as u64;
+    }
+}
+
+/// The same str: the same object, or equal text.
+fn same_str(a: &Bound<'_, PyString>, b: &Bound<'_, PyString>) -> bool {
+    a.is(b) || matches!((a.to_str(), b.to_str()), (Ok(x), Ok(y)) if x == y)
 }

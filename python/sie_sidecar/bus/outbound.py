@@ -10,6 +10,12 @@ This leans on four nats-py internals: `_send_command`, `_flush_pending`, `_pendi
 `_max_pending_size` (nats-py is pinned below 3). `FramedWriter.supported()` checks they exist, and
 tests/integration/test_outbound.py fails if their behaviour changes; without them the writer falls
 back to the public per-message `publish`.
+
+While connected with nothing queued in the client's pending list, a buffer goes straight to the
+connection's transport (`_pending`, `_transport`; issue 30): nats-py's flusher would copy it once more
+(`writelines` joins its list) and wake a task of its own for each batch. Order is kept: anything
+queued goes through the pending list as before, and both end in the same transport buffer, so a
+PING/PONG (`nc.flush()`) still proves the server read everything written before it.
 """
 
 from __future__ import annotations
@@ -23,6 +29,8 @@ from nats import errors as nats_errors
 log = logging.getLogger(__name__)
 
 _INTERNALS = ("_send_command", "_flush_pending", "_pending_data_size", "_max_pending_size")
+#: What the direct write reads besides: the pending list (empty: nothing would be overtaken) and the transport.
+_DIRECT_INTERNALS = ("_pending", "_transport")
 ACK = b"+ACK"
 
 
@@ -42,6 +50,10 @@ class FramedWriter:
     def __init__(self, nc: Any) -> None:
         self._nc = nc
         self.framed = self.supported(nc)
+        self.direct = self.framed and all(hasattr(nc, name) for name in _DIRECT_INTERNALS)
+        #: Buffers written straight to the transport, and through the client's pending list.
+        self.direct_writes = 0
+        self.queued_writes = 0
         if not self.framed:
             log.warning("nats-py internals changed; falling back to per-message publish")
 
@@ -86,12 +98,29 @@ class FramedWriter:
             raise nats_errors.OutboundBufferLimitError  # the same refusal `publish` makes while reconnecting
         nc.stats["out_msgs"] += messages
         nc.stats["out_bytes"] += payload_bytes
+        transport = nc._transport if self.direct and nc.is_connected and not nc._pending else None
+        if transport is not None:
+            transport.write(buf)  # nothing queued ahead of it: straight to the socket, no flusher
+            self.direct_writes += 1
+            if _write_buffer_size(transport):
+                await transport.drain()  # the socket did not take it all: wait as the flusher would
+            return
+        self.queued_writes += 1
         await nc._send_command(buf)
         await nc._flush_pending()
 
     async def ack_many(self, reply_subjects: Sequence[str]) -> None:
         """ACK many JetStream messages at once (`+ACK` to each message's reply subject)."""
         await self.publish_many([(subject, ACK) for subject in reply_subjects])
+
+
+def _write_buffer_size(transport: Any) -> int:
+    """Bytes the connection's asyncio transport still holds (unknown: 1, so the caller drains)."""
+    writer = getattr(transport, "_io_writer", None)
+    try:
+        return int(writer.transport.get_write_buffer_size())  # type: ignore[union-attr]
+    except Exception:
+        return 1
 
 
 __all__ = ["ACK", "FramedWriter", "frame_pubs"]

@@ -29,6 +29,7 @@ items/s: the sidecar's CPU per 1,000 items rose from 32 to 38-40 ms).
 
 from __future__ import annotations
 
+import operator
 import statistics
 from collections import deque
 from dataclasses import dataclass
@@ -123,19 +124,22 @@ class DeviceClock:
 
 def _line(samples: deque[tuple[int, float]]) -> tuple[float, float]:
     """Least-squares (a, b) of service = a + b x cost, both clamped at 0 (a flat mean when the costs
-    do not vary)."""
+    do not vary). Sums in C (`sum` over `map`), no Python loop over the window: it runs once per batch.
+    The cost sums are exact integers, so a window of one cost gives no slope at all, as it must."""
     n = len(samples)
-    mean_x = sum(c for c, _ in samples) / n
-    mean_y = sum(s for _, s in samples) / n
-    sxx = sum((c - mean_x) ** 2 for c, _ in samples)
-    if sxx <= 0.0:
-        return mean_y, 0.0
-    b = sum((c - mean_x) * (s - mean_y) for c, s in samples) / sxx
+    costs, services = zip(*samples, strict=True)
+    sx = sum(costs)
+    sy = sum(services)
+    sxx = n * sum(map(operator.mul, costs, costs)) - sx * sx  # n^2 x the variance of the costs, exact
+    if sxx <= 0:
+        return sy / n, 0.0
+    sxy = sum(map(operator.mul, costs, services))
+    b = (n * sxy - sx * sy) / sxx
     if b <= 0.0:
-        return mean_y, 0.0
-    a = mean_y - b * mean_x
+        return sy / n, 0.0
+    a = (sy - b * sx) / n
     if a < 0.0:  # through the origin instead
-        return 0.0, sum(c * s for c, s in samples) / sum(c * c for c, _ in samples)
+        return 0.0, sxy / sum(map(operator.mul, costs, costs))
     return a, b
 
 
