@@ -311,3 +311,36 @@ def test_a_response_the_general_path_must_decide_is_not_framed_in_place(impl: Mo
         assert got is not None  # the twin decodes first: an array of byte values is a valid form
         return
     assert got is None
+
+
+@given(batch=batches(), acks=st.booleans(), reply=st.sampled_from(["_INBOX.c.7", "_INBOX.confirm.123456"]))
+def test_the_asking_ack_written_by_the_framer_is_the_rewritten_buffer(batch: Any, acks: bool, reply: str) -> None:
+    """`ack_reply` (confirmed ACKs, issue 30): the framer writes the last ACK with the reply subject,
+    byte for byte what `ask_last_ack` made of the plain buffer by rewriting (and copying) it."""
+    from sie_sidecar.bus.ack_confirm import ask_last_ack
+
+    native, twin = load_impl("native"), load_impl("py")
+    maps, items, current = batch
+    ds = [
+        D(work_item(i, **kw), worker_direct=direct, payload_fetch_ms=ms, msg=M(f"$JS.ACK.s.c.1.{i}.{i}.0.0"))
+        for i, (kw, direct, ms) in enumerate(items)
+    ]
+    raw = _response(maps)
+    plain = frame(twin, ds, outcomes(twin, maps), current_hash=current, acks=acks)
+    assert plain is not None
+    asked = ask_last_ack(plain.buffer, ds[-1].msg.reply, reply) if acks and ds else None
+    args = {"worker_id": "w-1", "current_hash": current, "now": NOW, "max_payload": MAX_PAYLOAD, "acks": acks}
+    for impl in (native, twin):
+        got = impl.frame_batch_response(raw, ds, ack_reply=reply, **args)
+        by_outcomes = frame(impl, ds, outcomes(impl, maps), current_hash=current, acks=acks, ack_reply=reply)
+        for framed in (got.replies, by_outcomes):
+            assert framed.buffer == (asked if asked is not None else plain.buffer)
+            assert framed.ack_reply == (reply if asked is not None else None)
+            assert (framed.sent, framed.acks) == (plain.sent, plain.acks)
+
+
+@pytest.mark.parametrize("reply", ["", "_INBOX a", "_INBOX.\r\n"])
+def test_an_ack_reply_unfit_for_a_pub_line_is_refused(impl: ModuleType, reply: str) -> None:
+    ds = [D(work_item(0), msg=M("$JS.ACK.a.0"))]
+    with pytest.raises(ValueError):
+        frame(impl, ds, outcomes(impl, [success(0)]), acks=True, ack_reply=reply)

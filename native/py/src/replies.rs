@@ -197,6 +197,8 @@ pub struct FramedReplies {
     pub messages: usize,
     pub payload_bytes: usize,
     pub acks: usize,
+    /// The reply subject the last ACK carries (confirmed ACKs), when one was asked for and written.
+    pub ack_reply: Option<String>,
 }
 
 #[pymethods]
@@ -298,13 +300,23 @@ fn ack_subject_ok(subject: &str) -> bool {
 
 const ACK_PAYLOAD: &[u8] = b"+ACK";
 
+/// A confirmed ACK's reply subject must be one token of the protocol line (no whitespace).
+fn checked_ack_reply(reply: Option<&str>) -> PyResult<Option<&str>> {
+    match reply {
+        Some(r) if !ack_subject_ok(r) => Err(pyo3::exceptions::PyValueError::new_err(format!(
+            "ack_reply {r:?} is not a valid reply subject"
+        ))),
+        other => Ok(other),
+    }
+}
+
 /// Frame every reply of a batch whose outcomes arrived in delivery order, or `None` when the
 /// batch needs the general path. `deliveries` are objects with `.item` (a WorkItem) and
 /// `.worker_direct` (and `.msg.reply`, the ACK subject, with `acks`); `now` is `time.time()`
 /// for `queue_ms`. With `acks`, every delivery's ACK follows the replies in the same buffer, so
 /// a batch settles with one write (the replies precede the ACKs on the connection).
 #[pyfunction]
-#[pyo3(signature = (deliveries, outcomes, *, worker_id, current_hash, now, max_payload, acks = false))]
+#[pyo3(signature = (deliveries, outcomes, *, worker_id, current_hash, now, max_payload, acks = false, ack_reply = None))]
 #[allow(clippy::too_many_arguments)]
 pub fn frame_outcome_replies(
     py: Python<'_>,
@@ -315,6 +327,7 @@ pub fn frame_outcome_replies(
     now: f64,
     max_payload: u64,
     acks: bool,
+    ack_reply: Option<&str>,
 ) -> PyResult<Option<FramedReplies>> {
     if outcomes.len() != deliveries.len() {
         return Ok(None);
@@ -336,6 +349,7 @@ pub fn frame_outcome_replies(
         now,
         max_payload,
         acks,
+        ack_reply: checked_ack_reply(ack_reply)?,
     };
     Ok(frame
         .replies(py, deliveries, &views)?
@@ -349,6 +363,8 @@ struct Frame<'a> {
     now: f64,
     max_payload: u64,
     acks: bool,
+    /// Written on the last ACK (`PUB <subject> <reply> 4`): a confirmed ACK (bus.ack_confirm).
+    ack_reply: Option<&'a str>,
 }
 
 impl Frame<'_> {
@@ -431,8 +447,12 @@ impl Frame<'_> {
             sent[i] = 1;
             planned.push(p);
         }
+        let reply = self.ack_reply.filter(|_| !ack_subjects.is_empty());
         for subject in &ack_subjects {
             total += pub_header_len(subject, ACK_PAYLOAD.len()) + ACK_PAYLOAD.len() + 2;
+        }
+        if let Some(reply) = reply {
+            total += reply.len() + 1; // " <reply>" in the last ACK's header
         }
         let buffer = PyBytes::new_with(py, total, |buf| {
             let mut w = SliceWriter::new(buf);
@@ -441,8 +461,14 @@ impl Frame<'_> {
                 encode_work_result(&mut w, &p.result(worker_id, current_hash, now));
                 w.extend_from_slice(b"\r\n");
             }
-            for subject in &ack_subjects {
-                write_pub_header(&mut w, subject, ACK_PAYLOAD.len());
+            let last = ack_subjects.len().saturating_sub(1);
+            for (k, subject) in ack_subjects.iter().enumerate() {
+                match reply {
+                    Some(reply) if k == last => {
+                        write_pub_header(&mut w, &format!("{subject} {reply}"), ACK_PAYLOAD.len())
+                    }
+                    _ => write_pub_header(&mut w, subject, ACK_PAYLOAD.len()),
+                }
                 w.extend_from_slice(ACK_PAYLOAD);
                 w.extend_from_slice(b"\r\n");
             }
@@ -454,6 +480,7 @@ impl Frame<'_> {
             messages: planned.len(),
             payload_bytes,
             acks: ack_subjects.len(),
+            ack_reply: reply.map(str::to_owned),
         };
         drop(planned);
         let request_ids = objects.into_iter().map(|o| o.request_id()).collect();
@@ -611,7 +638,7 @@ fn views_of(bytes: &[u8]) -> Option<Vec<OutcomeView<'_>>> {
 /// `ItemOutcome` per item: the common path of `frame_outcome_replies` over outcomes read in
 /// place. `None` whenever `decode_batch_outcome` + the general path must decide (errors too).
 #[pyfunction]
-#[pyo3(signature = (response, deliveries, *, worker_id, current_hash, now, max_payload, acks = false))]
+#[pyo3(signature = (response, deliveries, *, worker_id, current_hash, now, max_payload, acks = false, ack_reply = None))]
 #[allow(clippy::too_many_arguments)]
 pub fn frame_batch_response(
     py: Python<'_>,
@@ -622,6 +649,7 @@ pub fn frame_batch_response(
     now: f64,
     max_payload: u64,
     acks: bool,
+    ack_reply: Option<&str>,
 ) -> PyResult<Option<FramedResponse>> {
     with_bytes(response, |bytes| {
         let Some(views) = views_of(bytes) else {
@@ -633,6 +661,7 @@ pub fn frame_batch_response(
             now,
             max_payload,
             acks,
+            ack_reply: checked_ack_reply(ack_reply)?,
         };
         let Some((replies, request_ids)) = frame.replies(py, deliveries, &views)? else {
             return Ok(None);

@@ -278,6 +278,8 @@ class FramedReplies:
     def payload_bytes(self) -> int: ...
     @property
     def acks(self) -> int: ...
+    @property
+    def ack_reply(self) -> str | None: ...
 
 @final
 class FramedResponse:
@@ -301,6 +303,7 @@ def frame_batch_response(
     now: float,
     max_payload: int,
     acks: bool = False,
+    ack_reply: str | None = None,
 ) -> FramedResponse | None: ...
 def frame_outcome_replies(
     deliveries: list[Any],
@@ -311,6 +314,7 @@ def frame_outcome_replies(
     now: float,
     max_payload: int,
     acks: bool = False,
+    ack_reply: str | None = None,
 ) -> FramedReplies | None: ...
 
 @final

@@ -166,6 +166,17 @@ class AckConfirmer:
             self.counts.batches += 1
             self._remember(token, self._batch(None, tuple(deliveries)))
 
+    def reserve(self) -> str:
+        """The reply subject for a batch whose framer writes the asking ACK itself (`ack_reply` of
+        `wire.frame_batch_response`): no copy of the buffer, as `ask` makes. One never owed is
+        simply never awaited."""
+        return self._reply(next(self._tokens))
+
+    def owe_reply(self, reply: str, deliveries: Sequence[Any]) -> None:
+        """The buffer whose last ACK carries `reply` (from `reserve`) was handed to the connection."""
+        _, _, token = reply.rpartition(".")
+        self.owe(int(token), deliveries)
+
     async def ack_many(self, reply_subjects: Sequence[str]) -> None:
         """ACK a batch in one write (after its replies, which were written just before), the last
         ACK asking for an answer; raises like `publish` (the settler logs it)."""

@@ -123,6 +123,7 @@ class Outcomes:
         common case, else the decoded `BatchOutcome` for `apply`."""
         q = self._quantum
         fused = self._publisher.framed and (q is None or not q.include_queue_ms)
+        confirmation = self._settler.confirmation if self._acks_with_replies else None
 
         def decode(raw: memoryview) -> Any:
             if fused:
@@ -134,6 +135,8 @@ class Outcomes:
                     now=time.time(),
                     max_payload=self._publisher.max_payload,
                     acks=self._acks_with_replies,
+                    # Confirmed ACKs: the framer writes the asking ACK (no rewrite and copy of the buffer).
+                    ack_reply=confirmation.reserve() if confirmation is not None and ds else None,
                 )
                 if framed is not None:
                     return framed
@@ -181,6 +184,10 @@ class Outcomes:
         confirmation = self._settler.confirmation if framed.acks else None
         if confirmation is None:
             published = await self._publisher.publish_framed(framed)
+        elif framed.ack_reply is not None:  # the framer wrote the asking ACK already
+            published = await self._publisher.publish_framed(framed)
+            if published:
+                confirmation.owe_reply(framed.ack_reply, ds)
         else:
             buffer, token = confirmation.ask(framed.buffer, ds)
             published = await self._publisher.publish_framed(framed, buffer=buffer)

@@ -30,6 +30,8 @@ class FramedReplies:
     messages: int
     payload_bytes: int
     acks: int = 0
+    #: The reply subject the last ACK carries (confirmed ACKs), when one was asked for and written.
+    ack_reply: str | None = None
 
 
 def _fetch_ms(delivery: Any) -> float | None:
@@ -47,18 +49,21 @@ def frame_outcome_replies(
     now: float,
     max_payload: int,
     acks: bool = False,
+    ack_reply: str | None = None,
 ) -> FramedReplies | None:
     """Frame every reply, or `None` when the batch needs the general path. `deliveries` have
     `.item` (a WorkItem) and `.worker_direct` (and `.msg.reply`, the ACK subject, with `acks`);
     `now` is `time.time()` for `queue_ms`. With `acks`, every delivery's `+ACK` follows the
     replies in the same buffer."""
+    if ack_reply is not None and not _subject_ok(ack_reply.encode()):
+        raise ValueError(f"ack_reply {ack_reply!r} is not a valid reply subject")
     if len(outcomes) != len(deliveries):
         return None
     ack_subjects: list[bytes] = []
     if acks:
         for delivery in deliveries:
             subject = str(delivery.msg.reply).encode()
-            if not subject or any(b <= 0x20 or b == 0x7F for b in subject):
+            if not _subject_ok(subject):
                 return None  # the general path settles it one by one
             ack_subjects.append(subject)
     parts: list[bytes] = []
@@ -103,9 +108,17 @@ def frame_outcome_replies(
         sent[i] = 1
         messages += 1
         payload_bytes += len(encoded)
-    for subject in ack_subjects:
+    reply = ack_reply if ack_subjects else None
+    for k, subject in enumerate(ack_subjects):
+        if reply is not None and k == len(ack_subjects) - 1:
+            subject += b" " + reply.encode()  # the confirmed ACK: `PUB <subject> <reply> 4`
         parts.append(b"PUB %s 4\r\n+ACK\r\n" % subject)
-    return FramedReplies(b"".join(parts), bytes(sent), messages, payload_bytes, len(ack_subjects))
+    return FramedReplies(b"".join(parts), bytes(sent), messages, payload_bytes, len(ack_subjects), reply)
+
+
+def _subject_ok(subject: bytes) -> bool:
+    """A subject that is one token of the protocol line: non-empty, no whitespace or control bytes."""
+    return bool(subject) and not any(b <= 0x20 or b == 0x7F for b in subject)
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,6 +144,7 @@ def frame_batch_response(
     now: float,
     max_payload: int,
     acks: bool = False,
+    ack_reply: str | None = None,
 ) -> FramedResponse | None:
     """`frame_outcome_replies` over the decoded response, or `None` when the general path must
     decide (batched f16 multivectors, anything the framing refuses, or a response that does not
@@ -150,6 +164,7 @@ def frame_batch_response(
         now=now,
         max_payload=max_payload,
         acks=acks,
+        ack_reply=ack_reply,
     )
     if replies is None:
         return None
