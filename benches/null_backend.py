@@ -13,12 +13,13 @@ from pathlib import Path
 
 
 @contextlib.asynccontextmanager
-async def null_backend(model: str) -> AsyncIterator[str]:
-    """Start `sie_sidecar backend --adapter null` with `model` preloaded; yield its socket path once it listens."""
+async def null_backend(model: str, *extra: str) -> AsyncIterator[str]:
+    """Start `sie_sidecar backend --adapter null` with `model` preloaded (and `extra` arguments, e.g.
+    `--tokenizer PATH`); yield its socket path once it listens."""
     with tempfile.TemporaryDirectory() as tmp:
         sock = f"{tmp}/backend.sock"
         backend = subprocess.Popen(
-            [sys.executable, "-m", "sie_sidecar", "backend", "--adapter", "null", "--socket", sock, "--preload", model],
+            [sys.executable, "-m", "sie_sidecar", "backend", "--adapter", "null", "--socket", sock, "--preload", model, *extra],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )

@@ -32,6 +32,7 @@ import asyncio
 import statistics
 import sys
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -64,9 +65,10 @@ MAX_OUTSTANDING = 256  # the pull consumer's bound at the defaults (SIE_PULL_LOO
 RUN_FRAMES = 256  # frames per scanned run: about one 64 KiB socket read of gateway-shaped items
 
 
-def gateway_frames(n: int, tag: int) -> list[bytes]:
-    """`n` gateway-shaped WorkItems as JetStream `MSG` frames, in runs of RUN_FRAMES."""
-    texts = gateway_texts(seed=tag)
+def gateway_frames(n: int, tag: int, texts: Sequence[str] | None = None) -> list[bytes]:
+    """`n` gateway-shaped WorkItems as JetStream `MSG` frames, in runs of RUN_FRAMES (`texts`: the
+    items' texts, in turn; default 32-256 random bytes)."""
+    texts = gateway_texts(seed=tag) if texts is None else texts
     packer = msgpack.Packer(use_bin_type=True)
     frames = []
     for i in range(n):
@@ -126,8 +128,18 @@ def _export(registry: Registry) -> None:
 
 
 async def _rounds(
-    sock: str, items: int, rounds: int, *, metrics: bool = False, export_every: int = 0, work: str = "memory"
+    sock: str,
+    items: int,
+    rounds: int,
+    *,
+    metrics: bool = False,
+    export_every: int = 0,
+    work: str = "memory",
+    frames_of: Callable[[int, int], list[bytes]] | None = None,
 ) -> list[float]:
+    """CPU per item of `rounds` rounds of `items` (after a warm-up): `work` "gateway" scans gateway
+    frames (`frames_of(n, round)` makes them, default `gateway_frames`), "memory" sends memory messages."""
+    make_frames = frames_of if frames_of is not None else gateway_frames
     ipc = IpcClient(sock, pool_size=4, request_timeout_s=10.0)
     source, acks = MemorySource(MAX_OUTSTANDING), MemoryAcks()
     sink = MemorySink(framed=True, acks=acks)
@@ -155,7 +167,7 @@ async def _rounds(
     )
 
     async def one(n: int, tag: int) -> float:
-        runs = gateway_frames(n, tag) if work == "gateway" else []
+        runs = make_frames(n, tag) if work == "gateway" else []
         msgs = [] if runs else [_msg(_item(f"{tag}-{i}", model=MODEL)) for i in range(n)]
         target = settler.counts.settled + n
         cpu = time.process_time()
@@ -213,7 +225,8 @@ def main(argv: list[str] | None = None) -> int:
     figures = asyncio.run(measure(args.items, args.rounds, args.work))
     rounds = " / ".join(f"{f:.1f}" for f in figures)
     print(
-        f"pipeline CPU per item ({args.work}): median {statistics.median(figures):.1f} us ({rounds}), {args.items:,} items a round"
+        f"pipeline CPU per item ({args.work}): median {statistics.median(figures):.1f} us ({rounds}),"
+        f" {args.items:,} items a round"
     )
     return 0
 

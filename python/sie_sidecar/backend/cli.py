@@ -74,6 +74,13 @@ def add_backend_arguments(parser: argparse.ArgumentParser) -> None:
         help="tokenizer.json the descriptor names (with its SHA-256 id), so the sidecar tokenizes and costs by tokens",
     )
     null.add_argument(
+        "--declared-tokenizer-id",
+        default=None,
+        metavar="ID",
+        help="declare this tokenizer id instead of the file's SHA-256 (e.g. upstream's 32-hex form: the sidecar"
+        " then costs items by tokens but sends none)",
+    )
+    null.add_argument(
         "--batch-log", default=None, metavar="PATH", help="append one JSON line per cost-model batch to PATH"
     )
     gen = parser.add_argument_group("generation (null adapter)")
@@ -145,6 +152,7 @@ def build_adapter(args: argparse.Namespace) -> Adapter:
         batch_time_a_ms=args.batch_time[0],
         batch_time_b_us_per_token=args.batch_time[1],
         tokenizer_path=args.tokenizer,
+        declared_tokenizer_id=args.declared_tokenizer_id,
         batch_log=args.batch_log,
         supports_run_batch=args.supports_run_batch,
         batch_budget=args.batch_budget,
