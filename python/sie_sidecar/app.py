@@ -599,6 +599,7 @@ async def _start(settings: Settings, stop: asyncio.Event, resources: contextlib.
             batch=settings.nats_fetch_budget,
             expires_s=settings.nats_pull_expires_s,
             max_outstanding=outstanding,
+            writer=writer,
         ),
         PullConsumer(
             nc,
@@ -607,6 +608,7 @@ async def _start(settings: Settings, stop: asyncio.Event, resources: contextlib.
             batch=settings.nats_fetch_budget,
             expires_s=settings.nats_pull_expires_s,
             max_outstanding=outstanding,
+            writer=writer,
         ),
     ]
     for consumer in consumers:

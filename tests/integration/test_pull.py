@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
+from typing import Any
 
 import pytest
 from nats.aio.client import Client
@@ -16,6 +17,7 @@ from nats.errors import Error as NatsError
 from nats.js import JetStreamContext
 from nats.js import api as js_api
 
+from sie_sidecar.bus.outbound import FramedWriter
 from sie_sidecar.bus.pull import PullConsumer, _DirectQueue, direct_delivery_supported
 from sie_sidecar.bus.topology import TopologySpec, ensure_topology, reconcile_forever
 
@@ -48,7 +50,7 @@ async def _eventually(check: Callable[[], Awaitable[bool]], timeout: float = 10.
 
 
 @contextlib.asynccontextmanager
-async def _consumer(nc: Client, **kwargs: float | None) -> AsyncIterator[PullConsumer]:
+async def _consumer(nc: Client, **kwargs: Any) -> AsyncIterator[PullConsumer]:
     consumer = PullConsumer(nc, SPEC.pool_stream, SPEC.pool_durable, **kwargs)  # type: ignore[arg-type]
     await consumer.start()
     try:
@@ -73,9 +75,16 @@ async def _drain(
     await asyncio.wait_for(run(), timeout)
 
 
-@pytest.mark.parametrize("direct", [True, False], ids=["direct", "callback"])
-async def test_5000_messages_delivered_exactly_once_within_the_cap(nc: Client, direct: bool) -> None:
-    """Both delivery paths: straight from nats-py's reader (default) and the callback fallback."""
+@pytest.mark.parametrize(
+    ("direct", "framed_requests"),
+    [(True, True), (True, False), (False, False)],
+    ids=["direct-framed", "direct", "callback"],
+)
+async def test_5000_messages_delivered_exactly_once_within_the_cap(
+    nc: Client, direct: bool, framed_requests: bool
+) -> None:
+    """Both delivery paths: straight from nats-py's reader (default) and the callback fallback; pull
+    requests through the connection's framed writer (as the app wires it) or `nc.publish`."""
     js = nc.jetstream()
     await ensure_topology(js, SPEC)
     total, cap = 5000, 64
@@ -87,7 +96,8 @@ async def test_5000_messages_delivered_exactly_once_within_the_cap(nc: Client, d
     max_seen_unsettled = 0
     in_flight: set[asyncio.Task[None]] = set()
 
-    async with _consumer(nc, batch=64, expires_s=2.0, max_outstanding=cap, direct=direct) as consumer:
+    writer = FramedWriter(nc) if framed_requests else None
+    async with _consumer(nc, batch=64, expires_s=2.0, max_outstanding=cap, direct=direct, writer=writer) as consumer:
         assert isinstance(consumer._sub._pending_queue, _DirectQueue) is direct  # type: ignore[union-attr]
 
         async def handle(batch: list[Msg]) -> None:
@@ -121,6 +131,9 @@ async def test_5000_messages_delivered_exactly_once_within_the_cap(nc: Client, d
         assert consumer.unsettled == 0
         if direct:  # most deliveries took the Cython fast path, not nats-py's parser
             assert consumer._fast is not None and consumer._fast.messages > total // 2
+        if writer is not None:  # every request went out through the writer, most straight to the socket
+            assert writer.direct_writes + writer.queued_writes == consumer.stats.requests
+            assert writer.direct_writes > 0
 
     assert len(delivered) == total
     assert len(set(delivered)) == total  # no duplicates

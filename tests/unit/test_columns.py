@@ -17,6 +17,7 @@ from sie_sidecar.pipeline.columns import (
     config_hashes_py,
     request_latencies_ms_py,
     run_batch_columns_py,
+    unsettled_py,
 )
 from sie_sidecar.pipeline.config_gate import ConfigState
 from sie_sidecar.pipeline.delivery import Delivery
@@ -172,3 +173,21 @@ def test_equal_request_ids_that_are_distinct_objects_are_one_request() -> None:
     a, b = "".join(parts), "".join(parts)
     assert a == b and a is not b
     assert request_latencies_ms([a, b], [1.0, 0.5], ["".join(parts)], 2.0) == [1000.0]
+
+
+@native
+@given(plan=plans, settled=st.lists(st.booleans(), max_size=12))
+def test_unsettled_matches_the_twin(plan: list[tuple[str, int, float, bool]], settled: list[bool]) -> None:
+    """The deliveries left to settle, in order; the very list when none was settled (no copy)."""
+    from sie_sidecar._native import unsettled
+
+    def batch() -> list[Any]:
+        ds = _deliveries(plan)
+        for d, s in zip(ds, settled, strict=False):
+            d.settled = s
+        return ds
+
+    native_in, twin_in = batch(), batch()
+    native_out, twin_out = unsettled(native_in), unsettled_py(twin_in)
+    assert [native_in.index(d) for d in native_out] == [twin_in.index(d) for d in twin_out]
+    assert (native_out is native_in) == (twin_out is twin_in) == (not any(d.settled for d in twin_in))

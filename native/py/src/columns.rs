@@ -52,6 +52,36 @@ pub fn config_hashes<'py>(
     Ok(found)
 }
 
+/// The deliveries not yet settled, in order: `deliveries` itself when none is (no new list).
+#[pyfunction]
+pub fn unsettled<'py>(deliveries: &Bound<'py, PyList>) -> PyResult<Bound<'py, PyList>> {
+    let py = deliveries.py();
+    let k_settled = intern!(py, "settled");
+    let is_settled = |d: &Bound<'py, PyAny>| -> PyResult<bool> {
+        match d.cast::<LazyDelivery>() {
+            Ok(lazy) => Ok(lazy.borrow().settled),
+            Err(_) => d.getattr(k_settled)?.is_truthy(),
+        }
+    };
+    let mut first_settled = None;
+    for (i, d) in deliveries.iter().enumerate() {
+        if is_settled(&d)? {
+            first_settled = Some(i);
+            break;
+        }
+    }
+    let Some(first) = first_settled else {
+        return Ok(deliveries.clone());
+    };
+    let out = PyList::empty(py);
+    for (i, d) in deliveries.iter().enumerate() {
+        if i != first && (i < first || !is_settled(&d)?) {
+            out.append(d)?;
+        }
+    }
+    Ok(out)
+}
+
 /// What the RunBatch writer takes from a batch: `(items, payload_fetch_ms, prepared_tokens,
 /// prepared_audio)`. `items`: each delivery's `wire_item` that is not None. The other three have
 /// one entry per delivery, or are None when every entry would be 0.0 / None (the writer reads None

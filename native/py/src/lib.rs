@@ -87,7 +87,7 @@ mod _native {
     use crate::settle::finish_deliveries;
 
     #[pymodule_export]
-    use crate::columns::{config_hashes, request_latencies_ms, run_batch_columns};
+    use crate::columns::{config_hashes, request_latencies_ms, run_batch_columns, unsettled};
 
     #[pymodule_export]
     use crate::local_items::check_local_items;

@@ -41,6 +41,7 @@ from ..logs import Throttled
 from ..telemetry import Registry
 from .attempts import record_receive
 from .inbound import FastInbound
+from .outbound import FramedWriter
 
 logger = logging.getLogger(__name__)
 #: Failures that repeat every back-off (0.5 s) while NATS is unhappy: rate-limited, with a count.
@@ -140,6 +141,7 @@ class PullConsumer:
         backoff_s: float = 0.5,
         watchdog_s: float | None = None,
         direct: bool = True,
+        writer: FramedWriter | None = None,
     ) -> None:
         if batch < 1:
             raise ValueError("batch must be >= 1")
@@ -152,6 +154,9 @@ class PullConsumer:
             # The server answers 400 "heartbeat value too large" above half the expiry.
             raise ValueError("heartbeat_s must be in (0, expires_s / 2]")
         self._nc = nc
+        #: The connection's framed writer: pull requests go straight to the socket through it while
+        #: nothing is queued (no flusher wake-up per request); None: `nc.publish`.
+        self._writer = writer
         self.stream = stream
         self.durable = durable
         self._batch = batch
@@ -645,7 +650,16 @@ class PullConsumer:
             self._last_activity = time.monotonic()  # the watchdog measures silence from the first request
         self._credit += want
         try:
-            await self._nc.publish(self._next_subject, payload, reply=self._inbox)
+            if self._writer is not None and self._writer.framed:
+                command = b"PUB %s %s %d\r\n%s\r\n" % (
+                    self._next_subject.encode(),
+                    self._inbox.encode(),
+                    len(payload),
+                    payload,
+                )
+                await self._writer.publish_framed(command, 1, len(payload))
+            else:
+                await self._nc.publish(self._next_subject, payload, reply=self._inbox)
         except Exception as exc:
             self._credit = max(0, self._credit - want)
             self.stats.request_errors += 1

@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
 """What the dispatcher reads across a whole batch of deliveries, in one native call per batch (issue 30):
-the config gate's hashes, the RunBatch writer's columns, the lane's request latencies. No Python loop
+the config gate's hashes, the RunBatch writer's columns, the lane's request latencies, the unsettled. No Python loop
 over a batch's items runs on the common path; the `_py` functions are the twins (the path with
 `SIE_SIDECAR_NO_EXTENSIONS=1`, and the oracle of the parity tests).
 """
@@ -25,6 +25,13 @@ def config_hashes_py(deliveries: Iterable[Any]) -> list[Any]:
         if h and h not in found:
             found.append(h)
     return found
+
+
+def unsettled_py(deliveries: list[Any]) -> list[Any]:
+    """The deliveries not yet settled, in order: `deliveries` itself when none is."""
+    if not any(d.settled for d in deliveries):
+        return deliveries
+    return [d for d in deliveries if not d.settled]
 
 
 def run_batch_columns_py(deliveries: list[Any], op: str) -> Columns:
@@ -64,17 +71,18 @@ def _select() -> tuple[
     Callable[[Iterable[Any]], list[Any]],
     Callable[[list[Any], str], Columns],
     Callable[[list[str], Sequence[float], Iterable[Any], float], list[float]],
+    Callable[[list[Any]], list[Any]],
 ]:
     from ..wire._switch import USING_NATIVE
 
     if not USING_NATIVE:
-        return config_hashes_py, run_batch_columns_py, request_latencies_ms_py
-    from .._native import config_hashes, request_latencies_ms, run_batch_columns
+        return config_hashes_py, run_batch_columns_py, request_latencies_ms_py, unsettled_py
+    from .._native import config_hashes, request_latencies_ms, run_batch_columns, unsettled
 
-    return config_hashes, run_batch_columns, request_latencies_ms
+    return config_hashes, run_batch_columns, request_latencies_ms, unsettled
 
 
-config_hashes, run_batch_columns, request_latencies_ms = _select()
+config_hashes, run_batch_columns, request_latencies_ms, unsettled = _select()
 
 __all__ = [
     "Columns",
@@ -84,4 +92,6 @@ __all__ = [
     "request_latencies_ms_py",
     "run_batch_columns",
     "run_batch_columns_py",
+    "unsettled",
+    "unsettled_py",
 ]

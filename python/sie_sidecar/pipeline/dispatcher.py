@@ -44,7 +44,7 @@ from ..telemetry import QUEUE_DEPTH, ModelCatalog, QueueDepth, Registry
 from ..telemetry.lane_metrics import LaneMetrics
 from ..wire.workitem import WorkItem
 from .admission import Admission
-from .columns import config_hashes, request_latencies_ms, run_batch_columns
+from .columns import config_hashes, request_latencies_ms, run_batch_columns, unsettled
 from .config_gate import ConfigState
 from .delivery import Delivery, Settler
 from .generation import Generations, GenerationSettings
@@ -555,7 +555,7 @@ class Dispatcher:
         """One readiness answer for a group holding a slot (§4.2): ready, or `_Loading` (every item
         progress-ACKed; the caller parks the group so that it frees the slot while the model loads:
         the v0.7.1 loop slept here, and 4 loading models stopped every warm one), or None (settled)."""
-        ds[:] = await self._drop_cancelled([d for d in ds if not d.settled])
+        ds[:] = await self._drop_cancelled(unsettled(ds))
         if not ds:
             return None
         if (cached := self._cached_ready(model)) is not None:
