@@ -234,6 +234,53 @@ async def test_coalescing_returns_multi_message_batches(nc: Client) -> None:
         consumer.settled(5)
 
 
+async def test_a_trickle_short_of_a_full_batch_is_all_taken_at_the_quantum(nc: Client) -> None:
+    """While coalescing, deliveries that cannot fill the batch do not wake it (issue 30); at the end of
+    the quantum every one buffered meanwhile is in the batch, none left behind for the next."""
+    js = nc.jetstream()
+    await ensure_topology(js, SPEC)
+    async with _consumer(nc, batch=64, expires_s=1.0, max_outstanding=64) as consumer:
+        await asyncio.sleep(0.1)  # the first pull request is out
+
+        async def trickle() -> None:
+            for i in range(6):
+                await nc.publish(SUBJECT, f"t{i}".encode())
+                await nc.flush()
+                await asyncio.sleep(0.02)
+
+        producer = asyncio.create_task(trickle())
+        batch = await asyncio.wait_for(consumer.next_batch(64, 0.4), 5)
+        await producer
+        assert [m.data for m in batch] == [f"t{i}".encode() for i in range(6)]
+        assert not consumer._buffer
+        for msg in batch:
+            await msg.ack()
+        consumer.settled(len(batch))
+
+
+async def test_a_settle_tops_the_credit_up_at_once_without_the_pump(nc: Client) -> None:
+    """With the connection's framed writer, the settle that frees room sends the next pull request
+    itself (no task wake-up per batch); the pump is not kicked for it."""
+    js = nc.jetstream()
+    await ensure_topology(js, SPEC)
+    await _publish(nc, 64)
+    await _wait_stored(js, 64)
+    writer = FramedWriter(nc)
+    async with _consumer(nc, batch=64, expires_s=2.0, max_outstanding=64, writer=writer) as consumer:
+        batch = await asyncio.wait_for(consumer.next_batch(64, 0.5), 5)
+        assert len(batch) == 64 and consumer.credit == 0
+        for msg in batch:
+            await msg.ack()
+        await nc.flush()  # nothing queued in the client: the request may overtake nothing
+        requests, writes = consumer.stats.requests, writer.direct_writes
+        consumer._kick.clear()
+        consumer.settled(64)
+        assert consumer.stats.requests == requests + 1  # sent within the call
+        assert writer.direct_writes == writes + 1
+        assert consumer.credit == 64
+        assert not consumer._kick.is_set()
+
+
 async def test_nats_py_keeps_the_internals_direct_delivery_replaces(nc: Client) -> None:
     """Canary: a nats-py upgrade that drops `Subscription._pending_queue` / `_pending_size` fails here
     (the consumer would fall back to callbacks, correct but slower)."""

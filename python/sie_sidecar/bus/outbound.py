@@ -90,6 +90,22 @@ class FramedWriter:
             raise nats_errors.ConnectionClosedError
         await self._send(buf, messages, payload_bytes)
 
+    def write_now(self, buf: bytes, messages: int, payload_bytes: int) -> bool:
+        """Write commands straight to the transport from synchronous code (a small pull request as
+        capacity frees): True when written; False when that cannot be done now (not connected,
+        something queued ahead, no direct path), and the caller goes the asynchronous way."""
+        nc = self._nc
+        if not self.direct or not nc.is_connected or nc._pending:
+            return False
+        transport = nc._transport
+        if transport is None:
+            return False
+        nc.stats["out_msgs"] += messages
+        nc.stats["out_bytes"] += payload_bytes
+        transport.write(buf)
+        self.direct_writes += 1
+        return True
+
     async def _send(self, buf: bytes, messages: int, payload_bytes: int) -> None:
         nc = self._nc
         if not nc.is_connected and (

@@ -154,6 +154,8 @@ class PullConsumer:
             # The server answers 400 "heartbeat value too large" above half the expiry.
             raise ValueError("heartbeat_s must be in (0, expires_s / 2]")
         self._nc = nc
+        #: Buffered messages that wake `_next_batch`: 1, or while it coalesces, what fills its batch.
+        self._wake_at = 1
         #: The connection's framed writer: pull requests go straight to the socket through it while
         #: nothing is queued (no flusher wake-up per request); None: `nc.publish`.
         self._writer = writer
@@ -354,11 +356,17 @@ class PullConsumer:
                 if remaining <= 0:
                     break
                 self._data.clear()
+                # Woken once the batch can be filled, or by `wake()` (stop_early may hold now), or at
+                # the deadline: not by every run of deliveries in between.
+                self._wake_at = max_messages - len(batch)
                 try:
                     async with asyncio.timeout(remaining):
                         await self._data.wait()
                 except TimeoutError:
+                    batch.extend(self._take(max_messages - len(batch)))  # what arrived meanwhile
                     break
+                finally:
+                    self._wake_at = 1
         except asyncio.CancelledError:
             self._buffer.extendleft(reversed(batch))
             self._data.set()
@@ -423,7 +431,8 @@ class PullConsumer:
                 extra={"stream": self.stream, "consumer": self.durable, "excess": -self._unsettled},
             )
             self._unsettled = 0
-        self._kick.set()
+        if not self._top_up_now():
+            self._kick.set()
 
     def on_reconnected(self) -> None:
         """Call from the connection's reconnected callback: pull requests do not survive a reconnect."""
@@ -513,8 +522,9 @@ class PullConsumer:
         self._high_water = max(self._high_water, self._unsettled)
         self.stats.messages += n
         self._buffer.extend(msgs)
-        self._data.set()
-        if self._credit < self._low_water:
+        if len(self._buffer) >= self._wake_at:
+            self._data.set()
+        if self._credit < self._low_water and not self._top_up_now():
             self._kick.set()
         return True
 
@@ -637,27 +647,65 @@ class PullConsumer:
                 await (msg.nak(delay=delay) if delay > 0 else msg.nak())
         self.stats.paused_naks += len(leftovers)
 
-    async def _top_up(self) -> None:
-        """Re-request when credit falls below half the request size, within the outstanding cap."""
+    def _request_size(self) -> int:
+        """How many messages to request now: 0 while credit is at or above half the request size,
+        or the room under the outstanding cap is only a sliver while credit is still live."""
         if self._credit >= self._low_water:
-            return
+            return 0
         room = self._max_outstanding - self._unsettled - self._credit
         want = min(self._request_cap - self._credit, room)
         if want <= 0 or (self._credit > 0 and want < self._low_water):
-            return  # no room, or only a sliver while credit is still live: wait for settles
+            return 0  # no room, or only a sliver while credit is still live: wait for settles
+        return want
+
+    def _request_command(self, payload: bytes) -> bytes:
+        return b"PUB %s %s %d\r\n%s\r\n" % (self._next_subject.encode(), self._inbox.encode(), len(payload), payload)
+
+    def _top_up_now(self) -> bool:
+        """The pump's top-up done at once, from the settle or the delivery that made room, when
+        nothing else needs the pump (connected, no reset, pause or back-off pending, the writer's
+        direct path free): no task wake-up per batch. False: the pump must run (it is kicked)."""
+        writer = self._writer
+        if (
+            writer is None
+            or self._reset_reason is not None
+            or self._pause_reason is not None
+            or self._sub is None
+            or not self._nc.is_connected
+            or self._reconnects() != self._seen_reconnects
+            or time.monotonic() < self._paused_until
+        ):
+            return False
+        want = self._request_size()
+        if want == 0:
+            return True  # nothing to request: nothing for the pump either
+        payload = self._request_body(want)
+        if not writer.write_now(self._request_command(payload), 1, len(payload)):
+            return False
+        self._requested(want)
+        return True
+
+    def _requested(self, want: int) -> None:
+        """A request for `want` messages went out."""
+        if self._credit == 0:
+            self._last_activity = time.monotonic()  # the watchdog measures silence from the first request
+        self._credit += want
+        self.stats.requests += 1
+        self.stats.requested_msgs += want
+        self._requests_expire_at = max(self._requests_expire_at, time.monotonic() + self._expires_s)
+
+    async def _top_up(self) -> None:
+        """Re-request when credit falls below half the request size, within the outstanding cap."""
+        want = self._request_size()
+        if want == 0:
+            return
         payload = self._request_body(want)
         if self._credit == 0:
             self._last_activity = time.monotonic()  # the watchdog measures silence from the first request
         self._credit += want
         try:
             if self._writer is not None and self._writer.framed:
-                command = b"PUB %s %s %d\r\n%s\r\n" % (
-                    self._next_subject.encode(),
-                    self._inbox.encode(),
-                    len(payload),
-                    payload,
-                )
-                await self._writer.publish_framed(command, 1, len(payload))
+                await self._writer.publish_framed(self._request_command(payload), 1, len(payload))
             else:
                 await self._nc.publish(self._next_subject, payload, reply=self._inbox)
         except Exception as exc:
