@@ -19,7 +19,19 @@ async def null_backend(model: str, *extra: str) -> AsyncIterator[str]:
     with tempfile.TemporaryDirectory() as tmp:
         sock = f"{tmp}/backend.sock"
         backend = subprocess.Popen(
-            [sys.executable, "-m", "sie_sidecar", "backend", "--adapter", "null", "--socket", sock, "--preload", model, *extra],
+            [
+                sys.executable,
+                "-m",
+                "sie_sidecar",
+                "backend",
+                "--adapter",
+                "null",
+                "--socket",
+                sock,
+                "--preload",
+                model,
+                *extra,
+            ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )

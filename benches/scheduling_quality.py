@@ -75,6 +75,7 @@ from benches.e2e_throughput import (
     _wait_until,
     preload,
     run_with_children,
+    work_items,
 )
 from sie_sidecar.backend.minilm import find_model_dir
 from sie_sidecar.bus.topology import TopologySpec, ensure_topology
@@ -276,7 +277,9 @@ async def measure_capacity(procs: Processes, args: argparse.Namespace) -> Capaci
             try:
                 await ensure_topology(nc.jetstream(), spec)
                 config = load_config(args, env.nats_url, "cap")
-                expected, _ = await preload(nc, config, args.capacity_items, "cap")
+                # The load generator's shape: this bench's texts are its own (`load_config`), of varied lengths.
+                items = work_items(config, args.capacity_items, 0, "loadgen")
+                expected, _ = await preload(nc, config, items, args.capacity_items)
                 collector = ReplyCollector(expected)
                 await nc.subscribe("_INBOX.cap.>", cb=collector.on_reply, pending_msgs_limit=0, pending_bytes_limit=0)
                 await nc.flush()

@@ -51,7 +51,7 @@ async def _eventually(check: Callable[[], Awaitable[bool]], timeout: float = 10.
 
 @contextlib.asynccontextmanager
 async def _consumer(nc: Client, **kwargs: Any) -> AsyncIterator[PullConsumer]:
-    consumer = PullConsumer(nc, SPEC.pool_stream, SPEC.pool_durable, **kwargs)  # type: ignore[arg-type]
+    consumer = PullConsumer(nc, SPEC.pool_stream, SPEC.pool_durable, **kwargs)
     await consumer.start()
     try:
         yield consumer

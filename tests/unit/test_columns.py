@@ -36,6 +36,10 @@ class Msg:
     def __init__(self, n: int) -> None:
         self.subject, self.data, self.reply = "sie.work.x", b"", f"$JS.ACK.s.c.1.{n}.{n}.0.0"
 
+    async def ack(self) -> None: ...
+    async def nak(self, delay: int | float | None = None) -> None: ...
+    async def in_progress(self) -> None: ...
+
 
 def _payload(n: int, config_hash: str) -> bytes:
     return bytes(msgpack.packb({**BASE, "work_item_id": f"r{n}.0", "bundle_config_hash": config_hash}))

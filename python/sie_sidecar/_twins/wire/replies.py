@@ -110,9 +110,8 @@ def frame_outcome_replies(
         payload_bytes += len(encoded)
     reply = ack_reply if ack_subjects else None
     for k, subject in enumerate(ack_subjects):
-        if reply is not None and k == len(ack_subjects) - 1:
-            subject += b" " + reply.encode()  # the confirmed ACK: `PUB <subject> <reply> 4`
-        parts.append(b"PUB %s 4\r\n+ACK\r\n" % subject)
+        asking = reply is not None and k == len(ack_subjects) - 1  # the confirmed ACK: `PUB <subject> <reply> 4`
+        parts.append(b"PUB %s 4\r\n+ACK\r\n" % (subject + b" " + reply.encode() if asking and reply else subject))
     return FramedReplies(b"".join(parts), bytes(sent), messages, payload_bytes, len(ack_subjects), reply)
 
 
