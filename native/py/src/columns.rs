@@ -120,8 +120,16 @@ pub fn run_batch_columns<'py>(
             Err(_) => (
                 d.getattr(k.0)?,
                 d.getattr(k.1)?.extract::<f64>()?,
-                if want_tokens { d.getattr(k.2)? } else { py.None().into_bound(py) },
-                if want_audio { d.getattr(k.3)? } else { py.None().into_bound(py) },
+                if want_tokens {
+                    d.getattr(k.2)?
+                } else {
+                    py.None().into_bound(py)
+                },
+                if want_audio {
+                    d.getattr(k.3)?
+                } else {
+                    py.None().into_bound(py)
+                },
             ),
         };
         if !item.is_none() {
@@ -139,9 +147,21 @@ pub fn run_batch_columns<'py>(
         }
     }
     let none = || py.None().into_bound(py);
-    let fetch_ms = if any_ms { PyList::new(py, fetch_ms)?.into_any() } else { none() };
-    let tokens = if any_tokens { PyList::new(py, tokens)?.into_any() } else { none() };
-    let audio = if any_audio { PyList::new(py, audio)?.into_any() } else { none() };
+    let fetch_ms = if any_ms {
+        PyList::new(py, fetch_ms)?.into_any()
+    } else {
+        none()
+    };
+    let tokens = if any_tokens {
+        PyList::new(py, tokens)?.into_any()
+    } else {
+        none()
+    };
+    let audio = if any_audio {
+        PyList::new(py, audio)?.into_any()
+    } else {
+        none()
+    };
     PyTuple::new(py, [items.into_any(), fetch_ms, tokens, audio])
 }
 
