@@ -37,7 +37,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from types import FrameType
@@ -220,8 +220,11 @@ class Environment:
     backend: Child
 
 
-async def start_environment(procs: Processes, workdir: Path, sidecar_env: dict[str, str]) -> Environment:
-    """A fresh nats-server (free port, temp store) and a null backend with the model preloaded."""
+async def start_environment(
+    procs: Processes, workdir: Path, sidecar_env: dict[str, str], backend_args: Sequence[str] = ()
+) -> Environment:
+    """A fresh nats-server (free port, temp store) and a null backend with the model preloaded
+    (`backend_args`: more of its flags, e.g. `--cached-results`)."""
     port = free_port()
     nats_child = procs.start(
         "nats-server",
@@ -231,9 +234,11 @@ async def start_environment(procs: Processes, workdir: Path, sidecar_env: dict[s
     )
     await _wait_until(lambda: port_open(port), 15, "nats-server", nats_child)
     sock = str(workdir / "backend.sock")
+    argv = [sys.executable, "-m", "sie_sidecar", "backend", "--adapter", "null", "--socket", sock]
+    argv += ["--preload", MODEL, *backend_args]
     backend = procs.start(
         "backend",
-        [sys.executable, "-m", "sie_sidecar", "backend", "--adapter", "null", "--socket", sock, "--preload", MODEL],
+        argv,
         {**os.environ, "RUST_LOG": "warning"},
         workdir / "backend.log",
     )
@@ -315,6 +320,11 @@ class ReplyCollector:
     @property
     def duplicates(self) -> int:
         return sum(n - 1 for n in self.counts.values())
+
+
+def _backend_args(args: argparse.Namespace) -> list[str]:
+    """The null backend's extra flags for this run (`--backend cached`: one result framed at start)."""
+    return ["--cached-results"] if getattr(args, "backend", "computed") == "cached" else []
 
 
 def work_items(config: LoadConfig, count: int, round_no: int, shape: str) -> Any:
@@ -425,7 +435,7 @@ async def throughput_round(
         workdir = Path(tmp)
         consumer: Child | None = None
         try:
-            env = await start_environment(procs, workdir, args.sidecar_env)
+            env = await start_environment(procs, workdir, args.sidecar_env, _backend_args(args))
             spec = topology_spec(Settings.from_env(env.consumer_env))
             nc = await nats.connect(env.nats_url, pending_size=16 * 1024 * 1024)
             try:
@@ -558,7 +568,7 @@ async def latency_run(procs: Processes, contender: str, rate: float, args: argpa
     with tempfile.TemporaryDirectory(prefix=f"sie-e2e-lat-{contender}-") as tmp:
         workdir = Path(tmp)
         try:
-            env = await start_environment(procs, workdir, args.sidecar_env)
+            env = await start_environment(procs, workdir, args.sidecar_env, _backend_args(args))
             spec = topology_spec(Settings.from_env(env.consumer_env))
             nc = await nats.connect(env.nats_url)
             try:
@@ -909,6 +919,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         choices=("gateway", "loadgen"),
         default="gateway",
         help="WorkItems as the gateway writes them (default) or as the load generator does (lighter)",
+    )
+    parser.add_argument(
+        "--backend",
+        choices=("computed", "cached"),
+        default="computed",
+        help="the null backend computes a vector per item (default) or answers every item from one cached result",
     )
     parser.add_argument("--rounds", type=int, default=2, help="throughput rounds per contender (default 2)")
     parser.add_argument("--half-load-s", type=float, default=10.0, help="half-load phase length, s (0 = skip)")

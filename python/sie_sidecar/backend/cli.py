@@ -50,6 +50,11 @@ def add_backend_arguments(parser: argparse.ArgumentParser) -> None:
         "--oversized-bytes", type=_non_negative(0), default=0, help="pad each batch response past N bytes"
     )
     null.add_argument(
+        "--cached-results",
+        action="store_true",
+        help="answer every encode item with one result framed at start (a backend that costs next to nothing)",
+    )
+    null.add_argument(
         "--crash-after-batches", type=_non_negative(0), default=0, help="exit(1) when the Nth batch arrives (0 = never)"
     )
     null.add_argument("--batch-delay-s", type=_seconds, default=0.0, help="time every batch takes (default 0)")
@@ -147,6 +152,7 @@ def build_adapter(args: argparse.Namespace) -> Adapter:
         failed_models=args.failed_model,
         error_every=args.error_every,
         oversized_bytes=args.oversized_bytes,
+        cached_results=args.cached_results,
         crash_after_batches=args.crash_after_batches,
         batch_delay_s=args.batch_delay_s,
         batch_time_a_ms=args.batch_time[0],
