@@ -199,3 +199,21 @@ def test_minilm_tokenizer_is_registered_by_the_sidecar_registry() -> None:
     registry = TokenizerRegistry()
     registered = registry.register(MODEL, descriptor)
     assert registered is not None and registry.get(MODEL) is registered
+
+
+async def test_cached_results_answer_every_encode_item_with_one_result() -> None:
+    """`--cached-results` (benches that measure the sidecar alone): the same result bytes for every
+    item, framed once, a dense vector the sidecar frames like any other; the computing path differs."""
+    from sie_sidecar import wire
+
+    parser = argparse.ArgumentParser()
+    add_backend_arguments(parser)
+    adapter = build_adapter(parser.parse_args(["--adapter", "null", "--cached-results", "--preload", MODEL]))
+    assert isinstance(adapter, NullAdapter) and adapter.cached_results
+    items = [{"work_item_id": f"r{i}.0", "request_id": f"r{i}", "item": {"text": f"text {i}"}} for i in range(3)]
+    outcomes = await adapter.run_batch(MODEL, "encode", items, "")
+    results = {o["result_msgpack"] for o in outcomes}
+    assert len(results) == 1 and all(o["disposition"] == "publish_and_ack" for o in outcomes)
+    assert results == {bytes(wire.frame_dense(adapter.vector("cached")))}
+    computed = await NullAdapter(preloaded_models=[MODEL]).run_batch(MODEL, "encode", items, "")
+    assert len({o["result_msgpack"] for o in computed}) == 3
