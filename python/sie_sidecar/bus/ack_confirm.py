@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..logs import Throttled
+from .direct import direct
 from .outbound import ACK, FramedWriter, frame_pubs
 
 log = logging.getLogger(__name__)
@@ -134,7 +135,14 @@ class AckConfirmer:
         return len(self._pending)
 
     async def start(self) -> None:
-        self._sub = await self._nc.subscribe(f"{self._prefix}.*", cb=self._on_answer)
+        # Answers handed over by nats-py's reader (no task wake-up per batch's answer); a callback
+        # subscription where nats-py's internals changed.
+        sub = await self._nc.subscribe(f"{self._prefix}.*")
+        if direct(sub, self._answer):
+            self._sub = sub
+        else:
+            await sub.unsubscribe()
+            self._sub = await self._nc.subscribe(f"{self._prefix}.*", cb=self._on_answer)
         self._task = asyncio.create_task(self._watch(), name="ack-confirm")
 
     async def close(self, wait_s: float = CLOSE_WAIT_S) -> None:
@@ -220,6 +228,10 @@ class AckConfirmer:
         await self._nc.publish(subjects[-1], ACK, reply=reply)
 
     async def _on_answer(self, msg: Any) -> None:
+        """`_answer` as a subscription callback (the fallback without direct delivery)."""
+        self._answer(msg)
+
+    def _answer(self, msg: Any) -> None:
         """An answer from the consumer confirms, even an error (an ACK of a message already ACKed:
         nothing is left to ACK). A `503` status is the server saying that nobody took the ACK (no
         leader yet, mid-election): the batch stays owed and is re-sent when due."""

@@ -40,6 +40,8 @@ from nats.js import api as js_api
 from ..logs import Throttled
 from ..telemetry import Registry
 from .attempts import record_receive
+from .direct import DirectQueue as _DirectQueue
+from .direct import direct_delivery_supported
 from .inbound import FastInbound
 from .outbound import FramedWriter
 
@@ -70,53 +72,6 @@ class PullStats:
     paused_naks: int = 0  # buffered messages NAKed back when the consumer was paused
     excess: int = 0  # messages beyond the known credit (should stay 0)
     request_errors: int = 0
-
-
-class _DirectQueue:
-    """Stands in for a subscription's pending `asyncio.Queue`: nats-py's reader calls `put_nowait` for
-    every delivery, and this hands the message straight to the consumer, synchronously.
-
-    With a callback subscription each message would cost a queue hop, a wake-up of the
-    subscription's task and a coroutine for the callback, several µs a message at 20k+ msg/s. This
-    leans on two nats-py internals (`Subscription._pending_queue`, `_pending_size`), checked by
-    `direct_delivery_supported()` and by tests/integration/test_pull.py; without them the consumer
-    uses a plain callback subscription.
-    """
-
-    __slots__ = ("_deliver", "_sub")
-
-    def __init__(self, sub: Subscription, deliver: Callable[[Msg], None]) -> None:
-        self._sub = sub
-        self._deliver = deliver
-
-    def put_nowait(self, msg: Msg) -> None:
-        self._sub._pending_size -= len(msg.data)  # nats-py added it just before; nothing stays queued
-        self._deliver(msg)
-
-    def qsize(self) -> int:
-        return 0
-
-    def empty(self) -> bool:
-        return True
-
-    def full(self) -> bool:
-        return False
-
-    def task_done(self) -> None:
-        return None
-
-    async def join(self) -> None:
-        return None
-
-    async def get(self) -> Msg:
-        raise RuntimeError("direct-delivery subscriptions are never read from a queue")
-
-
-def direct_delivery_supported(sub: Subscription) -> bool:
-    """Whether this nats-py still keeps the internals `_DirectQueue` replaces."""
-    return isinstance(getattr(sub, "_pending_queue", None), asyncio.Queue) and isinstance(
-        getattr(sub, "_pending_size", None), int
-    )
 
 
 class PullConsumer:
