@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import random
 import string
+import time
 import uuid
 from typing import Any
 
@@ -75,3 +76,20 @@ def gateway_work_item(
         "timestamp": float(timestamp),
         "accepts_result_chunks": True,
     }
+
+
+def bench_payload(model: str, tag: int, index: int, text: str) -> bytes:
+    """One gateway WorkItem's msgpack for the in-process benches: pool `default`, profile `cpu`, router
+    `gw`, request id `gateway_request_id(tag, index)`."""
+    import msgpack
+
+    item = gateway_work_item(
+        request_id=gateway_request_id(tag, index),
+        text=text,
+        model=model,
+        pool="default",
+        machine_profile="cpu",
+        router_id="gw",
+        timestamp=time.time(),
+    )
+    return bytes(msgpack.packb(item, use_bin_type=True))

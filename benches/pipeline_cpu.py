@@ -41,12 +41,11 @@ sys.path.insert(0, str(ROOT))
 
 import functools  # noqa: E402
 
-import msgpack  # noqa: E402
 from nats.aio.msg import Msg  # noqa: E402
 from tests.pipeline.memory import MemoryAcks, MemorySink, MemorySource  # noqa: E402
 from tests.pipeline.test_sequencing import _item, _msg  # noqa: E402
 
-from benches.gateway_items import gateway_request_id, gateway_texts, gateway_work_item  # noqa: E402
+from benches.gateway_items import bench_payload, gateway_texts  # noqa: E402
 from benches.null_backend import null_backend  # noqa: E402
 from sie_sidecar import wire  # noqa: E402
 from sie_sidecar.app import tune_gc_for_steady_state  # noqa: E402
@@ -69,20 +68,9 @@ def gateway_frames(n: int, tag: int, texts: Sequence[str] | None = None) -> list
     """`n` gateway-shaped WorkItems as JetStream `MSG` frames, in runs of RUN_FRAMES (`texts`: the
     items' texts, in turn; default 32-256 random bytes)."""
     texts = gateway_texts(seed=tag) if texts is None else texts
-    packer = msgpack.Packer(use_bin_type=True)
     frames = []
     for i in range(n):
-        payload = packer.pack(
-            gateway_work_item(
-                request_id=gateway_request_id(tag, i),
-                text=texts[i % len(texts)],
-                model=MODEL,
-                pool="default",
-                machine_profile="cpu",
-                router_id="gw",
-                timestamp=time.time(),
-            )
-        )
+        payload = bench_payload(MODEL, tag, i, texts[i % len(texts)])
         ack = b"$JS.ACK.WORK_POOL_default.w.1.%d.%d.1733100000000000000.0" % (i + 1, i + 1)
         frames.append(b"MSG %s 1 %s %d\r\n%s\r\n" % (SUBJECT.encode(), ack, len(payload), payload))
     return [b"".join(frames[i : i + RUN_FRAMES]) for i in range(0, n, RUN_FRAMES)]

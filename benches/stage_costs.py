@@ -27,11 +27,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import msgpack
 from nats.aio.msg import Msg
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benches.gateway_items import gateway_request_id, gateway_texts, gateway_work_item
+from benches.gateway_items import bench_payload, gateway_texts
 from benches.null_backend import null_backend
 from sie_sidecar import wire
 from sie_sidecar._native import deliveries_of_run
@@ -52,16 +51,7 @@ _TEXTS = gateway_texts()
 
 def _payload(i: int) -> bytes:
     """Item `i` as the gateway writes it (benches/gateway_items.py)."""
-    item = gateway_work_item(
-        request_id=gateway_request_id(0, i),
-        text=_TEXTS[i % len(_TEXTS)],
-        model=MODEL,
-        pool="default",
-        machine_profile="cpu",
-        router_id="gw",
-        timestamp=time.time(),
-    )
-    return bytes(msgpack.packb(item))
+    return bench_payload(MODEL, 0, i, _TEXTS[i % len(_TEXTS)])
 
 
 def _frames(n: int) -> bytes:

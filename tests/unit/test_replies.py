@@ -90,6 +90,14 @@ def general_path(ds: list[D], outs: list[Any], *, current_hash: str | None) -> b
     return frame_pubs(messages)
 
 
+def deliveries(items: list[tuple[dict[str, Any], bool, float]]) -> list[D]:
+    """One delivery per drawn (WorkItem fields, worker_direct, fetch ms), each with its ACK subject."""
+    return [
+        D(work_item(i, **kw), worker_direct=direct, payload_fetch_ms=ms, msg=M(f"$JS.ACK.s.c.1.{i}.{i}.0.0"))
+        for i, (kw, direct, ms) in enumerate(items)
+    ]
+
+
 def frame(impl: ModuleType, ds: list[D], outs: list[Any], **kw: Any) -> Any:
     args: dict[str, Any] = {"worker_id": "w-1", "current_hash": None, "now": NOW, "max_payload": MAX_PAYLOAD}
     args.update(kw)
@@ -205,10 +213,7 @@ def batches(draw: st.DrawFn) -> tuple[list[dict[str, Any]], list[tuple[dict[str,
 def test_native_twin_and_general_path_agree(batch: Any, acks: bool) -> None:
     native, twin = load_impl("native"), load_impl("py")
     maps, items, current = batch
-    ds = [
-        D(work_item(i, **kw), worker_direct=direct, payload_fetch_ms=ms, msg=M(f"$JS.ACK.s.c.1.{i}.{i}.0.0"))
-        for i, (kw, direct, ms) in enumerate(items)
-    ]
+    ds = deliveries(items)
     expected = general_path(ds, outcomes(twin, maps), current_hash=current)
     if acks:
         expected += frame_pubs([(d.msg.reply, b"+ACK") for d in ds])
@@ -255,10 +260,7 @@ def test_a_response_framed_in_place_matches_decode_then_frame(batch: Any, acks: 
     over the decoded outcomes, and what the pipeline learns: first inference, successes, samples."""
     native, twin = load_impl("native"), load_impl("py")
     maps, items, current = batch
-    ds = [
-        D(work_item(i, **kw), worker_direct=direct, payload_fetch_ms=ms, msg=M(f"$JS.ACK.s.c.1.{i}.{i}.0.0"))
-        for i, (kw, direct, ms) in enumerate(items)
-    ]
+    ds = deliveries(items)
     raw = _response(maps)
     outs = outcomes(twin, maps)
     expected = frame(twin, ds, outs, current_hash=current, acks=acks)
@@ -321,10 +323,7 @@ def test_the_asking_ack_written_by_the_framer_is_the_rewritten_buffer(batch: Any
 
     native, twin = load_impl("native"), load_impl("py")
     maps, items, current = batch
-    ds = [
-        D(work_item(i, **kw), worker_direct=direct, payload_fetch_ms=ms, msg=M(f"$JS.ACK.s.c.1.{i}.{i}.0.0"))
-        for i, (kw, direct, ms) in enumerate(items)
-    ]
+    ds = deliveries(items)
     raw = _response(maps)
     plain = frame(twin, ds, outcomes(twin, maps), current_hash=current, acks=acks)
     assert plain is not None
