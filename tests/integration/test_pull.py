@@ -17,8 +17,9 @@ from nats.errors import Error as NatsError
 from nats.js import JetStreamContext
 from nats.js import api as js_api
 
+from sie_sidecar.bus.direct import DirectQueue, direct_delivery_supported
 from sie_sidecar.bus.outbound import FramedWriter
-from sie_sidecar.bus.pull import PullConsumer, _DirectQueue, direct_delivery_supported
+from sie_sidecar.bus.pull import PullConsumer
 from sie_sidecar.bus.topology import TopologySpec, ensure_topology, reconcile_forever
 
 from .conftest import NatsServer
@@ -98,7 +99,7 @@ async def test_5000_messages_delivered_exactly_once_within_the_cap(
 
     writer = FramedWriter(nc) if framed_requests else None
     async with _consumer(nc, batch=64, expires_s=2.0, max_outstanding=cap, direct=direct, writer=writer) as consumer:
-        assert isinstance(consumer._sub._pending_queue, _DirectQueue) is direct  # type: ignore[union-attr]
+        assert isinstance(consumer._sub._pending_queue, DirectQueue) is direct  # type: ignore[union-attr]
 
         async def handle(batch: list[Msg]) -> None:
             # Hold the batch briefly, as a dispatcher would, so the unsettled count presses on the cap.
