@@ -250,7 +250,8 @@ async def test_a_trickle_short_of_a_full_batch_is_all_taken_at_the_quantum(nc: C
                 await asyncio.sleep(0.02)
 
         producer = asyncio.create_task(trickle())
-        batch = await asyncio.wait_for(consumer.next_batch(64, 0.4), 5)
+        # A quantum well past the trickle (~0.1 s here; a loaded CI host may take several times that).
+        batch = await asyncio.wait_for(consumer.next_batch(64, 2.0), 10)
         await producer
         assert [m.data for m in batch] == [f"t{i}".encode() for i in range(6)]
         assert not consumer._buffer
