@@ -112,15 +112,12 @@ class FramedWriter:
             nc._max_pending_size <= 0 or len(buf) + nc._pending_data_size > nc._max_pending_size
         ):
             raise nats_errors.OutboundBufferLimitError  # the same refusal `publish` makes while reconnecting
+        if self.write_now(buf, messages, payload_bytes):  # nothing queued ahead: no flusher
+            if _write_buffer_size(nc._transport):
+                await nc._transport.drain()  # the socket did not take it all: wait as the flusher would
+            return
         nc.stats["out_msgs"] += messages
         nc.stats["out_bytes"] += payload_bytes
-        transport = nc._transport if self.direct and nc.is_connected and not nc._pending else None
-        if transport is not None:
-            transport.write(buf)  # nothing queued ahead of it: straight to the socket, no flusher
-            self.direct_writes += 1
-            if _write_buffer_size(transport):
-                await transport.drain()  # the socket did not take it all: wait as the flusher would
-            return
         self.queued_writes += 1
         await nc._send_command(buf)
         await nc._flush_pending()

@@ -637,14 +637,18 @@ class PullConsumer:
         payload = self._request_body(want)
         if not writer.write_now(self._request_command(payload), 1, len(payload)):
             return False
+        self._grant(want)
         self._requested(want)
         return True
 
-    def _requested(self, want: int) -> None:
-        """A request for `want` messages went out."""
+    def _grant(self, want: int) -> None:
+        """Count `want` more messages of credit (before the request is sent: nothing asks twice)."""
         if self._credit == 0:
             self._last_activity = time.monotonic()  # the watchdog measures silence from the first request
         self._credit += want
+
+    def _requested(self, want: int) -> None:
+        """A request for `want` messages went out."""
         self.stats.requests += 1
         self.stats.requested_msgs += want
         self._requests_expire_at = max(self._requests_expire_at, time.monotonic() + self._expires_s)
@@ -655,9 +659,7 @@ class PullConsumer:
         if want == 0:
             return
         payload = self._request_body(want)
-        if self._credit == 0:
-            self._last_activity = time.monotonic()  # the watchdog measures silence from the first request
-        self._credit += want
+        self._grant(want)
         try:
             if self._writer is not None and self._writer.framed:
                 await self._writer.publish_framed(self._request_command(payload), 1, len(payload))
@@ -673,9 +675,7 @@ class PullConsumer:
                 extra={"stream": self.stream, "consumer": self.durable, "error": repr(exc)},
             )
             return
-        self.stats.requests += 1
-        self.stats.requested_msgs += want
-        self._requests_expire_at = max(self._requests_expire_at, time.monotonic() + self._expires_s)
+        self._requested(want)
 
     def _request_body(self, want: int) -> bytes:
         """`{"batch": want, "expires": ..., "idle_heartbeat": ...}` as compact JSON, byte for byte

@@ -126,16 +126,11 @@ class ConfigState:
     def gate(self, items: Iterable[WorkItem | None]) -> bool | None:
         """The check right before execution: None when some item's hash is refused (`on_refused` is
         called), else whether any item is pinned to the advertised hash (legacy-only: False)."""
-        current = self._hash
-        pinned = False
+        hashes: list[str] = []
         for item in items:
-            if item is not None and item.bundle_config_hash:
-                if item.bundle_config_hash != current:
-                    if self.on_refused is not None:
-                        self.on_refused()
-                    return None
-                pinned = True
-        return pinned
+            if item is not None and item.bundle_config_hash and item.bundle_config_hash not in hashes:
+                hashes.append(item.bundle_config_hash)
+        return self.gate_hashes(hashes)
 
     def accepts_hashes(self, hashes: Sequence[Any]) -> bool:
         """`accepts_all` over a batch's distinct hashes (`columns.config_hashes`: one native pass)."""

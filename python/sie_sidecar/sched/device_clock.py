@@ -130,7 +130,8 @@ def _line(samples: deque[tuple[int, float]]) -> tuple[float, float]:
     costs, services = zip(*samples, strict=True)
     sx = sum(costs)
     sy = sum(services)
-    sxx = n * sum(map(operator.mul, costs, costs)) - sx * sx  # n^2 x the variance of the costs, exact
+    sq = sum(map(operator.mul, costs, costs))
+    sxx = n * sq - sx * sx  # n^2 x the variance of the costs, exact
     if sxx <= 0:
         return sy / n, 0.0
     sxy = sum(map(operator.mul, costs, services))
@@ -139,7 +140,7 @@ def _line(samples: deque[tuple[int, float]]) -> tuple[float, float]:
         return sy / n, 0.0
     a = (sy - b * sx) / n
     if a < 0.0:  # through the origin instead
-        return 0.0, sxy / sum(map(operator.mul, costs, costs))
+        return 0.0, sxy / sq
     return a, b
 
 

@@ -109,9 +109,10 @@ def frame_outcome_replies(
         messages += 1
         payload_bytes += len(encoded)
     reply = ack_reply if ack_subjects else None
-    for k, subject in enumerate(ack_subjects):
-        asking = reply is not None and k == len(ack_subjects) - 1  # the confirmed ACK: `PUB <subject> <reply> 4`
-        parts.append(b"PUB %s 4\r\n+ACK\r\n" % (subject + b" " + reply.encode() if asking and reply else subject))
+    if reply is not None:  # the confirmed ACK, the last: `PUB <subject> <reply> 4`
+        ack_subjects[-1] += b" " + reply.encode()
+    for subject in ack_subjects:
+        parts.append(b"PUB %s 4\r\n+ACK\r\n" % subject)
     return FramedReplies(b"".join(parts), bytes(sent), messages, payload_bytes, len(ack_subjects), reply)
 
 
