@@ -116,8 +116,8 @@ class MemorySink:
         self.replies: list[tuple[str, dict[str, Any]]] = []
         self._acks = acks
 
-    async def publish_framed(self, replies: wire.FramedReplies, *, buffer: bytes | None = None) -> bool:
-        buf, pos = bytes(replies.buffer if buffer is None else buffer), 0
+    async def publish_framed(self, replies: wire.FramedReplies) -> bool:
+        buf, pos = bytes(replies.buffer), 0
         while pos < len(buf):
             end = buf.index(b"\r\n", pos)
             _, subject, size = buf[pos:end].split(b" ")

@@ -159,25 +159,15 @@ class AckConfirmer:
             with contextlib.suppress(Exception):
                 await self._sub.unsubscribe()
 
-    def ask(self, buffer: bytes, deliveries: Sequence[Any]) -> tuple[bytes, int]:
-        """A batch's framed replies and ACKs with the last ACK asking for an answer, and the token
-        to `owe` once the buffer is written (0: the buffer is not one this can confirm, unchanged)."""
-        if not deliveries:
-            return buffer, 0
-        token = next(self._tokens)
-        asked = ask_last_ack(buffer, str(deliveries[-1].msg.reply), self._reply(token))
-        return (buffer, 0) if asked is None else (asked, token)
-
     def owe(self, token: int, deliveries: Sequence[Any]) -> None:
-        """The buffer `ask` returned with `token` was handed to the connection: await its answer."""
+        """A buffer whose last ACK asks with `token` was handed to the connection: await its answer."""
         if token:
             self.counts.batches += 1
             self._remember(token, self._batch(None, tuple(deliveries)))
 
     def reserve(self) -> str:
         """The reply subject for a batch whose framer writes the asking ACK itself (`ack_reply` of
-        `wire.frame_batch_response`): no copy of the buffer, as `ask` makes. One never owed is
-        simply never awaited."""
+        `wire.frame_batch_response`). One never owed is simply never awaited."""
         return self._reply(next(self._tokens))
 
     def owe_reply(self, reply: str, deliveries: Sequence[Any]) -> None:

@@ -99,19 +99,19 @@ class Publisher:
             return False
         return True
 
-    async def publish_framed(self, replies: wire.FramedReplies, *, buffer: bytes | None = None) -> bool:
+    async def publish_framed(self, replies: wire.FramedReplies) -> bool:
         """Send a batch framed by `wire.frame_outcome_replies` (single replies only) in one write.
 
         True when every framed reply (and the ACKs framed after them, `acks`) was handed to the
         connection (items without a reply subject were never sent and are always safe to ACK). No
-        flush: see the module docstring. `buffer`: the same commands rewritten (the last ACK asking
-        for an answer, `bus.ack_confirm.ask_last_ack`), sent instead of `replies.buffer`.
+        flush: see the module docstring. With confirmed ACKs the framer wrote the last ACK asking for
+        an answer (`ack_reply`).
         """
         if replies.messages == 0 and replies.acks == 0:
             return True
         try:
             await self._writer.publish_framed(
-                replies.buffer if buffer is None else buffer,
+                replies.buffer,
                 replies.messages + replies.acks,
                 replies.payload_bytes + 4 * replies.acks,
             )

@@ -304,10 +304,9 @@ class LocalReplies:
         if found is not None:
             found[0].set_result(found[1], encoded)
 
-    async def publish_framed(self, replies: wire.FramedReplies, *, buffer: bytes | None = None) -> bool:
-        """Split `PUB <subject> <size>\\r\\n<payload>\\r\\n` frames back into slot results (`buffer`,
-        the commands rewritten for confirmed ACKs, never comes here: local ingest has no broker)."""
-        buf = replies.buffer if buffer is None else buffer
+    async def publish_framed(self, replies: wire.FramedReplies) -> bool:
+        """Split `PUB <subject> <size>\\r\\n<payload>\\r\\n` frames back into slot results."""
+        buf = replies.buffer
         pos, end = 0, len(buf)
         deliver = self._deliver
         while pos < end:

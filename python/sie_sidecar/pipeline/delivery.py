@@ -40,12 +40,9 @@ class AckWriter(Protocol):
 
 class AckConfirmation(Protocol):
     """Confirmed ACKs (`bus.ack_confirm.AckConfirmer`) for batches whose ACKs leave in the buffer of
-    their replies: `ask` makes the last ACK ask for an answer, `owe` awaits it once written. The
-    native framer writes the asking ACK itself: `reserve` names its reply subject beforehand, and
-    `owe_reply` awaits the answer to it."""
+    their replies: the native framer writes the last ACK asking for an answer, `reserve` names its
+    reply subject beforehand, and `owe_reply` awaits the answer once the buffer is written."""
 
-    def ask(self, buffer: bytes, deliveries: Sequence[Any]) -> tuple[bytes, int]: ...
-    def owe(self, token: int, deliveries: Sequence[Any]) -> None: ...
     def reserve(self) -> str: ...
     def owe_reply(self, reply: str, deliveries: Sequence[Any]) -> None: ...
 

@@ -35,7 +35,7 @@ class ReplySink(Protocol):
     def framed(self) -> bool: ...
     @property
     def max_payload(self) -> int: ...
-    async def publish_framed(self, replies: wire.FramedReplies, *, buffer: bytes | None = None) -> bool: ...
+    async def publish_framed(self, replies: wire.FramedReplies) -> bool: ...
     async def publish_batch(self, replies: list[Reply]) -> list[bool]: ...
     async def publish_raw(self, subject: str, payload: bytes) -> bool: ...
 
@@ -78,6 +78,7 @@ class Outcomes:
                 now=time.time(),
                 max_payload=self._publisher.max_payload,
                 acks=self._acks_with_replies,
+                ack_reply=self._ack_reply(ds),
             )
             if framed is not None:  # the common case: every reply framed natively in one call
                 if await self.settle_framed(ds, framed):
@@ -123,7 +124,6 @@ class Outcomes:
         common case, else the decoded `BatchOutcome` for `apply`."""
         q = self._quantum
         fused = self._publisher.framed and (q is None or not q.include_queue_ms)
-        confirmation = self._settler.confirmation if self._acks_with_replies else None
 
         def decode(raw: memoryview) -> Any:
             if fused:
@@ -135,8 +135,7 @@ class Outcomes:
                     now=time.time(),
                     max_payload=self._publisher.max_payload,
                     acks=self._acks_with_replies,
-                    # Confirmed ACKs: the framer writes the asking ACK (no rewrite and copy of the buffer).
-                    ack_reply=confirmation.reserve() if confirmation is not None and ds else None,
+                    ack_reply=self._ack_reply(ds),
                 )
                 if framed is not None:
                     return framed
@@ -178,21 +177,19 @@ class Outcomes:
         for item, inference_ms, postprocessing_ms in items:
             q.observe(inference_ms, postprocessing_ms, queue_ms(item, now) if q.include_queue_ms else None)
 
+    def _ack_reply(self, ds: list[Delivery]) -> str | None:
+        """With confirmed ACKs, the reply subject the framer writes on a batch's last ACK, so that it
+        asks for an answer (`ack_reply`); None without them."""
+        confirmation = self._settler.confirmation if self._acks_with_replies else None
+        return confirmation.reserve() if confirmation is not None and ds else None
+
     async def settle_framed(self, ds: list[Delivery], framed: wire.FramedReplies) -> bool:
         """Publish a natively framed batch, flush, then ACK; on failure leave what was sent un-ACKed.
-        With confirmed ACKs the last ACK in the buffer asks for an answer."""
-        confirmation = self._settler.confirmation if framed.acks else None
-        if confirmation is None:
-            published = await self._publisher.publish_framed(framed)
-        elif framed.ack_reply is not None:  # the framer wrote the asking ACK already
-            published = await self._publisher.publish_framed(framed)
-            if published:
-                confirmation.owe_reply(framed.ack_reply, ds)
-        else:
-            buffer, token = confirmation.ask(framed.buffer, ds)
-            published = await self._publisher.publish_framed(framed, buffer=buffer)
-            if published:
-                confirmation.owe(token, ds)
+        With confirmed ACKs the last ACK in the buffer asks for an answer (`_ack_reply`)."""
+        published = await self._publisher.publish_framed(framed)
+        confirmation = self._settler.confirmation
+        if published and confirmation is not None and framed.ack_reply is not None:
+            confirmation.owe_reply(framed.ack_reply, ds)
         if published:
             if framed.acks:
                 self._settler.acked_with_replies(ds)
