@@ -57,6 +57,7 @@ from sie_sidecar.tools.localhost import find_nats_server, free_port, port_open
 if __package__ in (None, ""):  # run as a script: the repository root makes `benches` importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benches.gateway_items import gateway_request_id, gateway_texts, gateway_work_item
+from benches.null_backend import null_backend_argv
 
 HERE = Path(__file__).resolve().parent
 NAIVE_LOOP = HERE / "naive_loop.py"
@@ -234,11 +235,9 @@ async def start_environment(
     )
     await _wait_until(lambda: port_open(port), 15, "nats-server", nats_child)
     sock = str(workdir / "backend.sock")
-    argv = [sys.executable, "-m", "sie_sidecar", "backend", "--adapter", "null", "--socket", sock]
-    argv += ["--preload", MODEL, *backend_args]
     backend = procs.start(
         "backend",
-        argv,
+        null_backend_argv(sock, MODEL, *backend_args),
         {**os.environ, "RUST_LOG": "warning"},
         workdir / "backend.log",
     )

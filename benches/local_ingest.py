@@ -41,6 +41,7 @@ from benches.e2e_throughput import (
     _wait_until,
     run_with_children,
 )
+from benches.null_backend import null_backend_argv
 from sie_sidecar import wire
 from sie_sidecar.local import Client
 from sie_sidecar.local.client import request_body
@@ -57,21 +58,7 @@ async def start_pipeline(procs: Processes, workdir: Path, mode: str, backend_arg
     sock = str(workdir / "backend.sock")
     backend = procs.start(
         "backend",
-        [
-            sys.executable,
-            "-m",
-            "sie_sidecar",
-            "backend",
-            "--adapter",
-            "null",
-            "--socket",
-            sock,
-            "--preload",
-            MODEL,
-            "--dim",
-            "64",
-            *backend_args,
-        ],
+        null_backend_argv(sock, MODEL, "--dim", "64", *backend_args),
         dict(os.environ),
         workdir / "backend.log",
     )

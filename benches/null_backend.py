@@ -12,6 +12,23 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 
+def null_backend_argv(sock: str, model: str, *extra: str) -> list[str]:
+    """`python -m sie_sidecar backend --adapter null` on `sock` with `model` preloaded, plus `extra`."""
+    return [
+        sys.executable,
+        "-m",
+        "sie_sidecar",
+        "backend",
+        "--adapter",
+        "null",
+        "--socket",
+        sock,
+        "--preload",
+        model,
+        *extra,
+    ]
+
+
 @contextlib.asynccontextmanager
 async def null_backend(model: str, *extra: str) -> AsyncIterator[str]:
     """Start `sie_sidecar backend --adapter null` with `model` preloaded (and `extra` arguments, e.g.
@@ -19,19 +36,7 @@ async def null_backend(model: str, *extra: str) -> AsyncIterator[str]:
     with tempfile.TemporaryDirectory() as tmp:
         sock = f"{tmp}/backend.sock"
         backend = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "sie_sidecar",
-                "backend",
-                "--adapter",
-                "null",
-                "--socket",
-                sock,
-                "--preload",
-                model,
-                *extra,
-            ],
+            null_backend_argv(sock, model, *extra),
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
