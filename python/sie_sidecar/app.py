@@ -37,6 +37,7 @@ from .ipc.mux import MuxIpcClient
 from .otel.tracing import Tracer
 from .payloads import PayloadStore, PayloadStoreConfigError
 from .pipeline.admission import Admission
+from .pipeline.deadlines import DeadlineRules
 from .pipeline.delivery import Settler
 from .pipeline.dispatcher import PARKED_JOIN_S, SHUTDOWN_NAK_MS, ConfigState, Dispatcher, DispatchSettings
 from .pipeline.feed import feed
@@ -172,6 +173,13 @@ def _dispatch_settings(settings: Settings, *, ack_wait_s: float = POOL_ACK_WAIT_
         cost_pinned=settings.batcher_cost_pinned,
         parked_deadline_s=min(REDELIVERY_STEP_S * settings.max_deliver, REDELIVERY_ENVELOPE_CAP_S),
         generate_frame_timeout_s=settings.generate_ipc_frame_timeout_s,
+        deadlines=DeadlineRules(
+            enforce=settings.work_deadline_enforce,
+            skew_s=settings.work_deadline_skew_tolerance_ms / 1000.0,
+            max_budget_s=settings.work_deadline_max_budget_s,
+            horizon_s=settings.tombstone_horizon_s,
+        ),
+        ipc_request_timeout_s=settings.ipc_request_timeout_s,
     )
 
 
@@ -507,6 +515,7 @@ async def _start(settings: Settings, stop: asyncio.Event, resources: contextlib.
         tracer=start_tracing(settings, resources),
     )
     attach_catalog(settings, config, dispatcher)
+    dispatcher.leases.paused = readiness.lease_pause_reason  # §15.3: no renewal while draining or stale
     subs: list[Subscription] = []
     resources.push_async_callback(unsubscribe_all, subs)
     try:

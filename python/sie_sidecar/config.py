@@ -41,7 +41,7 @@ import re
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, NoReturn
+from typing import Any, Final, Literal, NoReturn
 
 from sie_sidecar import wire
 from sie_sidecar.errors import ConfigError, SubjectError
@@ -70,6 +70,13 @@ MAX_DURATION_MS = INT64_MAX // 1_000_000
 #: setting, low enough that a typo cannot allocate the machine away (`IpcClient` builds its slots up front).
 MAX_CONCURRENCY = 65_536
 MAX_READYZ_STALE_MULT = 1 << 20
+#: The redelivery envelope per delivery (§7: a request tombstone outlives 30 s x max_deliver).
+REDELIVERY_S_PER_DELIVERY: Final = 30
+#: No tombstone, lease or deadline budget reaches past 30 days (§7).
+MAX_TOMBSTONE_S: Final = 30 * 86400
+#: §1.2: SIE_WORK_DEADLINE_SKEW_TOLERANCE_MS and SIE_WORK_DEADLINE_MAX_BUDGET_S are capped here.
+MAX_DEADLINE_SKEW_MS: Final = 60_000
+MAX_DEADLINE_BUDGET_S: Final = 86_400.0
 #: The worker-direct stream keeps 300 s x max_deliver of history (§2.2), which must fit max_age.
 _WORKER_AGE_PER_DELIVERY_S = 300
 
@@ -120,6 +127,8 @@ LIMITS: Mapping[str, float] = {
     "SIE_ADAPTIVE_MAX_QUANTUM_MS": MAX_DURATION_MS,
     "SIE_ADAPTIVE_TARGET_P50_MS": MAX_DURATION_MS,
     "SIE_GENERATE_IPC_FRAME_TIMEOUT_S": MAX_DURATION_S,
+    "SIE_WORK_DEADLINE_SKEW_TOLERANCE_MS": INT64_MAX,  # then capped at 60 s (§1.2)
+    "SIE_WORK_DEADLINE_MAX_BUDGET_S": MAX_DURATION_S,  # then capped at 24 h and the tombstone horizon
 }
 
 
@@ -498,13 +507,18 @@ class Settings:
     #: durable's leader do not become duplicates (bus/ack_confirm.py).
     nats_ack_confirm_s: float = 2.0
     #: `SIE_METRICS_ENABLED` / `SIE_TRACING_ENABLED` (§13): on only with an endpoint and a protocol this
-    #: build exports. `SIE_WORK_DEADLINE_ENFORCE` (§15.3) is parsed so that asking for it is refused
-    #: (`NOT_YET`) rather than ignored.
+    #: build exports.
     metrics_enabled: bool = False
     tracing_enabled: bool = False
     #: Where and how OTLP metrics go (§1.2, §13), resolved from the standard `OTEL_*` variables.
     otel: OtelSettings = field(default_factory=OtelSettings)
+    #: Work deadlines (sidecar-behaviour §15.3, newer than v0.7.1): ACK-drop expired work
+    #: (`SIE_WORK_DEADLINE_ENFORCE`), the clock skew allowed (`SIE_WORK_DEADLINE_SKEW_TOLERANCE_MS`,
+    #: capped at 60 s) and the longest deadline budget taken as real
+    #: (`SIE_WORK_DEADLINE_MAX_BUDGET_S`, capped at 24 h and at the tombstone horizon).
     work_deadline_enforce: bool = False
+    work_deadline_skew_tolerance_ms: int = 5000
+    work_deadline_max_budget_s: float = 180.0
     log_filter: str = "info"
     # Lines to log once logging is configured (ignored values, deprecations); not a setting.
     warnings: tuple[str, ...] = field(default=(), compare=False)
@@ -554,6 +568,13 @@ class Settings:
     def worker_stream_subjects(self) -> list[str]:
         """The worker-direct stream carries exactly its consumer's filter (TV-S4)."""
         return [self.worker_direct_filter]
+
+    @property
+    def tombstone_horizon_s(self) -> float:
+        """How long anything about a work item can matter (§7): max(stream max age, 30 s x
+        max_deliver), at most 30 days. Request tombstones live this long; deadline leases and
+        budgets never reach past it."""
+        return float(min(max(self.stream_max_age_s, REDELIVERY_S_PER_DELIVERY * self.max_deliver), MAX_TOMBSTONE_S))
 
     @property
     def worker_stream_max_age_s(self) -> int:
@@ -684,9 +705,7 @@ _DEFAULTS: Mapping[str, object] = {
 #: refused by `Settings.require_supported` when its value differs from the default, with the variable
 #: that sets it. A feature that lands removes its rows; tests/unit/test_settings_wired.py checks that
 #: every other field is read outside this module.
-NOT_YET: tuple[tuple[str, str], ...] = (
-    ("work_deadline_enforce", "SIE_WORK_DEADLINE_ENFORCE"),  # work deadlines (§15.3)
-)
+NOT_YET: tuple[tuple[str, str], ...] = ()
 #: Payload store schemes of §12 this build refuses at start-up (the store module refuses them too).
 _STORES_NOT_YET = frozenset({"abfs://", "abfss://"})
 #: Fields whose whole specified effect is a start-up check (§1.1: the liveness budget must exceed the
@@ -901,6 +920,8 @@ class _Builder:
             "SIE_PULL_LOOP_MAX_OUTSTANDING", max(fetch_budget, inflight)
         )
         storage = (self._environ.get("SIE_STREAM_STORAGE") or "").strip().lower()
+        max_deliver = self.env_uint("SIE_MAX_DELIVER", 20)
+        stream_max_age_s = self.env_uint("SIE_STREAM_MAX_AGE_S", 1800)
 
         return Settings(
             pool=pool,
@@ -938,9 +959,9 @@ class _Builder:
             nats_config_trusted_producers=producers,
             nats_config_trust_any_producer=trust_any,
             health_publish_interval_ms=self._period("SIE_HEALTH_PUBLISH_INTERVAL_MS", 5000),
-            max_deliver=self.env_uint("SIE_MAX_DELIVER", 20),
+            max_deliver=max_deliver,
             max_ack_pending=self.env_uint("SIE_MAX_ACK_PENDING", 1000),
-            stream_max_age_s=self.env_uint("SIE_STREAM_MAX_AGE_S", 1800),
+            stream_max_age_s=stream_max_age_s,
             stream_storage="file" if storage in ("file", "disk") else "memory",
             stream_replicas=self.env_uint("SIE_STREAM_REPLICAS", 1),
             nats_conservative_cleanup=self.env_flag(
@@ -979,10 +1000,35 @@ class _Builder:
             metrics_enabled=self._metrics_enabled(otel),
             otel=otel,
             tracing_enabled=self._tracing_enabled(otel),
-            work_deadline_enforce=self.env_flag("SIE_WORK_DEADLINE_ENFORCE", default=False),
+            **self._work_deadlines(max(stream_max_age_s, REDELIVERY_S_PER_DELIVERY * max_deliver)),
             log_filter=(self._environ.get("RUST_LOG") or "").strip() or "info",
             warnings=tuple(self.warnings),
         )
+
+    def _work_deadlines(self, horizon_s: float) -> dict[str, Any]:
+        """§1.2 / §15.3: enforcement is a flag (an unrecognised value is off, with a warning); the
+        skew tolerance is capped at 60 s, the max budget at 24 h and at the tombstone horizon."""
+        raw = self._environ.get("SIE_WORK_DEADLINE_ENFORCE")
+        enforce = False
+        if raw is not None:
+            word = raw.strip().lower()
+            enforce = word in _TRUTHY
+            if not enforce and word not in _FALSY:
+                self.warnings.append(f"SIE_WORK_DEADLINE_ENFORCE={raw!r} not recognised; deadlines are not enforced")
+        skew = self.env_uint("SIE_WORK_DEADLINE_SKEW_TOLERANCE_MS", 5000, lambda n: True)
+        budget = self.env_float("SIE_WORK_DEADLINE_MAX_BUDGET_S", 180.0)
+        cap = min(MAX_DEADLINE_BUDGET_S, horizon_s, MAX_TOMBSTONE_S)
+        if skew > MAX_DEADLINE_SKEW_MS:
+            self.warnings.append(f"SIE_WORK_DEADLINE_SKEW_TOLERANCE_MS={skew} capped at {MAX_DEADLINE_SKEW_MS}")
+            skew = MAX_DEADLINE_SKEW_MS
+        if budget > cap:
+            self.warnings.append(f"SIE_WORK_DEADLINE_MAX_BUDGET_S={budget:g} capped at {cap:g}")
+            budget = cap
+        return {
+            "work_deadline_enforce": enforce,
+            "work_deadline_skew_tolerance_ms": skew,
+            "work_deadline_max_budget_s": budget,
+        }
 
     def _otel(self) -> OtelSettings:
         """§1.2: the signal-specific endpoint and protocol win over the generic ones; the protocol

@@ -373,11 +373,11 @@ async def test_run_refuses_a_setting_this_build_lacks_before_opening_anything(
         "SIE_BUNDLE": BUNDLE,
         "SIE_MACHINE_PROFILE": PROFILE,
         "SIE_WORKER_PROBE_PORT": str(port),
-        "SIE_WORK_DEADLINE_ENFORCE": "1",
+        "SIE_PAYLOAD_STORE_URL": "abfss://container@account/prefix",
     }
     assert await asyncio.wait_for(run(Settings.from_env(env), stop=asyncio.Event()), 10) == 2
     errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
-    assert errors == ["start-up failed: configuration: SIE_WORK_DEADLINE_ENFORCE is not supported yet"]
+    assert errors == ["start-up failed: configuration: SIE_PAYLOAD_STORE_URL is not supported yet for abfss:// stores"]
     assert not any(r.getMessage().startswith("NATS") for r in caplog.records)
 
 

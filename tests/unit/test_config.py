@@ -160,6 +160,8 @@ DEFAULTS: list[tuple[str, object]] = [
     ("tracing_enabled", False),
     ("otel", OtelSettings()),
     ("work_deadline_enforce", False),
+    ("work_deadline_skew_tolerance_ms", 5000),
+    ("work_deadline_max_budget_s", 180.0),
     ("log_filter", "info"),
     ("warnings", ()),
 ]

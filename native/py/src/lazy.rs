@@ -40,6 +40,8 @@ pub struct Parsed {
     pub item_index: u64,
     pub total_items: u64,
     pub timestamp: f64,
+    /// `deadline` (newer than v0.7.1): NaN when absent or not a number (decoded as absent).
+    pub deadline: f64,
     pub is_query: bool,
     /// `options` is a non-empty map.
     pub has_options: bool,
@@ -80,6 +82,8 @@ enum Field {
     Uint(bool),
     Bool(bool),
     Timestamp,
+    /// `deadline`: a number, else absent (any other value is walked and ignored).
+    Deadline,
     /// An array or nil, spliced at the slot.
     List(usize),
     /// `options`: a map or nil.
@@ -120,6 +124,7 @@ fn field_of(key: &[u8]) -> Option<(Field, Option<usize>)> {
         b"traceparent" => (Field::StrOrNone(Some(8)), None),
         b"tracestate" => (Field::StrOrNone(Some(9)), None),
         b"timestamp" => (Field::Timestamp, None),
+        b"deadline" => (Field::Deadline, None),
         _ => return None,
     })
 }
@@ -170,7 +175,10 @@ pub fn parse(bytes: &[u8]) -> Option<Parsed> {
     let Token::Map(n) = r.next_token().ok()? else {
         return None;
     };
-    let mut p = Parsed::default();
+    let mut p = Parsed {
+        deadline: f64::NAN,
+        ..Parsed::default()
+    };
     let mut required = 0u16;
     for _ in 0..n {
         let Token::Str(key) = r.next_token().ok()? else {
@@ -246,6 +254,16 @@ pub fn parse(bytes: &[u8]) -> Option<Parsed> {
             (Field::Timestamp, Token::Int(v)) => p.timestamp = v as f64,
             (Field::Timestamp, Token::F32(v)) => p.timestamp = f64::from(v),
             (Field::Timestamp, Token::F64(v)) => p.timestamp = v,
+            (Field::Deadline, Token::UInt(v)) => p.deadline = v as f64,
+            (Field::Deadline, Token::Int(v)) => p.deadline = v as f64,
+            (Field::Deadline, Token::F32(v)) => p.deadline = f64::from(v),
+            (Field::Deadline, Token::F64(v)) => p.deadline = v,
+            (Field::Deadline, _) => {
+                // Lenient (wire-protocol §7.2): any other value decodes as absent.
+                r.skip_to(start);
+                walk(&mut r, 0)?;
+                p.deadline = f64::NAN;
+            }
             (Field::List(_), Token::Nil) | (Field::Options, Token::Nil) | (Field::Any(_), _) => {
                 r.skip_to(start);
                 walk(&mut r, 0)?;

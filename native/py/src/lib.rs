@@ -10,6 +10,7 @@ mod columns;
 mod controller;
 mod convert;
 mod cython;
+mod deadlines;
 mod envelopes;
 mod errors;
 mod framing;
@@ -88,6 +89,9 @@ mod _native {
 
     #[pymodule_export]
     use crate::columns::{config_hashes, request_latencies_ms, run_batch_columns, unsettled};
+
+    #[pymodule_export]
+    use crate::deadlines::{deadline_lease_holders, deadline_split, work_item_ages};
 
     #[pymodule_export]
     use crate::local_items::check_local_items;

@@ -76,6 +76,8 @@ enum Kind {
     StrOrNone,
     Bool,
     Float,
+    /// A number, else None (`deadline`: lenient, any other value decodes as absent).
+    LenientFloat,
     ListOrNone,
     MapOrNone,
     Any,
@@ -113,6 +115,7 @@ fn field_of(key: &[u8]) -> Option<(usize, Kind)> {
         b"accepts_result_chunks" => (26, Kind::Bool),
         b"traceparent" => (27, Kind::StrOrNone),
         b"tracestate" => (28, Kind::StrOrNone),
+        b"deadline" => (29, Kind::LenientFloat),
         _ => return None,
     })
 }
@@ -214,7 +217,14 @@ fn value(
         (Kind::Float, Token::Nil) => Ok(0.0f64.into_py_any(py)?),
         (Kind::Float, Token::UInt(v)) => Ok((v as f64).into_py_any(py)?),
         (Kind::Float, Token::Int(v)) => Ok((v as f64).into_py_any(py)?),
-        (Kind::Float, Token::F32(_) | Token::F64(_)) => generic(r),
+        (Kind::Float | Kind::LenientFloat, Token::F32(_) | Token::F64(_)) => generic(r),
+        (Kind::LenientFloat, Token::UInt(v)) => Ok((v as f64).into_py_any(py)?),
+        (Kind::LenientFloat, Token::Int(v)) => Ok((v as f64).into_py_any(py)?),
+        (Kind::LenientFloat, _) => {
+            // Still valid msgpack (as unpackb demands), then dropped: absent.
+            generic(r)?;
+            Ok(py.None())
+        }
         (Kind::ListOrNone, Token::Array(_)) | (Kind::MapOrNone, Token::Map(_)) | (Kind::Any, _) => {
             generic(r)
         }
@@ -344,7 +354,7 @@ pub fn decode_work_item(
 }
 
 /// Every field of the dataclass, for the static names used with `setattr`.
-const FIELDS: [&str; 29] = [
+const FIELDS: [&str; 30] = [
     "work_item_id",
     "request_id",
     "item_index",
@@ -374,6 +384,7 @@ const FIELDS: [&str; 29] = [
     "accepts_result_chunks",
     "traceparent",
     "tracestate",
+    "deadline",
 ];
 
 type Default = fn(Python<'_>) -> PyResult<Py<PyAny>>;
@@ -392,7 +403,7 @@ fn zero(py: Python<'_>) -> PyResult<Py<PyAny>> {
 }
 
 /// The optional fields and their defaults (the required ones are always set from the map).
-const DEFAULTS: [(usize, Default); 20] = [
+const DEFAULTS: [(usize, Default); 21] = [
     (9, empty),
     (10, empty),
     (11, empty),
@@ -413,4 +424,5 @@ const DEFAULTS: [(usize, Default); 20] = [
     (26, no),
     (27, none),
     (28, none),
+    (29, none),
 ];

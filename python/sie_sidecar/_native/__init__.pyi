@@ -38,6 +38,8 @@ __all__ = [
     "__version__",
     "check_local_items",
     "config_hashes",
+    "deadline_lease_holders",
+    "deadline_split",
     "decode_batch_outcome",
     "decode_body",
     "decode_response",
@@ -70,6 +72,7 @@ __all__ = [
     "run_batch_columns",
     "unsettled",
     "wire",
+    "work_item_ages",
     "write_run_batch_body",
 ]
 __version__: Final[str]
@@ -410,6 +413,13 @@ def check_local_items(
 def finish_deliveries(deliveries: Sequence[Any]) -> tuple[list[Any], list[Any], list[tuple[Any, int]]]: ...
 def config_hashes(deliveries: Iterable[Any]) -> list[Any]: ...
 def unsettled(deliveries: list[Any]) -> list[Any]: ...
+def deadline_split(
+    deliveries: list[Any], now: float, skew_s: float, max_budget_s: float
+) -> tuple[list[Any], list[Any], int, int, int, float | None]: ...
+def deadline_lease_holders(
+    deliveries: list[Any], now: float, skew_s: float, max_budget_s: float, enforce: bool, cap: float
+) -> list[Any]: ...
+def work_item_ages(deliveries: list[Any], now: float) -> list[float]: ...
 def run_batch_columns(
     deliveries: list[Any], op: str
 ) -> tuple[list[Any], list[float] | None, list[Any] | None, list[Any] | None]: ...

@@ -182,10 +182,17 @@ class _PlacedClient:
         return self._children.clients[self._index].reported_hash
 
     async def run_batch_with(
-        self, body: bytes, decode: Callable[[memoryview], T], *, attest: Attest | None = None
+        self,
+        body: bytes,
+        decode: Callable[[memoryview], T],
+        *,
+        attest: Attest | None = None,
+        timeout_s: float | None = None,
     ) -> T:
         self._children._check()
-        result: T = await self._children._on(self._index, lambda c: c.run_batch_with(body, decode, attest=attest))
+        result: T = await self._children._on(
+            self._index, lambda c: c.run_batch_with(body, decode, attest=attest, timeout_s=timeout_s)
+        )
         return result
 
     def generate(
@@ -197,9 +204,13 @@ class _PlacedClient:
             model_id, work_item_msgpack, frame_timeout_s=frame_timeout_s
         )
 
-    async def process_batch(self, method: str, body: bytes, *, attest: Attest | None = None) -> Any:
+    async def process_batch(
+        self, method: str, body: bytes, *, attest: Attest | None = None, timeout_s: float | None = None
+    ) -> Any:
         self._children._check()
-        return await self._children._on(self._index, lambda c: c.process_batch(method, body, attest=attest))
+        return await self._children._on(
+            self._index, lambda c: c.process_batch(method, body, attest=attest, timeout_s=timeout_s)
+        )
 
 
 class _ChildPinger:

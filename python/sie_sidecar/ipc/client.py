@@ -256,7 +256,12 @@ class IpcClient:
         return await self.run_batch_with(body, wire.decode_batch_outcome)
 
     async def run_batch_with(
-        self, body: bytes, decode: Callable[[memoryview], T], *, attest: Attest | None = None
+        self,
+        body: bytes,
+        decode: Callable[[memoryview], T],
+        *,
+        attest: Attest | None = None,
+        timeout_s: float | None = None,
     ) -> T:
         """RunBatch whose response body goes to `decode` while the client still holds its bytes
         (the pipeline frames replies straight from them); `decode` must not keep the view.
@@ -264,20 +269,28 @@ class IpcClient:
         `attest` (for hash-pinned work): called with the hash the backend reported in its last Ping,
         on the connection the batch is about to be written to; False raises `ConfigNotAttested` and
         nothing is sent. A connection opened after one was lost has no attested hash (None): the
-        process behind it may be a restarted backend that lost its config."""
+        process behind it may be a restarted backend that lost its config.
+
+        `timeout_s`: the batch's wait when longer than the request timeout (a work deadline further
+        out, sidecar-behaviour §15.1); never shorter."""
+        wait = self._request_timeout_s if timeout_s is None else max(self._request_timeout_s, float(timeout_s))
         try:
-            return await self._request("RunBatch", body, self._request_timeout_s, decode, attest=attest)
+            return await self._request("RunBatch", body, wait, decode, attest=attest)
         except IpcServerError as exc:
             if exc.message == NO_RUN_BATCH and self._runs_batches:
                 self._runs_batches = False
                 log.warning("backend does not implement RunBatch; per-op batch methods from now on")
             raise
 
-    async def process_batch(self, method: str, body: bytes, *, attest: Attest | None = None) -> wire.BatchOutcome:
-        """One of the per-op batch methods, for a backend that answered RunBatch `unknown method`."""
+    async def process_batch(
+        self, method: str, body: bytes, *, attest: Attest | None = None, timeout_s: float | None = None
+    ) -> wire.BatchOutcome:
+        """One of the per-op batch methods, for a backend that answered RunBatch `unknown method`
+        (`timeout_s` as for `run_batch_with`: the V1 variants get the deadline-derived wait too)."""
         if method not in PROCESS_BATCH_METHODS:
             raise ValueError(f"process_batch method must be one of {', '.join(PROCESS_BATCH_METHODS)}, got {method!r}")
-        return await self._request(method, body, self._request_timeout_s, wire.decode_batch_outcome, attest=attest)
+        wait = self._request_timeout_s if timeout_s is None else max(self._request_timeout_s, float(timeout_s))
+        return await self._request(method, body, wait, wire.decode_batch_outcome, attest=attest)
 
     async def probe_draining(self, model_id: str = "") -> bool:
         """Whether the backend refuses batch work as `draining`, found with an empty batch (§4.1: empty

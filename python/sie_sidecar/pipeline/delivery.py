@@ -177,17 +177,19 @@ class Settler:
         else:
             self._record("ack", "completed", len(subjects))
 
-    async def drop(self, d: Delivery) -> None:
-        """ACK-drop: nothing is published (cancelled work, unsafe reply subject)."""
+    async def drop(self, d: Delivery, reason: str = "completed") -> None:
+        """ACK-drop: nothing is published (cancelled work, unsafe reply subject, a server copy:
+        reason `completed`; work past its deadline: `deadline_exceeded`, §4.1)."""
         if self._finish(d):
             self.counts.dropped += 1
-            self._record("ack", "none", 1, ok=await self._call(d, d.msg.ack()))
+            self._record("ack", reason, 1, ok=await self._call(d, d.msg.ack()))
 
-    async def nak(self, d: Delivery, delay_ms: int) -> None:
-        """NAK for redelivery after `delay_ms`."""
+    async def nak(self, d: Delivery, delay_ms: int, reason: str = "retry") -> None:
+        """NAK for redelivery after `delay_ms` (metric reason `retry`, or the §4.1 row's own:
+        `pool_not_assigned`, `model_unsupported`)."""
         if self._finish(d):
             self.counts.naked += 1
-            self._record("nak", "retry", 1, ok=await self._call(d, d.msg.nak(delay=max(0, delay_ms) / 1000.0)))
+            self._record("nak", reason, 1, ok=await self._call(d, d.msg.nak(delay=max(0, delay_ms) / 1000.0)))
 
     def leave(self, d: Delivery) -> None:
         """Publishing failed: leave the message un-ACKed so it is redelivered after ack_wait."""

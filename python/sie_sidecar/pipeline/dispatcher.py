@@ -40,12 +40,13 @@ from ..sched.costs import AUDIO_HARD_BATCH_COST_CAP, extract_cost, score_cost
 from ..sched.lane import BatchReport, LaneSettings, ModelLane
 from ..sched.quantum import QuantumController
 from ..sched.scheduler import Formed, SchedulerConfig
-from ..telemetry import QUEUE_DEPTH, ModelCatalog, QueueDepth, Registry
+from ..telemetry import QUEUE_DEPTH, WORK_ITEM_AGE, WORK_ITEM_DEADLINE_EXCEEDED, ModelCatalog, QueueDepth, Registry
 from ..telemetry.lane_metrics import LaneMetrics
 from ..wire.workitem import WorkItem
 from .admission import Admission
 from .columns import config_hashes, request_latencies_ms, run_batch_columns, unsettled
 from .config_gate import ConfigState
+from .deadlines import DeadlineLeases, DeadlineRules, deadline_split, observe_clock, work_item_ages
 from .delivery import Delivery, Settler
 from .generation import Generations, GenerationSettings
 from .intake import Intake
@@ -82,10 +83,20 @@ class BatchClient(Protocol):
         """The bundle-config hash the child reported in its last Ping (None: unknown)."""
 
     async def run_batch_with(
-        self, body: bytes, decode: Callable[[memoryview], Any], *, attest: Callable[[str | None], bool] | None = None
+        self,
+        body: bytes,
+        decode: Callable[[memoryview], Any],
+        *,
+        attest: Callable[[str | None], bool] | None = None,
+        timeout_s: float | None = None,
     ) -> Any: ...
     async def process_batch(
-        self, method: str, body: bytes, *, attest: Callable[[str | None], bool] | None = None
+        self,
+        method: str,
+        body: bytes,
+        *,
+        attest: Callable[[str | None], bool] | None = None,
+        timeout_s: float | None = None,
     ) -> Any: ...
 
 
@@ -123,6 +134,10 @@ class DispatchSettings:
     #: How long a group parked while its model loads may wait before it is handed back: the
     #: redelivery envelope, 30 s times max_deliver (§2.3).
     parked_deadline_s: float = 600.0
+    #: Work deadlines (§15.3): enforcement, skew, max budget, tombstone horizon.
+    deadlines: DeadlineRules = field(default_factory=DeadlineRules)
+    #: The ordinary IPC request timeout: a RunBatch waits this long, or until its latest deadline.
+    ipc_request_timeout_s: float = 60.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -263,6 +278,9 @@ class Dispatcher:
             payloads=payloads,
         )
         self._tokenizers = TokenizerRegistry()
+        #: §15.3 deadline leases: held batches with a usable deadline, progress-ACKed every ~10 s.
+        self.leases = DeadlineLeases(settings.deadlines, self._keepalive)
+        self._leases_task: asyncio.Task[None] | None = None
         self._on_idle: Callable[[], None] | None = None
         #: The NAK delay for work handed back at shutdown (the app makes it outlast its pull requests).
         self.shutdown_nak_ms: Callable[[], int] = lambda: SHUTDOWN_NAK_MS
@@ -314,10 +332,19 @@ class Dispatcher:
         """Settle every message of one pulled batch exactly once; `release` returns pull capacity."""
         found = self._intake.intake(messages, release)
         groups, plain = found.groups, found.plain
-        for d in found.naks:
-            await self._settler.nak(d, self._s.nak_delay_ms)
+        naks = found.naks
+        if naks and self._s.deadlines.enforce:  # §4.1 row 10 comes before row 11 (pool admission)
+            naks, _ = await self._drop_expired(naks)
+        for d in naks:  # those with an item were decoded and refused by pool admission (row 11)
+            await self._settler.nak(d, self._s.nak_delay_ms, "retry" if d.item is None else "pool_not_assigned")
         for d in found.drops:
             await self._settler.drop(d)
+        for model in list(groups):
+            live, _ = await self._drop_expired(groups[model], at_intake=True)
+            if live:
+                groups[model] = live
+            else:
+                del groups[model]
         if groups:
             if len(groups) == 1:  # the usual pull: one model, no task per group
                 model, ds = next(iter(groups.items()))
@@ -325,7 +352,58 @@ class Dispatcher:
             else:
                 await asyncio.gather(*(self._run_group(model, ds, plain.get(model)) for model, ds in groups.items()))
 
+    async def _drop_expired(
+        self, ds: list[Delivery], *, at_intake: bool = False, before_ipc: bool = False
+    ) -> tuple[list[Delivery], float | None]:
+        """§15.3 at one stage, for a whole batch in one native call: with enforcement on, items past
+        their deadline are ACK-dropped (`deadline_exceeded`, action `dropped`). Off, they run, and
+        at `before_ipc` they are counted (action `executed`). At intake the clock is observed (row 8)
+        and the batch's deadline leases begin (row 13). Returns the live items and the latest
+        usable deadline among them (the RunBatch wait's input)."""
+        rules = self._s.deadlines
+        if not (at_intake or before_ipc or rules.enforce):
+            return ds, None
+        split = deadline_split(ds, time.time(), rules.skew_s, rules.max_budget_s)
+        live, expired, usable, ignored, ahead, latest = split
+        if at_intake:
+            if expired or ignored or ahead:
+                observe_clock(split, rules)
+            if usable or (expired and not rules.enforce):
+                self._hold_leases(ds if not rules.enforce else live)
+        if not expired:
+            return ds, latest
+        if rules.enforce:
+            self._count_expired(expired, "dropped")
+            for d in expired:
+                await self._settler.drop(d, "deadline_exceeded")
+            return live, latest
+        if before_ipc:
+            self._count_expired(expired, "executed")
+            _warn.warning(
+                "work past its deadline executed (SIE_WORK_DEADLINE_ENFORCE is off)",
+                key="deadline:executed",
+                extra={"items": len(expired)},
+            )
+        return ds, latest
+
+    def _count_expired(self, expired: list[Delivery], action: str) -> None:
+        """`sie.worker.work_item.deadline_exceeded` by operation (one add per operation present)."""
+        by_op = Counter(d.item.operation if d.item is not None else "other" for d in expired)
+        for op, n in by_op.items():
+            self.telemetry.add(WORK_ITEM_DEADLINE_EXCEEDED, n, (("operation", op), ("action", action)))
+
+    def _hold_leases(self, ds: list[Delivery]) -> None:
+        self.leases.hold(ds)
+        if self._leases_task is None or self._leases_task.done():
+            self._leases_task = self.leases.start()
+
     async def _drop_cancelled(self, ds: list[Delivery]) -> list[Delivery]:
+        """Cancelled items ACK-dropped at a §4.2 stage, and (enforcing) those past their deadline."""
+        if self._s.deadlines.enforce:
+            ds, _ = await self._drop_expired(ds)
+        return await self._drop_tombstoned(ds)
+
+    async def _drop_tombstoned(self, ds: list[Delivery]) -> list[Delivery]:
         if not self._intake.any_tombstones():
             return ds
         live = []
@@ -757,6 +835,8 @@ class Dispatcher:
     async def close_schedulers(self, deadline_s: float) -> None:
         """Shutdown: flush every model's queued work (bounded), then NAK what is left; it returns as
         soon as nothing of this process can pull it any more (`shutdown_nak_ms`)."""
+        await DeadlineLeases.stop(self._leases_task)
+        self._leases_task = None
         results = await asyncio.gather(*(m.lane.close(deadline_s) for m in self._models.values() if m.lane is not None))
         for left in results:
             await self._out.nak_all(left, self.shutdown_nak_ms())
@@ -765,7 +845,8 @@ class Dispatcher:
         """Cancellation, the config barrier, one batch RPC and the settlement of every item; returns
         what the lane learns from it, or None when the batch never reached the backend or failed there."""
         base = self._s.nak_delay_ms
-        ds = await self._drop_cancelled(ds)  # before_ipc
+        ds, latest = await self._drop_expired(ds, before_ipc=True)
+        ds = await self._drop_tombstoned(ds)  # before_ipc
         if not ds:
             return None
         # The execution barrier (§5.5): from the hash check until the backend call returns, no config
@@ -777,7 +858,16 @@ class Dispatcher:
                 refused: BaseException | None = None
                 outcome = None
             else:
-                outcome, refused, span = await self._call_backend(model, op, lora, ds, total_cost, pinned=pinned)
+                if self.catalog is not None:  # §5.6: the work-item age, at the execution commit
+                    ages = work_item_ages(ds, time.time())
+                    if ages:
+                        self.telemetry.histogram(WORK_ITEM_AGE, (("operation", op),)).record_many(ages)
+                wait = None
+                if latest is not None:
+                    wait = self._s.deadlines.run_batch_timeout_s(self._s.ipc_request_timeout_s, latest, time.time())
+                outcome, refused, span = await self._call_backend(
+                    model, op, lora, ds, total_cost, pinned=pinned, timeout_s=wait
+                )
         if outcome is None:
             if isinstance(refused, IpcServerError):
                 # `draining` too gets the base delay, as v0.7.1 does in practice (§4.2, last row): a
@@ -811,7 +901,15 @@ class Dispatcher:
         )
 
     async def _call_backend(
-        self, model: str, op: str, lora: str, ds: list[Delivery], total_cost: int, *, pinned: bool = False
+        self,
+        model: str,
+        op: str,
+        lora: str,
+        ds: list[Delivery],
+        total_cost: int,
+        *,
+        pinned: bool = False,
+        timeout_s: float | None = None,
     ) -> tuple[Any, BaseException | None, BatchSpan | None]:
         """One batch RPC (RunBatch, or the per-op method for a backend without it): the outcome, or
         None and what refused it (None: the config gate); and, for a sampled batch that got an
@@ -850,7 +948,9 @@ class Dispatcher:
                     )
                     if span is not None:
                         span.event("ipc.request")
-                    outcome = await backend.run_batch_with(body, self._out.response_decoder(ds), attest=attest)
+                    outcome = await backend.run_batch_with(
+                        body, self._out.response_decoder(ds), attest=attest, timeout_s=timeout_s
+                    )
                 except IpcServerError as exc:
                     if exc.message != NO_RUN_BATCH:
                         raise  # nothing ran on NO_RUN_BATCH: this batch goes per-op too, at once
@@ -862,6 +962,7 @@ class Dispatcher:
                     PER_OP_METHOD[op],
                     per_op_body(model, op, decoded, fetch_ms, prepared, prepared_audio=audio),
                     attest=attest,
+                    timeout_s=timeout_s,
                 )
         except ConfigNotAttested:
             # The config gate: NAKed with the base delay, the reconciler resyncs.

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -40,7 +41,7 @@ from ..ipc.types import FAILED, LOADING_IN_PROGRESS, LOADING_STARTED, READY, Gen
 from ..logs import Throttled
 from ..payloads import PayloadStore
 from ..prep.generate_media import normalise_generate_images
-from ..telemetry import GENERATION_LOADING_RESPONSES, Registry
+from ..telemetry import GENERATION_LOADING_RESPONSES, WORK_ITEM_AGE, Registry
 from ..wire.generation import encode_sidecar_work_item, stamp_executed_hash, terminal_chunk
 from .config_gate import ConfigState
 from .delivery import Delivery, Settler
@@ -191,6 +192,13 @@ class Generations:
             attrs = (*self._config.catalog.model_attrs(model), ("state", state), ("outcome", outcome))
             self.telemetry.add(GENERATION_LOADING_RESPONSES, 1, attrs)
 
+    def _record_age(self, timestamp: float) -> None:
+        """§5.6: `sie.worker.work_item.age` at the generation's execution commit (metrics on,
+        timestamp > 0)."""
+        if self.telemetry is not None and timestamp > 0:
+            age = max(0.0, time.time() - timestamp)
+            self.telemetry.histogram(WORK_ITEM_AGE, (("operation", "generate"),)).record(age)
+
     async def _internal_error(self, d: Delivery, message: str) -> None:
         item = d.item
         assert item is not None
@@ -289,6 +297,7 @@ class Generations:
                 message = "the backend does not attest the advertised bundle config"
                 await self._refuse(d, BUNDLE_CONFIG_MISMATCH, message, nak_ms=base)
                 return
+            self._record_age(item.timestamp)
             self.streams += 1
             events = client.generate(model, body, frame_timeout_s=self._s.frame_timeout_s)
             try:

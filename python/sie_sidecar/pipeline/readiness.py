@@ -58,6 +58,16 @@ class Readiness:
     def ready(self) -> bool:
         return self.reason() is None
 
+    def lease_pause_reason(self, now: float | None = None) -> str | None:
+        """Why deadline leases must not be renewed now (§15.3): draining, or an established
+        heartbeat gone stale. Before the first heartbeat they go on."""
+        if self.draining:
+            return "draining"
+        if self.last_ping_ok is None:
+            return None
+        reason = self.reason(now)
+        return reason if reason is not None and reason.startswith("heartbeat stale") else None
+
     def pull_reason(self, now: float | None = None) -> str | None:
         """Why the sidecar must not pull now, None when it may (issue 9, law 2): `/readyz`'s reason,
         or a backend that answers its heartbeat with "not ready" (draining, say). The probe keeps the

@@ -82,6 +82,9 @@ class WorkItem:
     accepts_result_chunks: bool = False
     traceparent: str | None = None
     tracestate: str | None = None
+    #: Absolute Unix seconds after which nobody waits (newer than v0.7.1; None: absent). Lenient: a
+    #: value that is not a number decodes as absent (wire-protocol §7.2, sidecar-behaviour §15.3).
+    deadline: float | None = None
     raw: bytes | None = field(default=None, init=False, repr=False, compare=False)
     spans: bytes | None = field(default=None, init=False, repr=False, compare=False)
 
@@ -132,6 +135,13 @@ def _float(value: float | None) -> float:
     return 0.0 if value is None else float(value)
 
 
+def _lenient_float(value: Any) -> float | None:
+    """`deadline`: an int or float as a float; anything else (nil, a str, a bool...) is absent."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value)
+
+
 def _kinds() -> dict[str, _Kind]:
     kinds = {key: _Kind(frozenset({"str"}), f"{key} must be a str") for key in _STR_FIELDS}
     for key in ("item_index", "total_items"):
@@ -148,6 +158,7 @@ def _kinds() -> dict[str, _Kind]:
     kinds["options"] = _Kind(frozenset({"map", "nil"}), "options must be a map or nil")
     for key in ("item", "query_item", "output_schema"):
         kinds[key] = _Kind(None, "")
+    kinds["deadline"] = _Kind(None, "", _lenient_float)
     return kinds
 
 

@@ -1,0 +1,314 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Work deadlines (sidecar-behaviour §15.3, newer than v0.7.1): which items nobody waits for any more,
+the leases that keep held items with a deadline from being redelivered, and the work-item ages.
+
+Python touches a batch here, not an item (law 1): `deadline_split`, `deadline_lease_holders` and
+`work_item_ages` are one native call per batch; the `_py` functions are their twins (the path with
+`SIE_SIDECAR_NO_EXTENSIONS=1`, and the oracle of the parity tests).
+
+The rules, in one place:
+
+- A deadline is *usable* only if finite, > 0, the item's timestamp > 0, and
+  0 <= deadline - timestamp <= the max budget. Anything else present is *ignored* (a warning), and a
+  deadline that is not a number decoded as absent. `generate` items are never judged.
+- An item is *expired* when deadline + skew tolerance is before the local wall clock.
+- Expired items are ACK-dropped (reason `deadline_exceeded`) at intake and at every later stage
+  only when `SIE_WORK_DEADLINE_ENFORCE` is on. Off, they run; at `before_ipc` each is counted
+  (`sie.worker.work_item.deadline_exceeded`, action `executed`) with a rate-limited warning.
+- A held item with a usable deadline holds a *lease*: a 5 s ticker progress-ACKs it when it was not
+  progressed for 5 s, so it is progressed about every 10 s at most. The lease ends when the item is
+  settled or at its horizon: deadline + skew when enforcing, deadline + skew + max budget when not,
+  and never later than the tombstone horizon after it began.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, Final
+
+from ..logs import Throttled
+from .columns import unsettled
+
+log = logging.getLogger(__name__)
+_warn = Throttled(log)
+
+#: The lease ticker's period, and how long a lease goes without a progress ACK (§15.3).
+LEASE_TICK_S: Final = 5.0
+
+#: `(live, expired, usable, ignored, ahead, latest)`, see `deadline_split_py`.
+Split = tuple[list[Any], list[Any], int, int, int, float | None]
+
+
+@dataclass(frozen=True, slots=True)
+class DeadlineRules:
+    """The §15.3 settings: `enforce` (SIE_WORK_DEADLINE_ENFORCE), the clock skew tolerated, the
+    longest deadline budget taken as real, and the tombstone horizon no lease outlives."""
+
+    enforce: bool = False
+    skew_s: float = 5.0
+    max_budget_s: float = 180.0
+    horizon_s: float = 1800.0
+
+    def run_batch_timeout_s(self, ipc_timeout_s: float, latest_deadline: float | None, now: float) -> float:
+        """wire-protocol RunBatch timeout (newer than v0.7.1): max(the IPC request timeout, the time
+        until the latest live deadline in the batch, capped at the max budget)."""
+        if latest_deadline is None:
+            return ipc_timeout_s
+        return max(ipc_timeout_s, min(latest_deadline + self.skew_s - now, self.max_budget_s))
+
+
+def _fields(d: Any) -> tuple[bool, float, float] | None:
+    item = d.item
+    if item is None:
+        return None
+    deadline = item.deadline
+    return item.operation == "generate", float(item.timestamp), math.nan if deadline is None else float(deadline)
+
+
+def _usable(timestamp: float, deadline: float, max_budget_s: float) -> bool:
+    return (
+        math.isfinite(deadline) and deadline > 0.0 and timestamp > 0.0 and 0.0 <= deadline - timestamp <= max_budget_s
+    )
+
+
+def deadline_split_py(deliveries: list[Any], now: float, skew_s: float, max_budget_s: float) -> Split:
+    """`(live, expired, usable, ignored, ahead, latest)` at wall-clock `now`: `expired` are the non-generate
+    deliveries whose usable deadline + `skew_s` is before `now`, `live` the others in order
+    (`deliveries` itself when none expired); `usable` counts the live ones with a usable deadline,
+    `ignored` those whose deadline is present but not usable, `ahead` those with a usable deadline
+    whose timestamp is more than `skew_s` ahead of `now`; `latest` is the latest usable deadline of
+    the live ones (None without one)."""
+    live: list[Any] = []
+    latest: float | None = None
+    expired: list[Any] = []
+    usable = ignored = ahead = 0
+    for d in deliveries:
+        found = _fields(d)
+        if found is None or found[0] or math.isnan(found[2]):
+            live.append(d)
+            continue
+        _, timestamp, deadline = found
+        if not _usable(timestamp, deadline, max_budget_s):
+            ignored += 1
+            live.append(d)
+            continue
+        if timestamp > now + skew_s:
+            ahead += 1
+        if deadline + skew_s < now:
+            expired.append(d)
+        else:
+            usable += 1
+            latest = deadline if latest is None else max(latest, deadline)
+            live.append(d)
+    return (live if expired else deliveries), expired, usable, ignored, ahead, latest
+
+
+def deadline_lease_holders_py(  # noqa: PLR0917  # the native function's signature
+    deliveries: list[Any], now: float, skew_s: float, max_budget_s: float, enforce: bool, cap: float
+) -> list[Any]:
+    """The unsettled non-generate deliveries whose lease still runs at `now`: until deadline +
+    `skew_s` (enforcing) or deadline + `skew_s` + `max_budget_s` (not), never past `cap`."""
+    out = []
+    for d in deliveries:
+        if d.settled:
+            continue
+        found = _fields(d)
+        if found is None or found[0] or not _usable(found[1], found[2], max_budget_s):
+            continue
+        end = found[2] + skew_s + (0.0 if enforce else max_budget_s)
+        if now < min(end, cap):
+            out.append(d)
+    return out
+
+
+def work_item_ages_py(deliveries: list[Any], now: float) -> list[float]:
+    """Seconds from each item's timestamp to `now` (never negative), skipping timestamps <= 0 (§5.6)."""
+    ages = []
+    for d in deliveries:
+        found = _fields(d)
+        if found is not None and found[1] > 0.0:
+            ages.append(max(0.0, now - found[1]))
+    return ages
+
+
+def _select() -> tuple[
+    Callable[[list[Any], float, float, float], Split],
+    Callable[[list[Any], float, float, float, bool, float], list[Any]],
+    Callable[[list[Any], float], list[float]],
+]:
+    from ..wire._switch import USING_NATIVE
+
+    if not USING_NATIVE:
+        return deadline_split_py, deadline_lease_holders_py, work_item_ages_py
+    from .._native import deadline_lease_holders, deadline_split, work_item_ages
+
+    return deadline_split, deadline_lease_holders, work_item_ages
+
+
+deadline_split, deadline_lease_holders, work_item_ages = _select()
+
+
+def first_delivery(d: Any) -> bool:
+    """Whether a delivery is its message's first (JetStream metadata); unknown counts as first."""
+    try:
+        return int(d.msg.metadata.num_delivered) <= 1
+    except Exception:  # no JetStream metadata (local ingest, a test message)
+        return True
+
+
+def observe_clock(split: Split, rules: DeadlineRules) -> None:
+    """§4.1 row 8: rate-limited warnings only (deadlines ignored for their budget, timestamps ahead
+    of the local clock, work already expired at its first delivery)."""
+    _, expired, _, ignored, ahead, _ = split
+    if ignored:
+        _warn.warning(
+            "work deadline ignored: not within the max budget of its timestamp",
+            key="deadline:ignored",
+            extra={"items": ignored, "max_budget_s": rules.max_budget_s},
+        )
+    if ahead:
+        _warn.warning(
+            "work item timestamp is ahead of the local clock by more than the skew tolerance",
+            key="deadline:ahead",
+            extra={"items": ahead, "skew_s": rules.skew_s},
+        )
+    if expired:
+        first = sum(1 for d in expired if first_delivery(d))
+        if first:
+            _warn.warning(
+                "work item already past its deadline at its first delivery",
+                key="deadline:first",
+                extra={"items": first, "enforce": rules.enforce},
+            )
+
+
+@dataclass(slots=True)
+class _Lease:
+    deliveries: list[Any]
+    #: Wall clock when the lease began (its horizon is this plus the tombstone horizon).
+    began: float
+    #: Monotonic time of its last progress ACK (or of its start).
+    progressed: float
+
+
+class DeadlineLeases:
+    """§15.3 leases: the batches held with a usable deadline, progress-ACKed by a 5 s ticker.
+
+    One entry per intake batch (not per item). Settled entries are dropped from the front each time
+    one is added and on every tick, so what is kept is what is held (plus whatever was settled
+    behind a batch still held, until the next tick)."""
+
+    def __init__(
+        self,
+        rules: DeadlineRules,
+        progress: Callable[[list[Any]], Awaitable[None]],
+        *,
+        paused: Callable[[], str | None] = lambda: None,
+        wall: Callable[[], float] = time.time,
+        clock: Callable[[], float] = time.monotonic,
+        tick_s: float = LEASE_TICK_S,
+    ) -> None:
+        """`progress` progress-ACKs a list of deliveries; `paused` names why leases must not be
+        renewed now (draining, a stale backend heartbeat), else None. `tick_s`: the ticker's period
+        and the longest a lease goes without progress (5 s; tests shorten it)."""
+        self.rules = rules
+        self.tick_s = tick_s
+        self._progress = progress
+        #: Names why leases must not be renewed now (the app sets `Readiness.lease_pause_reason`).
+        self.paused = paused
+        self._wall = wall
+        self._clock = clock
+        self._held: deque[_Lease] = deque()
+        self._pause_logged: str | None = None
+        #: Progress ACKs sent for leases, and ticks skipped while paused.
+        self.progressed = 0
+        self.paused_ticks = 0
+
+    def __len__(self) -> int:
+        return len(self._held)
+
+    def hold(self, deliveries: list[Any]) -> None:
+        """Start a lease for a batch's deliveries (some of which have a usable deadline)."""
+        held = self._held
+        while held and not unsettled(held[0].deliveries):
+            held.popleft()
+        held.append(_Lease(deliveries, self._wall(), self._clock()))
+
+    async def tick(self) -> int:
+        """Progress-ACK every held delivery whose lease runs and that was not progressed for
+        `tick_s`; drop settled entries and those whose leases all ended. Returns how many."""
+        reason = self.paused()
+        if reason is not None:
+            self.paused_ticks += 1
+            if reason != self._pause_logged:
+                log.warning("deadline leases paused", extra={"reason": reason, "held": len(self._held)})
+                self._pause_logged = reason
+            return 0
+        if self._pause_logged is not None:
+            log.info("deadline leases resumed")
+            self._pause_logged = None
+        now, mono = self._wall(), self._clock()
+        rules = self.rules
+        kept: deque[_Lease] = deque()
+        due: list[Any] = []
+        for lease in self._held:
+            if mono - lease.progressed < self.tick_s:
+                live = unsettled(lease.deliveries)
+                if live:
+                    lease.deliveries = live
+                    kept.append(lease)
+                continue
+            holders = deadline_lease_holders(
+                lease.deliveries, now, rules.skew_s, rules.max_budget_s, rules.enforce, lease.began + rules.horizon_s
+            )
+            if holders:
+                due.extend(holders)
+                lease.deliveries = holders
+                lease.progressed = mono
+                kept.append(lease)
+        self._held = kept
+        if due:
+            self.progressed += len(due)
+            await self._progress(due)
+        return len(due)
+
+    async def run(self) -> None:
+        """The ticker (a background task until cancelled)."""
+        while True:
+            await asyncio.sleep(self.tick_s)
+            try:
+                await self.tick()
+            except Exception:  # a failed sweep costs only this tick; settlement is elsewhere
+                log.exception("deadline lease sweep failed")
+
+    def start(self) -> asyncio.Task[None]:
+        return asyncio.get_running_loop().create_task(self.run(), name="deadline-leases")
+
+    @staticmethod
+    async def stop(task: asyncio.Task[None] | None) -> None:
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+
+__all__ = [
+    "LEASE_TICK_S",
+    "DeadlineLeases",
+    "DeadlineRules",
+    "deadline_lease_holders",
+    "deadline_lease_holders_py",
+    "deadline_split",
+    "deadline_split_py",
+    "first_delivery",
+    "observe_clock",
+    "work_item_ages",
+    "work_item_ages_py",
+]
