@@ -7,6 +7,7 @@ work done."""
 from __future__ import annotations
 
 import logging
+import time
 from pathlib import Path
 from typing import Any
 
@@ -187,3 +188,47 @@ async def test_every_exercised_instrument_arrives_with_its_attributes_and_exact_
         "telemetry: over 256 (model, profile) pairs at 'org/model-b'/'default'; "
         "recorded as (other, other) (this warning is logged once)"
     ]
+
+
+@pytest.mark.parametrize("enforce", [True, False])
+async def test_work_deadlines_arrive_as_otlp_metrics(nats_server: NatsServer, tmp_path: Path, enforce: bool) -> None:
+    """§13 (newer than v0.7.1): `work_item.deadline_exceeded` by operation and action, the ACK-drops
+    under reason `deadline_exceeded`, and one `work_item.age` per executed item with a timestamp."""
+    async with otlp_receiver() as receiver:
+        env = {
+            "SIE_METRICS_ENABLED": "true",
+            "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT": receiver.url,
+            "OTEL_EXPORTER_OTLP_METRICS_PROTOCOL": "http/protobuf",
+            "OTEL_METRIC_EXPORT_INTERVAL": "200",
+            "SIE_WORK_DEADLINE_ENFORCE": "true" if enforce else "false",
+        }
+        async with running_stack(nats_server, tmp_path, env=env) as stack:
+            now = time.time()
+            late = [
+                await stack.publish(work_item(text=f"late {i}", timestamp=now - 100, deadline=now - 50))
+                for i in range(3)
+            ]
+            fresh = [
+                await stack.publish(work_item(text=f"new {i}", timestamp=now - 2, deadline=now + 60)) for i in range(5)
+            ]
+            answered = fresh + ([] if enforce else late)
+            await stack.wait_for(lambda: all(len(stack.results_for(w)) == 1 for w in answered))
+            await stack.settled_pool()
+        metrics = receiver.last_metrics()
+        exceeded = {
+            (_attrs(p)["operation"], _attrs(p)["action"]): p.as_double
+            for p in metrics["sie.worker.work_item.deadline_exceeded"].sum.data_points
+        }
+        assert exceeded == {("encode", "dropped" if enforce else "executed"): 3}
+        ages = metrics["sie.worker.work_item.age"]
+        assert ages.unit == "s"
+        (point,) = ages.histogram.data_points
+        assert _attrs(point)["operation"] == "encode" and point.count == len(answered)
+        # Each age counts from the item's gateway timestamp: 2 s for the fresh ones, 100 s for the late.
+        assert point.sum >= 2.0 * len(fresh) + (0.0 if enforce else 100.0 * len(late))
+        assert point.sum < 2.0 * len(fresh) + 30.0 + (0.0 if enforce else 100.0 * len(late))
+        operations = {
+            (_attrs(p)["operation"], _attrs(p)["reason"]): p.as_double
+            for p in metrics["sie.worker.nats.operations"].sum.data_points
+        }
+        assert operations.get(("ack", "deadline_exceeded"), 0) == (3 if enforce else 0)
