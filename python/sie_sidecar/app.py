@@ -507,6 +507,8 @@ async def _start(settings: Settings, stop: asyncio.Event, resources: contextlib.
         publisher,
         settler,
         config=config,
+        # §7: a request tombstone lives as long as its request can still be delivered (1800 s default).
+        tombstones=wire.TombstoneSet(ttl_s=settings.tombstone_horizon_s),
         shutdown=stop,
         quantum=quantum,
         payloads=payloads,
@@ -723,15 +725,11 @@ async def _drain(r: _Running) -> None:
                 "in-flight batches cancelled at the drain deadline; JetStream redelivers them",
                 extra={"tasks": len(pending)},
             )
-    # Parked groups (§15.4 step 4) saw the stop and hand their items back; bounded.
-    await r.dispatcher.join_parked()
-    # Scheduler drain (§15.4 step 5): flush what is queued, bounded; the rest is NAKed to come back.
-    await r.dispatcher.close_schedulers(settings.scheduler_drain_deadline_ms / 1000.0)
-    # 6. Generation tasks joined, bounded; unfinished ones are cancelled and NAK their items.
-    await r.dispatcher.generations.join(GENERATION_JOIN_S)
     await unsubscribe_all(r.subs)
     # 2. Readiness off, heartbeat stopped; 3. health tombstones: the publisher sends one as it
-    # stops (waited for up to 2 s), then main sends the second (§10).
+    # stops (waited for up to 2 s), then main sends the second (§10); then the reconcilers and the
+    # config tasks end. Before the joins below, so the gateway stops routing worker-direct work
+    # here while the queued work drains.
     r.readiness.draining = True
     r.hb_stop.set()
     r.health_stop.set()
@@ -740,6 +738,12 @@ async def _drain(r: _Running) -> None:
             await asyncio.wait({r.health}, timeout=HEALTH_TOMBSTONE_WAIT_S)
         await publish_tombstone(r.nc, r.reporter, r.config)
     await _end_tasks(r.background)
+    # Parked groups (§15.4 step 4) saw the stop and hand their items back; bounded.
+    await r.dispatcher.join_parked()
+    # Scheduler drain (§15.4 step 5): flush what is queued, bounded; the rest is NAKed to come back.
+    await r.dispatcher.close_schedulers(settings.scheduler_drain_deadline_ms / 1000.0)
+    # 6. Generation tasks joined, bounded; unfinished ones are cancelled and NAK their items.
+    await r.dispatcher.generations.join(GENERATION_JOIN_S)
     # 7. Backend drain; 8. (the exit stack) NATS flush and close, probes off.
     with contextlib.suppress(Exception):
         await asyncio.wait_for(r.ipc.drain(BACKEND_DRAIN_MS), BACKEND_DRAIN_WAIT_S)

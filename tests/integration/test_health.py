@@ -218,3 +218,37 @@ async def test_health_heartbeat_reports_the_load_under_a_burst(nats_server: Nats
         after = beats[-1]
         assert (after["pending_cost"], after["saturated"]) == (0, False)
         assert all(b["inflight_batches"] <= depth for b in beats)
+
+
+async def test_the_health_tombstone_goes_out_before_queued_work_drains(nats_server: NatsServer, tmp_path: Path) -> None:
+    """§15.4: readiness off, the heartbeat stopped and the health tombstone come before the parked,
+    scheduler and generation joins, so the gateway stops routing here while queued work drains.
+    Three batches of two run one at a time (1 s each); the stop comes after the first answer."""
+    adapter = NullAdapter(dim=8, preloaded_models=[MODEL], batch_delay_s=1.0)
+    env = {
+        "SIE_HEALTH_PUBLISH_INTERVAL_MS": "100",
+        "SIE_RUST_PIPELINE_DEPTH": "1",
+        "SIE_BATCHER_MAX_BATCH_REQUESTS": "2",
+    }
+    events: list[str] = []
+    async with running_stack(nats_server, tmp_path, adapter=adapter, env=env) as stack:
+
+        async def on_beat(msg: Any) -> None:
+            if json.loads(msg.data)["terminated"]:
+                events.append("tombstone")
+
+        async def on_reply(msg: Any) -> None:
+            events.append("reply")
+
+        await stack.nc.subscribe(f"sie.health.{WORKER}", cb=on_beat)
+        await stack.nc.subscribe("_INBOX.gw.>", cb=on_reply)
+        ids = [await stack.publish(work_item(text=f"t{i}")) for i in range(6)]
+        await stack.wait_for(lambda: len(stack.replies) >= 1, timeout=10)
+        stack.stop.set()
+        await asyncio.wait_for(stack.task, 30)
+        await stack.nc.flush()
+        await asyncio.sleep(0.2)
+        assert all(len(stack.results_for(w)) == 1 for w in ids)  # the queued work still drained
+    assert "tombstone" in events
+    first_tombstone = events.index("tombstone")
+    assert events[first_tombstone:].count("reply") >= 2  # at least two queued batches answered after it

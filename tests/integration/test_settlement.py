@@ -146,6 +146,45 @@ async def test_tombstones_are_namespaced_by_router(nats_server: NatsServer, tmp_
         await stack.wait_for(lambda: len(stack.results_for(wid)) == 1)
 
 
+async def test_a_generation_cancel_also_tombstones_the_request(nats_server: NatsServer, tmp_path: Path) -> None:
+    """§7 (newer than v0.7.1): `cancel.{router}.{request}` records the request tombstone as well as
+    forwarding SignalGenerateCancel, so the request's non-generate items are ACK-dropped."""
+    async with running_stack(nats_server, tmp_path) as stack:
+        item = work_item()
+        await stack.cancel(f"cancel.{ROUTER}.{item['request_id']}")
+        items_before = stack.adapter.items
+        await stack.publish(item)
+        other = await stack.publish(work_item())
+        await stack.wait_for(lambda: len(stack.results_for(other)) == 1)
+        await stack.settled_pool()
+        assert stack.results_for(item["work_item_id"]) == []
+        assert stack.adapter.items == items_before + 1
+
+
+@pytest.mark.parametrize("how", ["reply", "nats-header", "plain"])
+async def test_a_cancel_with_a_reply_subject_or_a_nats_header_is_dropped(
+    nats_server: NatsServer, tmp_path: Path, how: str
+) -> None:
+    """§3 (newer than v0.7.1): a cancel carrying a reply subject or a `Nats-` header is not the
+    gateway's plain Core message; it records nothing. The plain one is the control."""
+    async with running_stack(nats_server, tmp_path) as stack:
+        item = work_item()
+        subject = f"work_cancel.{ROUTER}.{item['request_id']}"
+        if how == "reply":
+            await stack.nc.publish(subject, b"", reply="_INBOX.somebody.1")
+        elif how == "nats-header":
+            await stack.nc.publish(subject, b"", headers={"Nats-Msg-Id": "x"})
+        else:
+            await stack.nc.publish(subject, b"")
+        probe = await stack.publish(work_item(text="probe"))  # the cancel was handled before this
+        await stack.wait_for(lambda: len(stack.results_for(probe)) == 1)
+        wid = await stack.publish(item)
+        later = await stack.publish(work_item(text="later"))
+        await stack.wait_for(lambda: len(stack.results_for(later)) == 1)
+        await stack.settled_pool()
+        assert len(stack.results_for(wid)) == (0 if how == "plain" else 1)
+
+
 async def test_bundle_hash_mismatch_is_naked(nats_server: NatsServer, tmp_path: Path) -> None:
     # A stale hash NAKs its whole model group (§4.2), so it travels under another model here.
     adapter = NullAdapter(dim=8, preloaded_models=[MODEL, OTHER_MODEL])
@@ -195,7 +234,7 @@ async def test_retry_later_is_naked(nats_server: NatsServer, tmp_path: Path) -> 
 async def test_per_item_backend_errors_are_published_and_the_rest_succeeds(
     nats_server: NatsServer, tmp_path: Path
 ) -> None:
-    adapter = NullAdapter(dim=8, preloaded_models=[MODEL], error_every=2)
+    adapter = NullAdapter(dim=8, preloaded_models=[MODEL], error_every=2, error_retry_after_s=7)
     async with running_stack(nats_server, tmp_path, adapter=adapter) as stack:
         rid = "req-batch"
         items = [work_item(request_id=rid, item_index=i, total_items=4) for i in range(4)]
@@ -205,6 +244,9 @@ async def test_per_item_backend_errors_are_published_and_the_rest_succeeds(
         await stack.settled_pool()
         codes = sorted((r["success"], r["error_code"]) for r in stack.replies)
         assert (False, "inference_error") in codes and (True, None) in codes
+        # §6.1 (newer than v0.7.1): the backend's retry hint is passed through unchanged.
+        for reply in stack.replies:
+            assert reply.get("retry_after_s") == (None if reply["success"] else 7)
 
 
 async def test_offloaded_payload_without_a_store_is_a_payload_error(nats_server: NatsServer, tmp_path: Path) -> None:

@@ -36,6 +36,7 @@ class FakeOutcome:
     postprocessing_ms: float | None = None
     raw_output: dict[str, Any] | None = None
     units: dict[str, int | None] | None = None
+    retry_after_s: int | None = None
 
 
 @dataclass
@@ -186,3 +187,12 @@ def test_error_result_has_no_timings() -> None:
         "h",
     )
     assert (r.inference_ms, r.queue_ms, r.processing_ms, r.payload_fetch_ms) == (None, None, None, None)
+
+
+def test_the_backend_retry_hint_is_passed_through_unchanged() -> None:
+    """wire-protocol §4.6 row 14 / §8.1 (newer than v0.7.1): `retry_after_s` goes to the WorkResult."""
+    failed = shape(
+        FakeOutcome(disposition="publish_error_and_ack", error="busy", error_code="QUEUE_FULL", retry_after_s=9)
+    )
+    assert (failed.success, failed.retry_after_s) == (False, 9)
+    assert shape(FakeOutcome()).retry_after_s is None

@@ -224,6 +224,8 @@ struct OutcomeView<'a> {
     tokenization_ms: Option<f64>,
     postprocessing_ms: Option<f64>,
     units: Option<[Option<u64>; 5]>,
+    /// Passed through to the WorkResult unchanged (newer than v0.7.1).
+    retry_after_s: Option<u64>,
     has_raw_output: bool,
 }
 
@@ -239,6 +241,7 @@ impl<'a> OutcomeView<'a> {
             tokenization_ms: o.tokenization_ms,
             postprocessing_ms: o.postprocessing_ms,
             units: read_units(o.units.as_ref().map(|u| u.bind(py)))?,
+            retry_after_s: o.retry_after_s,
             has_raw_output: o.raw_output.is_some(),
         })
     }
@@ -283,7 +286,7 @@ impl Planned<'_> {
             worker_direct: self.worker_direct,
             executed_bundle_config_hash: current_hash
                 .filter(|h| !f.bundle_config_hash.is_empty() && f.bundle_config_hash == *h),
-            retry_after_s: None,
+            retry_after_s: o.retry_after_s,
         }
     }
 }
@@ -544,6 +547,7 @@ fn view_at<'a>(r: &mut Reader<'a>) -> Option<OutcomeView<'a>> {
         tokenization_ms: None,
         postprocessing_ms: None,
         units: None,
+        retry_after_s: None,
         has_raw_output: false,
     };
     for _ in 0..n {
@@ -558,9 +562,10 @@ fn view_at<'a>(r: &mut Reader<'a>) -> Option<OutcomeView<'a>> {
                 }
                 disposition = Some(d);
             }
-            b"nak_delay_ms" | b"retry_after_s" => {
+            b"nak_delay_ms" => {
                 r.read_opt_uint("count").ok()?;
             }
+            b"retry_after_s" => v.retry_after_s = r.read_opt_uint("retry_after_s").ok()?,
             b"result_msgpack" => {
                 v.result_msgpack = match r.next_token().ok()? {
                     Token::Nil => &[],

@@ -128,6 +128,7 @@ class NullAdapter(Adapter):
         retry_later_models: Iterable[str] = (),
         failed_models: Iterable[str] = (),
         error_every: int = 0,
+        error_retry_after_s: int | None = None,
         oversized_bytes: int = 0,
         cached_results: bool = False,
         crash_after_batches: int = 0,
@@ -153,6 +154,8 @@ class NullAdapter(Adapter):
         self.retry_later_models = frozenset(retry_later_models)
         self.failed_models = frozenset(failed_models)
         self.error_every = _positive_int("error_every", error_every)
+        #: The `retry_after_s` hint each injected error carries (newer than v0.7.1; None: none).
+        self.error_retry_after_s = error_retry_after_s
         self.oversized_bytes = _positive_int("oversized_bytes", oversized_bytes)
         #: Every encode item gets one result framed at start (a fixed vector, no item id): a backend
         #: that costs next to nothing, for benches that measure the sidecar alone (issue 30).
@@ -400,6 +403,7 @@ class NullAdapter(Adapter):
                         "publish_error_and_ack",
                         error="null adapter: injected inference error",
                         error_code=INFERENCE_ERROR,
+                        retry_after_s=self.error_retry_after_s,
                     )
                 )
                 continue

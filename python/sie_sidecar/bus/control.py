@@ -1,10 +1,13 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Control subscriptions (sidecar-behaviour §4.3, §14): `work_cancel.>` and `batch_cancel.>` record
-tombstones that the pipeline's intake and execute stages consult; `cancel.>` stops a generation."""
+"""Control subscriptions (sidecar-behaviour §4.3, §7, §14): `work_cancel.>` and `batch_cancel.>` record
+tombstones that the pipeline's intake and execute stages consult; `cancel.>` stops a generation and
+(newer than v0.7.1) records the request tombstone too. A cancel that carries a reply subject or a
+`Nats-` header is not the gateway's and is dropped (§3, newer than v0.7.1)."""
 
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Awaitable, Callable
 from typing import Protocol
 
@@ -13,7 +16,25 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
 from .. import wire
+from ..logs import Throttled
 from .sync import sync_with_server
+
+log = logging.getLogger(__name__)
+_warn = Throttled(log)
+
+
+def foreign_cancel(msg: Msg) -> bool:
+    """A cancel with a reply subject or any `Nats-` header (case-insensitive) was not published by a
+    gateway as a plain Core message (a request, a JetStream copy): dropped, logged (rate-limited)."""
+    headers = msg.headers or {}
+    if msg.reply or any(isinstance(name, str) and name.lower().startswith("nats-") for name in headers):
+        _warn.warning(
+            "cancel message with a reply subject or a Nats- header dropped",
+            key=f"foreign-cancel:{msg.subject.split('.', 1)[0]}",
+            extra={"subject": msg.subject, "reply": bool(msg.reply)},
+        )
+        return True
+    return False
 
 
 class TombstoneSink(Protocol):
@@ -31,17 +52,18 @@ def cancel_handlers(
 ) -> tuple[Callable[[Msg], Awaitable[None]], Callable[[Msg], Awaitable[None]], Callable[[Msg], Awaitable[None]]]:
     async def on_work_cancel(msg: Msg) -> None:
         parsed = wire.parse_work_cancel(msg.subject)
-        if parsed is not None:
+        if parsed is not None and not foreign_cancel(msg):
             dispatcher.tombstones.record(*parsed)
 
     async def on_batch_cancel(msg: Msg) -> None:
         request_id = wire.parse_batch_cancel(msg.subject, worker_id)
-        if request_id is not None:
+        if request_id is not None and not foreign_cancel(msg):
             dispatcher.batch_tombstones.record(request_id)
 
     async def on_generate_cancel(msg: Msg) -> None:
         parsed = wire.parse_generate_cancel(msg.subject)
-        if parsed is not None:
+        if parsed is not None and not foreign_cancel(msg):
+            dispatcher.tombstones.record(*parsed)  # newer than v0.7.1: a request tombstone too (§7)
             await dispatcher.cancel_generation(parsed[1])  # SignalGenerateCancel to every child (§14)
 
     return on_work_cancel, on_batch_cancel, on_generate_cancel
@@ -66,4 +88,11 @@ async def unsubscribe_all(subs: list[Subscription]) -> None:
             await subs.pop().unsubscribe()
 
 
-__all__ = ["Subscription", "TombstoneSink", "cancel_handlers", "subscribe_cancels", "unsubscribe_all"]
+__all__ = [
+    "Subscription",
+    "TombstoneSink",
+    "cancel_handlers",
+    "foreign_cancel",
+    "subscribe_cancels",
+    "unsubscribe_all",
+]

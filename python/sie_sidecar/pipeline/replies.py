@@ -199,6 +199,7 @@ def outcome_result(
         units=outcome.units,
         worker_direct=worker_direct,
         executed_bundle_config_hash=executed_hash(item, current_hash),
+        retry_after_s=outcome.retry_after_s,  # newer than v0.7.1: passed through unchanged (§6.1)
     )
 
 
