@@ -59,7 +59,7 @@ async def test_a_local_publish_work_is_traced(tmp_path: Path) -> None:
         assert sum(_attrs(s)["sie.batch.size"] for s in spans) == 12
         for span in spans:
             attrs = _attrs(span)
-            assert span.name == "sie.worker.batch encode" and span.parent_span_id == b""
+            assert span.name == "sidecar.dispatch" and span.parent_span_id == b""
             assert attrs["model"] == MODEL and attrs["lane"] == LANE and attrs["operation"] == "encode"
             assert span.status.code == 0
 

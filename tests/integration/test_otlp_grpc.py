@@ -216,7 +216,7 @@ async def test_one_span_per_batch_arrives_over_grpc(nats_server: NatsServer, tmp
         assert sum(_span_attrs(s)["sie.batch.size"] for s in spans) == 40
         for span in spans:
             attrs = _span_attrs(span)
-            assert span.name == "sie.worker.batch encode" and span.parent_span_id == b""
+            assert span.name == "sidecar.dispatch" and span.parent_span_id == b""
             assert attrs["model"] == MODEL and attrs["lane"] == "default|cpu|default"
             assert [e.name for e in span.events] == ["ipc.request", "ipc.response", "published"]
 

@@ -113,15 +113,23 @@ async def test_one_span_per_batch_linked_to_its_items_and_passed_to_the_backend(
             ((tp, state),) = contexts
             assert state is None and tp in by_context  # ... which is a span the receiver got
             span = by_context.pop(tp)
-            assert span.name == "sie.worker.batch encode" and span.parent_span_id == b""
+            assert span.name == "sidecar.dispatch"
             attrs = _attrs(span)
             assert attrs["sie.batch.size"] == len(batch) and attrs["operation"] == "encode"
             assert attrs["model"] == MODEL and attrs["lane"] == "default|cpu|default"
             assert span.status.code == 0  # unset: the batch ran
             assert [e.name for e in span.events] == ["ipc.request", "ipc.response", "published"]
             links = [f"00-{lk.trace_id.hex()}-{lk.span_id.hex()}-{lk.flags & 0xFF:02x}" for lk in span.links]
-            expected = [sent[w] for w, _, _ in batch if parse_traceparent(sent[w]) is not None]
-            assert sorted(links) == sorted(expected)  # valid incoming contexts only
+            valid = list(dict.fromkeys(sent[w] for w, _, _ in batch if parse_traceparent(sent[w]) is not None))
+            if valid:  # §5.4: parented on the first valid inbound context, the others are links
+                parent = parse_traceparent(valid[0])
+                assert parent is not None
+                assert (span.trace_id.hex(), span.parent_span_id.hex()) == (parent.trace_id, parent.span_id)
+                assert span.flags & 0x300 == 0x300  # the parent is remote
+                linked.append(valid[0])
+            else:
+                assert span.parent_span_id == b""
+            assert sorted(links) == sorted(valid[1:])  # valid incoming contexts only
             linked += links
         assert not by_context
         assert sorted(linked) == sorted(tp for tp in sent.values() if parse_traceparent(tp) is not None)

@@ -17,10 +17,12 @@ from nats.errors import Error as NatsError
 from nats.js import JetStreamContext
 from nats.js import api as js_api
 
+from sie_sidecar.bus.attempts import observe_pulls
 from sie_sidecar.bus.direct import DirectQueue, direct_delivery_supported
 from sie_sidecar.bus.outbound import FramedWriter
 from sie_sidecar.bus.pull import PullConsumer
 from sie_sidecar.bus.topology import TopologySpec, ensure_topology, reconcile_forever
+from sie_sidecar.telemetry import NATS_OPERATIONS, Registry
 
 from .conftest import NatsServer
 
@@ -347,6 +349,11 @@ async def test_deleted_consumer_409_then_recovery(nc: Client) -> None:
         await _eventually(lambda: _waiting(js))
         await js.delete_consumer(SPEC.pool_stream, SPEC.pool_durable)
         await _eventually(lambda: _async_true(consumer.stats.conflicts >= 1), 5)
+        registry = Registry()
+        observe_pulls(registry, [consumer])
+        registry.snapshot()  # the observers run at export
+        ended = (("operation", "stream"), ("outcome", "error"), ("reason", "stream_ended"))
+        assert registry.value(NATS_OPERATIONS, ended) >= 1  # §13: the ended pull stream is counted
         await ensure_topology(js, SPEC)  # what the reconciler does
         await _publish(nc, 20)
         got: dict[int, Msg] = {}

@@ -117,13 +117,14 @@ def test_formatted_contexts_parse_back(trace: int, span: int, flags: int) -> Non
         ("traceidratio", 1.0, True, True),
     ],
 )
-def test_a_batch_span_is_a_root_for_every_sampler(name: str, ratio: float, low_id: bool, high_id: bool) -> None:
-    """Batches have no single parent: the parent-based samplers decide with their root sampler; the
-    ratio compares the trace id's low 64 bits (the high 64 are ignored, as in the OTEL SDKs)."""
+def test_a_root_batch_span_for_every_sampler(name: str, ratio: float, low_id: bool, high_id: bool) -> None:
+    """A batch without a valid inbound context is a root: the parent-based samplers decide with their
+    root sampler; the ratio compares the trace id's low 64 bits (the high 64 are ignored, as in the
+    OTEL SDKs). Only a sampler that follows no parent can be `never`."""
     sampler = Sampler(name, ratio)
     assert sampler.sampled((0xFFFF << 64) | 1) is low_id
     assert sampler.sampled((1 << 64) - 1) is high_id
-    assert sampler.never is (not low_id and not high_id)
+    assert sampler.never is (not low_id and not high_id and not name.startswith("parentbased_"))
 
 
 def test_a_ratio_samples_about_its_share() -> None:
@@ -306,7 +307,7 @@ def test_a_sampled_batch_links_to_its_items_valid_contexts_once_each() -> None:
         "sie.batch.size": 4,
         "sie.batch.cost": 40,
     }
-    assert record.name == "sie.worker.batch encode" and record.start_ns <= record.events[0][1] <= record.end_ns
+    assert record.name == "sidecar.dispatch" and record.start_ns <= record.events[0][1] <= record.end_ns
 
 
 def test_links_are_capped_and_the_rest_counted() -> None:
@@ -423,3 +424,48 @@ def test_undecoded_deliveries_give_their_traceparent_in_place() -> None:
     assert item_traceparents(ds) == [VALID, None]
     ds[0].item  # noqa: B018  decoded now: read from the WorkItem
     assert item_traceparents(ds) == [VALID, None]
+
+
+def test_a_batch_span_is_parented_on_the_first_valid_inbound_context() -> None:
+    """sidecar-behaviour §5.4: a `sidecar.dispatch` span whose parent is the items' first valid W3C
+    context (its trace id, its span id as the parent), the other valid contexts as links."""
+    buffer = SpanBuffer()
+    other = f"00-{'1' * 32}-{'2' * 16}-01"
+    span = Tracer(Sampler("always_on"), buffer).start_batch("m", "encode", 4, 4, [None, "garbage", VALID, other, VALID])
+    assert span is not None
+    assert (span.trace_id, span.parent_span_id) == (TRACE, SPAN) and span.span_id != SPAN
+    span.end()
+    (record,) = buffer.take()
+    assert record.parent_span_id == SPAN and record.trace_id == TRACE
+    assert record.links == ("garbage", other)  # the parent is not also a link
+    assert [(c.trace_id, c.span_id) for c in links_of(record.links)[0]] == [("1" * 32, "2" * 16)]
+
+
+@pytest.mark.parametrize(
+    ("sampler", "flags", "sampled"),
+    [
+        ("parentbased_always_on", "01", True),
+        ("parentbased_always_on", "00", False),
+        ("parentbased_traceidratio", "01", True),
+        ("always_on", "00", True),
+    ],
+)
+def test_parentbased_samplers_follow_the_parent(sampler: str, flags: str, sampled: bool) -> None:
+    parent = f"00-{TRACE}-{SPAN}-{flags}"
+    span = Tracer(Sampler(sampler, 0.0 if "ratio" in sampler else 1.0), SpanBuffer()).start_batch(
+        "m", "encode", 1, 1, [parent]
+    )
+    assert (span is not None) is sampled
+
+
+def test_a_parented_span_is_encoded_with_its_remote_parent() -> None:
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+    from sie_sidecar.otel.traces import encode_spans
+
+    request = ExportTraceServiceRequest.FromString(
+        encode_spans([_record(0, parent_span_id=SPAN), _record(1)], resource={"service.name": "s"})
+    )
+    parented, root = request.resource_spans[0].scope_spans[0].spans
+    assert parented.parent_span_id.hex() == SPAN and parented.flags == 0x301
+    assert root.parent_span_id == b"" and root.flags == 0x101

@@ -43,13 +43,19 @@ def record_receive(registry: Registry, messages: Sequence[Any]) -> None:
 
 def observe_pulls(registry: Registry, consumers: Sequence[PullConsumer]) -> None:
     """`nats.operations{operation=fetch}`: the pull requests the consumers sent (and those that
-    failed to send), exported from their own counts instead of recorded twice."""
+    failed to send); `{operation=stream, reason=stream_ended}`: pulls the server ended with a status
+    other than a plain expiry (409 and the like), after which the pull is rebuilt (§5.1 step 3).
+    Exported from the consumers' own counts instead of recorded twice."""
     sent = (("operation", "fetch"), ("outcome", "success"), ("reason", "none"))
     failed = (("operation", "fetch"), ("outcome", "error"), ("reason", "transport"))
+    ended = (("operation", "stream"), ("outcome", "error"), ("reason", "stream_ended"))
 
     def observe(registry: Registry) -> None:
         registry.counter(NATS_OPERATIONS, sent).catch_up(sum(c.stats.requests for c in consumers))
         registry.counter(NATS_OPERATIONS, failed).catch_up(sum(c.stats.request_errors for c in consumers))
+        registry.counter(NATS_OPERATIONS, ended).catch_up(
+            sum(c.stats.conflicts + c.stats.other_status for c in consumers)
+        )
 
     registry.observe(observe)
 

@@ -3,7 +3,7 @@
 twin of `metrics.encode_metrics`: one resource, one scope, the spans as `tracing` recorded them.
 
 Span flags carry the W3C trace flags (sampled) and, as OTLP 1.4 defines, the "is remote" bits of
-the span's parent (none: a batch span is a root) and of each link (remote: the gateway's context).
+the span's parent (remote when there is one: the gateway's context) and of each link (remote).
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ _IS_REMOTE: Final = 0x200  # SPAN_FLAGS_CONTEXT_IS_REMOTE_MASK
 # Field numbers (opentelemetry-proto trace.proto, trace_service.proto).
 _REQUEST_RESOURCE_SPANS, _RS_RESOURCE, _RS_SCOPE_SPANS, _SS_SCOPE, _SS_SPANS = 1, 1, 2, 1, 2
 _TRACE_ID, _SPAN_ID, _NAME, _KIND, _START, _END, _ATTRIBUTES = 1, 2, 5, 6, 7, 8, 9
+_PARENT_SPAN_ID = 4
 _EVENTS, _LINKS, _DROPPED_LINKS, _STATUS, _FLAGS = 11, 13, 14, 15, 16
 _EVENT_TIME, _EVENT_NAME = 1, 2
 _LINK_TRACE_ID, _LINK_SPAN_ID, _LINK_FLAGS = 1, 2, 6
@@ -37,7 +38,8 @@ def _bytes(field: int, hex_id: str) -> bytes:
 
 def _span(record: SpanRecord) -> bytes:
     links, dropped = links_of(record.links)
-    body = _bytes(_TRACE_ID, record.trace_id) + _bytes(_SPAN_ID, record.span_id) + string(_NAME, record.name)
+    body = _bytes(_TRACE_ID, record.trace_id) + _bytes(_SPAN_ID, record.span_id)
+    body += _bytes(_PARENT_SPAN_ID, record.parent_span_id) + string(_NAME, record.name)
     body += uint(_KIND, _KINDS.get(record.kind, _KIND_INTERNAL))
     body += fixed64(_START, record.start_ns) + fixed64(_END, record.end_ns)
     body += b"".join(key_value(_ATTRIBUTES, k, v) for k, v in record.attributes)
@@ -50,7 +52,8 @@ def _span(record: SpanRecord) -> bytes:
     body += uint(_DROPPED_LINKS, dropped)
     if record.error is not None:
         body += message(_STATUS, string(_STATUS_MESSAGE, record.error) + uint(_STATUS_CODE, _STATUS_ERROR))
-    return message(_SS_SPANS, body + fixed32(_FLAGS, 0x01 | _HAS_IS_REMOTE))  # sampled; a root: parent not remote
+    remote = _IS_REMOTE if record.parent_span_id else 0  # a root's (absent) parent is not remote
+    return message(_SS_SPANS, body + fixed32(_FLAGS, 0x01 | _HAS_IS_REMOTE | remote))
 
 
 def encode_spans(spans: Sequence[SpanRecord], *, resource: Mapping[str, str], version: str = "") -> bytes:

@@ -2,13 +2,15 @@
 """Batch spans (`SIE_TRACING_ENABLED`, issue 14): one span per batch RPC, W3C trace context, the
 OTEL samplers, and the bounded buffer the push loop (`trace_export`) drains.
 
-Python touches a batch, not a message: a batch is sampled (or not) once, before anything per item is
-done; only a sampled batch reads its items' incoming `traceparent`s, as links, and even then they are
-kept as strings (deduplicated in C) and parsed by the push loop (`links_of`), off the batch's path.
+Python touches a batch, not a message: a batch is sampled (or not) once. Its items' incoming
+`traceparent`s are read in one native call and kept as distinct strings (deduplicated in C); the
+first valid one is the span's parent and the rest its links, parsed by the push loop (`links_of`),
+off the batch's path (sidecar-behaviour §5.4: a `sidecar.dispatch` span parented on the first valid
+inbound W3C context, the other contexts links).
 
-A batch has no single parent (its items come from many traces), so it is always a root span: the
-`parentbased_*` samplers decide with their root sampler (on, off, or the trace-id ratio), and links
-never make parents.
+A batch without a valid inbound context is a root span: the `parentbased_*` samplers decide with
+their root sampler (on, off, or the trace-id ratio). With a parent they follow its sampled flag;
+the other samplers decide on the parent's trace id.
 
 No encoding and no HTTP here: those are `traces` and `trace_export`.
 """
@@ -31,6 +33,8 @@ SAMPLED: Final = 0x01
 #: Links kept per span; the rest are counted in the span's `dropped_links_count`.
 MAX_LINKS: Final = 128
 KIND_CONSUMER: Final = "consumer"
+#: sidecar-behaviour §5.4: the batch span's name.
+SPAN_NAME: Final = "sidecar.dispatch"
 #: The ratio samplers compare the trace id's low 64 bits with ratio * 2^64 (as the OTEL SDKs do).
 _ID_LIMIT: Final = (1 << 64) - 1
 _ROOT: Final = {
@@ -110,8 +114,18 @@ class Sampler:
 
     @property
     def never(self) -> bool:
-        """Whether no batch is ever sampled (then no trace id is even drawn)."""
+        """Whether no batch is ever sampled (then no trace id is even drawn, no context read). Never
+        for the `parentbased_*` samplers: a sampled parent is followed whatever the root says."""
+        if self.name.startswith("parentbased_"):
+            return False
         return self._root == "off" or (self._root == "ratio" and self._bound == 0)
+
+    def sampled_under(self, parent: SpanContext) -> bool:
+        """The decision for a span whose parent is `parent` (a remote context): `parentbased_*`
+        follow its sampled flag, the others decide on its trace id as for a root."""
+        if self.name.startswith("parentbased_"):
+            return parent.sampled
+        return self.sampled(int(parent.trace_id, 16))
 
     def sampled(self, trace_id: int) -> bool:
         """The decision for a new trace id (128-bit int)."""
@@ -139,6 +153,8 @@ class SpanRecord:
     links: tuple[str, ...]
     #: None: status unset (the batch ran); else the ERROR status' message.
     error: str | None
+    #: The remote parent's span id (lower-case hex), "" for a root span.
+    parent_span_id: str = ""
 
 
 class SpanBuffer:
@@ -191,11 +207,19 @@ class BatchSpan:
     """The span of one batch while it runs: its context goes to the backend in every RunBatchItem
     (`wire_context`), its links are the items' own contexts."""
 
-    __slots__ = ("_attrs", "_buffer", "_events", "_links", "_name", "_start", "span_id", "trace_id")
+    __slots__ = ("_attrs", "_buffer", "_events", "_links", "_name", "_start", "parent_span_id", "span_id", "trace_id")
 
-    def __init__(self, buffer: SpanBuffer, trace_id: str, name: str, attributes: list[tuple[str, str | int]]) -> None:
+    def __init__(
+        self,
+        buffer: SpanBuffer,
+        trace_id: str,
+        name: str,
+        attributes: list[tuple[str, str | int]],
+        parent_span_id: str = "",
+    ) -> None:
         self._buffer = buffer
         self.trace_id = trace_id
+        self.parent_span_id = parent_span_id
         self.span_id = _random_span_id()
         self._name = name
         self._attrs = attributes
@@ -205,8 +229,8 @@ class BatchSpan:
 
     @property
     def wire_context(self) -> tuple[str, None]:
-        """(traceparent, tracestate) for the backend: this span, sampled; no tracestate (the span is
-        a root: no vendor state came with it)."""
+        """(traceparent, tracestate) for the backend: this span, sampled; no tracestate (the
+        sidecar's own span carries no vendor state)."""
         return format_traceparent(self.trace_id, self.span_id, SAMPLED), None
 
     def link(self, traceparents: Iterable[str | None]) -> None:
@@ -234,6 +258,7 @@ class BatchSpan:
                 tuple(self._events),
                 self._links,
                 error,
+                self.parent_span_id,
             )
         )
 
@@ -247,14 +272,34 @@ class Tracer:
         self._lane = lane
         self._never = sampler.never
 
-    def start_batch(self, model: str, operation: str, size: int, cost: int) -> BatchSpan | None:
-        """The span of a batch about to be sent, or None when it is not sampled. `model` may be
-        `model:profile` (the profile attribute is its suffix, else `default`), as the metrics read it."""
+    @property
+    def never(self) -> bool:
+        """No batch is ever sampled (the items' contexts need not even be read)."""
+        return self._never
+
+    def start_batch(
+        self, model: str, operation: str, size: int, cost: int, traceparents: Iterable[str | None] = ()
+    ) -> BatchSpan | None:
+        """The `sidecar.dispatch` span of a batch about to be sent, or None when it is not sampled.
+        `traceparents`: the items' incoming contexts; the first valid one is the parent, the others
+        links. `model` may be `model:profile` (the profile attribute is its suffix, else `default`),
+        as the metrics read it."""
         if self._never:
             return None
-        trace_id = _random_trace_id()
-        if not self.sampler.sampled(trace_id):
-            return None
+        contexts = tuple(dict.fromkeys(filter(None, traceparents)))
+        parent: SpanContext | None = None
+        for value in contexts:
+            parent = parse_traceparent(value)
+            if parent is not None:
+                break
+        if parent is None:
+            trace_id = _random_trace_id()
+            if not self.sampler.sampled(trace_id):
+                return None
+        else:
+            trace_id = int(parent.trace_id, 16)
+            if not self.sampler.sampled_under(parent):
+                return None
         base, sep, profile = model.partition(":")
         attrs: list[tuple[str, str | int]] = [
             ("lane", self._lane),
@@ -264,13 +309,19 @@ class Tracer:
             ("sie.batch.size", size),
             ("sie.batch.cost", cost),
         ]
-        return BatchSpan(self.buffer, f"{trace_id:032x}", f"sie.worker.batch {operation}", attrs)
+        span = BatchSpan(
+            self.buffer, f"{trace_id:032x}", SPAN_NAME, attrs, parent.span_id if parent is not None else ""
+        )
+        parent_value = parent.traceparent if parent is not None else None
+        span._links = tuple(v for v in contexts if v != parent_value)
+        return span
 
 
 __all__ = [
     "KIND_CONSUMER",
     "MAX_LINKS",
     "SAMPLED",
+    "SPAN_NAME",
     "BatchSpan",
     "Sampler",
     "SpanBuffer",

@@ -918,13 +918,13 @@ class Dispatcher:
         last Ping attests the advertised config."""
         # The RunBatch writer reads undecoded items in place (`wire_item`); every one has an item.
         items, fetch_ms, prepared, audio = run_batch_columns(ds, op)
-        # A sampled batch's span links to the items' own contexts and is the one every RunBatchItem
-        # carries to the backend; an unsampled batch's bytes are exactly the untraced ones.
-        span = self.tracer.start_batch(model, op, len(items), total_cost) if self.tracer is not None else None
-        trace = None
-        if span is not None:
-            span.link(item_traceparents(items))
-            trace = span.wire_context
+        # A sampled batch's span is parented on its items' first valid context and links to the
+        # others (§5.4); its context is the one every RunBatchItem carries to the backend. An
+        # unsampled batch's bytes are exactly the untraced ones.
+        span = None
+        if self.tracer is not None and not self.tracer.never:
+            span = self.tracer.start_batch(model, op, len(items), total_cost, item_traceparents(items))
+        trace = span.wire_context if span is not None else None
         try:
             backend = await self._backend.client_for(model)  # the child the model is placed on
             # Pinned work runs only on a child that attests the advertised config, checked by the
