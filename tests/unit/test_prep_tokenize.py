@@ -271,24 +271,35 @@ def test_registry_hot_reloads_templates(tiny: Path) -> None:
     ]
 
 
-def test_an_id_that_cannot_be_proven_equal_costs_items_but_sends_no_tokens(
-    tiny: Path, caplog: pytest.LogCaptureFixture
-) -> None:
-    """Issue 11: a declared id that is not this file's SHA-256 (a mismatching SHA-256, or upstream's
-    32-hex form) still tokenizes, so the scheduler costs encode items by tokens, but in `cost_only`
-    mode: the dispatcher sends no PreparedTokens. The entry is kept across equal handshakes and
-    switches back when the identity is proven."""
+def test_a_mismatching_sha256_id_is_refused(tiny: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """scheduler-and-prep §6.4: a declared id we can verify (a SHA-256) that is not this file's hash
+    is refused with a warning, and no entry is left: the backend tokenizes. The proven id is taken."""
+    registry = TokenizerRegistry()
+    assert registry.register("m", ModelDescriptor(tokenizer_path=str(tiny))) is not None
+    wrong = ModelDescriptor(tokenizer_path=str(tiny), tokenizer_id="0" * 64)
+    with caplog.at_level(logging.WARNING, logger="sie_sidecar.prep.tokenize"):
+        assert registry.register("m", wrong) is None
+    assert "refused" in caplog.text and "declares id" in caplog.text
+    assert registry.get("m") is None
+    assert registry.prepare_encode_batch("m", [encode_item("hello world")]) == [None]
+    proven = registry.register("m", dataclasses.replace(wrong, tokenizer_id=sha256_of(tiny)))
+    assert proven is not None and proven.sends_tokens
+
+
+def test_an_id_that_cannot_be_verified_costs_items_but_sends_no_tokens(tiny: Path) -> None:
+    """Issue 11, our deliberate difference: upstream's 32-hex (BLAKE3) id cannot be checked with
+    hashlib, so the file still tokenizes and the scheduler costs encode items by tokens, in
+    `cost_only` mode: the dispatcher sends no PreparedTokens. The entry is kept across equal
+    handshakes and switches back when the identity is proven."""
     registry = TokenizerRegistry()
     trusted = registry.register("m", ModelDescriptor(tokenizer_path=str(tiny)))
     assert trusted is not None and trusted.sends_tokens and trusted.mode == PREPARED_TOKENS
     wrong = ModelDescriptor(tokenizer_path=str(tiny), tokenizer_id="0" * 64)
-    with caplog.at_level(logging.WARNING, logger="sie_sidecar.prep.tokenize"):
-        entry = registry.register("m", wrong)
+    upstream = dataclasses.replace(wrong, tokenizer_id=sha256_of(tiny)[:32])
+    entry = registry.register("m", upstream)
     assert entry is not None and not entry.sends_tokens and entry.mode == COST_ONLY
-    assert "declares id" in caplog.text
     [prepared] = registry.prepare_encode_batch("m", [encode_item("hello world")])
     assert prepared is not None and encode_cost(prepared) == 2  # hello world: a token cost, not 1
-    upstream = dataclasses.replace(wrong, tokenizer_id=sha256_of(tiny)[:32])
     cost_only = registry.register("m", upstream)
     assert cost_only is not None and cost_only.mode == COST_ONLY and cost_only.declared_id == upstream.tokenizer_id
     assert registry.register("m", upstream) is cost_only  # an equal handshake is a no-op

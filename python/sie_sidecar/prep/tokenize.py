@@ -309,13 +309,16 @@ class TokenizerRegistry:
         sends_tokens = declared is None or declared == loaded.tokenizer_id
         if not sends_tokens:
             if declared is not None and _is_sha256_id(declared):
+                # scheduler-and-prep §6.4: a declared id that is not the file's hash is refused; the
+                # model stays on backend tokenization (its items cost one each).
                 log.warning(
-                    "tokenizer %s: the backend declares id %s but the file hashes to %s; "
-                    "tokens cost items but are not sent",
+                    "tokenizer %s refused: the backend declares id %s but the file hashes to %s; "
+                    "the backend tokenizes",
                     path,
                     declared,
                     loaded.tokenizer_id,
                 )
+                return None
             else:
                 log.info(
                     "tokenizer %s: the backend's id %s is not a SHA-256 this sidecar can verify; "
