@@ -207,6 +207,7 @@ async def test_an_offloaded_generate_payload_is_inlined_or_answered(nats_server:
         await stack.wait_for(lambda: len(stack.results_for(bad["work_item_id"])) == 1)
         (result,) = stack.results_for(bad["work_item_id"])
         assert result["error_code"] == "internal_error" and "executed_bundle_config_hash" not in result
+        assert result["error"] == "failed to decode offloaded generate payload"  # wire §10.1's words
         await stack.settled_pool()
 
 

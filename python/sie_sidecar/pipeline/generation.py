@@ -271,7 +271,7 @@ class Generations:
         try:
             doc["generate"] = msgpack.unpackb(blob, raw=False, strict_map_key=False)
         except Exception:
-            await self._internal_error(d, "offloaded generate payload is not msgpack")
+            await self._internal_error(d, "failed to decode offloaded generate payload")  # wire §10.1
             return False
         doc["payload_ref"] = None
         return True
@@ -290,7 +290,8 @@ class Generations:
             try:
                 body = encode_sidecar_work_item(doc)
             except Exception as exc:
-                await self._internal_error(d, f"work item could not be re-encoded: {exc}")
+                log.warning("generate work item could not be re-encoded", extra={"error": repr(exc)})
+                await self._internal_error(d, "failed to encode generate work item")  # wire §10.1
                 return
             client = await self._backend.client_for(model)
             if pinned and not self._config.executes_on(client.reported_hash):
