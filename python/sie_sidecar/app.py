@@ -518,6 +518,8 @@ async def _start(settings: Settings, stop: asyncio.Event, resources: contextlib.
     )
     attach_catalog(settings, config, dispatcher)
     dispatcher.leases.paused = readiness.lease_pause_reason  # §15.3: no renewal while draining or stale
+    if isinstance(ipc, BackendChildren):
+        ipc.pressure = dispatcher.model_pressure  # placement weighs each child's pending work
     subs: list[Subscription] = []
     resources.push_async_callback(unsubscribe_all, subs)
     try:

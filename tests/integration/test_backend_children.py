@@ -205,3 +205,26 @@ def test_placement_prefers_the_holding_child_then_the_least_placed_ready_one(tmp
     children._placed["x"] = 1
     children.observe(1, IpcTimeout("slow"))
     assert children.placement() == {"x": 1}  # a slow one keeps them
+
+
+def test_placement_weighs_models_then_pending_cost_items_and_batches_in_flight(tmp_path: Path) -> None:
+    """scheduler-and-prep §5: a new model goes to the child minimising (unready while some child is
+    ready, models placed, pending cost, pending items, batches in flight, index)."""
+    children = BackendChildren([IpcClient(str(tmp_path / f"q{n}.sock")) for n in range(3)])
+    for i in range(3):
+        children.observe(i, PingResponse(ready=True))
+    pressure = {"a": (100, 4), "b": (10, 9), "c": (10, 2)}
+    children.pressure = lambda model: pressure.get(model, (0, 0))
+    children._placed.update({"a": 0, "b": 1, "c": 2})  # one model each: the tie goes to pending work
+    assert children._choose("new") == 2  # cost 10 like child 1, but fewer items
+    pressure["c"] = (10, 9)
+    children._inflight[1] = 2
+    assert children._choose("new") == 2  # all else equal: fewer batches in flight
+    children._inflight[2] = 3
+    assert children._choose("new") == 1
+    pressure["a"] = (0, 0)
+    assert children._choose("new") == 0  # the least pending cost first
+    children.observe(0, PingResponse(ready=False))
+    assert children._choose("new") == 1  # an unready child only when none is ready
+    children._placed["d"] = 1
+    assert children._choose("new") == 2  # fewer models placed comes before pending work

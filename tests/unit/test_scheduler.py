@@ -497,3 +497,21 @@ async def test_a_count_cap_derived_from_the_batch_budget_follows_it_up_and_down(
     assert pinned.max_requests == 12  # an explicit count cap is only ever lowered by the budget
     await s.close(0.5)
     await pinned.close(0.5)
+
+
+async def test_pending_cost_follows_what_is_queued() -> None:
+    """The per-model pending cost child placement weighs (scheduler-and-prep §5): up at enqueue, down
+    when a batch leaves the scheduler, and down to 0 for what close() hands back."""
+    rec = Recorder()
+    rec.gate = asyncio.Event()
+    config = SchedulerConfig(pipeline_depth=1, max_batch_requests=2, coalesce_ms=1000.0, max_batch_wait_ms=1000.0)
+    s: ModelScheduler[str] = ModelScheduler("m", rec, config)
+    cost = {"a": 5, "b": 7, "c": 11, "d": 13}
+    s.submit("encode", "", list(cost), list(cost.values()))
+    assert s.pending_cost == 36
+    await asyncio.sleep(0.05)  # the first batch (2 items) left for the held dispatch
+    in_flight = [item for formed in s._running.values() for item in formed.items]
+    assert len(in_flight) == 2 and s.pending_cost == 36 - sum(cost[i] for i in in_flight)
+    left = await s.close(0.0)
+    rec.gate.set()
+    assert sorted(left + in_flight) == sorted(cost) and s.pending_cost == 0

@@ -2,10 +2,13 @@
 """Several backend children behind one client (`SIE_IPC_SOCKET_PATHS`, sidecar-behaviour §9.5, §10).
 
 A pod may run one backend process per GPU. Each child gets its own `IpcClient`; a model is *placed*
-on the child that answered its `EnsureModelReady` and its batches go there. A model is placed on the
-child that already has it loaded (from the last Ping round), else on the ready child with the fewest
-models placed. A child that fails at the transport level loses its placements, so the next group of
-that model is placed again (on a live child) instead of NAKing until the dead one returns.
+on the child that answered its `EnsureModelReady` and its batches go there. A new placement takes the
+child minimising (unready while some child is ready, models placed, pending cost, pending items,
+batches in flight, index), as scheduler-and-prep §5 says; pending work is what the schedulers of
+the models placed on a child hold (`pressure`). One deliberate difference: a ready child that
+already lists the model as loaded (last Ping round) is taken first, so the same weights are not
+loaded a second time. A child that fails at the transport level loses its placements, so the next
+group of that model is placed again (on a live child) instead of NAKing until the dead one returns.
 
 Config writes fan out to every child in turn (§9.5). For their duration the pool is *quarantined*:
 every model call fails at once with the §9.5 server error (work is NAKed with the base delay) and
@@ -43,6 +46,10 @@ class BackendChildren:
         #: Models each child listed as loaded in its last Ping (for placement).
         self._loaded: list[frozenset[str]] = [frozenset() for _ in self.clients]
         self._ready: list[bool] = [True for _ in self.clients]
+        #: Batch calls in flight per child.
+        self._inflight: list[int] = [0 for _ in self.clients]
+        #: model -> (pending cost, pending items) of its scheduler (the dispatcher sets it).
+        self.pressure: Callable[[str], tuple[int, int]] = lambda model: (0, 0)
         self.quarantined = False
         self.fanouts = 0
 
@@ -90,12 +97,21 @@ class BackendChildren:
         placed = self._placed.get(model_id)
         if placed is not None:
             return placed
-        candidates = [i for i, ready in enumerate(self._ready) if ready] or list(range(len(self.clients)))
-        holding = [i for i in candidates if model_id in self._loaded[i]]
+        any_ready = any(self._ready)
+        holding = [i for i, ready in enumerate(self._ready) if (ready or not any_ready) and model_id in self._loaded[i]]
         if holding:
             return holding[0]
         load = Counter(self._placed.values())
-        return min(candidates, key=lambda i: (load[i], i))
+        cost = [0] * len(self.clients)
+        items = [0] * len(self.clients)
+        for model, index in self._placed.items():
+            c, n = self.pressure(model)
+            cost[index] += c
+            items[index] += n
+        return min(
+            range(len(self.clients)),
+            key=lambda i: (any_ready and not self._ready[i], load[i], cost[i], items[i], self._inflight[i], i),
+        )
 
     async def _on(self, index: int, call: Callable[[IpcClient], Any]) -> Any:
         try:
@@ -189,10 +205,15 @@ class _PlacedClient:
         attest: Attest | None = None,
         timeout_s: float | None = None,
     ) -> T:
-        self._children._check()
-        result: T = await self._children._on(
-            self._index, lambda c: c.run_batch_with(body, decode, attest=attest, timeout_s=timeout_s)
-        )
+        children = self._children
+        children._check()
+        children._inflight[self._index] += 1
+        try:
+            result: T = await children._on(
+                self._index, lambda c: c.run_batch_with(body, decode, attest=attest, timeout_s=timeout_s)
+            )
+        finally:
+            children._inflight[self._index] -= 1
         return result
 
     def generate(
@@ -207,10 +228,15 @@ class _PlacedClient:
     async def process_batch(
         self, method: str, body: bytes, *, attest: Attest | None = None, timeout_s: float | None = None
     ) -> Any:
-        self._children._check()
-        return await self._children._on(
-            self._index, lambda c: c.process_batch(method, body, attest=attest, timeout_s=timeout_s)
-        )
+        children = self._children
+        children._check()
+        children._inflight[self._index] += 1
+        try:
+            return await children._on(
+                self._index, lambda c: c.process_batch(method, body, attest=attest, timeout_s=timeout_s)
+            )
+        finally:
+            children._inflight[self._index] -= 1
 
 
 class _ChildPinger:

@@ -314,6 +314,15 @@ class Dispatcher:
         only to be pulled again at once."""
         return self._intake_limit
 
+    def model_pressure(self, model: str) -> tuple[int, int]:
+        """(pending cost, pending items) of the model's scheduler: what child placement weighs
+        (scheduler-and-prep §5; `ipc.children.BackendChildren.pressure`)."""
+        state = self._models.get(model)
+        if state is None or state.lane is None:
+            return 0, 0
+        scheduler = state.lane.scheduler
+        return scheduler.pending_cost, scheduler.pending
+
     def _note_count_cap(self) -> None:
         """Tell `on_count_cap` when the largest count cap of any model's lane changed."""
         largest = max((m.lane.scheduler.max_requests for m in self._models.values() if m.lane is not None), default=0)

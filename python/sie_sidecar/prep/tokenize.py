@@ -312,8 +312,7 @@ class TokenizerRegistry:
                 # scheduler-and-prep §6.4: a declared id that is not the file's hash is refused; the
                 # model stays on backend tokenization (its items cost one each).
                 log.warning(
-                    "tokenizer %s refused: the backend declares id %s but the file hashes to %s; "
-                    "the backend tokenizes",
+                    "tokenizer %s refused: the backend declares id %s but the file hashes to %s; the backend tokenizes",
                     path,
                     declared,
                     loaded.tokenizer_id,

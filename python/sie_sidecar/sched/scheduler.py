@@ -174,6 +174,8 @@ class ModelScheduler(Generic[T]):
         self._width = 1  # the backend's dispatch width (descriptor.max_concurrent_dispatch)
         self._max_requests = self.config.max_batch_requests  # follows the backend's batch_budget
         self._costs: dict[int, int] = {}
+        #: The cost of what is pending here (child placement weighs it, scheduler-and-prep §5).
+        self.pending_cost = 0
         self._in_flight: set[asyncio.Task[None]] = set()
         self._device = DeviceClock()
         self._sent = itertools.count()
@@ -249,7 +251,9 @@ class ModelScheduler(Generic[T]):
                     self._caps[i] = cap
         former.submit_many(ids, list(costs), now, None if hard_caps is None else list(hard_caps))
         self._queued.add(len(ids))
-        self._queued_cost.add(sum(costs))
+        added = sum(costs)
+        self.pending_cost += added
+        self._queued_cost.add(added)
         if self.metrics is not None:
             self.metrics.queued(op, len(ids))
         self._new_item.set()
@@ -470,6 +474,7 @@ class ModelScheduler(Generic[T]):
         items = list(map(self._items.pop, ids))
         enqueued_at = list(map(self._arrivals.pop, ids))
         self._queued.add(-len(items))
+        self.pending_cost = max(0, self.pending_cost - taken_cost)
         self._queued_cost.add(-taken_cost)
         if self.metrics is not None:
             former = self._formers.get(key)
@@ -702,7 +707,9 @@ class ModelScheduler(Generic[T]):
             for key, ids in groups:
                 self.metrics.left(key[0], len(ids))
         self._queued.add(-len(left))
-        self._queued_cost.add(-sum(self._costs.pop(i, 0) for i in left))
+        left_cost = sum(self._costs.pop(i, 0) for i in left)
+        self.pending_cost = max(0, self.pending_cost - left_cost)
+        self._queued_cost.add(-left_cost)
         for i in left:
             self._arrivals.pop(i, None)
         return [self._items.pop(i) for i in left]
