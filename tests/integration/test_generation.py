@@ -232,6 +232,12 @@ class _Misbehaving(TokenStreamer):
             await stream.chunk("x" * (2 * 1024 * 1024))
             await stream.ack()
             return
+        if fault == "double_ack":
+            await stream.chunk("once", done=True, finish_reason="stop")
+            await stream.ack()
+            await stream.ack()
+            await stream.in_progress()
+            return
         await super().run(work_item, stream)
 
 
@@ -330,3 +336,29 @@ async def test_a_backend_killed_mid_stream_naks_and_a_new_backend_streams_it(
         if proc.poll() is None:
             proc.kill()
         proc.wait()
+
+
+async def test_a_second_settlement_after_the_ack_is_a_stream_error(
+    nats_server: NatsServer, tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """TV-G3 over NATS: the terminal chunk, its ack, then a second ack: the item stays answered and
+    settled once, and the extra settlement is reported as a protocol error of the stream."""
+    from sie_sidecar.logs import Throttled
+    from sie_sidecar.pipeline import generation
+
+    monkeypatch.setattr(generation, "_warn", Throttled(generation.log))  # no earlier test's throttle
+    streamer = _Misbehaving("double_ack")
+    async with running_stack(
+        nats_server, tmp_path, adapter=NullAdapter(dim=8, preloaded_models=[MODEL], generator=streamer)
+    ) as stack:
+        item = generate_item(max_new_tokens=2)
+        await stack.publish(item)
+        rid = item["request_id"]
+        await stack.wait_for(lambda: finished(stack, rid), timeout=15)
+        await stack.settled_pool()
+        assert [c["seq"] for c in chunks_for(stack, rid)] == [0] and streamer.runs == 1
+        await stack.wait_for(
+            lambda: any(getattr(r, "error", "") == "backend ack after the item was settled" for r in caplog.records),
+            timeout=5,
+        )
+        assert (await stack.pool_consumer()).num_redelivered == 0

@@ -14,7 +14,7 @@ import pytest
 
 from sie_sidecar.errors import GenerationStreamError, LocalFrameError
 from sie_sidecar.local import Client, frames
-from sie_sidecar.local.streams import LocalStream
+from sie_sidecar.local.streams import LocalStream, StreamSettlementError
 
 
 def chunk(seq: int, *, done: object = False, attempt: str = "a-1", request_id: str = "req", **extra: Any) -> bytes:
@@ -62,7 +62,6 @@ async def test_contiguous_chunks_then_the_backend_ack_complete_the_stream() -> N
         ([chunk(0, done=True), chunk(1)], "TRANSPORT_FAILURE", "after the terminal"),
         ([b"\xc1"], "DECODE_ERROR", "not msgpack"),
         ([bytes.fromhex("82a46b696e64a56368756e6ba46b696e64a56368756e6b")], "DECODE_ERROR", "duplicate key"),
-        ([msgpack.packb({"kind": "nak", "request_id": "req", "reason": "kv_budget"})], "RETRY_LATER", "kv_budget"),
         (
             [chunk(0), msgpack.packb({"kind": "nak", "request_id": "req", "reason": "kv_budget"})],
             "TRANSPORT_FAILURE",
@@ -96,6 +95,79 @@ async def test_a_nak_settlement_is_retry_later_before_output_and_a_failure_after
     await after.on_chunk(chunk(0))
     await after.nak(1000)
     assert str(after.ended.result()[1]).startswith("TRANSPORT_FAILURE: ")
+
+
+# -- TV-G3: local generation publication validation, row by row ------------------------------------
+
+NAK = bytes(msgpack.packb({"kind": "nak", "request_id": "req", "attempt_id": "attempt-1", "reason": "kv_budget"}))
+
+
+async def test_tv_g3_two_chunks_then_exactly_one_ack() -> None:
+    stream, sent = await new_stream()
+    assert await stream.on_chunk(chunk(0, attempt="attempt-1"))
+    assert await stream.on_chunk(chunk(1, done=True, attempt="attempt-1"))
+    assert stream.chunks == 2 and not stream.finished  # next expected seq 2; waiting for one ack
+    await stream.ack()
+    assert stream.ended.result() == ("complete", 2)
+    for late in (stream.ack, stream.in_progress, stream.nak):  # terminal chunk, ack, then another
+        with pytest.raises(StreamSettlementError):
+            await late()
+    assert stream.ended.result() == ("complete", 2) and [s for _, s in sent] == [0, 1]
+
+
+async def test_tv_g3_a_chunk_after_the_terminal_one() -> None:
+    stream, _ = await new_stream()
+    await stream.on_chunk(chunk(0))
+    await stream.on_chunk(chunk(1, done=True))
+    assert await stream.on_chunk(chunk(2)) is False
+    assert stream.ended.result() == ("error", "TRANSPORT_FAILURE: chunk after the terminal chunk")
+
+
+@pytest.mark.parametrize(
+    ("first", "match"),
+    [
+        (chunk(0, request_id="other"), "another request"),
+        (chunk(1), "expected 0"),
+        (
+            bytes.fromhex("83a46b696e64a56368756e6baa726571756573745f6964a3726571aa726571756573745f6964a3726571"),
+            "duplicate",
+        ),
+    ],
+)
+async def test_tv_g3_a_first_chunk_breaking_a_rule_is_an_error(first: bytes, match: str) -> None:
+    stream, sent = await new_stream()
+    assert await stream.on_chunk(first) is False
+    outcome, error = stream.ended.result()
+    assert outcome == "error" and match in str(error) and sent == []
+
+
+async def test_tv_g3_a_nak_before_any_chunk_ends_as_retry_later_after_one_ack() -> None:
+    stream, sent = await new_stream()
+    assert await stream.on_chunk(NAK) is True and not stream.finished  # accepted as a retry
+    await stream.ack()
+    assert stream.ended.result() == ("error", "RETRY_LATER: backend asked to retry later (kv_budget)")
+    for late in (stream.ack, stream.in_progress, stream.nak):  # a second ack, progress or NAK
+        with pytest.raises(StreamSettlementError):
+            await late()
+    assert sent == []
+
+
+async def test_tv_g3_a_nak_after_a_chunk_is_an_error() -> None:
+    stream, _ = await new_stream()
+    await stream.on_chunk(chunk(0))
+    assert await stream.on_chunk(NAK) is False
+    assert stream.ended.result() == ("error", "TRANSPORT_FAILURE: nak after output")
+
+
+async def test_tv_g3_a_nak_then_a_transport_nak_or_a_chunk_is_an_error() -> None:
+    stream, _ = await new_stream()
+    await stream.on_chunk(NAK)
+    await stream.nak()
+    assert stream.ended.result()[1].startswith("TRANSPORT_FAILURE: nak settlement after a nak publication")
+    again, _ = await new_stream()
+    await again.on_chunk(NAK)
+    assert await again.on_chunk(chunk(0)) is False
+    assert again.ended.result() == ("error", "TRANSPORT_FAILURE: publication after a nak")
 
 
 async def test_the_first_end_wins() -> None:

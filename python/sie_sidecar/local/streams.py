@@ -30,6 +30,12 @@ class _Violation(Exception):
         self.code = code
 
 
+class StreamSettlementError(Exception):
+    """A backend settlement after the backend itself ended the stream (a second `ack` after the
+    terminal chunk's, or a progress or NAK after it; TV-G3): the stream's outcome stands, and the
+    settler logs this as a failed settle."""
+
+
 def _no_duplicates(pairs: list[tuple[Any, Any]]) -> dict[Any, Any]:
     out: dict[Any, Any] = {}
     for key, value in pairs:
@@ -69,6 +75,11 @@ class LocalStream:
         self._attempt: str | None = None
         self.chunks = 0
         self._terminal = False
+        #: The reason of a `kind="nak"` publication, which waits for the backend's one `ack`.
+        self._nak_reason: str | None = None
+        #: The backend ended the stream itself (its `ack` after the terminal chunk or a nak):
+        #: any later settlement from it is a protocol error.
+        self._closed_by_backend = False
         #: ("complete", chunks) or ("error", "CODE: message"), once.
         self.ended: asyncio.Future[tuple[str, str | int]] = asyncio.get_running_loop().create_future()
 
@@ -90,10 +101,13 @@ class LocalStream:
         if self.finished:
             return False
         try:
-            self._check(decode_chunk(payload))
+            chunk = decode_chunk(payload)
+            self._check(chunk)
         except _Violation as exc:
             self.fail(exc.code, str(exc))
             return False
+        if chunk.get("kind") == "nak":
+            return True  # nothing goes to the client; the `ack` ends the stream as RETRY_LATER
         seq = self.chunks
         self.chunks += 1
         await self._send_chunk(payload, seq)
@@ -101,13 +115,16 @@ class LocalStream:
 
     def _check(self, chunk: dict[Any, Any]) -> None:
         kind = chunk.get("kind")
+        if self._nak_reason is not None:
+            raise _Violation(TRANSPORT_FAILURE, "publication after a nak")
         if kind == "nak":
             reason = chunk.get("reason")
             if not isinstance(reason, str) or not 1 <= len(reason.encode()) <= MAX_NAK_REASON_BYTES:
                 raise _Violation(TRANSPORT_FAILURE, "nak reason must be 1-64 bytes")
             if self.chunks:
                 raise _Violation(TRANSPORT_FAILURE, "nak after output")
-            raise _Violation(RETRY_LATER, f"backend asked to retry later ({reason})")
+            self._nak_reason = reason  # a retry: the stream ends with the backend's one `ack`
+            return
         if kind != "chunk":
             raise _Violation(TRANSPORT_FAILURE, f"unexpected publication kind {kind!r}")
         if self._terminal:
@@ -131,29 +148,45 @@ class LocalStream:
 
     # -- the settle handle ----------------------------------------------------------------------
 
+    def _after_backend_end(self, what: str) -> None:
+        """TV-G3: once the backend ended the stream, any settlement of its own is an error."""
+        if self._closed_by_backend:
+            raise StreamSettlementError(f"{what} after the stream ended (request {self.request_id})")
+
     async def ack(self) -> None:
-        """The backend's settlement: complete when it follows the terminal chunk."""
+        """The backend's settlement: complete when it follows the terminal chunk, RETRY_LATER with
+        the reason when it follows a nak publication (exactly one; a second is an error)."""
+        self._after_backend_end("ack")
         if self.finished:
+            return
+        if self._nak_reason is not None:
+            self._closed_by_backend = True
+            self.fail(RETRY_LATER, f"backend asked to retry later ({self._nak_reason})")
             return
         if not self._terminal:
             self.fail(TRANSPORT_FAILURE, "backend acknowledged before the terminal chunk")
             return
+        self._closed_by_backend = True
         self.ended.set_result(("complete", self.chunks))
 
     async def nak(self, delay: int | float | None = None) -> None:
+        self._after_backend_end("nak")
         if self.finished:
             return
-        if self.chunks:
+        if self._nak_reason is not None:
+            self.fail(TRANSPORT_FAILURE, "nak settlement after a nak publication (one ack expected)")
+        elif self.chunks:
             self.fail(TRANSPORT_FAILURE, "stream ended without its final acknowledgement")
         else:
             self.fail(RETRY_LATER, "the backend could not take the request now")
 
     async def in_progress(self) -> None:
-        """No broker lease to extend."""
+        """No broker lease to extend; after the backend ended the stream, an error (TV-G3)."""
+        self._after_backend_end("progress")
 
     async def refuse(self, code: str, message: str) -> None:
         """A dispatch error the sidecar found itself (loading, config mismatch, backend gone, ...)."""
         self.fail(code, message)
 
 
-__all__ = ["LOCAL_REPLY_PREFIX", "LocalStream", "decode_chunk"]
+__all__ = ["LOCAL_REPLY_PREFIX", "LocalStream", "StreamSettlementError", "decode_chunk"]

@@ -327,16 +327,17 @@ class Generations:
                 raise _StreamFailed(str(exc)) from None
             if not await self._sink.publish_raw(reply, payload):
                 raise _StreamFailed("chunk publish failed")
+        elif kind in ("ack", "nak", "in_progress") and d.settled:
+            # TV-G3: the item was settled (the backend's own ack after the terminal chunk or a nak);
+            # a second ack, a progress or a NAK after it is a protocol error that ends the stream.
+            raise _StreamFailed(f"backend {kind} after the item was settled")
         elif kind == "ack":
-            if not d.settled:
-                await self._settler.ack(d)
+            await self._settler.ack(d)
         elif kind == "nak":
-            if not d.settled:
-                delay = event.delay_ms if event.delay_ms is not None else self._s.nak_delay_ms
-                await self._settler.nak(d, delay)
+            delay = event.delay_ms if event.delay_ms is not None else self._s.nak_delay_ms
+            await self._settler.nak(d, delay)
         elif kind == "in_progress":
-            if not d.settled:
-                await self._settler.progress(d)
+            await self._settler.progress(d)
         else:
             _warn.warning("unknown generation event ignored", key=kind, extra={"kind": kind})
 
