@@ -482,6 +482,8 @@ async def _start(settings: Settings, stop: asyncio.Event, resources: contextlib.
         raise StartupError("NATS connect", str(exc)) from None
     js = nc.jetstream()
     spec = TopologySpec.from_settings(settings)
+    # Subscriptions are synced by a JetStream call the documented worker permissions allow (§2.6).
+    sync_via = f"$JS.API.STREAM.INFO.{spec.pool_stream}"
     try:
         await establish_topology(js, spec, events.describe)  # failure is fatal (§2.1)
     except TopologyError as exc:
@@ -523,7 +525,7 @@ async def _start(settings: Settings, stop: asyncio.Event, resources: contextlib.
     subs: list[Subscription] = []
     resources.push_async_callback(unsubscribe_all, subs)
     try:
-        await subscribe_cancels(nc, dispatcher, settings.worker_id, subs)
+        await subscribe_cancels(nc, dispatcher, settings.worker_id, subs, sync_via=sync_via)
     except NATS_FAILURES as exc:
         raise StartupError("cancel subscriptions", events.describe(exc)) from None
 
@@ -533,7 +535,7 @@ async def _start(settings: Settings, stop: asyncio.Event, resources: contextlib.
     resources.push_async_callback(_end_tasks, background, hb_stop, health_stop)
     # Live config (§9): the subscriber, then the reconciler; both write under the execution barrier.
     live = live_config(settings, config, ipc=ipc, readiness=readiness, telemetry=telemetry, stop=stop)
-    await subscribe_config(nc, live, subs, stop)
+    await subscribe_config(nc, live, subs, stop, sync_via=sync_via)
     reconciler = start_reconciler(settings, live, config, hb_stop, background)
     pingers = start_heartbeat(ipc, readiness, config, hb_stop, background)
     admission: Admission | None = None

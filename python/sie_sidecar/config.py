@@ -294,6 +294,13 @@ def redact_url_userinfo(url: str) -> str:
     return ",".join(parts)
 
 
+def strip_url_userinfo(url: str) -> tuple[str, bool]:
+    """Each comma-separated URL without its `user:pass@` (or `token@`), and whether any had one:
+    embedded userinfo is not used to authenticate (sidecar-behaviour §1.2, newer than v0.7.1)."""
+    redacted = redact_url_userinfo(url)
+    return redacted.replace(f"{REDACTED}@", ""), redacted != url
+
+
 _USERINFO_RE = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)(?P<userinfo>[^\s/?#@,]*)@")
 
 
@@ -597,10 +604,17 @@ class Settings:
 
     @property
     def nats_servers(self) -> list[str]:
-        """The NATS URL list as the client wants it: split on commas, trimmed, blanks dropped."""
+        """The NATS URL list as the client wants it: split on commas, trimmed, blanks dropped, and
+        without userinfo (newer than v0.7.1: credentials come from SIE_NATS_USER/SIE_NATS_PASSWORD
+        only; `nats_url_userinfo_ignored` says whether any was dropped)."""
         if self.nats_url is None:
             return []
-        return [url.strip() for url in self.nats_url.split(",") if url.strip()]
+        return [strip_url_userinfo(url.strip())[0] for url in self.nats_url.split(",") if url.strip()]
+
+    @property
+    def nats_url_userinfo_ignored(self) -> bool:
+        """SIE_NATS_URL carried `user:pass@` somewhere, which is not used to authenticate."""
+        return self.nats_url is not None and strip_url_userinfo(self.nats_url)[1]
 
     @property
     def config_service_bearer(self) -> str | None:
@@ -1252,4 +1266,5 @@ __all__ = [
     "build_run_parser",
     "redact_text",
     "redact_url_userinfo",
+    "strip_url_userinfo",
 ]

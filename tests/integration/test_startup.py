@@ -203,11 +203,20 @@ async def test_wrong_credentials_exit_1_with_one_line(
     assert not any(WRONG in line for line in process.raw)
 
 
-async def test_url_credentials_authenticate_and_never_reach_a_log_line(
+async def test_url_credentials_are_not_used_and_never_reach_a_log_line(
     nats_server_factory: NatsServerFactory, tmp_path: Path
 ) -> None:
+    """sidecar-behaviour §1.2 (newer than v0.7.1): userinfo in SIE_NATS_URL does not authenticate (a
+    warning says to use SIE_NATS_USER/SIE_NATS_PASSWORD) and is never logged; the user/password
+    variables with the same URL connect."""
     server = await auth_server(nats_server_factory)
-    env = sidecar_env(tmp_path, f"nats://{USER}:{PASSWORD}@127.0.0.1:{server.port}", RUST_LOG="debug")
+    url = f"nats://{USER}:{PASSWORD}@127.0.0.1:{server.port}"
+    async with sidecar(sidecar_env(tmp_path, url, RUST_LOG="debug", SIE_NATS_CONNECT_TIMEOUT_S="5")) as process:
+        assert await process.exit_code(timeout=30) == 1
+    assert_one_error_line(process, "start-up failed: NATS connect", "refused", "Authorization Violation")
+    assert any("is not used to authenticate" in r["msg"] for r in process.records)
+    assert not any(PASSWORD in line for line in process.raw)
+    env = sidecar_env(tmp_path, url, RUST_LOG="debug", SIE_NATS_USER=USER, SIE_NATS_PASSWORD=PASSWORD)
     async with sidecar(env) as process:
         await process.wait_for("running")
         process.proc.send_signal(signal.SIGTERM)
@@ -215,7 +224,7 @@ async def test_url_credentials_authenticate_and_never_reach_a_log_line(
     assert process.errors() == []
     assert not any(PASSWORD in line for line in process.raw)
     connected = next(r for r in process.records if r["msg"] == "NATS connected")
-    assert connected["server"] == f"nats://<redacted>@127.0.0.1:{server.port}"
+    assert connected["server"] == f"nats://127.0.0.1:{server.port}"
 
 
 # --------------------------------------------------------------------------------------------- TLS

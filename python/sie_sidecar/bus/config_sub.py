@@ -35,7 +35,9 @@ def config_subject(bundle: str) -> str | None:
     return f"sie.config.models.{token}"
 
 
-async def subscribe_config(nc: NatsClient, live: LiveConfig, subs: list[Subscription], stop: asyncio.Event) -> bool:
+async def subscribe_config(
+    nc: NatsClient, live: LiveConfig, subs: list[Subscription], stop: asyncio.Event, *, sync_via: str | None = None
+) -> bool:
     """Subscribe (appended to `subs`) and wait until the server has it; False when disabled or stopped."""
     subject = config_subject(live.bundle)
     if subject is None:
@@ -50,7 +52,7 @@ async def subscribe_config(nc: NatsClient, live: LiveConfig, subs: list[Subscrip
     while not stop.is_set():
         try:
             subs.append(await nc.subscribe(subject, cb=on_config))
-            await sync_with_server(nc)
+            await sync_with_server(nc, via=sync_via)
             return True
         except NATS_FAILURES as exc:
             log.warning("config subscribe failed, retrying", extra={"error": repr(exc), "retry_s": delay})

@@ -28,6 +28,11 @@ from ..config import Settings, redact_url_userinfo
 from ..errors import ConnectError
 from ..logs import should_log
 
+#: Replies to the worker's own requests (JetStream API, pull deliveries, confirmed ACKs, syncs) come
+#: to `_INBOX_WORKER.>`, so the worker user needs no subscribe permission on the gateways' `_INBOX.>`
+#: (sidecar-behaviour §2.1, §2.6; newer than v0.7.1).
+WORKER_INBOX_PREFIX = "_INBOX_WORKER"
+
 log = logging.getLogger(__name__)
 
 RECONNECT_WAIT_S = 0.5
@@ -118,6 +123,12 @@ async def connect(nc: NatsClient, settings: Settings, events: NatsEvents) -> Non
     """
     deadline_s = settings.nats_connect_timeout_s
     where = redact_url_userinfo(",".join(settings.nats_servers))
+    if settings.nats_url_userinfo_ignored:
+        log.warning(
+            "SIE_NATS_URL carries user:password@, which is not used to authenticate; "
+            "set SIE_NATS_USER and SIE_NATS_PASSWORD",
+            extra={"url": where},
+        )
     options: dict[str, object] = {}
     if settings.nats_user is not None and settings.nats_password is not None:
         options.update(user=settings.nats_user, password=settings.nats_password)
@@ -135,6 +146,7 @@ async def connect(nc: NatsClient, settings: Settings, events: NatsEvents) -> Non
             ping_interval=settings.nats_ping_interval_s,  # type: ignore[arg-type]  # likewise
             max_outstanding_pings=settings.nats_max_outstanding_pings,
             name=f"sie-sidecar {settings.worker_id}",
+            inbox_prefix=WORKER_INBOX_PREFIX,
             **options,  # type: ignore[arg-type]
         )
     )

@@ -69,7 +69,9 @@ def cancel_handlers(
     return on_work_cancel, on_batch_cancel, on_generate_cancel
 
 
-async def subscribe_cancels(nc: NatsClient, sink: TombstoneSink, worker_id: str, subs: list[Subscription]) -> None:
+async def subscribe_cancels(
+    nc: NatsClient, sink: TombstoneSink, worker_id: str, subs: list[Subscription], *, sync_via: str | None = None
+) -> None:
     """Subscribe `work_cancel.>`, `batch_cancel.>` and `cancel.>` (appended to `subs` as they exist) and
     wait until the server has them: a SUB only sits in the client's buffer until written, and the server
     must have the cancel subscriptions before the first pull, or a cancel sent at start-up would go
@@ -78,7 +80,7 @@ async def subscribe_cancels(nc: NatsClient, sink: TombstoneSink, worker_id: str,
     subs.append(await nc.subscribe("work_cancel.>", cb=on_work_cancel))
     subs.append(await nc.subscribe("batch_cancel.>", cb=on_batch_cancel))
     subs.append(await nc.subscribe("cancel.>", cb=on_generate_cancel))
-    await sync_with_server(nc)  # not `nc.flush()`: its PING overtakes the queued SUBs (bus/sync.py)
+    await sync_with_server(nc, via=sync_via)  # not `nc.flush()`: its PING overtakes the queued SUBs (bus/sync.py)
 
 
 async def unsubscribe_all(subs: list[Subscription]) -> None:

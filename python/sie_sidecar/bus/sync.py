@@ -11,6 +11,10 @@ one run in ten under CPU load; tests/integration/test_nats_sync.py shows the PIN
 `sync_with_server` publishes to a fresh inbox of its own through the same pending buffer and waits
 for the message to come back. A server processes one connection's commands in order, so when it
 returns every SUB (and PUB) queued before it has been processed.
+
+Under the documented worker permissions (sidecar-behaviour §2.6) a worker may not publish to its own
+`_INBOX_WORKER.>`; the app then passes `via`, a JetStream API subject it may call
+(`$JS.API.STREAM.INFO.<pool stream>`): any answer, an error included, comes back in the same order.
 """
 
 from __future__ import annotations
@@ -25,11 +29,15 @@ from nats.errors import Error as NatsError
 DEFAULT_TIMEOUT_S = 5.0
 
 
-async def sync_with_server(nc: Client, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+async def sync_with_server(nc: Client, timeout_s: float = DEFAULT_TIMEOUT_S, *, via: str | None = None) -> None:
     """Return once the server has processed every command queued on `nc` before this call.
 
     Raises `TimeoutError` when the echo does not come back in `timeout_s`.
     """
+    if via is not None:
+        # A request's reply is ordered after everything queued before it; its content is not read.
+        await nc.request(via, b"", timeout=timeout_s)
+        return
     loop = asyncio.get_running_loop()
     echoed: asyncio.Future[None] = loop.create_future()
 
