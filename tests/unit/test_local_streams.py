@@ -163,7 +163,7 @@ async def test_tv_g3_a_nak_then_a_transport_nak_or_a_chunk_is_an_error() -> None
     stream, _ = await new_stream()
     await stream.on_chunk(NAK)
     await stream.nak()
-    assert stream.ended.result()[1].startswith("TRANSPORT_FAILURE: nak settlement after a nak publication")
+    assert str(stream.ended.result()[1]).startswith("TRANSPORT_FAILURE: nak settlement after a nak publication")
     again, _ = await new_stream()
     await again.on_chunk(NAK)
     assert await again.on_chunk(chunk(0)) is False
