@@ -23,6 +23,10 @@ RAW_OUTPUT_SHAPE_ERROR = "raw_output_shape_error"  # a typed raw output could no
 INFERENCE_ERROR = "inference_error"  # the reference backend's per-item inference failure
 RUN_BATCH_MIXED_OP = "run_batch_mixed_op"  # the reference backend: a RunBatch item of another op
 RUN_BATCH_INVALID_ITEM = "run_batch_invalid_item"  # the reference backend: an item without its op payload
+#: A remote attempt (an item with `fallback_reason`) the backend could not take: answered, not NAKed
+#: (wire-protocol §4.6, §10.1; newer than v0.7.1).
+QUEUE_FULL = "QUEUE_FULL"
+REMOTE_REFUSAL_MESSAGE = "The remote profile cannot serve this request now"
 
 
 class WireError(Exception):
@@ -325,7 +329,9 @@ __all__ = [
     "PAYLOAD_TOO_LARGE",
     "POOL_ADMISSION_REJECTED",
     "POOL_ADMISSION_REJECTED_RESULT",
+    "QUEUE_FULL",
     "RAW_OUTPUT_SHAPE_ERROR",
+    "REMOTE_REFUSAL_MESSAGE",
     "RETRY_LATER",
     "RUN_BATCH_INVALID_ITEM",
     "RUN_BATCH_MIXED_OP",

@@ -511,3 +511,41 @@ def framed_values(framed: dict[Any, Any]) -> bytes:
     node = framed["multivector"]["values"] if "multivector" in framed else framed[b"multivector"][b"values"]
     data = node[b"data"] if b"data" in node else node["data"]
     return bytes(data)
+
+
+async def test_a_nak_retry_of_a_remote_attempt_is_answered_as_a_queue_full_refusal(
+    nats_server: NatsServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """wire-protocol §4.6 (newer than v0.7.1): an item with `fallback_reason` stands in for a local
+    refusal; when the backend answers it `nak_retry`, the gateway gets an error WorkResult (code
+    QUEUE_FULL by default, the retry hint from the NAK delay) and the item is ACKed, not NAKed."""
+    from sie_sidecar.backend import null
+
+    monkeypatch.setattr(null, "NOT_LOADED_NAK_MS", 2500)
+    adapter = NullAdapter(dim=8, preloaded_models=[MODEL])
+    async with running_stack(nats_server, tmp_path, adapter=adapter) as stack:
+        warm = await stack.publish(work_item())
+        await stack.wait_for(lambda: len(stack.results_for(warm)) == 1)
+        adapter._loaded.discard(MODEL)  # the next batch is answered nak_retry
+        remote = await stack.publish(work_item(fallback_reason="queue_full"))
+        await stack.wait_for(lambda: len(stack.results_for(remote)) == 1, timeout=10)
+        await stack.settled_pool()
+        (reply,) = stack.results_for(remote)
+        assert (reply["success"], reply["error_code"]) == (False, "QUEUE_FULL")
+        assert reply["error"] == "The remote profile cannot serve this request now"
+        assert reply["retry_after_s"] == 3  # ceil(2500 ms / 1000)
+        assert (await stack.pool_consumer()).num_redelivered == 0
+
+
+async def test_a_load_item_is_acked_once_its_model_is_ready(nats_server: NatsServer, tmp_path: Path) -> None:
+    """§4.2 (newer than v0.7.1): operation `load` waits for the model (loading progress-ACKed as any
+    group) and is ACKed with no result once it is ready; the next encode finds it loaded."""
+    adapter = NullAdapter(dim=8, load_delay_s=0.5)
+    async with running_stack(nats_server, tmp_path, adapter=adapter) as stack:
+        await stack.publish(work_item(operation="load", item=None))
+        await stack.wait_for(lambda: MODEL in adapter.loaded_models(), timeout=10)
+        await stack.settled_pool()
+        assert stack.replies == [] and adapter.items == 0  # no result and no batch for a load
+        wid = await stack.publish(work_item())
+        await stack.wait_for(lambda: len(stack.results_for(wid)) == 1)
+        assert (await stack.pool_consumer()).num_redelivered == 0

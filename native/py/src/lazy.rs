@@ -125,6 +125,7 @@ fn field_of(key: &[u8]) -> Option<(Field, Option<usize>)> {
         b"tracestate" => (Field::StrOrNone(Some(9)), None),
         b"timestamp" => (Field::Timestamp, None),
         b"deadline" => (Field::Deadline, None),
+        b"fallback_reason" => (Field::StrOrNone(None), None),
         _ => return None,
     })
 }

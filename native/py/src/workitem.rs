@@ -116,6 +116,7 @@ fn field_of(key: &[u8]) -> Option<(usize, Kind)> {
         b"traceparent" => (27, Kind::StrOrNone),
         b"tracestate" => (28, Kind::StrOrNone),
         b"deadline" => (29, Kind::LenientFloat),
+        b"fallback_reason" => (30, Kind::StrOrNone),
         _ => return None,
     })
 }
@@ -354,7 +355,7 @@ pub fn decode_work_item(
 }
 
 /// Every field of the dataclass, for the static names used with `setattr`.
-const FIELDS: [&str; 30] = [
+const FIELDS: [&str; 31] = [
     "work_item_id",
     "request_id",
     "item_index",
@@ -385,6 +386,7 @@ const FIELDS: [&str; 30] = [
     "traceparent",
     "tracestate",
     "deadline",
+    "fallback_reason",
 ];
 
 type Default = fn(Python<'_>) -> PyResult<Py<PyAny>>;
@@ -403,7 +405,7 @@ fn zero(py: Python<'_>) -> PyResult<Py<PyAny>> {
 }
 
 /// The optional fields and their defaults (the required ones are always set from the map).
-const DEFAULTS: [(usize, Default); 21] = [
+const DEFAULTS: [(usize, Default); 22] = [
     (9, empty),
     (10, empty),
     (11, empty),
@@ -425,4 +427,5 @@ const DEFAULTS: [(usize, Default); 21] = [
     (27, none),
     (28, none),
     (29, none),
+    (30, none),
 ];

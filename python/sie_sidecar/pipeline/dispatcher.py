@@ -14,7 +14,7 @@ from collections import Counter, defaultdict
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import compress
-from typing import Any, Protocol, TypeVar
+from typing import Any, Final, Protocol, TypeVar
 
 from .. import wire
 from ..errors import (
@@ -157,6 +157,10 @@ class _Executed:
     inference_ms: float | None
     succeeded: dict[str, None]
     request_ids: list[str] | None = None
+
+
+#: The operation that only asks for its model to be loaded (ACKed once ready, no result).
+LOAD_OP: Final = "load"
 
 
 @dataclass(slots=True)
@@ -475,6 +479,11 @@ class Dispatcher:
             await self._out.nak_all(ds[budget:], OVERFLOW_NAK_MS)
             ds = ds[:budget]
         by_op, unknown = ({(plain_op, ""): ds}, []) if plain_op is not None else _split_by_op(ds)
+        if unknown:
+            loads = [d for d in unknown if d.item is not None and d.item.operation == LOAD_OP]
+            if loads:  # §4.2 (newer than v0.7.1): `load` is answered by the model being ready
+                await self._settler.ack_many(loads)
+                unknown = [d for d in unknown if not d.settled]
         if unknown:
             await self._out.publish_errors(unknown, BAD_OPERATION, "unknown operation", nak_on_failure=True)
         lane = self._lane(model)

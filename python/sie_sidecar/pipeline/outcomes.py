@@ -6,12 +6,14 @@ ACK after publication, NAK for a retry, or left un-ACKed when a backend outcome 
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections import defaultdict, deque
 from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
 from .. import wire
+from ..errors import QUEUE_FULL, REMOTE_REFUSAL_MESSAGE
 from ..logs import Throttled
 from ..sched.quantum import QuantumController
 from ..wire.types import Reply, WorkResult
@@ -91,6 +93,7 @@ class Outcomes:
             waiting[d.item.work_item_id].append(d)
         f16 = batched_f16_slices(outcome.batched_f16_multivectors)
         to_publish: list[tuple[Delivery, WorkResult]] = []
+        refusals: list[tuple[Delivery, WorkResult]] = []
         for o in outcome.outcomes:
             queue = waiting.get(o.work_item_id)
             if not queue:
@@ -101,6 +104,9 @@ class Outcomes:
             if o.disposition == "nak_retry":
                 self._on_retry(d.model)  # e.g. the model was unloaded mid-batch
                 delay = base if o.nak_delay_ms is None else max(o.nak_delay_ms, min(base, MIN_RETRY_NAK_MS))
+                if d.item.fallback_reason is not None:
+                    refusals.append((d, self._remote_refusal(d, o, delay)))
+                    continue
                 await self._settler.nak(d, delay)
                 continue
             result = outcome_result(
@@ -117,6 +123,22 @@ class Outcomes:
             for d in queue:
                 await self._settler.nak(d, base)  # no outcome for this item
         await self.publish_and_settle(to_publish, nak_on_failure=False)
+        await self.publish_and_settle(refusals, nak_on_failure=True)
+
+    def _remote_refusal(self, d: Delivery, o: Any, delay_ms: int) -> WorkResult:
+        """wire-protocol §4.6 (newer than v0.7.1): a `nak_retry` of an item that stands in for a
+        local refusal (`fallback_reason`) goes back to its gateway as a refusal, not into the stream:
+        the outcome's code (default QUEUE_FULL) and retry hint (default the NAK delay in seconds)."""
+        assert d.item is not None
+        return error_result(
+            d.item,
+            code=o.error_code or QUEUE_FULL,
+            message=REMOTE_REFUSAL_MESSAGE,
+            worker_id=self._worker_id,
+            worker_direct=d.worker_direct,
+            current_hash=self._config.current,
+            retry_after_s=o.retry_after_s if o.retry_after_s is not None else math.ceil(delay_ms / 1000),
+        )
 
     def response_decoder(self, ds: list[Delivery]) -> Callable[[memoryview], Any]:
         """What the RunBatch call decodes its response with: replies framed straight from the

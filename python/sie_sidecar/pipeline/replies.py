@@ -65,6 +65,7 @@ def error_result(
     worker_id: str,
     worker_direct: bool,
     current_hash: str | None,
+    retry_after_s: int | None = None,
 ) -> WorkResult:
     """A synthetic sidecar error: error, code, worker id and direct flag; every timing nil."""
     return WorkResult(
@@ -77,6 +78,7 @@ def error_result(
         worker_id=worker_id,
         worker_direct=worker_direct,
         executed_bundle_config_hash=executed_hash(item, current_hash),
+        retry_after_s=retry_after_s,
     )
 
 

@@ -85,13 +85,16 @@ class WorkItem:
     #: Absolute Unix seconds after which nobody waits (newer than v0.7.1; None: absent). Lenient: a
     #: value that is not a number decodes as absent (wire-protocol §7.2, sidecar-behaviour §15.3).
     deadline: float | None = None
+    #: A remote attempt standing in for a local refusal names that refusal (newer than v0.7.1): a
+    #: backend `nak_retry` of such an item is answered as a refusal instead (wire-protocol §4.6).
+    fallback_reason: str | None = None
     raw: bytes | None = field(default=None, init=False, repr=False, compare=False)
     spans: bytes | None = field(default=None, init=False, repr=False, compare=False)
 
 
 _STR_FIELDS = ("work_item_id", "request_id", "operation", "model_id", "pool_name", "machine_profile", "reply_subject")
 _OPT_STR_DEFAULT_EMPTY = ("profile_id", "engine", "admission_pool", "bundle_config_hash", "router_id")
-_OPT_STR_NONE = ("payload_ref", "instruction", "query_payload_ref", "traceparent", "tracestate")
+_OPT_STR_NONE = ("payload_ref", "instruction", "query_payload_ref", "traceparent", "tracestate", "fallback_reason")
 
 
 #: How deep a value inside the WorkItem map may nest (the native reader's `sie_core::msgpack::MAX_DEPTH`):
