@@ -604,7 +604,8 @@ def test_outcome_all_fields(impl: ModuleType) -> None:
     assert (o.inference_ms, o.tokenization_ms, o.postprocessing_ms) == (1.5, 2.0, 0.25)
     assert isinstance(o.tokenization_ms, float)
     assert o.raw_output == raw_output
-    assert o.units == {"input_tokens": 3, "pages": None, "images": None, "audio_ms": None, "pairs": 1}
+    five = {"input_tokens": 3, "pages": None, "images": None, "audio_ms": None, "pairs": 1}
+    assert o.units == five | {"output_tokens": 9}  # newer than v0.7.1: kept; gpu_second dropped
     assert o.retry_after_s == 4
 
 
@@ -667,8 +668,26 @@ def test_outcome_invalid_units(impl: ModuleType, units: Any) -> None:
 
 
 def test_outcome_units_unknown_keys_dropped_unchecked(impl: ModuleType) -> None:
-    units = decode_one(impl, units={"gpu_second": -1.5, "content_input_tokens": "x", 3: 4}).units
+    units = decode_one(impl, units={"gpu_second": -1.5, "tokens_of_tomorrow": "x", 3: 4}).units
     assert units == {"input_tokens": None, "pages": None, "images": None, "audio_ms": None, "pairs": None}
+
+
+def test_outcome_units_newer_keys_are_kept_when_present(impl: ModuleType) -> None:
+    """wire-protocol §4.6 (newer than v0.7.1): `content_input_tokens` and `output_tokens` are known,
+    checked like every count, and present in the decoded map only when given."""
+    units = decode_one(impl, units={"input_tokens": 9, "content_input_tokens": 4, "output_tokens": None}).units
+    assert units == {
+        "input_tokens": 9,
+        "pages": None,
+        "images": None,
+        "audio_ms": None,
+        "pairs": None,
+        "content_input_tokens": 4,
+    }
+    with pytest.raises(errors.DecodeError):
+        decode_one(impl, units={"output_tokens": -1})
+    positional = decode_one(impl, units=[1, 2, 3, 4, 5, 6, 7]).units
+    assert list(positional) == ["input_tokens", "pages", "images", "audio_ms", "pairs"]  # legacy order only
 
 
 def test_outcome_big_counts(impl: ModuleType) -> None:

@@ -252,6 +252,20 @@ def test_work_result_units_fills_missing_and_drops_unknown(impl: ModuleType) -> 
     assert units == [("input_tokens", 1), ("pages", None), ("images", None), ("audio_ms", None), ("pairs", 3)]
 
 
+def test_work_result_units_newer_keys_follow_the_five_when_present(impl: ModuleType) -> None:
+    result = tv_r2_result()
+    result.units = {"input_tokens": 9, "output_tokens": 12, "content_input_tokens": None}
+    units = dict(ordered(impl.encode_work_result(result)))["units"]
+    assert units == [
+        ("input_tokens", 9),
+        ("pages", None),
+        ("images", None),
+        ("audio_ms", None),
+        ("pairs", None),
+        ("output_tokens", 12),
+    ]
+
+
 def test_work_result_empty_units_map_still_written(impl: ModuleType) -> None:
     result = tv_r2_result()
     result.units = {}

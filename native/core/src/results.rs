@@ -11,7 +11,22 @@ pub const RESULT_CHUNK_KIND: &str = "result_chunk_v1";
 pub const RESULT_CHUNK_TARGET: u64 = 768 * 1024;
 pub const MAX_CHUNKED_RESULT: u64 = 16 * 1024 * 1024;
 pub const MAX_RESULT_CHUNKS: u64 = 64;
-pub const UNIT_KEYS: [&str; 5] = ["input_tokens", "pages", "images", "audio_ms", "pairs"];
+/// UnitCounts' named keys: the five v0.7.1 writes (always, nil for an absent count), then the ones
+/// newer than v0.7.1 (`content_input_tokens`, the sidecar-side `output_tokens`), written only when
+/// present (wire-protocol §4.6).
+pub const UNIT_KEYS: [&str; 7] = [
+    "input_tokens",
+    "pages",
+    "images",
+    "audio_ms",
+    "pairs",
+    "content_input_tokens",
+    "output_tokens",
+];
+/// How many of `UNIT_KEYS` v0.7.1 knows (and a positional UnitCounts array can carry).
+pub const LEGACY_UNIT_KEYS: usize = 5;
+/// A UnitCounts value: one optional count per `UNIT_KEYS` entry.
+pub type Units = [Option<u64>; 7];
 
 /// The fields of one WorkResult, borrowed from the caller.
 #[derive(Debug, Clone, Default)]
@@ -30,7 +45,7 @@ pub struct WorkResultRef<'a> {
     pub tokenization_ms: Option<f64>,
     pub postprocessing_ms: Option<f64>,
     pub payload_fetch_ms: Option<f64>,
-    pub units: Option<[Option<u64>; 5]>,
+    pub units: Option<Units>,
     pub worker_direct: bool,
     pub executed_bundle_config_hash: Option<&'a str>,
     pub retry_after_s: Option<u64>,
@@ -75,10 +90,13 @@ pub fn encode_work_result(out: &mut impl Out, r: &WorkResultRef<'_>) {
     mp::write_opt_f64(out, r.payload_fetch_ms);
     if let Some(units) = &r.units {
         mp::write_str(out, "units");
-        mp::write_map_header(out, UNIT_KEYS.len());
-        for (key, value) in UNIT_KEYS.iter().zip(units) {
-            mp::write_str(out, key);
-            mp::write_opt_uint(out, *value);
+        let newer = units[LEGACY_UNIT_KEYS..].iter().filter(|v| v.is_some()).count();
+        mp::write_map_header(out, LEGACY_UNIT_KEYS + newer);
+        for (i, (key, value)) in UNIT_KEYS.iter().zip(units).enumerate() {
+            if i < LEGACY_UNIT_KEYS || value.is_some() {
+                mp::write_str(out, key);
+                mp::write_opt_uint(out, *value);
+            }
         }
     }
     mp::write_str(out, "worker_direct");

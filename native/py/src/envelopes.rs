@@ -6,7 +6,7 @@ use pyo3::IntoPyObjectExt;
 
 use sie_core::ipc::{self, Response, ResponseError};
 use sie_core::msgpack::{DecodeError, DecodeResult, Reader, Token};
-use sie_core::results::UNIT_KEYS;
+use sie_core::results::{Units, LEGACY_UNIT_KEYS, UNIT_KEYS};
 
 use crate::buffers::{slice_view, with_bytes};
 use crate::convert;
@@ -178,7 +178,7 @@ const DISPOSITIONS: [&str; 3] = ["publish_and_ack", "publish_error_and_ack", "na
 /// per count was five allocations and five hashes per outcome).
 struct Interned {
     dispositions: [Py<PyAny>; 3],
-    unit_keys: [Py<PyAny>; 5],
+    unit_keys: [Py<PyAny>; 7],
 }
 
 impl Interned {
@@ -237,16 +237,19 @@ fn units<'py>(
         return Ok(None);
     };
     let dict = PyDict::new(py);
-    for (k, v) in interned.unit_keys.iter().zip(counts) {
-        dict.set_item(k.bind(py), v)?;
+    for (i, (k, v)) in interned.unit_keys.iter().zip(counts).enumerate() {
+        if i < LEGACY_UNIT_KEYS || v.is_some() {
+            dict.set_item(k.bind(py), v)?; // the five always; the newer keys only when present
+        }
     }
     Ok(Some(dict))
 }
 
-/// The five counts of a `units` value (nil: `None`), as `units` reads them.
-pub fn unit_counts(r: &mut Reader<'_>) -> PyResult<Option<[Option<u64>; 5]>> {
+/// The counts of a `units` value (nil: `None`), as `units` reads them: a named map by key, a
+/// legacy positional array for the five v0.7.1 keys only (beyond `pairs` peers disagree on order).
+pub fn unit_counts(r: &mut Reader<'_>) -> PyResult<Option<Units>> {
     let at = r.position();
-    let mut counts: [Option<u64>; 5] = [None; 5];
+    let mut counts: Units = [None; 7];
     match de(r.next_token())? {
         Token::Nil => return Ok(None),
         Token::Map(n) => {
@@ -268,7 +271,7 @@ pub fn unit_counts(r: &mut Reader<'_>) -> PyResult<Option<[Option<u64>; 5]>> {
         }
         Token::Array(n) => {
             for i in 0..n {
-                if i < counts.len() {
+                if i < LEGACY_UNIT_KEYS {
                     counts[i] = de(r.read_opt_uint("unit count"))?;
                 } else {
                     de(r.skip_value())?;

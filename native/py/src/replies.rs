@@ -12,16 +12,16 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList, PyString};
 
 use sie_core::msgpack::{Counter, Out, Reader, SliceWriter, Token};
-use sie_core::results::{encode_work_result, WorkResultRef, UNIT_KEYS};
+use sie_core::results::{encode_work_result, Units, WorkResultRef, UNIT_KEYS};
 
 use crate::buffers::with_bytes;
 use crate::envelopes::{unit_counts, ItemOutcome};
 use crate::lazy::{self, InPlace, LazyDelivery};
 
-/// `units` of an outcome as the five optional counts of the WorkResult.
-pub fn read_units(units: Option<&Bound<'_, PyDict>>) -> PyResult<Option<[Option<u64>; 5]>> {
+/// `units` of an outcome as the optional counts of the WorkResult (a key absent from the dict: None).
+pub fn read_units(units: Option<&Bound<'_, PyDict>>) -> PyResult<Option<Units>> {
     let Some(d) = units else { return Ok(None) };
-    let mut counts = [None; 5];
+    let mut counts: Units = [None; 7];
     for (slot, key) in counts.iter_mut().zip(UNIT_KEYS) {
         *slot = match d.get_item(key)? {
             Some(v) if !v.is_none() => Some(v.extract::<u64>()?),
@@ -223,7 +223,7 @@ struct OutcomeView<'a> {
     inference_ms: Option<f64>,
     tokenization_ms: Option<f64>,
     postprocessing_ms: Option<f64>,
-    units: Option<[Option<u64>; 5]>,
+    units: Option<Units>,
     /// Passed through to the WorkResult unchanged (newer than v0.7.1).
     retry_after_s: Option<u64>,
     has_raw_output: bool,

@@ -32,7 +32,7 @@ struct Fields {
     tokenization_ms: Option<f64>,
     postprocessing_ms: Option<f64>,
     payload_fetch_ms: Option<f64>,
-    units: Option<[Option<u64>; 5]>,
+    units: Option<sie_core::results::Units>,
     worker_direct: bool,
     executed_bundle_config_hash: Option<String>,
     retry_after_s: Option<u64>,

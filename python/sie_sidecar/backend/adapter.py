@@ -141,9 +141,18 @@ def unit_counts(
     images: int | None = None,
     audio_ms: int | None = None,
     pairs: int | None = None,
+    content_input_tokens: int | None = None,
+    output_tokens: int | None = None,
 ) -> dict[str, int | None]:
-    """A UnitCounts map with all five v0.7.1 keys, nil for absent counts (wire-protocol §4.6)."""
-    return {"input_tokens": input_tokens, "pages": pages, "images": images, "audio_ms": audio_ms, "pairs": pairs}
+    """A UnitCounts map with all five v0.7.1 keys, nil for absent counts (wire-protocol §4.6), then
+    `content_input_tokens` (score: the caller's own text tokens) and `output_tokens` (newer than
+    v0.7.1) only when given."""
+    counts = {"input_tokens": input_tokens, "pages": pages, "images": images, "audio_ms": audio_ms, "pairs": pairs}
+    if content_input_tokens is not None:
+        counts["content_input_tokens"] = content_input_tokens
+    if output_tokens is not None:
+        counts["output_tokens"] = output_tokens
+    return counts
 
 
 def item_outcome(

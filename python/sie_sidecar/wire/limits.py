@@ -29,4 +29,6 @@ TOMBSTONE_TTL_S: Final = 1800.0
 BATCH_TOMBSTONE_TTL_S: Final = 120.0
 
 UNIT_KEYS: Final = ("input_tokens", "pages", "images", "audio_ms", "pairs")
+#: UnitCounts keys newer than v0.7.1 (wire-protocol §4.6): carried and re-emitted only when present.
+NEWER_UNIT_KEYS: Final = ("content_input_tokens", "output_tokens")
 DISPOSITIONS: Final = ("publish_and_ack", "publish_error_and_ack", "nak_retry")

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 import msgpack
 
 from ...errors import DecodeError, FrameTooLarge, IpcServerError, ProtocolError, WireError
-from ...wire.limits import DIGEST_LEN, DISPOSITIONS, IPC_CHUNK_KIND, IPC_VERSION, MAX_FRAME, UNIT_KEYS
+from ...wire.limits import DIGEST_LEN, DISPOSITIONS, IPC_CHUNK_KIND, IPC_VERSION, MAX_FRAME, NEWER_UNIT_KEYS, UNIT_KEYS
 
 if TYPE_CHECKING:
     from typing_extensions import Buffer
@@ -370,11 +370,17 @@ def _unit_count(value: Any, key: str) -> int | None:
 
 
 def _units(value: Any) -> dict[str, int | None] | None:
-    """UnitCounts from a named map (unknown keys dropped) or a legacy positional array."""
+    """UnitCounts from a named map (unknown keys dropped; the newer keys kept only when present) or
+    a legacy positional array (the five v0.7.1 keys only)."""
     if value is None:
         return None
     if isinstance(value, dict):
-        return {key: _unit_count(value.get(key), key) for key in UNIT_KEYS}
+        counts = {key: _unit_count(value.get(key), key) for key in UNIT_KEYS}
+        for key in NEWER_UNIT_KEYS:
+            count = _unit_count(value.get(key), key)
+            if count is not None:
+                counts[key] = count
+        return counts
     if isinstance(value, list):
         slots = value[: len(UNIT_KEYS)] + [None] * (len(UNIT_KEYS) - min(len(value), len(UNIT_KEYS)))
         return {key: _unit_count(slot, key) for key, slot in zip(UNIT_KEYS, slots, strict=True)}

@@ -21,6 +21,7 @@ from ...wire.limits import (
     DIGEST_LEN,
     MAX_CHUNKED_RESULT,
     MAX_RESULT_CHUNKS,
+    NEWER_UNIT_KEYS,
     RESULT_CHUNK_KIND,
     RESULT_CHUNK_TARGET,
     UNIT_KEYS,
@@ -133,12 +134,17 @@ def encode_work_result(result: WorkResult) -> bytes:
         _opt_f64(result.payload_fetch_ms),
     ]
     if units is not None:
-        # Exactly the five v0.7.1 keys, nil for an absent count; unknown keys are dropped (§4.6).
+        # The five v0.7.1 keys, nil for an absent count, then the newer keys that are present;
+        # unknown keys are dropped (§4.6).
+        newer = [(key, units[key]) for key in NEWER_UNIT_KEYS if units.get(key) is not None]
         parts.append(_K_UNITS)
-        parts.append(b"\x85")
+        parts.append(bytes([0x80 | (len(UNIT_KEYS) + len(newer))]))
         for key, packed in zip(UNIT_KEYS, _UNIT_KEYS_PACKED, strict=True):
             parts.append(packed)
             parts.append(_opt_uint(units.get(key)))
+        for key, count in newer:
+            parts.append(_pack_str(key))
+            parts.append(_opt_uint(count))
     parts.append(_K_WORKER_DIRECT)
     parts.append(_TRUE if result.worker_direct else _FALSE)
     if executed is not None:
