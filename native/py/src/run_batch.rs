@@ -314,7 +314,7 @@ fn write_item(
                 spliced(out, "options", OPTIONS)?;
             }
             Op::Score => {
-                write_map_header(out, 12);
+                write_map_header(out, 13);
                 v.ids(out)?;
                 v.total_and_timestamp(out)?;
                 spliced(out, "query_item", QUERY_ITEM)?;
@@ -335,10 +335,9 @@ fn write_item(
         }
         write_str(out, "profile_id");
         v.or_none(out, true)?;
-        if op != Op::Score {
-            write_str(out, "bundle_config_hash");
-            v.or_none(out, false)?;
-        }
+        // Score too, newer than v0.7.1 (wire-protocol §4.3): v0.7.1's ScoreBatchItem had none.
+        write_str(out, "bundle_config_hash");
+        v.or_none(out, false)?;
         write_str(out, "payload_fetch_ms");
         write_f64(out, fetch_ms);
         write_str(

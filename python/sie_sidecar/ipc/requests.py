@@ -73,7 +73,8 @@ def encode_item(
 
 
 def score_item(item: WorkItem, payload_fetch_ms: float = 0.0) -> dict[str, Any]:
-    """ScoreBatchItem (v0.7.1 has no bundle_config_hash key)."""
+    """ScoreBatchItem; `bundle_config_hash` after `profile_id` is newer than v0.7.1 (wire-protocol
+    §4.3: v0.7.1's had none)."""
     return {
         **_common(item),
         "query_item": item.query_item,
@@ -81,6 +82,7 @@ def score_item(item: WorkItem, payload_fetch_ms: float = 0.0) -> dict[str, Any]:
         "instruction": item.instruction,
         "options": item.options,
         "profile_id": item.profile_id or None,
+        "bundle_config_hash": item.bundle_config_hash or None,
         "payload_fetch_ms": float(payload_fetch_ms),
         "prepared_tokens": None,
     }
