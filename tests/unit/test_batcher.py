@@ -162,3 +162,62 @@ def test_native_and_twin_form_the_same_batches(
     assert [(t, b.ids, b.total_cost, b.reason) for t, b in native_out] == [
         (t, b.ids, b.total_cost, b.reason) for t, b in twin_out
     ]
+
+
+# -- runs-alone items (scheduler-and-prep §3.5, newer than v0.7.1) ------------------------------------
+
+
+def test_vector_20_a_long_item_never_shares(mod: ModuleType) -> None:
+    """Clip 5 s (t0), long 240 s (t1), clip 8 s (t2) give [clips 5, 8], then [long]."""
+    b = mod.Batcher(max_batch_cost=720_000)
+    b.submit_many([0], [5_000], 0.0, [720_000], [False])
+    b.submit_many([1], [240_000], 0.001, [720_000], [True])
+    b.submit_many([2], [8_000], 0.002, [720_000], [False])
+    assert b.try_get_batch(1.0, False).ids == [0, 2]
+    assert b.try_get_batch(1.0, False).ids == [1]
+    assert len(b) == 0
+
+
+def test_vector_21_alone_items_in_arrival_order_whatever_their_size(mod: ModuleType) -> None:
+    b = mod.Batcher()
+    b.submit_many([10, 11], [900, 100], 0.0, None, [True, True])
+    b.submit_many([12], [50], 0.001, None, [True])
+    assert [b.try_get_batch(1.0, False).ids for _ in range(3)] == [[10], [11], [12]]
+
+
+def simulate_lanes(mod: ModuleType, config: dict[str, Any], events: list[tuple[int, int, bool]]) -> Any:
+    b = mod.Batcher(**config)
+    out = []
+    now = 0.0
+    for i, (gap, cost, alone) in enumerate(events):
+        now += gap / 1000.0
+        b.submit_many([i], [cost], now, None, [alone])
+        batch = b.try_get_batch(now, False)
+        while batch is not None:
+            out.append(batch)
+            batch = b.try_get_batch(now, False)
+    while len(b):
+        out.append(b.try_drain_up_to(1000))
+    return out
+
+
+lane_events = st.lists(st.tuples(st.integers(0, 30), st.integers(0, 3000), st.booleans()), max_size=40)
+
+
+@given(config=configs, events=lane_events)
+def test_runs_alone_items_go_by_themselves_in_arrival_order(
+    config: dict[str, Any], events: list[tuple[int, int, bool]]
+) -> None:
+    """Twin and native form the same batches; an alone item is always a batch of one; alone items
+    leave in arrival order; every item leaves exactly once."""
+    native_out = simulate_lanes(native_mod, config, events)
+    twin_out = simulate_lanes(_batcher_py, config, events)
+    assert [(b.ids, b.total_cost, b.reason) for b in native_out] == [(b.ids, b.total_cost, b.reason) for b in twin_out]
+    alone = {i for i, (_, _, a) in enumerate(events) if a}
+    order = []
+    for b in twin_out:
+        if alone & set(b.ids):
+            assert len(b.ids) == 1
+            order.append(b.ids[0])
+    assert order == sorted(order)
+    assert sorted(i for b in twin_out for i in b.ids) == list(range(len(events)))

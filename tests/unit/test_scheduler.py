@@ -515,3 +515,23 @@ async def test_pending_cost_follows_what_is_queued() -> None:
     left = await s.close(0.0)
     rec.gate.set()
     assert sorted(left + in_flight) == sorted(cost) and s.pending_cost == 0
+
+
+async def test_a_runs_alone_item_goes_by_itself_even_when_it_aged() -> None:
+    """§3.5 (newer than v0.7.1): a runs-alone item never shares a batch, in the former or among the
+    items taken out for waiting too long."""
+    rec = Recorder()
+    config = SchedulerConfig(coalesce_ms=1000.0, max_batch_wait_ms=1000.0, idle_bypass=False, max_item_wait_s=0.05)
+    s: ModelScheduler[str] = ModelScheduler("m", rec, config)
+    s.submit("extract", "", ["a", "long", "b"], [5, 240, 8], None, [False, True, False])
+    await settle(s)
+    batches = [b.items for b in rec.batches]
+    assert ["long"] in batches and sorted(i for b in batches for i in b) == ["a", "b", "long"]
+    assert all(len(b) == 1 for b in batches if "long" in b)
+
+
+def test_runs_alone_is_long_prepared_audio() -> None:
+    from sie_sidecar.sched.costs import runs_alone
+
+    assert not runs_alone(None) and not runs_alone({"sample_count": 480_000})
+    assert runs_alone({"sample_count": 480_001}) and not runs_alone({"sample_count": True})

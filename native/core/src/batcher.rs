@@ -67,6 +67,8 @@ struct Pending {
     cost: u64,
     arrival: f64,
     hard_cap: Option<u64>,
+    /// Never shares a batch (newer than v0.7.1: long-form prepared audio, §2.3).
+    alone: bool,
 }
 
 /// A formed batch: handles in packing order (cost ascending, FIFO among equals).
@@ -85,6 +87,10 @@ pub struct Batcher {
     /// The smallest `hard_cap` of the pending items (kept up to date: `effective_max_cost` runs
     /// on every submit, and scanning the queue there made a group's submit quadratic).
     min_hard_cap: Option<u64>,
+    /// How many pending items run alone (0: plain cost-sorted packing, exactly v0.7.1's).
+    alone_count: usize,
+    /// Whether the previous batch was a runs-alone one (the two lanes take turns, §3.5).
+    last_batch_alone: Option<bool>,
     first_request_time: Option<f64>,
     last_submit_time: Option<f64>,
     config: BatchConfig,
@@ -142,12 +148,26 @@ impl Batcher {
 
     /// Append one item (§3.3); true when the consumer should wake (flushable now, or first item).
     pub fn submit(&mut self, id: u64, cost: u64, now: f64, hard_cap: Option<u64>) -> bool {
+        self.submit_item(id, cost, now, hard_cap, false)
+    }
+
+    /// `submit`, for an item that may run alone (it never shares a batch).
+    pub fn submit_item(
+        &mut self,
+        id: u64,
+        cost: u64,
+        now: f64,
+        hard_cap: Option<u64>,
+        alone: bool,
+    ) -> bool {
         self.pending.push(Pending {
             id,
             cost,
             arrival: now,
             hard_cap,
+            alone,
         });
+        self.alone_count += usize::from(alone);
         self.total_cost = self.total_cost.saturating_add(cost);
         if let Some(cap) = hard_cap {
             self.min_hard_cap = Some(self.min_hard_cap.map_or(cap, |m| m.min(cap)));
@@ -213,9 +233,48 @@ impl Batcher {
         Some(self.extract(FlushReason::Drain, max_items))
     }
 
-    /// Pack a batch (§3.5): stable cost sort, then take while under the caps, at least one item.
+    /// Runs-alone lane order (§3.5 `order_for_lanes`, newer than v0.7.1): batchable items by cost,
+    /// then runs-alone items by arrival; while both lanes have work they take turns, and the very
+    /// first batch comes from the lane of the oldest item.
+    fn order_for_lanes(&mut self) {
+        self.pending.sort_by(|a, b| {
+            a.alone.cmp(&b.alone).then_with(|| {
+                if a.alone {
+                    a.arrival.total_cmp(&b.arrival)
+                } else {
+                    a.cost.cmp(&b.cost)
+                }
+            })
+        });
+        let Some(h) = self.pending.iter().position(|p| p.alone) else {
+            return;
+        };
+        if h == 0 {
+            return; // only runs-alone items pending
+        }
+        let alone_turn = match self.last_batch_alone {
+            Some(last) => !last,
+            None => {
+                let oldest = self
+                    .pending
+                    .iter()
+                    .min_by(|a, b| a.arrival.total_cmp(&b.arrival));
+                oldest.is_some_and(|p| p.alone)
+            }
+        };
+        if alone_turn {
+            self.pending[..=h].rotate_right(1);
+        }
+    }
+
+    /// Pack a batch (§3.5): stable cost sort (lane order when runs-alone items are pending), then
+    /// take while under the caps, at least one item; a runs-alone item goes by itself.
     pub fn extract(&mut self, reason: FlushReason, max_items: usize) -> Batch {
-        self.pending.sort_by_key(|p| p.cost);
+        if self.alone_count > 0 {
+            self.order_for_lanes();
+        } else {
+            self.pending.sort_by_key(|p| p.cost);
+        }
         let cap = self.effective_max_cost();
         let nmax = self.config.max_batch_requests.max(1);
         let max_items = max_items.max(1);
@@ -224,15 +283,23 @@ impl Batcher {
             if taken >= max_items {
                 break;
             }
+            if p.alone && taken > 0 {
+                break; // never shares
+            }
             if taken > 0 && batch_cost.saturating_add(p.cost) > cap {
                 break;
             }
             batch_cost = batch_cost.saturating_add(p.cost);
             taken += 1;
-            if taken >= nmax {
+            if p.alone || taken >= nmax {
                 break;
             }
         }
+        if taken > 0 {
+            self.last_batch_alone = Some(self.pending[0].alone);
+        }
+        let gone_alone = self.pending[..taken].iter().filter(|p| p.alone).count();
+        self.alone_count -= gone_alone;
         let ids = self.pending.drain(..taken).map(|p| p.id).collect();
         self.total_cost = self.total_cost.saturating_sub(batch_cost);
         if self.min_hard_cap.is_some() {
@@ -252,6 +319,7 @@ impl Batcher {
     pub fn drain_all(&mut self) -> Vec<u64> {
         self.total_cost = 0;
         self.min_hard_cap = None;
+        self.alone_count = 0;
         self.first_request_time = None;
         self.last_submit_time = None;
         let mut all = std::mem::take(&mut self.pending);
@@ -297,6 +365,44 @@ mod tests {
         assert_eq!(b.flush_reason(0.009, false), Some(FlushReason::CountCap));
         b.submit(13, 20000, 0.009, None);
         assert_eq!(b.flush_reason(0.009, false), Some(FlushReason::CostCap));
+    }
+
+    /// scheduler-and-prep vector 20 (newer than v0.7.1): clip 5 s (t0), long 240 s (t1), clip 8 s
+    /// (t2) give [clips 5, 8], then [long].
+    #[test]
+    fn runs_alone_items_never_share_and_the_lanes_take_turns() {
+        let mut b = Batcher::new(BatchConfig {
+            max_batch_cost: 720_000,
+            max_batch_requests: 12,
+            ..BatchConfig::default()
+        });
+        b.submit_item(0, 5_000, 0.0, Some(720_000), false);
+        b.submit_item(1, 240_000, 0.001, Some(720_000), true);
+        b.submit_item(2, 8_000, 0.002, Some(720_000), false);
+        let first = b.extract(FlushReason::Timeout, usize::MAX);
+        assert_eq!(first.ids, vec![0, 2]);
+        let second = b.extract(FlushReason::Timeout, usize::MAX);
+        assert_eq!(second.ids, vec![1]);
+        assert!(b.is_empty());
+    }
+
+    /// Vector 21: runs-alone items are served in arrival order whatever their size, one per batch;
+    /// with a batchable item pending, the lanes alternate, the oldest item's lane first.
+    #[test]
+    fn runs_alone_items_go_in_arrival_order_alternating_with_the_batchable_lane() {
+        let mut b = former();
+        b.submit_item(10, 900, 0.0, None, true);
+        b.submit_item(11, 100, 0.001, None, true);
+        b.submit_item(12, 5, 0.002, None, false);
+        b.submit_item(13, 7, 0.003, None, false);
+        assert_eq!(b.extract(FlushReason::Timeout, usize::MAX).ids, vec![10]); // oldest is alone
+        assert_eq!(
+            b.extract(FlushReason::Timeout, usize::MAX).ids,
+            vec![12, 13]
+        );
+        assert_eq!(b.extract(FlushReason::Timeout, usize::MAX).ids, vec![11]);
+        assert!(b.is_empty());
+        assert_eq!(b.alone_count, 0);
     }
 
     #[test]

@@ -90,7 +90,10 @@ pub fn encode_work_result(out: &mut impl Out, r: &WorkResultRef<'_>) {
     mp::write_opt_f64(out, r.payload_fetch_ms);
     if let Some(units) = &r.units {
         mp::write_str(out, "units");
-        let newer = units[LEGACY_UNIT_KEYS..].iter().filter(|v| v.is_some()).count();
+        let newer = units[LEGACY_UNIT_KEYS..]
+            .iter()
+            .filter(|v| v.is_some())
+            .count();
         mp::write_map_header(out, LEGACY_UNIT_KEYS + newer);
         for (i, (key, value)) in UNIT_KEYS.iter().zip(units).enumerate() {
             if i < LEGACY_UNIT_KEYS || value.is_some() {

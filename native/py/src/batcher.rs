@@ -146,24 +146,30 @@ impl Batcher {
         self.inner.head_arrival()
     }
 
-    /// Submit items at `now` (one call per group); True when the consumer should wake.
-    #[pyo3(signature = (ids, costs, now, hard_caps = None))]
+    /// Submit items at `now` (one call per group); True when the consumer should wake. `alone`
+    /// (one bool per item, newer than v0.7.1): the item never shares a batch.
+    #[pyo3(signature = (ids, costs, now, hard_caps = None, alone = None))]
     fn submit_many(
         &mut self,
         ids: Vec<u64>,
         costs: Vec<u64>,
         now: f64,
         hard_caps: Option<Vec<Option<u64>>>,
+        alone: Option<Vec<bool>>,
     ) -> PyResult<bool> {
-        if ids.len() != costs.len() || hard_caps.as_ref().is_some_and(|h| h.len() != ids.len()) {
+        if ids.len() != costs.len()
+            || hard_caps.as_ref().is_some_and(|h| h.len() != ids.len())
+            || alone.as_ref().is_some_and(|a| a.len() != ids.len())
+        {
             return Err(pyo3::exceptions::PyValueError::new_err(
-                "ids, costs and hard_caps must have the same length",
+                "ids, costs, hard_caps and alone must have the same length",
             ));
         }
         let mut wake = false;
         for (i, (id, cost)) in ids.into_iter().zip(costs).enumerate() {
             let cap = hard_caps.as_ref().and_then(|h| h[i]);
-            wake |= self.inner.submit(id, cost, now, cap);
+            let lone = alone.as_ref().is_some_and(|a| a[i]);
+            wake |= self.inner.submit_item(id, cost, now, cap, lone);
         }
         Ok(wake)
     }

@@ -507,7 +507,12 @@ class Batcher:
     @property
     def head_arrival(self) -> float | None: ...
     def submit_many(
-        self, ids: list[int], costs: list[int], now: float, hard_caps: list[int | None] | None = None
+        self,
+        ids: list[int],
+        costs: list[int],
+        now: float,
+        hard_caps: list[int | None] | None = None,
+        alone: list[bool] | None = None,
     ) -> bool: ...
     def flush_reason(self, now: float, immediate: bool) -> str | None: ...
     def time_until_next_trigger_ms(self, now: float) -> float | None: ...

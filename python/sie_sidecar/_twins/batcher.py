@@ -43,8 +43,10 @@ class Batcher:
         self._wait_ms = max_batch_wait_ms
         self._coalesce_ms = coalesce_ms
         self._ratio = coalesce_ratio
-        # (id, cost, arrival, hard cap or None)
-        self._pending: list[tuple[int, int, float, int | None]] = []
+        # (id, cost, arrival, hard cap or None, runs alone)
+        self._pending: list[tuple[int, int, float, int | None, bool]] = []
+        #: Whether the previous batch was a runs-alone one (None: no batch yet).
+        self._last_alone: bool | None = None
         self._total = 0
         self._first: float | None = None
         self._last: float | None = None
@@ -91,13 +93,23 @@ class Batcher:
     # -- submit and triggers --------------------------------------------------------------------------
 
     def submit_many(
-        self, ids: list[int], costs: list[int], now: float, hard_caps: list[int | None] | None = None
+        self,
+        ids: list[int],
+        costs: list[int],
+        now: float,
+        hard_caps: list[int | None] | None = None,
+        alone: list[bool] | None = None,
     ) -> bool:
-        if len(ids) != len(costs) or (hard_caps is not None and len(hard_caps) != len(ids)):
-            raise ValueError("ids, costs and hard_caps must have the same length")
+        if (
+            len(ids) != len(costs)
+            or (hard_caps is not None and len(hard_caps) != len(ids))
+            or (alone is not None and len(alone) != len(ids))
+        ):
+            raise ValueError("ids, costs, hard_caps and alone must have the same length")
         wake = False
         for i, (item_id, cost) in enumerate(zip(ids, costs, strict=True)):
-            self._pending.append((item_id, cost, now, None if hard_caps is None else hard_caps[i]))
+            lone = alone is not None and bool(alone[i])
+            self._pending.append((item_id, cost, now, None if hard_caps is None else hard_caps[i], lone))
             self._total = min(_U64, self._total + cost)
             self._last = now
             first = self._first is None
@@ -149,8 +161,25 @@ class Batcher:
         self._pending, self._total, self._first, self._last = [], 0, None, None
         return [p[0] for p in ordered]
 
+    def _order_for_lanes(self) -> None:
+        """§3.5 runs-alone lanes: batchable items by cost, then runs-alone ones by arrival; the lanes
+        take turns, the first batch from the lane of the oldest item."""
+        self._pending.sort(key=lambda p: (p[4], p[2] if p[4] else p[1]))
+        h = next((i for i, p in enumerate(self._pending) if p[4]), None)
+        if h is None or h == 0:
+            return
+        if self._last_alone is not None:
+            alone_turn = not self._last_alone
+        else:
+            alone_turn = min(self._pending, key=lambda p: p[2])[4]
+        if alone_turn:
+            self._pending[: h + 1] = [self._pending[h], *self._pending[:h]]
+
     def _extract(self, reason: str, max_items: int | None) -> FormedBatch:
-        self._pending.sort(key=lambda p: p[1])  # stable: FIFO among equal costs
+        if any(p[4] for p in self._pending):
+            self._order_for_lanes()
+        else:
+            self._pending.sort(key=lambda p: p[1])  # stable: FIFO among equal costs
         cap = self._effective_cap()
         limit = max(1, self._requests)
         most = math.inf if max_items is None else max(1, max_items)
@@ -158,12 +187,16 @@ class Batcher:
         for p in self._pending:
             if taken >= most:
                 break
+            if p[4] and taken > 0:
+                break  # never shares
             if taken > 0 and cost + p[1] > cap:
                 break
             cost = min(_U64, cost + p[1])
             taken += 1
-            if taken >= limit:
+            if p[4] or taken >= limit:
                 break
+        if taken:
+            self._last_alone = self._pending[0][4]
         ids = [p[0] for p in self._pending[:taken]]
         del self._pending[:taken]
         self._total = max(0, self._total - cost)

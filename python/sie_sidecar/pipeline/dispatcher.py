@@ -36,7 +36,7 @@ from ..prep import RegisteredTokenizer, TokenizerRegistry, encode_cost
 from ..prep.audio import prepare_items
 from ..prep.media import check_extract_work_item
 from ..prep.offload import prepare_off_loop
-from ..sched.costs import AUDIO_HARD_BATCH_COST_CAP, extract_cost, score_cost
+from ..sched.costs import AUDIO_HARD_BATCH_COST_CAP, extract_cost, runs_alone, score_cost
 from ..sched.lane import BatchReport, LaneSettings, ModelLane
 from ..sched.quantum import QuantumController
 from ..sched.scheduler import Formed, SchedulerConfig
@@ -811,6 +811,7 @@ class Dispatcher:
                 kept,
                 [extract_cost(d.prepared_audio) for d in kept],
                 [AUDIO_HARD_BATCH_COST_CAP if d.prepared_audio is not None else None for d in kept],
+                [runs_alone(d.prepared_audio) for d in kept],
             )
 
     async def _execute_formed(self, model: str, formed: Formed[Delivery]) -> BatchReport | None:

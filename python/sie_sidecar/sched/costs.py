@@ -66,4 +66,25 @@ def extract_cost(prepared_audio: Mapping[str, Any] | None) -> int:
     return duration
 
 
-__all__ = ["AUDIO_HARD_BATCH_COST_CAP", "SCORE_MEDIA_COST", "extract_cost", "score_cost", "side_cost"]
+#: §2.3 (newer than v0.7.1): prepared audio longer than 30 s at 16 kHz runs alone.
+RUNS_ALONE_SAMPLES = 480_000
+
+
+def runs_alone(prepared_audio: Mapping[str, Any] | None) -> bool:
+    """§2.3 (newer than v0.7.1): an extract item whose prepared audio has more than 480,000 samples
+    (30 s at 16 kHz) never shares a batch."""
+    if prepared_audio is None:
+        return False
+    samples = prepared_audio.get("sample_count")
+    return isinstance(samples, int) and not isinstance(samples, bool) and samples > RUNS_ALONE_SAMPLES
+
+
+__all__ = [
+    "AUDIO_HARD_BATCH_COST_CAP",
+    "RUNS_ALONE_SAMPLES",
+    "SCORE_MEDIA_COST",
+    "extract_cost",
+    "runs_alone",
+    "score_cost",
+    "side_cost",
+]

@@ -164,6 +164,7 @@ class ModelScheduler(Generic[T]):
         self._aged: dict[Key, deque[int]] = {}
         self._aged_count = 0
         self._caps: dict[int, int] = {}  # hard caps of the items that have one
+        self._lone_items: set[int] = set()  # pending items that never share a batch
         self._progressed: dict[int, float] = {}  # pending items the keepalive progress-ACKed, and when
         self._running: dict[int, Formed[T]] = {}  # batches in flight by send token
         self._keepalive_task: asyncio.Task[None] | None = None
@@ -223,15 +224,21 @@ class ModelScheduler(Generic[T]):
         items: Sequence[T],
         costs: Sequence[int],
         hard_caps: Sequence[int | None] | None = None,
+        alone: Sequence[bool] | None = None,
     ) -> None:
         """Queue a group of one (op, LoRA) with their costs; one native call for the whole group.
 
         `hard_caps` (one per item, None for none) lower the cap of any batch the item is pending
-        with, e.g. 720,000 ms for extract items carrying decoded audio (§2.3)."""
+        with, e.g. 720,000 ms for extract items carrying decoded audio (§2.3). `alone` (one per
+        item; newer than v0.7.1): the item never shares a batch (long-form audio, §2.3, §3.5)."""
         if self._closing:
             raise RuntimeError("scheduler is closing")
-        if len(items) != len(costs) or (hard_caps is not None and len(hard_caps) != len(items)):
-            raise ValueError("items, costs and hard_caps must have the same length")
+        if (
+            len(items) != len(costs)
+            or (hard_caps is not None and len(hard_caps) != len(items))
+            or (alone is not None and len(alone) != len(items))
+        ):
+            raise ValueError("items, costs, hard_caps and alone must have the same length")
         if not items:
             return
         key = (op, "" if op == "score" else lora)  # score always runs on the base weights (§1.1)
@@ -249,7 +256,15 @@ class ModelScheduler(Generic[T]):
             for i, cap in zip(ids, hard_caps, strict=True):
                 if cap is not None:
                     self._caps[i] = cap
-        former.submit_many(ids, list(costs), now, None if hard_caps is None else list(hard_caps))
+        if alone is not None:
+            self._lone_items.update(i for i, lone in zip(ids, alone, strict=True) if lone)
+        former.submit_many(
+            ids,
+            list(costs),
+            now,
+            None if hard_caps is None else list(hard_caps),
+            None if alone is None else list(alone),
+        )
         self._queued.add(len(ids))
         added = sum(costs)
         self.pending_cost += added
@@ -321,7 +336,8 @@ class ModelScheduler(Generic[T]):
             if end == len(ids) or arrivals[ids[end]] != arrivals[ids[start]]:
                 run = ids[start:end]
                 caps = [self._caps.get(i) for i in run] if self._caps else None
-                former.submit_many(run, [self._costs.get(i, 1) for i in run], arrivals[run[0]], caps)
+                lone = [i in self._lone_items for i in run] if self._lone_items else None
+                former.submit_many(run, [self._costs.get(i, 1) for i in run], arrivals[run[0]], caps, lone)
                 start = end
 
     def update_limits(self, max_batch_cost: int, max_batch_wait_ms: float) -> None:
@@ -381,6 +397,8 @@ class ModelScheduler(Generic[T]):
         cost = 0
         while queue and len(ids) < limit:
             i = queue[0]
+            if ids and i in self._lone_items:
+                break  # a runs-alone item never shares, aged or not
             c = self._costs.get(i, 1)
             item_cap = self._caps.get(i) if self._caps else None
             new_cap = cap if item_cap is None else min(cap, item_cap)
@@ -388,6 +406,8 @@ class ModelScheduler(Generic[T]):
                 break
             ids.append(queue.popleft())
             cost, cap = cost + c, new_cap
+            if i in self._lone_items:
+                break
         self._aged_count -= len(ids)
         return key, AgedBatch(ids, cost, AGED)
 
@@ -468,6 +488,8 @@ class ModelScheduler(Generic[T]):
         if self._caps:
             for i in ids:
                 self._caps.pop(i, None)
+        if self._lone_items:
+            self._lone_items.difference_update(ids)
         if self._progressed:
             for i in ids:
                 self._progressed.pop(i, None)
@@ -712,6 +734,8 @@ class ModelScheduler(Generic[T]):
         self._queued_cost.add(-left_cost)
         for i in left:
             self._arrivals.pop(i, None)
+        self._lone_items.clear()
+        self._caps.clear()
         return [self._items.pop(i) for i in left]
 
 
