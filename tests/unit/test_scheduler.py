@@ -523,7 +523,7 @@ async def test_a_runs_alone_item_goes_by_itself_even_when_it_aged() -> None:
     rec = Recorder()
     config = SchedulerConfig(coalesce_ms=1000.0, max_batch_wait_ms=1000.0, idle_bypass=False, max_item_wait_s=0.05)
     s: ModelScheduler[str] = ModelScheduler("m", rec, config)
-    s.submit("extract", "", ["a", "long", "b"], [5, 240, 8], None, [False, True, False])
+    s.submit("extract", "", ["a", "long", "b"], [5, 240, 8], alone=[False, True, False])
     await settle(s)
     batches = [b.items for b in rec.batches]
     assert ["long"] in batches and sorted(i for b in batches for i in b) == ["a", "b", "long"]

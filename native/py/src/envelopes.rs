@@ -270,12 +270,12 @@ pub fn unit_counts(r: &mut Reader<'_>) -> PyResult<Option<Units>> {
             }
         }
         Token::Array(n) => {
-            for i in 0..n {
-                if i < LEGACY_UNIT_KEYS {
-                    counts[i] = de(r.read_opt_uint("unit count"))?;
-                } else {
-                    de(r.skip_value())?;
-                }
+            let named = n.min(LEGACY_UNIT_KEYS);
+            for slot in counts.iter_mut().take(named) {
+                *slot = de(r.read_opt_uint("unit count"))?;
+            }
+            for _ in named..n {
+                de(r.skip_value())?;
             }
         }
         other => {

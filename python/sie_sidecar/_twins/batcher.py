@@ -168,11 +168,8 @@ class Batcher:
         h = next((i for i, p in enumerate(self._pending) if p[4]), None)
         if h is None or h == 0:
             return
-        if self._last_alone is not None:
-            alone_turn = not self._last_alone
-        else:
-            alone_turn = min(self._pending, key=lambda p: p[2])[4]
-        if alone_turn:
+        oldest_alone = min(self._pending, key=lambda p: p[2])[4]
+        if oldest_alone if self._last_alone is None else not self._last_alone:
             self._pending[: h + 1] = [self._pending[h], *self._pending[:h]]
 
     def _extract(self, reason: str, max_items: int | None) -> FormedBatch:

@@ -811,7 +811,7 @@ class Dispatcher:
                 kept,
                 [extract_cost(d.prepared_audio) for d in kept],
                 [AUDIO_HARD_BATCH_COST_CAP if d.prepared_audio is not None else None for d in kept],
-                [runs_alone(d.prepared_audio) for d in kept],
+                alone=[runs_alone(d.prepared_audio) for d in kept],
             )
 
     async def _execute_formed(self, model: str, formed: Formed[Delivery]) -> BatchReport | None:

@@ -224,6 +224,7 @@ class ModelScheduler(Generic[T]):
         items: Sequence[T],
         costs: Sequence[int],
         hard_caps: Sequence[int | None] | None = None,
+        *,
         alone: Sequence[bool] | None = None,
     ) -> None:
         """Queue a group of one (op, LoRA) with their costs; one native call for the whole group.
