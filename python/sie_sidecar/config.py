@@ -720,8 +720,8 @@ _DEFAULTS: Mapping[str, object] = {
 #: that sets it. A feature that lands removes its rows; tests/unit/test_settings_wired.py checks that
 #: every other field is read outside this module.
 NOT_YET: tuple[tuple[str, str], ...] = ()
-#: Payload store schemes of §12 this build refuses at start-up (the store module refuses them too).
-_STORES_NOT_YET = frozenset({"abfs://", "abfss://"})
+#: Payload store schemes of §12 this build refuses at start-up (none since Azure landed).
+_STORES_NOT_YET: frozenset[str] = frozenset()
 #: Fields whose whole specified effect is a start-up check (§1.1: the liveness budget must exceed the
 #: model-ready timeout), so nothing reads them later.
 CHECKED_ONLY = frozenset({"worker_liveness_budget_s"})

@@ -222,6 +222,11 @@ class LocalIngestError(Exception):
         self.error = error
 
 
+class StreamSettlementError(LocalIngestError):
+    """A backend settlement after the backend itself ended a local generation stream (a second `ack`
+    after the terminal chunk's, or a progress or NAK after it; TV-G3): the stream's outcome stands."""
+
+
 class GenerationStreamError(LocalIngestError):
     """A local generation stream ended with `"CODE: message"` instead of its final outcome."""
 
@@ -370,6 +375,7 @@ __all__ = [
     "Reason",
     "ShapeError",
     "StartupError",
+    "StreamSettlementError",
     "SubjectError",
     "TopologyError",
     "WireError",

@@ -39,7 +39,6 @@ def run(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
         ({**BASE, "SIE_IPC_SOCKET_PATHS": "/a.sock,/b.sock,/a.sock"}, "SIE_IPC_SOCKET_PATHS"),
         ({**BASE, "SIE_WORKER_LIVENESS_BUDGET_S": "900"}, "SIE_WORKER_LIVENESS_BUDGET_S"),
         ({**BASE, "SIE_MAX_ACK_PENDING": "99999999999999999999"}, "SIE_MAX_ACK_PENDING: 99999999999999999999 is out"),
-        ({**BASE, "SIE_PAYLOAD_STORE_URL": "abfs://c@a/p"}, "SIE_PAYLOAD_STORE_URL is not supported yet for abfs://"),
     ],
 )
 def test_invalid_configuration_exits_2_with_one_line(env: dict[str, str], needle: str) -> None:

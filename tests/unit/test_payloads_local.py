@@ -356,8 +356,8 @@ async def test_file_url_and_plain_path_are_local(tree: Path, scheme: str) -> Non
 
 
 @pytest.mark.parametrize("url", ["abfs://c@a.dfs.core.windows.net", "abfss://x"])
-def test_stores_of_later_issues_are_startup_errors(url: str) -> None:
-    with pytest.raises(PayloadStoreConfigError, match="not supported"):
+def test_malformed_azure_stores_are_startup_errors(url: str) -> None:
+    with pytest.raises(PayloadStoreConfigError, match="container@account"):
         PayloadStore.from_url(url)
 
 

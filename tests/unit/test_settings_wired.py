@@ -102,13 +102,21 @@ def run_cli(
     return code, capsys.readouterr().err
 
 
-@pytest.mark.parametrize("scheme", ["abfs", "abfss"])
-def test_a_payload_store_this_build_lacks_stops_start_up(
-    scheme: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+def test_a_setting_this_build_lacks_stops_start_up(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    code, err = run_cli(monkeypatch, capsys, {**BASE, "SIE_PAYLOAD_STORE_URL": f"{scheme}://bucket/prefix"})
+    """The refusal path, with a table entry of the test's own (nothing is refused today)."""
+    monkeypatch.setattr(config, "NOT_YET", (("nats_ack_confirm_s", "SIE_NATS_ACK_CONFIRM_S"),))
+    code, err = run_cli(monkeypatch, capsys, {**BASE, "SIE_NATS_ACK_CONFIRM_S": "7"})
     assert code == 2
-    assert err.splitlines() == [f"sie-sidecar: SIE_PAYLOAD_STORE_URL is not supported yet for {scheme}:// stores"]
+    assert err.splitlines() == ["sie-sidecar: SIE_NATS_ACK_CONFIRM_S is not supported yet"]  # no value shown
+    assert run_cli(monkeypatch, capsys, {**BASE, "SIE_NATS_ACK_CONFIRM_S": "2"})[0] == 99  # its default: accepted
+
+
+def test_nothing_is_refused_any_more() -> None:
+    """Work deadlines and Azure stores landed: no setting and no store scheme is refused."""
+    assert NOT_YET == ()
+    assert frozenset() == config._STORES_NOT_YET
 
 
 def test_work_deadline_settings_are_taken_not_refused() -> None:

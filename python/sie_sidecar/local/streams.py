@@ -16,7 +16,7 @@ from typing import Any, Final
 
 import msgpack
 
-from ..errors import DECODE_ERROR, RETRY_LATER, TRANSPORT_FAILURE
+from ..errors import DECODE_ERROR, RETRY_LATER, TRANSPORT_FAILURE, StreamSettlementError
 
 MAX_ATTEMPT_ID_BYTES: Final = 128
 MAX_NAK_REASON_BYTES: Final = 64
@@ -28,12 +28,6 @@ class _Violation(Exception):
     def __init__(self, code: str, message: str) -> None:
         super().__init__(message)
         self.code = code
-
-
-class StreamSettlementError(Exception):
-    """A backend settlement after the backend itself ended the stream (a second `ack` after the
-    terminal chunk's, or a progress or NAK after it; TV-G3): the stream's outcome stands, and the
-    settler logs this as a failed settle."""
 
 
 def _no_duplicates(pairs: list[tuple[Any, Any]]) -> dict[Any, Any]:

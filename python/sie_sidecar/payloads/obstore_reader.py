@@ -21,7 +21,7 @@ from .object_keys import ObjectRoot
 
 if TYPE_CHECKING:
     from obstore import GetResult
-    from obstore.store import ClientConfig, GCSStore, RetryConfig, S3Store
+    from obstore.store import AzureStore, ClientConfig, GCSStore, RetryConfig, S3Store
 
 _ERROR_TEXT_MAX = 300
 _TRUE = frozenset({"1", "true", "yes", "on"})
@@ -62,7 +62,7 @@ async def bounded_read(result: GetResult, limit: int) -> bytes:
 class ObstoreReader:
     """Reads keys under one `ObjectRoot` from one obstore store, mapping failures onto §13 reasons."""
 
-    def __init__(self, root: ObjectRoot, store: S3Store | GCSStore) -> None:
+    def __init__(self, root: ObjectRoot, store: S3Store | GCSStore | AzureStore) -> None:
         self.root = root
         self.bucket = root.bucket
         self.prefix = root.prefix

@@ -7,7 +7,7 @@
 | `s3://bucket[/prefix]` | S3 (obstore, credentials from the standard AWS environment) |
 | `gs://bucket[/prefix]` | GCS (obstore, credentials from the standard Google environment) |
 | `oss://bucket[/prefix]` | Alibaba OSS (native V4-signed client; `SIE_OSS_REGION`, Alibaba/OSS/RRSA credentials) |
-| `abfs://`, `abfss://` | start-up error: not in this build yet |
+| `abfs[s]://container@account.dfs.core.windows.net[/prefix]` | Azure Blob (obstore, standard Azure environment) |
 | `file://<path>` or any other string | local, pinned base directory `<path>` |
 """
 
@@ -24,7 +24,7 @@ from ..telemetry import (
     SIZE_BOUNDS_BYTES,
     Registry,
 )
-from .errors import InvalidPayloadRef, PayloadError, PayloadStoreConfigError
+from .errors import InvalidPayloadRef, PayloadError
 from .local import LocalReader
 
 if TYPE_CHECKING:
@@ -33,7 +33,6 @@ if TYPE_CHECKING:
 #: §12 envelope cap: the widest accepted extract request (34 MiB) plus 64 KiB of msgpack overhead.
 PAYLOAD_ENVELOPE_LIMIT = 34 * 1024 * 1024 + 64 * 1024
 FILE_SCHEME = "file://"
-NOT_YET = ("abfs://", "abfss://")
 
 
 class PayloadReader(Protocol):
@@ -71,9 +70,10 @@ class PayloadStore:
             from .oss import OssReader
 
             return cls(OssReader(url), "oss")
-        if url.startswith(NOT_YET):
-            scheme = url.split("://", 1)[0]
-            raise PayloadStoreConfigError(f"{scheme}:// payload stores are not supported by this build yet")
+        if url.startswith(("abfs://", "abfss://")):
+            from .azure import AzureReader
+
+            return cls(AzureReader(url), "azure")
         if url.startswith(FILE_SCHEME):
             return cls(LocalReader(url[len(FILE_SCHEME) :]), "local")
         return cls(LocalReader(url), "local")
