@@ -1232,3 +1232,35 @@ def test_batched_f16_buffers_are_checked_before_they_are_sent() -> None:
     ]:
         with pytest.raises(ValueError, match=why):
             batched_f16_output(buffer, slices)
+
+
+async def test_the_pool_grows_by_an_engine_batched_models_width_once(sock_path: str) -> None:
+    """wire-protocol §1.2 (newer than v0.7.1): a model reported with dispatch width > 1 adds that many
+    connections (clamped to 1024), once per model; the pool never shrinks, and the extra slots carry
+    concurrent batches that a pool of one would have queued."""
+    adapter = NullAdapter(8, preloaded_models=(MODEL,), batch_delay_s=0.3)
+    server = BackendServer(adapter, sock_path, worker_id="w")
+    await server.start()
+    ipc = IpcClient(sock_path, pool_size=1, request_timeout_s=10.0)
+    try:
+        assert ipc.grow_for("engine/a", 1) == 1 and ipc.grow_for("engine/a", None) == 1  # width 1: no growth
+        assert ipc.grow_for("engine/a", 3) == 4
+        assert ipc.grow_for("engine/a", 8) == 4  # once per model
+        assert ipc.grow_for("engine/b", 5000) == 4 + 1024  # clamped
+        assert ipc.capacity == ipc.pool_size == 1028
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        await asyncio.gather(*(ipc.run_batch(run_batch_body([wrapped("encode", i)])) for i in range(4)))
+        assert loop.time() - started < 0.3 * 3  # concurrent, not one after another on one connection
+        assert ipc.open_connections == 4
+    finally:
+        await ipc.close()
+        await server.close()
+
+
+async def test_a_mux_client_has_no_pool_to_grow(sock_path: str) -> None:
+    ipc = MuxIpcClient(sock_path)
+    try:
+        assert ipc.grow_for("engine/a", 8) == ipc.capacity
+    finally:
+        await ipc.close()

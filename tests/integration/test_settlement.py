@@ -549,3 +549,18 @@ async def test_a_load_item_is_acked_once_its_model_is_ready(nats_server: NatsSer
         wid = await stack.publish(work_item())
         await stack.wait_for(lambda: len(stack.results_for(wid)) == 1)
         assert (await stack.pool_consumer()).num_redelivered == 0
+
+
+async def test_an_engine_batched_model_grows_the_ipc_pool_to_its_width(nats_server: NatsServer, tmp_path: Path) -> None:
+    """wire-protocol §1.2 (newer than v0.7.1): a descriptor with `max_concurrent_dispatch` 6 grows the
+    pool of 2 connections by 6, so the six extract items (each dispatched alone, scheduler-and-prep
+    §1.2) run at once; a pool of 2 would have run at most two at a time."""
+    adapter = NullAdapter(dim=8, preloaded_models=[MODEL], batch_delay_s=0.4, dispatch_width=6)
+    env = {"SIE_IPC_POOL_SIZE": "2"}
+    async with running_stack(nats_server, tmp_path, adapter=adapter, env=env) as stack:
+        ids = [
+            await stack.publish(work_item(operation="extract", item={"text": f"t{i}"}, labels=["x"])) for i in range(6)
+        ]
+        await stack.wait_for(lambda: all(len(stack.results_for(w)) == 1 for w in ids), timeout=15)
+        await stack.settled_pool()
+        assert adapter.most_running > 2

@@ -129,6 +129,7 @@ class NullAdapter(Adapter):
         failed_models: Iterable[str] = (),
         error_every: int = 0,
         error_retry_after_s: int | None = None,
+        dispatch_width: int | None = None,
         oversized_bytes: int = 0,
         cached_results: bool = False,
         crash_after_batches: int = 0,
@@ -156,6 +157,11 @@ class NullAdapter(Adapter):
         self.error_every = _positive_int("error_every", error_every)
         #: The `retry_after_s` hint each injected error carries (newer than v0.7.1; None: none).
         self.error_retry_after_s = error_retry_after_s
+        #: `max_concurrent_dispatch` in the descriptor (an engine that batches on its own, newer than
+        #: v0.7.1); and how many batches ran at once at most.
+        self.dispatch_width = dispatch_width
+        self.running = 0
+        self.most_running = 0
         self.oversized_bytes = _positive_int("oversized_bytes", oversized_bytes)
         #: Every encode item gets one result framed at start (a fixed vector, no item id): a backend
         #: that costs next to nothing, for benches that measure the sidecar alone (issue 30).
@@ -217,6 +223,7 @@ class NullAdapter(Adapter):
             tokenizer_id=self.tokenizer_id,
             max_seq_len=512,
             supports_run_batch=self.supports_run_batch,
+            max_concurrent_dispatch=self.dispatch_width,
         )
 
     @property
@@ -363,6 +370,16 @@ class NullAdapter(Adapter):
         self, model_id: str, op: str, items: list[dict[str, Any]], lora_key: str
     ) -> list[dict[str, Any]]:
         self.batches += 1
+        self.running += 1
+        self.most_running = max(self.most_running, self.running)
+        try:
+            return await self._run_batch_counted(model_id, op, items, lora_key)
+        finally:
+            self.running -= 1
+
+    async def _run_batch_counted(
+        self, model_id: str, op: str, items: list[dict[str, Any]], lora_key: str
+    ) -> list[dict[str, Any]]:
         if self.crash_after_batches and self.batches >= self.crash_after_batches:
             os._exit(1)  # a backend child dying mid-batch, for the sidecar's transport-error tests
         self.items += len(items)

@@ -121,6 +121,13 @@ class BackendChildren:
             self._unplace(index)
             raise
 
+    def grow_for(self, model_id: str, width: int | None) -> int:
+        """`IpcClient.grow_for` on the child the model is placed on (none placed: nothing grows)."""
+        index = self._placed.get(model_id)
+        if index is None:
+            return 0
+        return self.clients[index].grow_for(model_id, width)
+
     async def ensure_model_ready(self, model_id: str) -> ReadyResponse:
         """EnsureModelReady on the model's child (placing it first); `failed` unplaces it."""
         self._check()

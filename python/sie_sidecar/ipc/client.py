@@ -173,6 +173,8 @@ class IpcClient:
         self._budget = budget
         self._ids = itertools.count(1)
         self._slots = [_Slot(i) for i in range(pool_size)]
+        #: Models whose dispatch width already grew the pool (each counts once).
+        self._widened: set[str] = set()
         # LIFO: the most recently used (warm) connection goes out first; the rest stay unopened.
         self._idle: asyncio.LifoQueue[_Slot] = asyncio.LifoQueue()
         for slot in reversed(self._slots):
@@ -218,6 +220,22 @@ class IpcClient:
     @property
     def closed(self) -> bool:
         return self._closed
+
+    def grow_for(self, model_id: str, width: int | None) -> int:
+        """wire-protocol §1.2 (newer than v0.7.1): an engine-batched model (dispatch width > 1, clamped
+        to 1024) adds its width of connections to the pool, once per model, so its concurrent batches
+        do not queue for a slot; the pool never shrinks. Returns the pool size after."""
+        if width is None or width <= 1 or model_id in self._widened or self._closed:
+            return self._pool_size
+        self._widened.add(model_id)
+        added = min(1024, width)
+        start = len(self._slots)
+        new = [_Slot(i) for i in range(start, start + added)]
+        self._slots.extend(new)
+        for slot in reversed(new):
+            self._idle.put_nowait(slot)
+        self._pool_size += added
+        return self._pool_size
 
     @property
     def runs_batches(self) -> bool:

@@ -59,6 +59,11 @@ class MuxIpcClient(IpcClient):
 
     transport = "mux"
 
+    def grow_for(self, model_id: str, width: int | None) -> int:
+        """One multiplexed connection carries up to its in-flight cap whatever the width: no pool
+        to grow (wire-protocol §1.2)."""
+        return self.capacity
+
     def __init__(
         self,
         socket_path: str,

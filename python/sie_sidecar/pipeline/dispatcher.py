@@ -487,8 +487,12 @@ class Dispatcher:
         if unknown:
             await self._out.publish_errors(unknown, BAD_OPERATION, "unknown operation", nak_on_failure=True)
         lane = self._lane(model)
+        width = ready.descriptor.max_concurrent_dispatch if ready.descriptor is not None else None
+        grow = getattr(self._backend, "grow_for", None)  # the pool transport: wire-protocol §1.2
+        if grow is not None and width is not None and width > 1:
+            grow(model, width)
         lane.describe(
-            max_concurrent_dispatch=ready.descriptor.max_concurrent_dispatch if ready.descriptor is not None else None,
+            max_concurrent_dispatch=width,
             max_batch_tokens=ready.max_batch_tokens,
             # A token budget without a count budget: the fallback count budget is the count cap.
             batch_budget=ready.batch_budget or (self._s.fetch_budget if ready.max_batch_tokens else None),
