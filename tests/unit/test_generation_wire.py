@@ -107,6 +107,48 @@ def test_images_breaking_a_rule_are_invalid_input(generate: dict[str, Any]) -> N
         normalise_generate_images(generate)
 
 
+def test_a_video_is_normalised_like_an_image_and_shares_the_budget() -> None:
+    """scheduler-and-prep §7.2 (newer than v0.7.1): `videos` follow the image rules, at most one per
+    request, in the same 16 MiB of decoded bytes."""
+    video = {"data": base64.b64encode(b"mp4!").decode(), "format": "mp4"}
+    generate: dict[str, Any] = {"messages": [{"role": "user", "videos": [video]}]}
+    normalise_generate_images(generate)
+    assert generate["messages"][0]["videos"][0]["data"] == b"mp4!"
+    two = {"messages": [{"videos": [{"data": b"a"}]}, {"videos": [{"data": b"b"}]}]}
+    with pytest.raises(GenerateMediaError, match=r"generate\.messages\[1\]\.videos\[0\]: at most 1 videos"):
+        normalise_generate_images(two)
+    shared = {"messages": [{"images": [{"data": b"x" * (MAX_IMAGE_BYTES - 2)}], "videos": [{"data": b"yyy"}]}]}
+    with pytest.raises(GenerateMediaError, match="decoded bytes"):
+        normalise_generate_images(shared)
+    with pytest.raises(GenerateMediaError, match=r"generate\.messages\[0\]\.videos must be an array"):
+        normalise_generate_images({"messages": [{"videos": "clip"}]})
+
+
+@pytest.mark.parametrize(
+    ("entry", "message"),
+    [
+        ({"data": "  "}, "generate.messages[0].images[0].data is empty"),
+        ({"data": b""}, "generate.messages[0].images[0].data is empty"),
+        ({"format": 3, "data": b"x"}, "generate.messages[0].images[0].format must be a string"),
+        ({"format": "png"}, "generate.messages[0].images[0].data is required"),
+        ({"data": "!!!!"}, "generate.messages[0].images[0].data is not valid base64"),
+    ],
+)
+def test_errors_name_the_field_path_and_never_the_data(entry: dict[str, Any], message: str) -> None:
+    with pytest.raises(GenerateMediaError) as caught:
+        normalise_generate_images({"messages": [{"images": [entry]}]})
+    assert str(caught.value) == message
+
+
+def test_base64_is_trimmed_and_a_too_long_string_is_refused_before_decoding() -> None:
+    generate: dict[str, Any] = {"messages": [{"images": [{"data": "  " + base64.b64encode(b"ok").decode() + "\n"}]}]}
+    normalise_generate_images(generate)
+    assert generate["messages"][0]["images"][0]["data"] == b"ok"
+    huge = "A" * ((MAX_IMAGE_BYTES // 3 + 1) * 4)
+    with pytest.raises(GenerateMediaError, match="exceeds"):
+        normalise_generate_images({"messages": [{"images": [{"data": huge}]}]})
+
+
 TV_W1 = bytes.fromhex(
     "89ac776f726b5f6974656d5f6964a77265712d312e30aa726571756573745f6964a57265712d31aa6974656d5f696e64657800ab"
     "746f74616c5f6974656d7301a96f7065726174696f6ea6656e636f6465a86d6f64656c5f6964ab424141492f6267652d6d33a970"

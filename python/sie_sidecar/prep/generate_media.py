@@ -1,8 +1,10 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Generation media before the backend sees it (wire-protocol §7.4, sidecar-behaviour §12): each
-message's `images[*].data` base64 string becomes msgpack binary, within the limits of at most 16
-images across all messages and 16 MiB of decoded bytes in total. Binary data is taken as it is (an
-offloaded generate value may carry it). Anything else is `INVALID_INPUT` for the caller."""
+"""Generation media before the backend sees it (wire-protocol §7.4, scheduler-and-prep §7.2): each
+message's `images[*].data` (and, newer than v0.7.1, `videos[*].data`) base64 string becomes msgpack
+binary, within the limits of at most 16 images and 1 video across all messages and 16 MiB of decoded
+bytes shared by all of them. Binary data is taken as it is (an offloaded generate value may carry
+it). Anything else is `INVALID_INPUT` for the caller, with an error that names only the field path
+(`generate.messages[0].images[1]`), never the data."""
 
 from __future__ import annotations
 
@@ -13,42 +15,73 @@ from typing import Any, Final
 from ..errors import GenerateMediaError
 
 MAX_IMAGES: Final = 16
+#: Newer than v0.7.1: at most one video per request, in the images' byte budget.
+MAX_VIDEOS: Final = 1
 MAX_IMAGE_BYTES: Final = 16 * 1024 * 1024
+_KINDS: Final = (("images", MAX_IMAGES), ("videos", MAX_VIDEOS))
+
+
+def _decoded(data: Any, where: str) -> bytes:
+    """One entry's `data` as bytes: non-empty binary as it is, or a trimmed, non-empty standard
+    base64 string (its decoded size bounded from its length before decoding)."""
+    if isinstance(data, bytes | bytearray):
+        if not data:
+            raise GenerateMediaError(f"{where}.data is empty")
+        return bytes(data)
+    if not isinstance(data, str):
+        raise GenerateMediaError(f"{where}.data must be a base64 string or binary")
+    text = data.strip()
+    if not text:
+        raise GenerateMediaError(f"{where}.data is empty")
+    if len(text) * 3 // 4 > MAX_IMAGE_BYTES:
+        raise GenerateMediaError(f"{where}.data exceeds {MAX_IMAGE_BYTES} decoded bytes")
+    try:
+        raw = base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError):
+        raise GenerateMediaError(f"{where}.data is not valid base64") from None
+    if not raw:
+        raise GenerateMediaError(f"{where}.data is empty")
+    return raw
 
 
 def normalise_generate_images(generate: Any) -> None:
-    """Decode every message's image data in place; `GenerateMediaError` on a bad image or limit."""
+    """Decode every message's image and video data in place; `GenerateMediaError` naming the field
+    path on a bad entry or a limit."""
     if not isinstance(generate, dict):
         return
     messages = generate.get("messages")
-    if not isinstance(messages, list):
+    if messages is None:
         return
-    count = 0
+    if not isinstance(messages, list):
+        raise GenerateMediaError("generate.messages must be an array")
+    counts = {kind: 0 for kind, _ in _KINDS}
     total = 0
-    for message in messages:
-        images = message.get("images") if isinstance(message, dict) else None
-        if images is None:
-            continue
-        if not isinstance(images, list):
-            raise GenerateMediaError("images must be an array")
-        for image in images:
-            if not isinstance(image, dict):
-                raise GenerateMediaError("each image must be a map")
-            count += 1
-            if count > MAX_IMAGES:
-                raise GenerateMediaError(f"at most {MAX_IMAGES} images per request")
-            data = image.get("data")
-            if isinstance(data, str):
-                try:
-                    data = base64.b64decode(data, validate=True)
-                except (binascii.Error, ValueError):
-                    raise GenerateMediaError("image data is not valid base64") from None
-                image["data"] = data
-            elif not isinstance(data, bytes | bytearray):
-                raise GenerateMediaError("image data must be a base64 string or binary")
-            total += len(data)
-            if total > MAX_IMAGE_BYTES:
-                raise GenerateMediaError(f"images exceed {MAX_IMAGE_BYTES} decoded bytes")
+    for m, message in enumerate(messages):
+        if not isinstance(message, dict):
+            raise GenerateMediaError(f"generate.messages[{m}] must be a map")
+        for kind, limit in _KINDS:
+            entries = message.get(kind)
+            if entries is None:
+                continue
+            if not isinstance(entries, list):
+                raise GenerateMediaError(f"generate.messages[{m}].{kind} must be an array")
+            for i, entry in enumerate(entries):
+                where = f"generate.messages[{m}].{kind}[{i}]"
+                if not isinstance(entry, dict):
+                    raise GenerateMediaError(f"{where} must be a map")
+                counts[kind] += 1
+                if counts[kind] > limit:
+                    raise GenerateMediaError(f"{where}: at most {limit} {kind} per request")
+                fmt = entry.get("format")
+                if fmt is not None and not isinstance(fmt, str):
+                    raise GenerateMediaError(f"{where}.format must be a string")
+                if "data" not in entry:
+                    raise GenerateMediaError(f"{where}.data is required")
+                raw = _decoded(entry["data"], where)
+                total += len(raw)
+                if total > MAX_IMAGE_BYTES:  # one budget for every image and video (checked after each)
+                    raise GenerateMediaError(f"{where}: media exceed {MAX_IMAGE_BYTES} decoded bytes")
+                entry["data"] = raw
 
 
-__all__ = ["MAX_IMAGES", "MAX_IMAGE_BYTES", "GenerateMediaError", "normalise_generate_images"]
+__all__ = ["MAX_IMAGES", "MAX_IMAGE_BYTES", "MAX_VIDEOS", "GenerateMediaError", "normalise_generate_images"]
