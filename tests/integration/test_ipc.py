@@ -345,7 +345,7 @@ async def test_worker_capabilities_and_generate_cancel(client: IpcClient) -> Non
     assert wire.decode_body(await client.call("SignalGenerateCancel", pack({"request_id": "x"}))) == {"matched": False}
     with pytest.raises(IpcServerError, match=r"^bad body for ApplyModelConfig: bundle_id is required"):
         await client.call("ApplyModelConfig", pack({}))  # checked before the adapter is asked
-    config = "sie_id: org/model\n"
+    config = f"sie_id: {MODEL}\n"
     apply: dict[str, Any] = {
         "bundle_id": "default",
         "model_id": MODEL,
@@ -399,7 +399,7 @@ async def test_model_config_methods_reach_the_adapters_hooks(sock_path: str) -> 
             "model_id": MODEL,
             "epoch": 4,
             "bundle_config_hash": "h4",
-            "model_config": "sie_id: x\n",
+            "model_config": f"sie_id: {MODEL}\n",
             "bundle_adapters": ["a.b"],
         }
         answer = msgpack.unpackb(await ipc.call("ApplyModelConfig", pack(body)))
@@ -409,7 +409,7 @@ async def test_model_config_methods_reach_the_adapters_hooks(sock_path: str) -> 
             ("config_version", 4),
             ("unsupported_models", ["a/m", "z/m"]),
         ]
-        assert seen[-1] == ApplyModelConfigRequest("default", MODEL, 4, "h4", "sie_id: x\n", (), ("a.b",))
+        assert seen[-1] == ApplyModelConfigRequest("default", MODEL, 4, "h4", f"sie_id: {MODEL}\n", (), ("a.b",))
         snapshot = {"bundle_id": "default", "epoch": 5, "bundle_config_hash": "h5", "models": []}
         answer = msgpack.unpackb(await ipc.call("ReplaceModelConfigs", pack(snapshot)))
         assert answer["applied_models"] == [] and answer["config_version"] == 5  # an empty snapshot is valid
@@ -420,6 +420,14 @@ async def test_model_config_methods_reach_the_adapters_hooks(sock_path: str) -> 
             ("ApplyModelConfig", dict(body, model_config="   "), "model_config must not be blank"),
             ("ApplyModelConfig", dict(body, epoch=-1), "epoch is required and must be an unsigned integer"),
             ("ApplyModelConfig", dict(body, bundle_id=""), "bundle_id must not be empty"),
+            ("ApplyModelConfig", dict(body, model_config="sie_id: other/model\n"), "model_id mismatch"),
+            ("ApplyModelConfig", dict(body, model_config="- a list\n"), "model_config must be a YAML mapping"),
+            ("ApplyModelConfig", dict(body, model_config="a: [unclosed\n"), "model_config is not valid YAML"),
+            (
+                "ReplaceModelConfigs",
+                dict(snapshot, models=[{"model_id": "m/a", "model_config": "sie_id: m/b\n"}]),
+                "model_id mismatch: models[0].model_config is for 'm/b', not 'm/a'",
+            ),
             ("ReplaceModelConfigs", {k: v for k, v in snapshot.items() if k != "models"}, "models is required"),
             ("ReplaceModelConfigs", dict(snapshot, models=[{"model_id": 1}]), "models[0].model_id is required"),
             ("SetPinnedModels", {"models": [1]}, "models must be an array of strings"),
@@ -1264,3 +1272,24 @@ async def test_a_mux_client_has_no_pool_to_grow(sock_path: str) -> None:
         assert ipc.grow_for("engine/a", 8) == ipc.capacity
     finally:
         await ipc.close()
+
+
+async def test_the_reference_backend_answers_set_pinned_models(sock_path: str) -> None:
+    """wire-protocol §3.5: the reference backend has a pinning hook; pinned configured models start
+    loading (a backend keeps its pinned models resident)."""
+    adapter = NullAdapter(8, load_delay_s=60.0)
+    server = BackendServer(adapter, sock_path, worker_id="w")
+    await server.start()
+    ipc = IpcClient(sock_path, pool_size=1, request_timeout_s=10.0)
+    try:
+        answer = msgpack.unpackb(await ipc.call("SetPinnedModels", pack({"models": [MODEL, f"{MODEL}:l4", "b/m"]})))
+        assert answer == {"applied": True, "pinned_count": 3}
+        assert adapter.pinned == frozenset({MODEL, f"{MODEL}:l4", "b/m"})
+        assert set(adapter.loading_models()) == {MODEL, "b/m"}
+        assert msgpack.unpackb(await ipc.call("SetPinnedModels", pack({"models": []}))) == {
+            "applied": True,
+            "pinned_count": 0,
+        }
+    finally:
+        await ipc.close()
+        await server.close()

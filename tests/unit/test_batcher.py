@@ -221,3 +221,16 @@ def test_runs_alone_items_go_by_themselves_in_arrival_order(
             order.append(b.ids[0])
     assert order == sorted(order)
     assert sorted(i for b in twin_out for i in b.ids) == list(range(len(events)))
+
+
+def test_the_lanes_take_turns_and_the_oldest_items_lane_goes_first(mod: ModuleType) -> None:
+    """§3.5 `order_for_lanes`: with both lanes pending, the first batch comes from the lane of the
+    oldest item, then the lanes alternate (batchable by cost, runs-alone by arrival)."""
+    b = mod.Batcher()
+    b.submit_many([10], [900], 0.0, None, [True])
+    b.submit_many([11], [100], 0.001, None, [True])
+    b.submit_many([12, 13], [7, 5], 0.002, None, [False, False])
+    assert [b.try_get_batch(1.0, False).ids for _ in range(3)] == [[10], [13, 12], [11]]
+    b.submit_many([20, 21], [3, 4], 2.0, None, [False, False])
+    b.submit_many([22], [1], 2.001, None, [True])
+    assert [b.try_get_batch(3.0, False).ids for _ in range(2)] == [[20, 21], [22]]  # batchable is older

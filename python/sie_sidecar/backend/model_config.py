@@ -6,7 +6,9 @@ The server decodes and checks each request here (a malformed body is `bad body f
 <detail>` before any adapter code runs), hands the typed request to the adapter's hook, and writes
 the hook's answer back in the spec's key order with its defaults. An adapter without the hook gets
 a typed "not supported" error (`NotImplementedError: <Method> is not supported by this backend`).
-What a config *means* (YAML parsing, registry updates) is the adapter's: the library only carries it.
+What a config *means* (registry updates) is the adapter's: the library only carries it, after one
+check the real server makes: the text must be a YAML mapping, and a non-empty `model_id` must equal
+its `sie_id` when the config names one (`model_id mismatch`, wire-protocol §3.3).
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+import yaml
 
 from .bodies import BadBody, opt_str_list, req_list, req_str, req_uint
 
@@ -70,9 +74,22 @@ class PinnedApplied:
 
 
 def _config_text(body: Mapping[str, Any], where: str = "") -> str:
+    """The YAML text of `model_config`, checked: not blank, a mapping, and naming the request's
+    `model_id` as its `sie_id` when both are given."""
+    field = f"{where + '.' if where else ''}model_config"
     text = req_str(body, "model_config", where)
     if not text.strip():
-        raise BadBody(f"{where + '.' if where else ''}model_config must not be blank")
+        raise BadBody(f"{field} must not be blank")
+    try:
+        config = yaml.safe_load(text)
+    except yaml.YAMLError:
+        raise BadBody(f"{field} is not valid YAML") from None
+    if not isinstance(config, dict):
+        raise BadBody(f"{field} must be a YAML mapping")
+    model_id = body.get("model_id")
+    sie_id = config.get("sie_id")
+    if isinstance(model_id, str) and model_id and isinstance(sie_id, str) and sie_id and sie_id != model_id:
+        raise BadBody(f"model_id mismatch: {field} is for {sie_id!r}, not {model_id!r}")
     return text
 
 

@@ -29,7 +29,7 @@ from ..prep.tokenize import tokenizer_id_of
 from .adapter import Adapter, outcome_for, unit_counts
 from .config_registry import ModelConfigRegistry
 from .generation import GenerateStream, TokenStreamer
-from .model_config import ApplyModelConfigRequest, ConfigApplied, ReplaceModelConfigsRequest
+from .model_config import ApplyModelConfigRequest, ConfigApplied, PinnedApplied, ReplaceModelConfigsRequest
 
 #: Redelivery delay for items of a model that is not loaded (the Python backend's SIE_NAK_DELAY_S).
 NOT_LOADED_NAK_MS: Final = 5000
@@ -201,6 +201,8 @@ class NullAdapter(Adapter):
         self.device_s = 0.0
         self._loaded: set[str] = set(preloaded_models) - self.retry_later_models - self.failed_models
         self._loading: dict[str, float] = {}
+        #: The pinned ids SetPinnedModels last set (wire-protocol §3.5).
+        self.pinned: frozenset[str] = frozenset()
         self.batches = 0
         self.inferred = 0  # items that reached inference, the count error_every steps through
         self.items = 0
@@ -310,6 +312,17 @@ class NullAdapter(Adapter):
 
     async def replace_model_configs(self, request: ReplaceModelConfigsRequest) -> ConfigApplied:
         return await self._config_write(lambda: self.configs.replace(request))
+
+    async def set_pinned_models(self, models: tuple[str, ...]) -> PinnedApplied:
+        """The pinning hook (wire-protocol §3.5): the authoritative set of pinned ids (`sie_id` or
+        `sie_id:profile`), kept in `pinned`; a pinned id that is configured but not loaded starts
+        loading, as a backend keeps its pinned models resident."""
+        self.pinned = frozenset(models)
+        for model in self.pinned:
+            base = model.split(":", 1)[0]
+            if base not in self._loaded and base not in self.failed_models and base not in self.retry_later_models:
+                self._loading.setdefault(base, self._clock())
+        return PinnedApplied(applied=True, pinned_count=len(self.pinned))
 
     async def _config_write(self, write: Callable[[], ConfigApplied]) -> ConfigApplied:
         """A write that takes `config_apply_delay_s`, during which the registry is half-applied: a batch
