@@ -125,10 +125,11 @@ async def test_cold_load_progress_acks_then_succeeds_on_the_first_delivery(
         assert (await stack.pool_consumer()).num_redelivered == 0  # progress-ACKed, never NAKed
 
 
-async def test_tombstoned_work_is_ack_dropped_before_ipc(nats_server: NatsServer, tmp_path: Path) -> None:
+async def _tombstoned_before_ipc(nats_server: NatsServer, tmp_path: Path, tree: str) -> None:
+    """A cancel on `tree` tombstones its request: the request's item is ACK-dropped before IPC."""
     async with running_stack(nats_server, tmp_path) as stack:
         item = work_item()
-        await stack.cancel(f"work_cancel.{ROUTER}.{item['request_id']}")
+        await stack.cancel(f"{tree}.{ROUTER}.{item['request_id']}")
         items_before = stack.adapter.items
         await stack.publish(item)
         other = await stack.publish(work_item())
@@ -136,6 +137,10 @@ async def test_tombstoned_work_is_ack_dropped_before_ipc(nats_server: NatsServer
         await stack.settled_pool()
         assert stack.results_for(item["work_item_id"]) == []
         assert stack.adapter.items == items_before + 1  # only the other item reached the backend
+
+
+async def test_tombstoned_work_is_ack_dropped_before_ipc(nats_server: NatsServer, tmp_path: Path) -> None:
+    await _tombstoned_before_ipc(nats_server, tmp_path, "work_cancel")
 
 
 async def test_tombstones_are_namespaced_by_router(nats_server: NatsServer, tmp_path: Path) -> None:
@@ -149,16 +154,7 @@ async def test_tombstones_are_namespaced_by_router(nats_server: NatsServer, tmp_
 async def test_a_generation_cancel_also_tombstones_the_request(nats_server: NatsServer, tmp_path: Path) -> None:
     """§7 (newer than v0.7.1): `cancel.{router}.{request}` records the request tombstone as well as
     forwarding SignalGenerateCancel, so the request's non-generate items are ACK-dropped."""
-    async with running_stack(nats_server, tmp_path) as stack:
-        item = work_item()
-        await stack.cancel(f"cancel.{ROUTER}.{item['request_id']}")
-        items_before = stack.adapter.items
-        await stack.publish(item)
-        other = await stack.publish(work_item())
-        await stack.wait_for(lambda: len(stack.results_for(other)) == 1)
-        await stack.settled_pool()
-        assert stack.results_for(item["work_item_id"]) == []
-        assert stack.adapter.items == items_before + 1
+    await _tombstoned_before_ipc(nats_server, tmp_path, "cancel")
 
 
 @pytest.mark.parametrize("how", ["reply", "nats-header", "plain"])
