@@ -181,6 +181,15 @@ async def test_unsupported_models_are_committed_with_the_hash_and_reach_health(
             assert time.monotonic() < deadline, "the item was not NAKed"
             await asyncio.sleep(0.05)
         assert adapter.items == items_before and not stack.results_for(never)
+        # §13 (newer than v0.7.1): those NAKs carry the reason model_unsupported.
+        naks = [
+            p["value"]
+            for p in (await debug(stack))["telemetry"]
+            if p["name"] == "sie.worker.nats.operations"
+            and p["attrs"].get("operation") == "nak"
+            and p["attrs"].get("reason") == "model_unsupported"
+        ]
+        assert naks and naks[0] >= 1
 
 
 async def test_quarantined_work_waits_until_reconciliation_succeeds(nats_server: NatsServer, tmp_path: Path) -> None:

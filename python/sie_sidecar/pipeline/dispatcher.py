@@ -161,6 +161,8 @@ class _Executed:
 
 #: The operation that only asks for its model to be loaded (ACKed once ready, no result).
 LOAD_OP: Final = "load"
+#: The NATS metric reason of a NAK for a model the backend reports it cannot serve (§13, newer).
+MODEL_UNSUPPORTED: Final = "model_unsupported"
 
 
 @dataclass(slots=True)
@@ -458,7 +460,10 @@ class Dispatcher:
         if not ds:
             return None
         # The group pre-check (§4.2): a hash no longer current, or a model the backend cannot serve.
-        if not self._config.accepts_hashes(config_hashes(ds)) or not self._config.supports(model):
+        if not self._config.supports(model):  # §4.1 row 12 / §4.2: reason model_unsupported
+            await self._out.nak_all(ds, base, MODEL_UNSUPPORTED)
+            return None
+        if not self._config.accepts_hashes(config_hashes(ds)):
             await self._out.nak_all(ds, base)
             return None
         if ready is None:
@@ -877,7 +882,8 @@ class Dispatcher:
         async with self._config.barrier.shared():
             pinned = self._config.gate_hashes(config_hashes(ds))
             span: BatchSpan | None = None
-            if pinned is None or not self._config.supports(model):
+            unsupported = not self._config.supports(model)
+            if pinned is None or unsupported:
                 refused: BaseException | None = None
                 outcome = None
             else:
@@ -903,7 +909,7 @@ class Dispatcher:
             elif refused is not None:  # transport, timeout, decode: the whole batch goes back
                 self._forget_ready(model)
                 _warn.warning("batch RPC failed", key=model, extra={"model": model, "error": repr(refused)})
-            await self._out.nak_all(ds, base)
+            await self._out.nak_all(ds, base, MODEL_UNSUPPORTED if unsupported else "retry")
             return None
         items_count = len(ds)
         self.batch_sizes[items_count] += 1

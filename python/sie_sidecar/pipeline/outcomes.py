@@ -267,10 +267,11 @@ class Outcomes:
                 self._settler.leave(d)
         await self._settler.ack_many(published)  # after the flush, in one framed write
 
-    async def nak_all(self, ds: Iterable[Delivery], delay_ms: int) -> None:
+    async def nak_all(self, ds: Iterable[Delivery], delay_ms: int, reason: str = "retry") -> None:
+        """NAK every unsettled delivery (`reason`: the NATS metric reason, §13)."""
         for d in ds:
             if not d.settled:
-                await self._settler.nak(d, delay_ms)
+                await self._settler.nak(d, delay_ms, reason)
 
 
 __all__ = ["MIN_RETRY_NAK_MS", "Outcomes", "ReplySink"]
