@@ -154,3 +154,79 @@ async def test_a_hostile_answer_naks_the_batch_and_the_sidecar_serves_on(tmp_pat
         await p.until_settled(after, timeout=20)
         assert all(m.final == [("ack", None)] for m in after), [m.final for m in after]
         assert len(p.sink.replies) == len(warm) + len(after)  # no reply for a NAKed item
+
+
+class BindingProxy(HostileProxy):
+    """Answers each RunBatch itself with well-formed outcomes that test the binding (§4.3, wire
+    §4.5): the first item's outcome is missing, an outcome for a work item nobody sent comes first,
+    and the rest are answered in reverse order."""
+
+    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self._writers.add(writer)
+        up_reader, up_writer = await asyncio.open_unix_connection(self.upstream)
+        back = asyncio.create_task(self._pump(up_reader, writer))
+        try:
+            while True:
+                body = await _read_frame(reader)
+                request = msgpack.unpackb(body, raw=False)
+                if request.get("method") == "RunBatch" and self.mode is not None:
+                    self.hostile_answers += 1
+                    items = request["body"]["items"]
+                    outcomes = [_outcome("ghost.0", "ghost")]
+                    for it in reversed(items[1:]):
+                        outcomes.append(_outcome(it["work_item_id"], it["request_id"]))
+                    envelope = {
+                        "version": 1,
+                        "request_id": request["request_id"],
+                        "ok": True,
+                        "body": {"outcomes": outcomes},
+                        "error": None,
+                    }
+                    writer.write(_frame(msgpack.packb(envelope, use_bin_type=True)))
+                    await writer.drain()
+                    continue
+                up_writer.write(_frame(body))
+                await up_writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            back.cancel()
+            up_writer.close()
+            writer.close()
+            self._writers.discard(writer)
+
+
+def _outcome(work_item_id: str, request_id: str) -> dict[str, object]:
+    return {
+        "work_item_id": work_item_id,
+        "request_id": request_id,
+        "item_index": 0,
+        "disposition": "publish_and_ack",
+        "result_msgpack": msgpack.packb({"ok": work_item_id}),
+    }
+
+
+async def test_outcomes_bind_by_work_item_id_a_ghost_is_ignored_and_a_missing_one_naks(tmp_path: Path) -> None:
+    """sidecar-behaviour §4.3 / wire-protocol §4.5: outcomes are bound to deliveries by work item id,
+    whatever their order; an outcome for an item nobody sent is ignored; an item without one is
+    NAKed with the base delay; the rest are answered and ACKed."""
+    proxy = BindingProxy(str(tmp_path / "backend.sock"))
+    path = str(tmp_path / "proxy.sock")
+    server = await asyncio.start_unix_server(proxy.handle, path, limit=1 << 20)
+    try:
+        async with memory_pipeline(tmp_path, ipc_socket=path, ipc_timeout_s=1.0, nak_delay_ms=NAK_DELAY_MS) as p:
+            warm = [_msg(_item("warm"))]
+            p.send(warm)
+            await p.until_settled(warm)
+            proxy.mode = "binding"
+            batch = [_msg(_item(f"b{i}")) for i in range(6)]
+            p.send(batch)
+            await p.until_settled(batch, timeout=20)
+            finals = [m.final for m in batch]
+            assert finals.count([("nak", NAK_DELAY_MS / 1000)]) == 1, finals
+            assert finals.count([("ack", None)]) == 5, finals
+            answered = {reply["work_item_id"] for _, reply in p.sink.replies}
+            assert "ghost.0" not in answered and len(answered) == 1 + 5
+    finally:
+        proxy.close_all()
+        server.close()
