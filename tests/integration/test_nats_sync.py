@@ -9,6 +9,7 @@ import asyncio
 import re
 
 import nats
+import pytest
 from nats.aio.msg import Msg
 
 from sie_sidecar.bus.sync import sync_with_server
@@ -82,4 +83,23 @@ async def test_sync_with_server_returns_after_queued_subscriptions_are_registere
         assert sub_at < echo_at  # the echo the call waited for was sent only after the SUB was processed
     finally:
         await other.close()
+        await nc.close()
+
+
+@pytest.mark.parametrize("via", ["$JS.API.STREAM.INFO.NO_SUCH_STREAM", "nobody.listens.here"])
+async def test_sync_via_a_request_returns_after_queued_subscriptions(traced_nats_server: NatsServer, via: str) -> None:
+    """The permissions-friendly sync (`via`, docs/deploying.md): any answer proves the order, a
+    JetStream error answer and the server's "no responders" status included."""
+    nc = await nats.connect(traced_nats_server.url, name="sync-via")
+    try:
+        await nc.subscribe("probe.via")
+        await sync_with_server(nc, via=via)
+        lines = await _traced(traced_nats_server, "sync-via", "SUB", "probe.via")
+        ops = [(direction, op, arg.split(" ")[0]) for direction, op, arg in lines]
+        sub_at = ops.index(("<<-", "SUB", "probe.via"))
+        pub_at = next(
+            i for i, (d, op, subject) in enumerate(ops) if d == "<<-" and op in ("PUB", "HPUB") and subject == via
+        )
+        assert sub_at < pub_at
+    finally:
         await nc.close()

@@ -25,6 +25,7 @@ import contextlib
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.errors import Error as NatsError
+from nats.errors import NoRespondersError
 
 DEFAULT_TIMEOUT_S = 5.0
 
@@ -35,8 +36,10 @@ async def sync_with_server(nc: Client, timeout_s: float = DEFAULT_TIMEOUT_S, *, 
     Raises `TimeoutError` when the echo does not come back in `timeout_s`.
     """
     if via is not None:
-        # A request's reply is ordered after everything queued before it; its content is not read.
-        await nc.request(via, b"", timeout=timeout_s)
+        # A request's reply is ordered after everything queued before it; its content is not read,
+        # and the server's own "no responders" status is such a reply too.
+        with contextlib.suppress(NoRespondersError):
+            await nc.request(via, b"", timeout=timeout_s)
         return
     loop = asyncio.get_running_loop()
     echoed: asyncio.Future[None] = loop.create_future()
