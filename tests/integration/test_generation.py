@@ -338,11 +338,12 @@ async def test_a_backend_killed_mid_stream_naks_and_a_new_backend_streams_it(
         proc.wait()
 
 
-async def test_a_second_settlement_after_the_ack_is_a_stream_error(
+async def test_a_second_settlement_after_the_ack_is_ignored_over_nats(
     nats_server: NatsServer, tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """TV-G3 over NATS: the terminal chunk, its ack, then a second ack: the item stays answered and
-    settled once, and the extra settlement is reported as a protocol error of the stream."""
+    """§4.4: over NATS the first settlement wins; a second ack and a progress after it are ignored
+    (the stream is not failed, nothing is settled twice). TV-G3's stricter rule is the local
+    stream's (tests/unit/test_local_streams.py)."""
     from sie_sidecar.logs import Throttled
     from sie_sidecar.pipeline import generation
 
@@ -357,8 +358,6 @@ async def test_a_second_settlement_after_the_ack_is_a_stream_error(
         await stack.wait_for(lambda: finished(stack, rid), timeout=15)
         await stack.settled_pool()
         assert [c["seq"] for c in chunks_for(stack, rid)] == [0] and streamer.runs == 1
-        await stack.wait_for(
-            lambda: any(getattr(r, "error", "") == "backend ack after the item was settled" for r in caplog.records),
-            timeout=5,
-        )
         assert (await stack.pool_consumer()).num_redelivered == 0
+    assert not any(r.getMessage() == "generation stream failed" for r in caplog.records)
+    assert not any(r.getMessage() == "delivery settled twice" for r in caplog.records)

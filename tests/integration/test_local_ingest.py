@@ -479,3 +479,21 @@ async def test_the_load_generator_drives_the_local_socket(tmp_path: Path) -> Non
             LoadConfig(**{**config.__dict__, "items": 300, "rate": 1_000.0}), stack.socket, progress=False
         )
         assert rated.ok and rated.results == 300 and rated.elapsed_s >= 0.25  # paced, not a burst
+
+
+async def test_local_work_is_not_judged_by_deadlines(tmp_path: Path) -> None:
+    """§15.3 and §4.1 row 10 are for NATS work: with SIE_WORK_DEADLINE_ENFORCE on, a local item past
+    its deadline still runs (local ingest has no broker to lease from and no redelivery)."""
+    from sie_sidecar.local.client import request_body, work_items
+
+    from .local_stack import LANE, MODEL, POOL, PROFILE
+
+    env = {"SIE_WORK_DEADLINE_ENFORCE": "true"}
+    async with running_local(tmp_path, env=env) as stack, await ready(stack) as client:
+        now = time.time()
+        rid = "late-local"
+        fields = [{"item": {"text": "late"}, "output_types": ["dense"], "deadline": now - 50.0}]
+        items = work_items(rid, "encode", MODEL, fields, pool_name=POOL, machine_profile=PROFILE, timestamp=now - 100)
+        body = request_body(lane=LANE, endpoint="encode", model=MODEL, request_id=rid, items=msgpack.packb(items))
+        (result,) = await client.publish_work(body)
+        assert result["success"] is True

@@ -126,7 +126,7 @@ def test_the_run_batch_wait_follows_the_latest_deadline_capped_at_the_budget() -
     rules = DeadlineRules(skew_s=5.0, max_budget_s=180.0)
     assert rules.run_batch_timeout_s(60.0, None, NOW) == 60.0
     assert rules.run_batch_timeout_s(60.0, NOW + 30, NOW) == 60.0  # never shorter than the IPC timeout
-    assert rules.run_batch_timeout_s(60.0, NOW + 100, NOW) == 105.0
+    assert rules.run_batch_timeout_s(60.0, NOW + 100, NOW) == 100.0
     assert rules.run_batch_timeout_s(60.0, NOW + 900, NOW) == 180.0
 
 
@@ -286,3 +286,26 @@ async def test_settled_batches_leave_from_the_front_as_new_ones_come() -> None:
     first[0].settled = True
     book.hold([_d(deadline=NOW + 60)])
     assert len(book) == 1
+
+
+async def test_settled_leases_are_swept_once_the_book_grows() -> None:
+    """Settled deliveries are not kept until the next tick: at PRUNE_AT leases, `hold` sweeps every
+    settled one (not only those at the front), so the book follows what is really held."""
+    from sie_sidecar.pipeline.deadlines import PRUNE_AT
+
+    clock = Clock()
+    book, _ = _leases(clock)
+    stuck = _d(deadline=NOW + 60)
+    book.hold([stuck])  # held for the whole test: the front never empties
+    for _ in range(3 * PRUNE_AT):
+        batch = [_d(deadline=NOW + 60)]
+        book.hold(batch)
+        batch[0].settled = True
+    assert len(book) <= PRUNE_AT + 1
+    stuck.settled = True
+    book.hold([_d(deadline=NOW + 60)])
+    assert len(book) == 1
+
+
+def test_local_rules_judge_nothing() -> None:
+    assert DeadlineRules().judge and not DeadlineRules(judge=False).judge

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import time
 from dataclasses import dataclass
@@ -23,6 +24,7 @@ from ..errors import StartupError
 from ..ipc.children import BackendChildren
 from ..ipc.client import IpcClient
 from ..pipeline.config_gate import ConfigState
+from ..pipeline.deadlines import DeadlineRules
 from ..pipeline.delivery import Settler
 from ..pipeline.dispatcher import Dispatcher
 from ..pipeline.gate import gate_pulls
@@ -84,7 +86,8 @@ async def start_local(settings: Settings, stop: asyncio.Event, resources: contex
     replies = LocalReplies()
     settler = Settler(replies)  # no broker: ACKs land on the slots in one call per batch; a NAK is the local retry
     dispatcher = Dispatcher(
-        _dispatch_settings(settings),
+        # Deadlines are NATS work's (§15.3): local ingest runs what its caller sent.
+        dataclasses.replace(_dispatch_settings(settings), deadlines=DeadlineRules(judge=False)),
         ipc,
         replies,
         settler,

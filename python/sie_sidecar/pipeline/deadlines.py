@@ -41,6 +41,8 @@ _warn = Throttled(log)
 
 #: The lease ticker's period, and how long a lease goes without a progress ACK (§15.3).
 LEASE_TICK_S: Final = 5.0
+#: The lease count at which `DeadlineLeases.hold` first sweeps out every settled lease.
+PRUNE_AT: Final = 256
 
 #: `(live, expired, usable, ignored, ahead, latest)`, see `deadline_split_py`.
 Split = tuple[list[Any], list[Any], int, int, int, float | None]
@@ -55,13 +57,16 @@ class DeadlineRules:
     skew_s: float = 5.0
     max_budget_s: float = 180.0
     horizon_s: float = 1800.0
+    #: Whether deadlines are judged at all: §15.3 and §4.1 row 10 are for NATS work; local ingest
+    #: (no broker, no redelivery, no lease to hold) runs what its caller sent.
+    judge: bool = True
 
     def run_batch_timeout_s(self, ipc_timeout_s: float, latest_deadline: float | None, now: float) -> float:
         """wire-protocol RunBatch timeout (newer than v0.7.1): max(the IPC request timeout, the time
         until the latest live deadline in the batch, capped at the max budget)."""
         if latest_deadline is None:
             return ipc_timeout_s
-        return max(ipc_timeout_s, min(latest_deadline + self.skew_s - now, self.max_budget_s))
+        return max(ipc_timeout_s, min(latest_deadline - now, self.max_budget_s))
 
 
 def _fields(d: Any) -> tuple[bool, float, float] | None:
@@ -226,6 +231,10 @@ class DeadlineLeases:
         self._wall = wall
         self._clock = clock
         self._held: deque[_Lease] = deque()
+        #: When the book reaches this many leases, `hold` drops every settled one (not only those
+        #: at the front), so settled deliveries are not kept until the next tick; it then doubles
+        #: over what is really held, so the sweep stays amortised O(1) per batch.
+        self._prune_at = PRUNE_AT
         self._pause_logged: str | None = None
         #: Progress ACKs sent for leases, and ticks skipped while paused.
         self.progressed = 0
@@ -239,6 +248,15 @@ class DeadlineLeases:
         held = self._held
         while held and not unsettled(held[0].deliveries):
             held.popleft()
+        if len(held) >= self._prune_at:
+            kept: deque[_Lease] = deque()
+            for lease in held:
+                live = unsettled(lease.deliveries)
+                if live:
+                    lease.deliveries = live
+                    kept.append(lease)
+            self._held = held = kept
+            self._prune_at = max(PRUNE_AT, 2 * len(held))
         held.append(_Lease(deliveries, self._wall(), self._clock()))
 
     async def tick(self) -> int:

@@ -376,7 +376,7 @@ class Dispatcher:
         and the batch's deadline leases begin (row 13). Returns the live items and the latest
         usable deadline among them (the RunBatch wait's input)."""
         rules = self._s.deadlines
-        if not (at_intake or before_ipc or rules.enforce):
+        if not rules.judge or not (at_intake or before_ipc or rules.enforce):
             return ds, None
         split = deadline_split(ds, time.time(), rules.skew_s, rules.max_budget_s)
         live, expired, usable, ignored, ahead, latest = split
@@ -414,7 +414,7 @@ class Dispatcher:
 
     async def _drop_cancelled(self, ds: list[Delivery]) -> list[Delivery]:
         """Cancelled items ACK-dropped at a §4.2 stage, and (enforcing) those past their deadline."""
-        if self._s.deadlines.enforce:
+        if self._s.deadlines.enforce and self._s.deadlines.judge:
             ds, _ = await self._drop_expired(ds)
         return await self._drop_tombstoned(ds)
 
@@ -873,8 +873,8 @@ class Dispatcher:
         """Cancellation, the config barrier, one batch RPC and the settlement of every item; returns
         what the lane learns from it, or None when the batch never reached the backend or failed there."""
         base = self._s.nak_delay_ms
+        ds = await self._drop_tombstoned(ds)  # before_ipc: cancelled first (§4.1 row 9 before row 10)
         ds, latest = await self._drop_expired(ds, before_ipc=True)
-        ds = await self._drop_tombstoned(ds)  # before_ipc
         if not ds:
             return None
         # The execution barrier (§5.5): from the hash check until the backend call returns, no config

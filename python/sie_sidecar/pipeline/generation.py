@@ -328,9 +328,10 @@ class Generations:
             if not await self._sink.publish_raw(reply, payload):
                 raise _StreamFailed("chunk publish failed")
         elif kind in ("ack", "nak", "in_progress") and d.settled:
-            # TV-G3: the item was settled (the backend's own ack after the terminal chunk or a nak);
-            # a second ack, a progress or a NAK after it is a protocol error that ends the stream.
-            raise _StreamFailed(f"backend {kind} after the item was settled")
+            # Over NATS the first settlement wins and later ones are ignored (§4.4). A local stream
+            # (TV-G3) takes exactly one: a second ack, a progress or a NAK is a protocol error.
+            if hasattr(d.msg, "refuse"):
+                raise _StreamFailed(f"backend {kind} after the item was settled")
         elif kind == "ack":
             await self._settler.ack(d)
         elif kind == "nak":
