@@ -47,8 +47,10 @@ def _decoded(data: Any, where: str) -> bytes:
 def normalise_generate_images(generate: Any) -> None:
     """Decode every message's image and video data in place; `GenerateMediaError` naming the field
     path on a bad entry or a limit."""
-    if not isinstance(generate, dict):
+    if generate is None:
         return
+    if not isinstance(generate, dict):
+        raise GenerateMediaError("generate must be a map")
     messages = generate.get("messages")
     if messages is None:
         return
