@@ -181,6 +181,6 @@ def test_tv_w2_the_sidecar_re_encoding_of_tv_w1_byte_for_byte() -> None:
 @pytest.mark.parametrize("generate", ["prompt", [1], 5])
 def test_a_generate_value_that_is_not_a_map_is_invalid_input(generate: Any) -> None:
     """scheduler-and-prep §7.2: `generate` must be a map (absent is left to the backend)."""
-    with pytest.raises(GenerateMediaError, match="^generate must be a map$"):
+    with pytest.raises(GenerateMediaError, match=r"^generate must be a map$"):
         normalise_generate_images(generate)
     normalise_generate_images(None)
