@@ -434,3 +434,34 @@ async def test_a_transport_error_that_is_not_transient_is_an_apply_error(tmp_pat
     )
     assert outcome == "apply_error" and not state.barrier.writing
     await client.close()
+
+
+async def test_a_parked_group_whose_model_becomes_unsupported_is_naked_before_its_next_probe(
+    nats_server: NatsServer, tmp_path: Path
+) -> None:
+    """§4.2 (newer than v0.7.1): the unsupported check runs right before each readiness probe, so a
+    group parked while its model loads is NAKed (reason model_unsupported) once a committed config
+    says the backend cannot serve that model, without waiting for the load."""
+    adapter = NullAdapter(dim=8, load_delay_s=60.0)
+    async with running_stack(nats_server, tmp_path, adapter=adapter, env=DEBUG_ENV) as stack:
+        waiting = await stack.publish(work_item(text="parked"))
+        deadline = time.monotonic() + 10
+        while MODEL not in adapter.loading_models():
+            assert time.monotonic() < deadline, "the model never started loading"
+            await asyncio.sleep(0.05)
+        config = f"sie_id: {MODEL}\nunsupported: true"
+        expected = hash_of({MODEL: config})
+        assert await notify(stack, doc(model_id=MODEL, model_config=config, bundle_config_hash=expected)) == "applied"
+        deadline = time.monotonic() + 15
+        while (await stack.pool_consumer()).num_redelivered < 1:
+            assert time.monotonic() < deadline, "the parked group was not NAKed"
+            await asyncio.sleep(0.05)
+        assert not stack.results_for(waiting) and adapter.items == 0
+        naks = [
+            p["value"]
+            for p in (await debug(stack))["telemetry"]
+            if p["name"] == "sie.worker.nats.operations"
+            and p["attrs"].get("operation") == "nak"
+            and p["attrs"].get("reason") == "model_unsupported"
+        ]
+        assert naks and naks[0] >= 1

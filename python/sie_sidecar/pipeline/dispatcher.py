@@ -598,6 +598,9 @@ class Dispatcher:
             ds[:] = await self._drop_cancelled([d for d in ds if not d.settled])
             if not ds:
                 return None
+            if not self._config.supports(model):  # §4.2: re-checked right before each readiness probe
+                await self._out.nak_all(ds, base, MODEL_UNSUPPORTED)
+                return None
             if (cached := self._cached_ready(model)) is not None:
                 return cached
             ready = await self._parked_probe(model, ds, deadline)
