@@ -139,11 +139,6 @@ class PeriodicCollection:
         }
 
 
-#: The redelivery envelope (§2.3): 30 s per delivery, capped at about 30 years.
-REDELIVERY_STEP_S = 30.0
-REDELIVERY_ENVELOPE_CAP_S = 30 * 365 * 86400.0
-
-
 def _dispatch_settings(settings: Settings, *, ack_wait_s: float = POOL_ACK_WAIT_S) -> DispatchSettings:
     """The dispatcher's and the schedulers' share of the settings (§1.2 batching and pipelining);
     `ack_wait_s` sets the schedulers' progress-ACK interval and their bound on any item's wait."""
@@ -171,7 +166,7 @@ def _dispatch_settings(settings: Settings, *, ack_wait_s: float = POOL_ACK_WAIT_
         controller_env=dict(settings.adaptive_batch_env),
         controller_trace_dir=settings.controller_trace_dir,
         cost_pinned=settings.batcher_cost_pinned,
-        parked_deadline_s=min(REDELIVERY_STEP_S * settings.max_deliver, REDELIVERY_ENVELOPE_CAP_S),
+        parked_deadline_s=settings.redelivery_envelope_s,
         generate_frame_timeout_s=settings.generate_ipc_frame_timeout_s,
         deadlines=DeadlineRules(
             enforce=settings.work_deadline_enforce,

@@ -77,6 +77,21 @@ MAX_TOMBSTONE_S: Final = 30 * 86400
 #: §1.2: SIE_WORK_DEADLINE_SKEW_TOLERANCE_MS and SIE_WORK_DEADLINE_MAX_BUDGET_S are capped here.
 MAX_DEADLINE_SKEW_MS: Final = 60_000
 MAX_DEADLINE_BUDGET_S: Final = 86_400.0
+#: §2.3: the parked-group deadline, 30 s x max_deliver, saturates at about 30 years.
+MAX_REDELIVERY_ENVELOPE_S: Final = 30 * 365 * 86400.0
+
+
+def tombstone_horizon(stream_max_age_s: int, max_deliver: int) -> float:
+    """§7: how long anything about a work item can matter, max(stream max age, 30 s x max_deliver),
+    at most 30 days (request tombstones, and the cap of deadline leases and budgets)."""
+    return float(min(max(stream_max_age_s, REDELIVERY_S_PER_DELIVERY * max_deliver), MAX_TOMBSTONE_S))
+
+
+def redelivery_envelope(max_deliver: int) -> float:
+    """§2.3: 30 s x max_deliver (600 s by default), capped near 30 years: a parked group's deadline."""
+    return min(float(REDELIVERY_S_PER_DELIVERY * max_deliver), MAX_REDELIVERY_ENVELOPE_S)
+
+
 #: The worker-direct stream keeps 300 s x max_deliver of history (§2.2), which must fit max_age.
 _WORKER_AGE_PER_DELIVERY_S = 300
 
@@ -581,7 +596,12 @@ class Settings:
         """How long anything about a work item can matter (§7): max(stream max age, 30 s x
         max_deliver), at most 30 days. Request tombstones live this long; deadline leases and
         budgets never reach past it."""
-        return float(min(max(self.stream_max_age_s, REDELIVERY_S_PER_DELIVERY * self.max_deliver), MAX_TOMBSTONE_S))
+        return tombstone_horizon(self.stream_max_age_s, self.max_deliver)
+
+    @property
+    def redelivery_envelope_s(self) -> float:
+        """§2.3: how long a parked group may wait for its model (`redelivery_envelope`)."""
+        return redelivery_envelope(self.max_deliver)
 
     @property
     def worker_stream_max_age_s(self) -> int:
@@ -1014,7 +1034,7 @@ class _Builder:
             metrics_enabled=self._metrics_enabled(otel),
             otel=otel,
             tracing_enabled=self._tracing_enabled(otel),
-            **self._work_deadlines(max(stream_max_age_s, REDELIVERY_S_PER_DELIVERY * max_deliver)),
+            **self._work_deadlines(tombstone_horizon(stream_max_age_s, max_deliver)),
             log_filter=(self._environ.get("RUST_LOG") or "").strip() or "info",
             warnings=tuple(self.warnings),
         )
@@ -1031,7 +1051,7 @@ class _Builder:
                 self.warnings.append(f"SIE_WORK_DEADLINE_ENFORCE={raw!r} not recognised; deadlines are not enforced")
         skew = self.env_uint("SIE_WORK_DEADLINE_SKEW_TOLERANCE_MS", 5000, lambda n: True)
         budget = self.env_float("SIE_WORK_DEADLINE_MAX_BUDGET_S", 180.0)
-        cap = min(MAX_DEADLINE_BUDGET_S, horizon_s, MAX_TOMBSTONE_S)
+        cap = min(MAX_DEADLINE_BUDGET_S, horizon_s)
         if skew > MAX_DEADLINE_SKEW_MS:
             self.warnings.append(f"SIE_WORK_DEADLINE_SKEW_TOLERANCE_MS={skew} capped at {MAX_DEADLINE_SKEW_MS}")
             skew = MAX_DEADLINE_SKEW_MS

@@ -330,3 +330,9 @@ def test_local_ingest_reaches_the_sidecar(monkeypatch: pytest.MonkeyPatch, capsy
     env |= {"SIE_SIDECAR_INGEST": "local", "SIE_SIDECAR_LOCAL_SOCKET": "/tmp/local-ingest.sock"}
     code, _ = run_cli(monkeypatch, capsys, env)
     assert code == 99
+
+
+@pytest.mark.parametrize(("max_deliver", "envelope"), [(20, 600.0), (1, 30.0), (30_744_573, 30 * 365 * 86400.0)])
+def test_the_redelivery_envelope(max_deliver: int, envelope: float) -> None:
+    """§2.3: a parked group's deadline, 30 s x max_deliver, capped near 30 years."""
+    assert Settings.from_env({**BASE, "SIE_MAX_DELIVER": str(max_deliver)}).redelivery_envelope_s == envelope
