@@ -52,17 +52,18 @@ pub fn config_hashes<'py>(
     Ok(found)
 }
 
+/// Whether a delivery (a `LazyDelivery`, or anything with a `settled` attribute) is settled.
+pub fn is_settled(d: &Bound<'_, PyAny>) -> PyResult<bool> {
+    match d.cast::<LazyDelivery>() {
+        Ok(lazy) => Ok(lazy.borrow().settled),
+        Err(_) => d.getattr(intern!(d.py(), "settled"))?.is_truthy(),
+    }
+}
+
 /// The deliveries not yet settled, in order: `deliveries` itself when none is (no new list).
 #[pyfunction]
 pub fn unsettled<'py>(deliveries: &Bound<'py, PyList>) -> PyResult<Bound<'py, PyList>> {
     let py = deliveries.py();
-    let k_settled = intern!(py, "settled");
-    let is_settled = |d: &Bound<'py, PyAny>| -> PyResult<bool> {
-        match d.cast::<LazyDelivery>() {
-            Ok(lazy) => Ok(lazy.borrow().settled),
-            Err(_) => d.getattr(k_settled)?.is_truthy(),
-        }
-    };
     let mut first_settled = None;
     for (i, d) in deliveries.iter().enumerate() {
         if is_settled(&d)? {

@@ -10,6 +10,7 @@ use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::{PyList, PyTuple};
 
+use crate::columns::is_settled;
 use crate::lazy::{LazyDelivery, OPERATION};
 
 /// What a delivery's item says about its deadline: (generate, timestamp, deadline or NaN), or
@@ -121,13 +122,8 @@ pub fn deadline_lease_holders<'py>(
     cap: f64,
 ) -> PyResult<Bound<'py, PyList>> {
     let out = PyList::empty(py);
-    let k_settled = intern!(py, "settled");
     for d in deliveries.iter() {
-        let settled = match d.cast::<LazyDelivery>() {
-            Ok(lazy) => lazy.borrow().settled,
-            Err(_) => d.getattr(k_settled)?.is_truthy()?,
-        };
-        if settled {
+        if is_settled(&d)? {
             continue;
         }
         let Some((generate, timestamp, deadline)) = fields_of(&d)? else {

@@ -202,6 +202,12 @@ class _Lease:
     #: Monotonic time of its last progress ACK (or of its start).
     progressed: float
 
+    def keep_unsettled(self) -> bool:
+        """Keep only the deliveries not yet settled; False when none is left (the lease ends)."""
+        live = unsettled(self.deliveries)
+        self.deliveries = live
+        return bool(live)
+
 
 class DeadlineLeases:
     """§15.3 leases: the batches held with a usable deadline, progress-ACKed by a 5 s ticker.
@@ -246,16 +252,10 @@ class DeadlineLeases:
     def hold(self, deliveries: list[Any]) -> None:
         """Start a lease for a batch's deliveries (some of which have a usable deadline)."""
         held = self._held
-        while held and not unsettled(held[0].deliveries):
+        while held and not held[0].keep_unsettled():
             held.popleft()
         if len(held) >= self._prune_at:
-            kept: deque[_Lease] = deque()
-            for lease in held:
-                live = unsettled(lease.deliveries)
-                if live:
-                    lease.deliveries = live
-                    kept.append(lease)
-            self._held = held = kept
+            self._held = held = deque(lease for lease in held if lease.keep_unsettled())
             self._prune_at = max(PRUNE_AT, 2 * len(held))
         held.append(_Lease(deliveries, self._wall(), self._clock()))
 
@@ -278,9 +278,7 @@ class DeadlineLeases:
         due: list[Any] = []
         for lease in self._held:
             if mono - lease.progressed < self.tick_s:
-                live = unsettled(lease.deliveries)
-                if live:
-                    lease.deliveries = live
+                if lease.keep_unsettled():
                     kept.append(lease)
                 continue
             holders = deadline_lease_holders(
