@@ -60,6 +60,17 @@ async def notify(stack: Stack, data: bytes, *, reply: str = "", headers: dict[st
         await asyncio.sleep(0.02)
 
 
+async def unsupported_naks(stack: Stack) -> float:
+    """NAKs counted with the NATS metric reason `model_unsupported` (§13), from `/debug/state`."""
+    return sum(
+        p["value"]
+        for p in (await debug(stack))["telemetry"]
+        if p["name"] == "sie.worker.nats.operations"
+        and p["attrs"].get("operation") == "nak"
+        and p["attrs"].get("reason") == "model_unsupported"
+    )
+
+
 def doc(**fields: Any) -> bytes:
     base: dict[str, Any] = {"producer_id": "sie-config", "bundle_id": "default", "epoch": 1, "bundle_config_hash": ""}
     return json.dumps(base | fields).encode()
@@ -182,14 +193,7 @@ async def test_unsupported_models_are_committed_with_the_hash_and_reach_health(
             await asyncio.sleep(0.05)
         assert adapter.items == items_before and not stack.results_for(never)
         # §13 (newer than v0.7.1): those NAKs carry the reason model_unsupported.
-        naks = [
-            p["value"]
-            for p in (await debug(stack))["telemetry"]
-            if p["name"] == "sie.worker.nats.operations"
-            and p["attrs"].get("operation") == "nak"
-            and p["attrs"].get("reason") == "model_unsupported"
-        ]
-        assert naks and naks[0] >= 1
+        assert await unsupported_naks(stack) >= 1
 
 
 async def test_quarantined_work_waits_until_reconciliation_succeeds(nats_server: NatsServer, tmp_path: Path) -> None:
@@ -457,11 +461,4 @@ async def test_a_parked_group_whose_model_becomes_unsupported_is_naked_before_it
             assert time.monotonic() < deadline, "the parked group was not NAKed"
             await asyncio.sleep(0.05)
         assert not stack.results_for(waiting) and adapter.items == 0
-        naks = [
-            p["value"]
-            for p in (await debug(stack))["telemetry"]
-            if p["name"] == "sie.worker.nats.operations"
-            and p["attrs"].get("operation") == "nak"
-            and p["attrs"].get("reason") == "model_unsupported"
-        ]
-        assert naks and naks[0] >= 1
+        assert await unsupported_naks(stack) >= 1

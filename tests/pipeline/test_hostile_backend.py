@@ -15,6 +15,7 @@ import contextlib
 import resource
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import msgpack
 import pytest
@@ -55,7 +56,7 @@ class HostileProxy:
                 request = msgpack.unpackb(body, raw=False)
                 if request.get("method") == "RunBatch" and self.mode is not None:
                     self.hostile_answers += 1
-                    if not await self._answer(self.mode, request["request_id"], writer):
+                    if not await self._answer(self.mode, request, writer):
                         return  # the hostile answer ends this connection
                     continue
                 up_writer.write(_frame(body))
@@ -74,7 +75,7 @@ class HostileProxy:
                 writer.write(_frame(await _read_frame(reader)))
                 await writer.drain()
 
-    async def _answer(self, mode: str, request_id: str, writer: asyncio.StreamWriter) -> bool:
+    async def _answer(self, mode: str, request: dict[str, Any], writer: asyncio.StreamWriter) -> bool:
         """Write the hostile answer; False when the connection is to be closed after it."""
         if mode == "declared_4gib":
             writer.write(b"\xff\xff\xff\xff" + b"\x00" * 16)  # 4 GiB declared, 16 bytes sent
@@ -161,39 +162,20 @@ class BindingProxy(HostileProxy):
     §4.5): the first item's outcome is missing, an outcome for a work item nobody sent comes first,
     and the rest are answered in reverse order."""
 
-    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self._writers.add(writer)
-        up_reader, up_writer = await asyncio.open_unix_connection(self.upstream)
-        back = asyncio.create_task(self._pump(up_reader, writer))
-        try:
-            while True:
-                body = await _read_frame(reader)
-                request = msgpack.unpackb(body, raw=False)
-                if request.get("method") == "RunBatch" and self.mode is not None:
-                    self.hostile_answers += 1
-                    items = request["body"]["items"]
-                    outcomes = [_outcome("ghost.0", "ghost")]
-                    for it in reversed(items[1:]):
-                        outcomes.append(_outcome(it["work_item_id"], it["request_id"]))
-                    envelope = {
-                        "version": 1,
-                        "request_id": request["request_id"],
-                        "ok": True,
-                        "body": {"outcomes": outcomes},
-                        "error": None,
-                    }
-                    writer.write(_frame(msgpack.packb(envelope, use_bin_type=True)))
-                    await writer.drain()
-                    continue
-                up_writer.write(_frame(body))
-                await up_writer.drain()
-        except (asyncio.IncompleteReadError, ConnectionError):
-            pass
-        finally:
-            back.cancel()
-            up_writer.close()
-            writer.close()
-            self._writers.discard(writer)
+    async def _answer(self, mode: str, request: dict[str, Any], writer: asyncio.StreamWriter) -> bool:
+        items = request["body"]["items"]
+        outcomes = [_outcome("ghost.0", "ghost")]
+        outcomes += [_outcome(it["work_item_id"], it["request_id"]) for it in reversed(items[1:])]
+        envelope = {
+            "version": 1,
+            "request_id": request["request_id"],
+            "ok": True,
+            "body": {"outcomes": outcomes},
+            "error": None,
+        }
+        writer.write(_frame(msgpack.packb(envelope, use_bin_type=True)))
+        await writer.drain()
+        return True
 
 
 def _outcome(work_item_id: str, request_id: str) -> dict[str, object]:
