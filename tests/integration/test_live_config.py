@@ -63,7 +63,7 @@ async def notify(stack: Stack, data: bytes, *, reply: str = "", headers: dict[st
 async def unsupported_naks(stack: Stack) -> float:
     """NAKs counted with the NATS metric reason `model_unsupported` (§13), from `/debug/state`."""
     return sum(
-        p["value"]
+        float(p["value"])
         for p in (await debug(stack))["telemetry"]
         if p["name"] == "sie.worker.nats.operations"
         and p["attrs"].get("operation") == "nak"
