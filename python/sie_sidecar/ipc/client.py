@@ -291,14 +291,17 @@ class IpcClient:
 
         `timeout_s`: the batch's wait when longer than the request timeout (a work deadline further
         out, sidecar-behaviour §15.1); never shorter."""
-        wait = self._request_timeout_s if timeout_s is None else max(self._request_timeout_s, float(timeout_s))
         try:
-            return await self._request("RunBatch", body, wait, decode, attest=attest)
+            return await self._request("RunBatch", body, self._batch_wait(timeout_s), decode, attest=attest)
         except IpcServerError as exc:
             if exc.message == NO_RUN_BATCH and self._runs_batches:
                 self._runs_batches = False
                 log.warning("backend does not implement RunBatch; per-op batch methods from now on")
             raise
+
+    def _batch_wait(self, timeout_s: float | None) -> float:
+        """A batch call's wait: the request timeout, or a longer `timeout_s` (a work deadline)."""
+        return self._request_timeout_s if timeout_s is None else max(self._request_timeout_s, float(timeout_s))
 
     async def process_batch(
         self, method: str, body: bytes, *, attest: Attest | None = None, timeout_s: float | None = None
@@ -307,8 +310,7 @@ class IpcClient:
         (`timeout_s` as for `run_batch_with`: the V1 variants get the deadline-derived wait too)."""
         if method not in PROCESS_BATCH_METHODS:
             raise ValueError(f"process_batch method must be one of {', '.join(PROCESS_BATCH_METHODS)}, got {method!r}")
-        wait = self._request_timeout_s if timeout_s is None else max(self._request_timeout_s, float(timeout_s))
-        return await self._request(method, body, wait, wire.decode_batch_outcome, attest=attest)
+        return await self._request(method, body, self._batch_wait(timeout_s), wire.decode_batch_outcome, attest=attest)
 
     async def probe_draining(self, model_id: str = "") -> bool:
         """Whether the backend refuses batch work as `draining`, found with an empty batch (§4.1: empty
