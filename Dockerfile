@@ -16,7 +16,8 @@ RUN apt-get update \
 ENV RUSTUP_HOME=/opt/rustup CARGO_HOME=/opt/cargo PATH=/opt/cargo/bin:$PATH
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 RUN curl -sSf https://sh.rustup.rs | sh -s -- -y --profile minimal
-RUN pip install --no-cache-dir "maturin>=1.9,<2" "cython>=3.1,<4"
+# cmake builds the libopus native/audio bundles (opusic-sys).
+RUN pip install --no-cache-dir "maturin>=1.9,<2" "cython>=3.1,<4" "cmake>=3.16"
 WORKDIR /src
 COPY Cargo.toml Cargo.lock pyproject.toml README.md ./
 COPY native ./native

@@ -11,6 +11,8 @@ BUILD_STAMP := $(VENV)/.build-stamp
 NATIVE_SRC := $(shell find native cython -type f \( -name '*.rs' -o -name '*.pyx' -o -name '*.pxi' -o -name '*.pxd' -o -name 'Cargo.toml' \)) Cargo.toml Cargo.lock pyproject.toml
 # build.rs runs Cython with this interpreter; cargo commands outside maturin need it too.
 export PYO3_PYTHON := $(abspath $(PY))
+# native/audio bundles libopus, which opusic-sys builds with CMake: the dev extra's, not the system's.
+export CMAKE := $(abspath $(VENV)/bin/cmake)
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN{FS=":.*?## "}{printf "  %-12s %s\n",$$1,$$2}'

@@ -86,9 +86,19 @@ def encoded_av(frames: npt.NDArray[np.float64], rate: int, container: str, codec
     return buf.getvalue()
 
 
+def ffmpeg_frames(data: bytes) -> int:
+    """Frames FFmpeg (through PyAV) decodes from `data`'s first audio stream: the oracle for how
+    much of an Opus stream is real audio once priming and end padding are trimmed."""
+    import av
+
+    with av.open(io.BytesIO(data), "r") as container:
+        stream = container.streams.audio[0]
+        return sum(int(frame.samples) for frame in container.decode(stream))
+
+
 def pcm(prepared_pcm: bytes) -> npt.NDArray[np.int16]:
     """A PreparedAudio's `pcm_s16le` as int16 samples."""
     return np.frombuffer(prepared_pcm, dtype="<i2")
 
 
-__all__ = ["encoded", "encoded_av", "frames_of", "pcm", "tone", "wav_float", "wav_pcm"]
+__all__ = ["encoded", "encoded_av", "ffmpeg_frames", "frames_of", "pcm", "tone", "wav_float", "wav_pcm"]

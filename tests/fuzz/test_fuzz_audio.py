@@ -5,6 +5,7 @@ streams give a `PreparedAudio` or an `AudioPrepError`, nothing else, with bounde
 from __future__ import annotations
 
 import resource
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -34,6 +35,13 @@ SEEDS = [
     wav_pcm(frames_of(tone(44_100, 0.01), 2), 44_100, 3),
     wav_pcm(frames_of(tone(8_000, 0.02), 1), 8_000, 1),
     wav_float(frames_of(tone(48_000, 0.01), 2), 48_000),
+]
+#: Opus in Ogg and WebM (PyAV's FFmpeg + libopus): the Opus header parser and libopus behind the
+#: demuxers. Committed fixtures, so the fuzz runs where PyAV is missing too.
+OPUS_FIXTURES = Path(__file__).resolve().parents[2] / "native" / "audio" / "tests" / "fixtures"
+OPUS_SEEDS = [
+    (OPUS_FIXTURES / name).read_bytes()
+    for name in ("tone_mono_48k.opus", "tone_stereo_48k.webm", "tone_mono_48k_opus.m4a")
 ]
 #: Peak RSS may grow at most this much over a whole fuzz run: a header that claims gigabytes must
 #: not get them (the inputs here are a few KiB).
@@ -79,6 +87,12 @@ def test_magic_with_random_tail(rss_budget: object, magic: bytes, tail: bytes) -
 @FIXTURE
 @given(data=st.sampled_from(SEEDS).flatmap(mutated))
 def test_mutated_wav(rss_budget: object, data: bytes) -> None:
+    _check(data)
+
+
+@FIXTURE
+@given(data=st.sampled_from(OPUS_SEEDS).flatmap(mutated))
+def test_mutated_opus(rss_budget: object, data: bytes) -> None:
     _check(data)
 
 

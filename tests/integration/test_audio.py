@@ -13,7 +13,7 @@ import msgpack
 
 from sie_sidecar.backend.null import NullAdapter
 
-from ..audio_samples import frames_of, tone, wav_pcm
+from ..audio_samples import encoded_av, ffmpeg_frames, frames_of, tone, wav_pcm
 from .conftest import NatsServer
 from .stack import MODEL, running_stack, work_item
 
@@ -91,3 +91,32 @@ async def test_offloaded_audio_prepares_like_inline(nats_server: NatsServer, tmp
         assert by_request["inline"]["prepared_audio"] == by_request["stored"]["prepared_audio"]
         assert by_request["stored"]["item"] == {"text": "stored"}
         assert by_request["stored"]["prepared_audio"]["sample_count"] == 8_000
+
+
+async def test_browser_recordings_in_webm_and_ogg_opus_are_served(nats_server: NatsServer, tmp_path: Path) -> None:
+    """What MediaRecorder writes (WebM/Opus) and Ogg/Opus reach the backend as 16 kHz PCM through
+    the bundled libopus, answered and ACKed like any other audio."""
+    adapter = RecordingAdapter()
+    webm = encoded_av(frames_of(tone(48_000, 1.0), 2), 48_000, "webm", "libopus")
+    ogg = encoded_av(frames_of(tone(48_000, 0.5), 1), 48_000, "ogg", "libopus")
+    async with running_stack(nats_server, tmp_path, adapter=adapter) as stack:
+        items = [
+            work_item(operation="extract", request_id="webm", item={"audio": {"data": webm, "format": "audio/webm"}}),
+            work_item(operation="extract", request_id="ogg", item={"audio": {"data": ogg, "format": "ogg"}}),
+        ]
+        ids = [await stack.publish(w) for w in items]
+        await stack.wait_for(lambda: all(len(stack.results_for(i)) == 1 for i in ids))
+        await stack.settled_pool()
+        assert all(stack.results_for(i)[0]["success"] is True for i in ids)
+        by_request = {seen["request_id"]: seen["prepared_audio"] for seen in adapter.seen}
+        webm_pcm, ogg_pcm = by_request["webm"], by_request["ogg"]
+        assert (webm_pcm["container"], webm_pcm["source_sample_rate"], webm_pcm["source_channels"]) == (
+            "webm",
+            48_000,
+            2,
+        )
+        assert 48_000 <= webm_pcm["source_sample_count"] <= 48_000 + 5_760  # WebM keeps its end padding
+        # FFmpeg's Ogg muxer offsets the granules by the pre-skip: a one-page stream keeps 312 frames.
+        assert (ogg_pcm["container"], ogg_pcm["source_sample_count"]) == ("ogg", ffmpeg_frames(ogg))
+        assert ogg_pcm["sample_rate"] == 16_000 and len(ogg_pcm["pcm_s16le"]) == 2 * ogg_pcm["sample_count"]
+        assert stack.results_for(ids[1])[0]["units"]["audio_ms"] == ogg_pcm["duration_ms"]

@@ -24,7 +24,7 @@ from sie_sidecar.prep.media import DupDict
 from sie_sidecar.sched.costs import AUDIO_HARD_BATCH_COST_CAP, extract_cost
 from sie_sidecar.wire.workitem import WorkItem
 
-from ..audio_samples import encoded, encoded_av, frames_of, pcm, tone, wav_float, wav_pcm
+from ..audio_samples import encoded, encoded_av, ffmpeg_frames, frames_of, pcm, tone, wav_float, wav_pcm
 
 MiB = 1024 * 1024
 
@@ -252,11 +252,15 @@ def test_rate_or_layout_changing_mid_stream_is_refused() -> None:
         prepare_audio(chained)
 
 
-def test_ogg_opus_is_an_unsupported_codec() -> None:
+def test_ogg_opus_from_libsndfile_decodes_at_48_khz() -> None:
+    """libsndfile's Ogg/Opus (another encoder than FFmpeg's): pre-skip and the end granule trim
+    it to exactly the frames encoded, at Opus's own 48 kHz."""
     pytest.importorskip("soundfile")
     data = encoded(tone(48_000, 0.5)[:, None], 48_000, "OGG", "OPUS")
-    with pytest.raises(AudioPrepError, match="unsupported audio codec: opus"):
-        prepare_audio(data, "ogg")
+    p = prepare_audio(data, "ogg")
+    assert (p.container, p.source_sample_rate, p.source_channels) == ("ogg", 48_000, 1)
+    assert p.source_sample_count == 24_000 and p.duration_ms == 500
+    assert p.sample_count == expected_len(24_000, 48_000) == 8_000
 
 
 def test_truncated_flac_is_refused() -> None:
@@ -282,11 +286,57 @@ def test_pyav_containers(container_format: str, codec: str, container: str, rate
     assert p.duration_ms == duration(p.source_sample_count, rate)
 
 
-def test_webm_opus_is_an_unsupported_codec() -> None:
+@pytest.mark.parametrize(
+    ("container_format", "container", "declared", "rate", "channels"),
+    [
+        ("webm", "webm", "audio/webm", 48_000, 1),  # what MediaRecorder writes in Chrome and Firefox
+        ("webm", "webm", "webm", 16_000, 2),
+        ("ogg", "ogg", "audio/ogg", 24_000, 2),
+        ("mp4", "m4a", "audio/mp4", 48_000, 1),  # MP4's dOps header is big-endian
+    ],
+)
+def test_opus_decodes_through_libopus(
+    container_format: str, container: str, declared: str, rate: int, channels: int
+) -> None:
+    """Opus in each container the demuxers know: always 48 kHz (Opus's own rate, whatever rate
+    was encoded), down-mixed and resampled to 16 kHz like every other codec."""
     pytest.importorskip("av")
-    data = encoded_av(tone(48_000, 0.5)[:, None], 48_000, "webm", "libopus")
-    with pytest.raises(AudioPrepError, match="unsupported audio codec: opus"):
-        prepare_audio(data, "audio/webm")
+    signal = tone(rate, 1.0)
+    data = encoded_av(frames_of(signal, channels), rate, container_format, "libopus")
+    p = prepare_audio(data, declared)
+    assert (p.container, p.source_sample_rate, p.source_channels) == (container, 48_000, channels)
+    # Ogg trims to the granule exactly; WebM and MP4 keep at most one packet of end padding.
+    padding = 0 if container == "ogg" else 5_760
+    assert 48_000 <= p.source_sample_count <= 48_000 + padding
+    assert p.sample_count == expected_len(p.source_sample_count, 48_000)
+    assert p.duration_ms == duration(p.source_sample_count, 48_000)
+    samples = pcm(p.pcm_s16le).astype(np.float64) / 32768
+    middle = samples[2_000:14_000]
+    assert abs(np.sqrt(np.mean(middle**2)) - 0.5 / np.sqrt(2)) < 0.03
+    rising = np.count_nonzero((middle[:-1] < 0) & (middle[1:] >= 0))
+    assert abs(rising * 16_000 / len(middle) - 440) < 5
+
+
+@pytest.mark.parametrize("seconds", [0.25, 0.5, 1.0, 1.5, 3.3])
+def test_ogg_opus_keeps_exactly_the_frames_ffmpeg_decodes(seconds: float) -> None:
+    """Pre-skip and the end granule, read as FFmpeg reads them, for both FFmpeg's and libsndfile's
+    Ogg/Opus (a stream of one page and of several)."""
+    pytest.importorskip("av")
+    pytest.importorskip("soundfile")
+    signal = tone(48_000, seconds)[:, None]
+    for data in (encoded_av(signal, 48_000, "ogg", "libopus"), encoded(signal, 48_000, "OGG", "OPUS")):
+        assert prepare_audio(data, "ogg").source_sample_count == ffmpeg_frames(data)
+
+
+def test_opus_refusals_follow_the_common_rules() -> None:
+    pytest.importorskip("av")
+    data = encoded_av(tone(48_000, 0.2)[:, None], 48_000, "webm", "libopus")
+    with pytest.raises(AudioPrepError, match="does not match the webm container"):
+        prepare_audio(data, "ogg")
+    with pytest.raises(AudioPrepError, match="sample_rate 16000 does not match the decoded rate 48000"):
+        prepare_audio(data, "webm", 16_000)  # Opus decodes at 48 kHz, so 16 kHz is a mismatch
+    with pytest.raises(AudioPrepError):
+        prepare_audio(data[: len(data) // 3] + bytes(200), "webm")
 
 
 # -- classification and the asyncio side ------------------------------------------------------------

@@ -7,7 +7,7 @@ use std::io::Cursor;
 use symphonia::core::audio::Channels;
 use symphonia::core::codecs::audio::well_known::CODEC_ID_OPUS;
 use symphonia::core::codecs::audio::{
-    AudioCodecParameters, AudioDecoderOptions, CODEC_ID_NULL_AUDIO,
+    AudioCodecParameters, AudioDecoder, AudioDecoderOptions, CODEC_ID_NULL_AUDIO,
 };
 use symphonia::core::codecs::CodecParameters;
 use symphonia::core::errors::Error as SymError;
@@ -18,13 +18,15 @@ use symphonia::core::formats::well_known::{
 use symphonia::core::formats::{FormatId, FormatOptions, FormatReader, Track};
 use symphonia::core::io::{MediaSourceStream, MediaSourceStreamOptions};
 use symphonia::core::meta::MetadataOptions;
+use symphonia::core::packet::Packet;
 use symphonia::default::formats::{
     FlacReader, IsoMp4Reader, MkvReader, MpaReader, OggReader, WavReader,
 };
 use symphonia::default::meta::Id3v2Reader;
 
 use crate::error::AudioError;
-use crate::pcm::{downmix_into, max_frames};
+use crate::opus::{HeadLayout, OpusDecoder, OpusHead, OPUS_RATE};
+use crate::pcm::{downmix_interleaved_into, downmix_into, max_frames};
 use crate::resample::Mono16k;
 use crate::{Container, MAX_CHANNELS, MAX_DURATION_MS, MAX_SOURCE_RATE, MIN_SOURCE_RATE};
 
@@ -138,6 +140,88 @@ fn codec_name(params: &AudioCodecParameters) -> String {
     }
 }
 
+/// The track's decoder: symphonia's registry first, libopus for Opus (§7.3 step 3).
+enum TrackDecoder {
+    Registry(Box<dyn AudioDecoder>),
+    /// libopus, and whether the demuxer's end trim marks the stream's end: Ogg's does (from the
+    /// last granule position, as FFmpeg reads it); Matroska's DiscardPadding and MP4's edit
+    /// list are not read, so those keep up to one packet of end padding.
+    Opus(OpusDecoder, bool),
+}
+
+impl TrackDecoder {
+    fn for_track(params: &AudioCodecParameters, container: Container) -> Result<Self, AudioError> {
+        match symphonia::default::get_codecs()
+            .make_audio_decoder(params, &AudioDecoderOptions::default())
+        {
+            Ok(decoder) => Ok(Self::Registry(decoder)),
+            Err(SymError::Unsupported(_)) if params.codec == CODEC_ID_OPUS => {
+                let layout = match container {
+                    Container::M4a => HeadLayout::Dops,
+                    _ => HeadLayout::Ogg,
+                };
+                let extra = params.extra_data.as_deref().unwrap_or_default();
+                let head = OpusHead::parse(extra, layout)?;
+                if let Some(channels) = &params.channels {
+                    if channels.count() != head.channels {
+                        return Err(AudioError::Decode {
+                            detail: "the container and the Opus header disagree on channels"
+                                .to_owned(),
+                        });
+                    }
+                }
+                Ok(Self::Opus(
+                    OpusDecoder::new(&head)?,
+                    container == Container::Ogg,
+                ))
+            }
+            Err(SymError::Unsupported(_)) => Err(AudioError::UnsupportedCodec {
+                codec: codec_name(params),
+            }),
+            Err(other) => Err(decode_error(other)),
+        }
+    }
+
+    /// Decode one packet and down-mix it onto `mono`: `None` when it produced no frames, else
+    /// its frame count, rate and channel layout.
+    fn decode_into(
+        &mut self,
+        packet: &Packet,
+        planes: &mut Vec<Vec<f32>>,
+        mono: &mut Vec<f32>,
+    ) -> Result<Option<(usize, u32, Channels)>, AudioError> {
+        match self {
+            Self::Registry(decoder) => {
+                let buffer = decoder.decode(packet).map_err(decode_error)?;
+                let n = buffer.frames();
+                if n == 0 {
+                    return Ok(None);
+                }
+                let rate = buffer.spec().rate();
+                let layout = buffer.spec().channels().clone();
+                buffer.copy_to_vecs_planar::<f32>(planes);
+                downmix_into(planes, n, mono);
+                Ok(Some((n, rate, layout)))
+            }
+            Self::Opus(decoder, end_trim) => {
+                let channels = decoder.channels();
+                let trim_end = if *end_trim {
+                    usize::try_from(packet.trim_end.get()).unwrap_or(usize::MAX)
+                } else {
+                    0
+                };
+                let pcm = decoder.decode(&packet.data, trim_end)?;
+                let n = pcm.len() / channels;
+                if n == 0 {
+                    return Ok(None);
+                }
+                downmix_interleaved_into(pcm, channels, mono);
+                Ok(Some((n, OPUS_RATE, Channels::Discrete(channels as u16))))
+            }
+        }
+    }
+}
+
 /// Decode `data` (already sniffed as `container`) to mono 16 kHz. `declared_rate` must equal
 /// the source rate when given.
 pub fn decode(
@@ -167,7 +251,12 @@ pub fn decode(
             detail: format!("not a valid {container} stream"),
         });
     }
-    let (track_id, params, declared_frames) = audio_track(reader.as_ref())?;
+    let (track_id, mut params, declared_frames) = audio_track(reader.as_ref())?;
+    if params.codec == CODEC_ID_OPUS {
+        // Opus decodes at 48 kHz whatever the container says (Matroska may carry the encoder's
+        // input rate, as the OpusHead does): the stream's rate is 48 kHz.
+        params.sample_rate = Some(OPUS_RATE);
+    }
 
     // The stream's own claims, before any decoding.
     if let Some(rate) = params.sample_rate {
@@ -182,19 +271,12 @@ pub fn decode(
     if let Some(channels) = &params.channels {
         check_channels(channels.count())?;
     }
-    if params.codec == CODEC_ID_OPUS || params.codec == CODEC_ID_NULL_AUDIO {
+    if params.codec == CODEC_ID_NULL_AUDIO {
         return Err(AudioError::UnsupportedCodec {
             codec: codec_name(&params),
         });
     }
-    let mut decoder = symphonia::default::get_codecs()
-        .make_audio_decoder(&params, &AudioDecoderOptions::default())
-        .map_err(|e| match e {
-            SymError::Unsupported(_) => AudioError::UnsupportedCodec {
-                codec: codec_name(&params),
-            },
-            other => decode_error(other),
-        })?;
+    let mut decoder = TrackDecoder::for_track(&params, container)?;
 
     let mut planes: Vec<Vec<f32>> = Vec::new();
     let mut mono: Vec<f32> = Vec::new();
@@ -218,18 +300,15 @@ pub fn decode(
         if packet.data.is_empty() {
             break; // nothing left to read: the length check below tells cut-short from streamed
         }
-        let buffer = decoder.decode(&packet).map_err(decode_error)?;
-        let n = buffer.frames();
-        if n == 0 {
+        mono.clear();
+        let Some((n, rate, layout)) = decoder.decode_into(&packet, &mut planes, &mut mono)? else {
             empty_run += 1;
             if empty_run > MAX_EMPTY_PACKETS {
                 return Err(AudioError::Truncated);
             }
             continue;
-        }
+        };
         empty_run = 0;
-        let rate = buffer.spec().rate();
-        let layout = buffer.spec().channels();
         let channels = layout.count();
         let cap = match &spec {
             None => {
@@ -259,7 +338,7 @@ pub fn decode(
                         to: rate,
                     });
                 }
-                if layout != first_layout {
+                if layout != *first_layout {
                     return Err(AudioError::LayoutChanged);
                 }
                 *cap
@@ -269,9 +348,6 @@ pub fn decode(
         if frames > cap {
             return Err(AudioError::TooLong);
         }
-        buffer.copy_to_vecs_planar::<f32>(&mut planes);
-        mono.clear();
-        downmix_into(&planes, n, &mut mono);
         if let Some(out) = out.as_mut() {
             out.push(&mono)?;
         }

@@ -3,7 +3,7 @@
 //!
 //! 1. The container is sniffed from its magic bytes (`sniff`) and the declared format, if any,
 //!    must name that container (`format_matches`).
-//! 2. Symphonia demuxes and decodes it: exactly one audio track, 8-48 kHz, 1-2 channels, the same
+//! 2. Symphonia demuxes and decodes it (libopus decodes Opus): exactly one audio track, 8-48 kHz, 1-2 channels, the same
 //!    rate and layout in every packet, at most 12 minutes of frames, at least one frame.
 //! 3. Channels are averaged to mono and resampled to 16 kHz with rubato's FFT resampler (fixed
 //!    input chunk of 1024) when the source rate differs.
@@ -11,15 +11,16 @@
 //!
 //! `duration_ms` is computed from the *source* frames and rate, rounded up.
 //!
-//! No Opus: symphonia has no Opus decoder, so an Opus track (Ogg, WebM or MP4) is refused as
-//! `UnsupportedCodec { codec: "opus" }`.
+//! Opus: symphonia demuxes Ogg, WebM and MP4 Opus tracks but has no Opus decoder, so they fall
+//! back to libopus, bundled and linked statically (`opus`, the crate's only `unsafe`).
 //!
-//! Pure Rust, no Python, no `unsafe`; the PyO3 glue is `native/py/src/audio.rs`.
+//! No Python; the PyO3 glue is `native/py/src/audio.rs`.
 
-#![forbid(unsafe_code)]
+#![deny(unsafe_code)]
 
 mod decode;
 mod error;
+mod opus;
 mod pcm;
 mod resample;
 mod sniff;

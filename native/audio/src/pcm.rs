@@ -56,6 +56,27 @@ pub fn downmix_into(planes: &[Vec<f32>], frames: usize, mono: &mut Vec<f32>) {
     }
 }
 
+/// `downmix_into` for interleaved samples (libopus's output): the same averaging, so a stereo
+/// Opus clip down-mixes exactly as a planar stereo one does.
+pub fn downmix_interleaved_into(interleaved: &[f32], channels: usize, mono: &mut Vec<f32>) {
+    match channels {
+        1 => mono.extend(interleaved.iter().map(|x| sanitise(*x))),
+        2 => mono.extend(
+            interleaved
+                .chunks_exact(2)
+                .map(|lr| (sanitise(lr[0]) + sanitise(lr[1])) * 0.5),
+        ),
+        _ => {
+            let n = channels.max(1);
+            mono.extend(
+                interleaved
+                    .chunks_exact(n)
+                    .map(|frame| frame.iter().map(|x| sanitise(*x)).sum::<f32>() / n as f32),
+            );
+        }
+    }
+}
+
 /// One sample to i16: clamp to [-1, 1], × 32768, round half away from zero, clamp to the i16
 /// range (+1.0 becomes 32767). NaN becomes 0.
 #[inline]

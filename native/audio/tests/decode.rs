@@ -1,4 +1,5 @@
-//! End-to-end preparation of generated WAV (and a few hand-built Ogg/WebM/MP4) streams.
+//! End-to-end preparation of generated WAV (and a few hand-built Ogg/WebM/MP4) streams; the
+//! PyAV-made Opus fixtures are in `tests/opus.rs`.
 
 use sie_audio::{decode, prepare, AudioError, Container, MAX_AUDIO_BYTES, MAX_SAMPLE_COUNT};
 
@@ -401,30 +402,68 @@ fn ogg_page(header_type: u8, granule: u64, serial: u32, seq: u32, packet: &[u8])
     page
 }
 
-#[test]
-fn opus_is_an_unsupported_codec() {
-    let mut head = b"OpusHead\x01\x01".to_vec();
+/// A hand-built Ogg/Opus stream: one 20 ms CELT packet of silence whose last page's granule
+/// (960) ends the stream, so after the 312-frame pre-skip 648 frames remain.
+fn tiny_ogg_opus(channel_mapping: &[u8]) -> Vec<u8> {
+    let mut head = b"OpusHead\x01".to_vec();
+    head.push(channel_mapping[0]);
     head.extend_from_slice(&312u16.to_le_bytes());
     head.extend_from_slice(&48_000u32.to_le_bytes());
-    head.extend_from_slice(&[0, 0, 0]);
+    head.extend_from_slice(&0i16.to_le_bytes());
+    head.extend_from_slice(&channel_mapping[1..]);
     let mut tags = b"OpusTags".to_vec();
     tags.extend_from_slice(&4u32.to_le_bytes());
     tags.extend_from_slice(b"test");
     tags.extend_from_slice(&0u32.to_le_bytes());
     let mut data = ogg_page(0x02, 0, 7, 0, &head);
     data.extend(ogg_page(0x00, 0, 7, 1, &tags));
-    data.extend(ogg_page(0x04, 960, 7, 2, &[0xFC, 0xFF, 0xFE]));
+    data.extend(ogg_page(0x04, 960, 7, 2, &[0xF8]));
+    data
+}
+
+#[test]
+fn hand_built_ogg_opus_decodes_trimmed_by_pre_skip_and_granule() {
+    let data = tiny_ogg_opus(&[1, 0]);
+    let d = decode(&data, Some("ogg"), None).unwrap();
     assert_eq!(
-        decode(&data, Some("ogg"), None).unwrap_err(),
-        AudioError::UnsupportedCodec {
-            codec: "opus".into()
-        }
+        (
+            d.source_sample_rate,
+            d.source_channels,
+            d.source_sample_count
+        ),
+        (48_000, 1, 648)
     );
+    assert_eq!(d.container, Container::Ogg);
+    assert!(d.samples.iter().all(|x| x.abs() < 1e-3));
     assert_eq!(
         decode(&data, Some("webm"), None).unwrap_err(),
         AudioError::FormatMismatch {
             container: Container::Ogg
         }
+    );
+    // The stream is 48 kHz whatever the header's "input sample rate" says.
+    assert_eq!(
+        decode(&data, Some("ogg"), Some(16_000)).unwrap_err(),
+        AudioError::SampleRateMismatch {
+            declared: 16_000,
+            actual: 48_000
+        }
+    );
+}
+
+#[test]
+fn opus_headers_the_limits_refuse() {
+    // Six channels (family 1, 5.1): over the two-channel limit, refused before decoding.
+    assert_eq!(
+        decode(&tiny_ogg_opus(&[6, 1, 4, 2, 0, 4, 1, 2, 3, 5]), None, None).unwrap_err(),
+        AudioError::ChannelsOutOfRange { channels: 6 }
+    );
+    // An unknown channel mapping family: the Ogg demuxer does not take the stream as Opus at
+    // all (its packets are skipped, so nothing decodes); in WebM the header check refuses it
+    // (`opus::tests::bad_heads_are_refused`).
+    assert_eq!(
+        decode(&tiny_ogg_opus(&[2, 2, 1, 1, 0, 1]), None, None).unwrap_err(),
+        AudioError::Truncated
     );
 }
 
@@ -468,6 +507,9 @@ fn fuzz_mutated_streams() {
         wav(16_000, 1, Fmt::S16, &mono(sine(16_000, 440.0, 300, 0.5))),
         wav(44_100, 2, Fmt::F32, &vec![vec![0.25, -0.25]; 200]),
         wav(8_000, 1, Fmt::U8, &mono(vec![0.1; 100])),
+        // The Opus path: the Ogg and Matroska demuxers, the OpusHead parser and libopus.
+        include_bytes!("fixtures/tone_mono_48k.opus").to_vec(),
+        include_bytes!("fixtures/tone_stereo_48k.webm").to_vec(),
     ];
     let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
     for i in 0..iterations {
