@@ -30,12 +30,23 @@ def next_batch_id() -> int:
     return next(_batch_ids)
 
 
+def lora_from_options(options: object) -> str:
+    """The LoRA key `options` asks for (scheduler-and-prep §1.1); "" is the base weights.
+
+    Only a non-empty string under `lora` names an adapter, byte for byte: absent or non-map options,
+    a missing key, a non-string value and "" all mean base, so malformed clients cannot fragment the
+    batchers of a model."""
+    if not isinstance(options, Mapping):
+        return ""
+    lora = options.get("lora")
+    return lora if isinstance(lora, str) else ""
+
+
 def lora_key(item: WorkItem) -> str:
     """The LoRA adapter an encode/extract item asks for; score always runs on base weights."""
     if item.operation == "score" or not item.options:
         return ""
-    lora = item.options.get("lora")
-    return lora if isinstance(lora, str) else ""
+    return lora_from_options(item.options)
 
 
 def _common(item: WorkItem) -> dict[str, Any]:
@@ -278,6 +289,7 @@ __all__ = [
     "extract_item",
     "item_traceparents",
     "item_traceparents_py",
+    "lora_from_options",
     "lora_key",
     "next_batch_id",
     "per_op_body",

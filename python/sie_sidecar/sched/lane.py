@@ -10,6 +10,7 @@ pipeline never writes limits back into the scheduler.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
@@ -71,14 +72,23 @@ class ModelLane(Generic[T]):
         telemetry: Registry | None = None,
         keepalive: Keepalive[T] | None = None,
         metrics: LaneMetrics | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        """`clock`: the scheduler's monotonic clock (arrival times, triggers); tests inject one."""
         self.model = model
         self.metrics = metrics
         self._execute = execute
         self._s = settings
         c = settings.scheduler
         self.scheduler: ModelScheduler[T] = ModelScheduler(
-            model, self._run, c, on_idle=on_idle, telemetry=telemetry, keepalive=keepalive, metrics=metrics
+            model,
+            self._run,
+            c,
+            clock=clock,
+            on_idle=on_idle,
+            telemetry=telemetry,
+            keepalive=keepalive,
+            metrics=metrics,
         )
         self.controller = AdaptiveController.production(
             c.max_batch_cost, c.max_batch_wait_ms, env=settings.controller_env

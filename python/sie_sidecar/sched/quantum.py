@@ -11,6 +11,7 @@ every successfully published `publish_and_ack` item, and is reported once it hol
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Iterable
 from typing import Final
@@ -18,6 +19,8 @@ from typing import Final
 WINDOW: Final = 200
 MIN_SAMPLES: Final = 10
 GAIN: Final = 0.2
+#: The back-off helper's growth per step (§4.8: x2; not used by the pull loop).
+BACK_OFF_GROWTH: Final = 2.0
 
 
 class LatencyWindow:
@@ -62,11 +65,26 @@ class QuantumController:
         self.include_queue_ms = include_queue_ms
 
     def quantum_ms(self) -> float:
-        p50 = self.window.p50()
-        if p50 is None:
+        """The quantum for the next batch: always adjusted from the floor, never accumulated."""
+        return self.adjust_ms(self.min_ms, self.window.p50())
+
+    def adjust_ms(self, current_ms: float, p50_ms: float | None) -> float:
+        """`current_ms` moved by `(target - p50) x GAIN`, clamped to [floor, ceiling] (§4.8 helper).
+
+        The pull loop only adjusts from the floor; the helper takes any current value (from 5 ms with
+        p50 10 it gives 13 ms). An extreme p50, no figure yet, or a NaN target or p50 give the floor;
+        an infinite target gives the ceiling."""
+        if p50_ms is None:
             return self.min_ms
-        headroom = max(0.0, self.target_p50_ms - p50)  # the subtraction saturates at 0
-        return min(self.max_ms, max(self.min_ms, self.min_ms + headroom * GAIN))
+        moved = current_ms + (self.target_p50_ms - p50_ms) * GAIN
+        if math.isnan(moved):
+            return self.min_ms
+        return min(self.max_ms, max(self.min_ms, moved))  # the floor is > 0: saturating at 0 is implied
+
+    def back_off_ms(self, current_ms: float) -> float:
+        """The next quantum of a back-off: twice `current_ms`, within [floor, ceiling] (2, 4, 8, 15 with
+        the defaults). The spec keeps this helper though its pull loop never backs off."""
+        return min(self.max_ms, max(self.min_ms, current_ms * BACK_OFF_GROWTH))
 
     def quantum_s(self) -> float:
         return self.quantum_ms() / 1000.0
@@ -83,4 +101,4 @@ class QuantumController:
         self.window.extend((total,))
 
 
-__all__ = ["GAIN", "MIN_SAMPLES", "WINDOW", "LatencyWindow", "QuantumController"]
+__all__ = ["BACK_OFF_GROWTH", "GAIN", "MIN_SAMPLES", "WINDOW", "LatencyWindow", "QuantumController"]

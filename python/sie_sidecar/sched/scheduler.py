@@ -174,6 +174,10 @@ class ModelScheduler(Generic[T]):
         self._slots = asyncio.Semaphore(self._depth)
         self._width = 1  # the backend's dispatch width (descriptor.max_concurrent_dispatch)
         self._max_requests = self.config.max_batch_requests  # follows the backend's batch_budget
+        #: The caps in force (the controller's, via `update_limits`): a former created later starts
+        #: with these, not with the configured initial ones (§4.6: new batchers copy the config).
+        self._cost_cap = self.config.max_batch_cost
+        self._wait_ms = self.config.max_batch_wait_ms
         self._costs: dict[int, int] = {}
         #: The cost of what is pending here (child placement weighs it, scheduler-and-prep §5).
         self.pending_cost = 0
@@ -245,7 +249,7 @@ class ModelScheduler(Generic[T]):
         key = (op, "" if op == "score" else lora)  # score always runs on the base weights (§1.1)
         former = self._formers.get(key)
         if former is None:
-            former = self._formers[key] = self._new_former(self.config.max_batch_cost, self.config.max_batch_wait_ms)
+            former = self._formers[key] = self._new_former(self._cost_cap, self._wait_ms)
         now = self._clock()
         first = next(self._ids)
         ids = list(range(first, first + len(items)))
@@ -342,7 +346,9 @@ class ModelScheduler(Generic[T]):
                 start = end
 
     def update_limits(self, max_batch_cost: int, max_batch_wait_ms: float) -> None:
-        """Push the controller's new caps into every former (and wake the loop if one became flushable)."""
+        """Push the controller's new caps into every former and keep them for formers created later
+        (and wake the loop if one became flushable)."""
+        self._cost_cap, self._wait_ms = max_batch_cost, max_batch_wait_ms
         now = self._clock()
         if any(f.update_limits(max_batch_cost, max_batch_wait_ms, now) for f in self._formers.values()):
             self._new_item.set()
