@@ -100,3 +100,42 @@ async def test_a_silent_backend_hits_the_frame_timeout(sock_dir: str) -> None:
     finally:
         await client.close()
         await server.close()
+
+
+async def _scripted_stream(sock: str, frames_for: Any) -> asyncio.Server:
+    """A real Unix-socket peer that answers a ProcessGenerate request with `frames_for(request_id)`."""
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        size = int.from_bytes(await reader.readexactly(4), "big")
+        request = msgpack.unpackb(await reader.readexactly(size), raw=False)
+        for envelope in frames_for(request["request_id"]):
+            body = msgpack.packb(envelope, use_bin_type=True)
+            writer.write(len(body).to_bytes(4, "big") + body)
+        await writer.drain()
+        await reader.read()  # hold the stream open until the client closes it
+        writer.close()
+
+    return await asyncio.start_unix_server(handle, sock)
+
+
+async def test_a_frame_for_another_request_is_a_server_error(sock_dir: str) -> None:
+    """wire §2.2: in a generation stream a different request_id is a server error with the spec's
+    words, never taken as this stream's event."""
+
+    def event(request_id: str, kind: str) -> dict[str, Any]:
+        body = {"kind": kind, "reply_subject": "", "payload": b"", "delay_ms": None, "error": None}
+        return {"version": 1, "request_id": request_id, "ok": True, "body": body, "error": None}
+
+    sock = os.path.join(sock_dir, "peer.sock")
+    server = await _scripted_stream(sock, lambda rid: [event(rid, "in_progress"), event("w-other", "ack")])
+    client = IpcClient(sock, request_timeout_s=5)
+    seen: list[str] = []
+    try:
+        with pytest.raises(IpcServerError, match=r"^generate stream response request_id mismatch$"):
+            async for ev in client.generate(MODEL, item()):
+                seen.append(ev.kind)
+        assert seen == ["in_progress"]  # the foreign ack was never yielded
+    finally:
+        await client.close()
+        server.close()
+        await server.wait_closed()

@@ -387,6 +387,8 @@ class IpcClient:
                 env = wire.decode_response(raw)
                 if not isinstance(env, wire.ResponseEnvelope):
                     raise ProtocolError("a ProcessGenerate stream carries no response chunks")
+                if env.request_id != request_id:  # wire §2.2: a server error here, not a protocol one
+                    raise IpcServerError("generate stream response request_id mismatch")
                 event = GenerateEvent.from_body(wire.decode_body(wire.response_body(env, request_id)))
                 yield event
                 if event.kind == "done":

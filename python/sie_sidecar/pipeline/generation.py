@@ -2,14 +2,16 @@
 """Generation (sidecar-behaviour §4.4, §14; wire-protocol §5): each `generate` delivery runs as its
 own task, never scheduled or batched, holding its pull permit until it is settled.
 
-In order: the unsupported-model check, EnsureModelReady on the model's child (loading and failure
-answered with the terminal chunk of TV-G1, then ACK), the offloaded payload fetched and inlined,
-base64 images normalised to binary, then, under the execution barrier's shared side for the whole
-stream, the hash gate, the WorkItem re-encoded in the sidecar's order, and ProcessGenerate on a
-fresh connection. Its events drive the delivery: `publish` goes to the item's reply subject (the
-executed hash stamped last when the item carries one), `ack` / `nak` settle (the first wins),
-`in_progress` progress-ACKs, `done` ends it; a stream that ends or fails unsettled is NAKed with the
-base delay.
+In order: the unsupported-model check (NAK base, §13 reason `model_unsupported`), EnsureModelReady
+on the model's child (loading and failure answered with the terminal chunk of TV-G1, then ACK), the
+WorkItem decoded for re-encoding (repeated keys kept detectable for the media rules; an item that
+cannot be decoded is the re-encode failure: `internal_error` result, ACK), the offloaded payload
+fetched and inlined, base64 images normalised to binary, then, under the execution barrier's
+shared side for the whole stream, the hash gate, the WorkItem re-encoded in the sidecar's order, and
+ProcessGenerate on a fresh connection. Its events drive the delivery: `publish` goes to the item's
+reply subject (the executed hash stamped last when the item carries one), `ack` / `nak` settle (the
+first wins), `in_progress` progress-ACKs, `done` ends it, other kinds are logged and ignored; a
+stream that ends or fails unsettled is NAKed with the base delay.
 """
 
 from __future__ import annotations
@@ -20,8 +22,6 @@ import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
-
-import msgpack
 
 from ..errors import (
     BACKEND_UNAVAILABLE,
@@ -41,6 +41,7 @@ from ..ipc.types import FAILED, LOADING_IN_PROGRESS, LOADING_STARTED, READY, Gen
 from ..logs import Throttled
 from ..payloads import PayloadStore
 from ..prep.generate_media import normalise_generate_images
+from ..prep.media import unpack_value
 from ..telemetry import GENERATION_LOADING_RESPONSES, WORK_ITEM_AGE, Registry
 from ..wire.generation import encode_sidecar_work_item, stamp_executed_hash, terminal_chunk
 from .config_gate import ConfigState
@@ -53,6 +54,8 @@ _warn = Throttled(log)
 
 #: `loading_in_progress` whose terminal chunk could not be published: NAK min(2 x base, 15 s).
 LOADING_NAK_CAP_MS = 15_000
+#: §13's NATS reason for a NAK of an item whose model is unsupported here (newer than v0.7.1).
+MODEL_UNSUPPORTED = "model_unsupported"
 
 
 class GenerateClient(Protocol):
@@ -158,12 +161,13 @@ class Generations:
             if not d.settled:
                 await self._settler.nak(d, base)
 
-    async def _refuse(self, d: Delivery, code: str, message: str, *, nak_ms: int) -> None:
-        """A delivery the sidecar cannot run: NAKed with `nak_ms` on NATS; a local stream (whose handle
-        can `refuse`) ends with `"CODE: message"` instead (§11: no broker to redeliver it)."""
+    async def _refuse(self, d: Delivery, code: str, message: str, *, nak_ms: int, reason: str = "retry") -> None:
+        """A delivery the sidecar cannot run: NAKed with `nak_ms` (§13 reason `reason`) on NATS; a local
+        stream (whose handle can `refuse`) ends with `"CODE: message"` instead (§11: no broker to
+        redeliver it)."""
         refuse = getattr(d.msg, "refuse", None)
         if refuse is None:
-            await self._settler.nak(d, nak_ms)
+            await self._settler.nak(d, nak_ms, reason)
             return
         await refuse(code, message)
         await self._settler.drop(d)
@@ -220,8 +224,9 @@ class Generations:
         item = d.item
         assert item is not None
         model = item.model_id
-        if not self._config.supports(model):
-            await self._refuse(d, BACKEND_UNAVAILABLE, f"model '{model}' is not supported here", nak_ms=base)
+        if not self._config.supports(model):  # first, before the backend is asked anything (§14)
+            message = f"model '{model}' is not supported here"
+            await self._refuse(d, BACKEND_UNAVAILABLE, message, nak_ms=base, reason=MODEL_UNSUPPORTED)
             return
         try:
             ready = await self._backend.ensure_model_ready(model)
@@ -245,7 +250,13 @@ class Generations:
         if ready.state != READY:  # retry_later
             await self._refuse(d, RETRY_LATER, f"model '{model}' cannot take work now", nak_ms=base)
             return
-        doc = msgpack.unpackb(d.msg.data, raw=False, strict_map_key=False)
+        try:
+            # Repeated keys stay detectable (the media rules refuse them); only generation pays for it.
+            doc = unpack_value(d.msg.data)
+        except Exception as exc:  # intake skips a key it does not know undecoded (a bad ext key, say)
+            log.warning("generate work item could not be decoded for re-encoding", extra={"error": repr(exc)})
+            await self._internal_error(d, "failed to encode generate work item")  # wire §10.1
+            return
         if item.payload_ref and not await self._inline_payload(d, doc, item.payload_ref):
             return
         try:
@@ -269,7 +280,7 @@ class Generations:
                 await self._settler.nak(d, self._s.nak_delay_ms)
             return False
         try:
-            doc["generate"] = msgpack.unpackb(blob, raw=False, strict_map_key=False)
+            doc["generate"] = unpack_value(blob)
         except Exception:
             await self._internal_error(d, "failed to decode offloaded generate payload")  # wire §10.1
             return False

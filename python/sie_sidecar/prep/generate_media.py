@@ -4,7 +4,12 @@ message's `images[*].data` (and, newer than v0.7.1, `videos[*].data`) base64 str
 binary, within the limits of at most 16 images and 1 video across all messages and 16 MiB of decoded
 bytes shared by all of them. Binary data is taken as it is (an offloaded generate value may carry
 it). Anything else is `INVALID_INPUT` for the caller, with an error that names only the field path
-(`generate.messages[0].images[1]`), never the data."""
+(`generate.messages[0].images[1]`), never the data.
+
+`messages`, each message's `images` / `videos` and each entry's `data` / `format` must be unique
+keys. A plain msgpack decode keeps the last of a repeated key, so the generation path decodes with
+`prep.media.unpack_value`, whose maps remember their repeated keys (`DupDict.duplicate_keys`); a
+str and a bin spelling of one name count as a repeat too, as for extract media (§7.1)."""
 
 from __future__ import annotations
 
@@ -13,6 +18,7 @@ import binascii
 from typing import Any, Final
 
 from ..errors import GenerateMediaError
+from .media import field
 
 MAX_IMAGES: Final = 16
 #: Newer than v0.7.1: at most one video per request, in the images' byte budget.
@@ -44,13 +50,20 @@ def _decoded(data: Any, where: str) -> bytes:
     return raw
 
 
+def _unique(m: dict[Any, Any], name: str, path: str) -> None:
+    """`GenerateMediaError` when `name` occurs more than once as a key of `m` (§7.2 unique keys)."""
+    if field(m, name)[0] > 1:
+        raise GenerateMediaError(f"{path}.{name}: duplicate field")
+
+
 def normalise_generate_images(generate: Any) -> None:
     """Decode every message's image and video data in place; `GenerateMediaError` naming the field
-    path on a bad entry or a limit."""
+    path on a bad entry, a repeated key or a limit."""
     if generate is None:
         return
     if not isinstance(generate, dict):
         raise GenerateMediaError("generate must be a map")
+    _unique(generate, "messages", "generate")
     messages = generate.get("messages")
     if messages is None:
         return
@@ -62,6 +75,7 @@ def normalise_generate_images(generate: Any) -> None:
         if not isinstance(message, dict):
             raise GenerateMediaError(f"generate.messages[{m}] must be a map")
         for kind, limit in _KINDS:
+            _unique(message, kind, f"generate.messages[{m}]")
             entries = message.get(kind)
             if entries is None:
                 continue
@@ -74,6 +88,8 @@ def normalise_generate_images(generate: Any) -> None:
                 counts[kind] += 1
                 if counts[kind] > limit:
                     raise GenerateMediaError(f"{where}: at most {limit} {kind} per request")
+                _unique(entry, "format", where)
+                _unique(entry, "data", where)
                 fmt = entry.get("format")
                 if fmt is not None and not isinstance(fmt, str):
                     raise GenerateMediaError(f"{where}.format must be a string")
