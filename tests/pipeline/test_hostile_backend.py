@@ -37,8 +37,11 @@ async def _read_frame(reader: asyncio.StreamReader) -> bytes:
 
 
 class HostileProxy:
-    """Between the sidecar and the backend: every request is forwarded except RunBatch while
-    `mode` is set; then the proxy answers it as `mode` says, and the backend never sees it."""
+    """Between the sidecar and the backend: every request is forwarded except RunBatch (or the
+    method a subclass names in `intercepted`) while `mode` is set; then the proxy answers it as
+    `mode` says, and the backend never sees it."""
+
+    intercepted = "RunBatch"
 
     def __init__(self, upstream: str) -> None:
         self.upstream = upstream
@@ -54,7 +57,7 @@ class HostileProxy:
             while True:
                 body = await _read_frame(reader)
                 request = msgpack.unpackb(body, raw=False)
-                if request.get("method") == "RunBatch" and self.mode is not None:
+                if request.get("method") == self.intercepted and self.mode is not None:
                     self.hostile_answers += 1
                     if not await self._answer(self.mode, request, writer):
                         return  # the hostile answer ends this connection

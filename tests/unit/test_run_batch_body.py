@@ -121,6 +121,12 @@ _value = st.recursive(
     ),
     max_leaves=12,
 )
+#: `options` and `output_schema` are JSON-shaped (wire-protocol §0 rule 6): no bin, no ext inside.
+_json_value = st.recursive(
+    st.one_of(st.none(), st.booleans(), st.integers(-(2**63), 2**64 - 1), st.floats(allow_nan=False), _text),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(_text, inner, max_size=4),
+    max_leaves=12,
+)
 _opt_text = st.none() | _text
 _OPTIONAL: dict[str, st.SearchStrategy[Any]] = {
     "profile_id": _opt_text,
@@ -129,11 +135,11 @@ _OPTIONAL: dict[str, st.SearchStrategy[Any]] = {
     "output_types": st.none() | st.lists(_text, max_size=3),
     "instruction": _opt_text,
     "is_query": st.none() | st.booleans(),
-    "options": st.none() | st.dictionaries(_text, _value, max_size=4),
+    "options": st.none() | st.dictionaries(_text, _json_value, max_size=4),
     "query_item": _value,
     "score_items": st.none() | st.lists(_value, max_size=4),
     "labels": st.none() | st.lists(_value, max_size=3),
-    "output_schema": _value,
+    "output_schema": _json_value,
     "traceparent": _opt_text,
     "tracestate": _opt_text,
     "timestamp": st.none() | st.integers(0, 2**40) | st.floats(allow_nan=False, allow_infinity=False),

@@ -17,7 +17,7 @@ use pyo3::types::{PyBytes, PyList, PyString, PyType};
 
 use sie_core::msgpack::{Reader, Token, MAX_DEPTH};
 
-use crate::workitem::{decode_work_item, SPAN_COUNT};
+use crate::workitem::{decode_work_item, json_shape_violation, SPAN_COUNT};
 
 /// The str fields kept as spans, by index.
 pub const WORK_ITEM_ID: usize = 0;
@@ -70,6 +70,9 @@ impl Parsed {
     }
 }
 
+/// `output_schema`'s span slot: JSON-shaped, like `options` (wire-protocol §0.6).
+const OUTPUT_SCHEMA_SLOT: usize = 7;
+
 /// Field kinds, as `workitem::Kind` (the decoder's), plus where a str goes.
 #[derive(Clone, Copy)]
 enum Field {
@@ -120,7 +123,7 @@ fn field_of(key: &[u8]) -> Option<(Field, Option<usize>)> {
         b"query_item" => (Field::Any(4), None),
         b"score_items" => (Field::List(5), None),
         b"labels" => (Field::List(6), None),
-        b"output_schema" => (Field::Any(7), None),
+        b"output_schema" => (Field::Any(OUTPUT_SCHEMA_SLOT), None),
         b"traceparent" => (Field::StrOrNone(Some(8)), None),
         b"tracestate" => (Field::StrOrNone(Some(9)), None),
         b"timestamp" => (Field::Timestamp, None),
@@ -267,6 +270,12 @@ pub fn parse(bytes: &[u8]) -> Option<Parsed> {
             }
             (Field::List(_), Token::Nil) | (Field::Options, Token::Nil) | (Field::Any(_), _) => {
                 r.skip_to(start);
+                if matches!(field, Field::Any(OUTPUT_SCHEMA_SLOT))
+                    && json_shape_violation(&mut r).is_some()
+                {
+                    return None; // not JSON-shaped: the decoder says why
+                }
+                r.skip_to(start);
                 walk(&mut r, 0)?;
                 if matches!(field, Field::Options) {
                     p.has_options = false;
@@ -277,6 +286,10 @@ pub fn parse(bytes: &[u8]) -> Option<Parsed> {
                 walk(&mut r, 0)?;
             }
             (Field::Options, Token::Map(m)) => {
+                r.skip_to(start);
+                if json_shape_violation(&mut r).is_some() {
+                    return None; // not JSON-shaped: the decoder says why
+                }
                 r.skip_to(start);
                 walk(&mut r, 0)?;
                 p.has_options = m > 0;

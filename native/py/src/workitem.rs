@@ -79,8 +79,30 @@ enum Kind {
     /// A number, else None (`deadline`: lenient, any other value decodes as absent).
     LenientFloat,
     ListOrNone,
-    MapOrNone,
     Any,
+    /// `options`: a map or nil, JSON-shaped (no bin or ext anywhere inside, wire-protocol §0.6).
+    JsonMapOrNone,
+    /// `output_schema`: any value, JSON-shaped.
+    JsonAny,
+}
+
+/// The first bin or ext value inside the value at the reader's position, in document order (map
+/// keys included): `Some("binary" | "ext")`, or None when it is JSON-shaped or malformed (the
+/// converter then reports malformed bytes). Iterative, so no nesting limit of its own; the reader
+/// is left wherever it stopped.
+pub(crate) fn json_shape_violation(r: &mut Reader<'_>) -> Option<&'static str> {
+    let mut remaining: u64 = 1;
+    while remaining > 0 {
+        remaining -= 1;
+        match r.next_token().ok()? {
+            Token::Bin(_) => return Some("binary"),
+            Token::Ext(..) => return Some("ext"),
+            Token::Array(n) => remaining += n as u64,
+            Token::Map(n) => remaining += 2 * n as u64,
+            _ => {}
+        }
+    }
+    None
 }
 
 /// The field's index in `FIELDS` and how its value is checked.
@@ -103,12 +125,12 @@ fn field_of(key: &[u8]) -> Option<(usize, Kind)> {
         b"output_types" => (14, Kind::ListOrNone),
         b"instruction" => (15, Kind::StrOrNone),
         b"is_query" => (16, Kind::Bool),
-        b"options" => (17, Kind::MapOrNone),
+        b"options" => (17, Kind::JsonMapOrNone),
         b"query_item" => (18, Kind::Any),
         b"query_payload_ref" => (19, Kind::StrOrNone),
         b"score_items" => (20, Kind::ListOrNone),
         b"labels" => (21, Kind::ListOrNone),
-        b"output_schema" => (22, Kind::Any),
+        b"output_schema" => (22, Kind::JsonAny),
         b"bundle_config_hash" => (23, Kind::StrOrEmpty),
         b"router_id" => (24, Kind::StrOrEmpty),
         b"timestamp" => (25, Kind::Float),
@@ -208,9 +230,10 @@ fn value(
             Ok(recent.str(py, field, s))
         }
         (Kind::StrOrEmpty, Token::Nil) => Ok(PyString::intern(py, "").into_any().unbind()),
-        (Kind::StrOrNone | Kind::ListOrNone | Kind::MapOrNone | Kind::Any, Token::Nil) => {
-            Ok(py.None())
-        }
+        (
+            Kind::StrOrNone | Kind::ListOrNone | Kind::Any | Kind::JsonMapOrNone | Kind::JsonAny,
+            Token::Nil,
+        ) => Ok(py.None()),
         (Kind::Uint, Token::UInt(v)) => v.into_py_any(py),
         (Kind::Uint, Token::Int(v)) if v >= 0 => v.into_py_any(py),
         (Kind::Bool, Token::Bool(b)) => b.into_py_any(py),
@@ -226,7 +249,14 @@ fn value(
             generic(r)?;
             Ok(py.None())
         }
-        (Kind::ListOrNone, Token::Array(_)) | (Kind::MapOrNone, Token::Map(_)) | (Kind::Any, _) => {
+        (Kind::ListOrNone, Token::Array(_)) | (Kind::Any, _) => generic(r),
+        (Kind::JsonMapOrNone, Token::Map(_)) | (Kind::JsonAny, _) => {
+            r.skip_to(at);
+            if let Some(what) = json_shape_violation(r) {
+                return Err(bad(format!(
+                    "{key} must be JSON-shaped: {what} values are not allowed"
+                )));
+            }
             generic(r)
         }
         (Kind::Str, _) => Err(bad(format!("{key} must be a str"))),
@@ -236,7 +266,7 @@ fn value(
         (Kind::Bool, _) => Err(bad(format!("{key} must be a bool"))),
         (Kind::Float, _) => Err(bad("timestamp must be a number")),
         (Kind::ListOrNone, _) => Err(bad(format!("{key} must be an array or nil"))),
-        (Kind::MapOrNone, _) => Err(bad("options must be a map or nil")),
+        (Kind::JsonMapOrNone, _) => Err(bad("options must be a map or nil")),
     }
 }
 
@@ -429,3 +459,31 @@ const DEFAULTS: [(usize, Default); 22] = [
     (29, none),
     (30, none),
 ];
+
+#[cfg(test)]
+mod tests {
+    use super::json_shape_violation;
+    use sie_core::msgpack::Reader;
+
+    fn violation(bytes: &[u8]) -> Option<&'static str> {
+        json_shape_violation(&mut Reader::new(bytes))
+    }
+
+    #[test]
+    fn json_shape_finds_the_first_bin_or_ext_in_document_order() {
+        // {"a": [1, "x", {"b": nil}]}: JSON-shaped.
+        assert_eq!(violation(b"\x81\xa1a\x93\x01\xa1x\x81\xa1b\xc0"), None);
+        // {"a": bin8(1)}
+        assert_eq!(violation(b"\x81\xa1a\xc4\x01z"), Some("binary"));
+        // {bin key: 1}: keys count too.
+        assert_eq!(violation(b"\x81\xc4\x01k\x01"), Some("binary"));
+        // [fixext1, bin]: the ext comes first.
+        assert_eq!(violation(b"\x92\xd4\x05\x00\xc4\x00"), Some("ext"));
+        // A Timestamp (ext -1) is ext.
+        assert_eq!(violation(b"\xd6\xff\x00\x00\x00\x01"), Some("ext"));
+        // The value ends where it ends: a bin after it is not looked at.
+        assert_eq!(violation(b"\x91\x01\xc4\x00"), None);
+        // Malformed bytes are the converter's to report.
+        assert_eq!(violation(b"\x92\x01"), None);
+    }
+}

@@ -7,8 +7,8 @@ upstream inference server: `BackendServer` speaks the protocol, an `Adapter` sup
 
 from __future__ import annotations
 
-from .adapter import Adapter, item_outcome, unit_counts
+from .adapter import Adapter, is_out_of_memory, item_outcome, unit_counts
 from .null import NullAdapter
 from .server import BackendServer
 
-__all__ = ["Adapter", "BackendServer", "NullAdapter", "item_outcome", "unit_counts"]
+__all__ = ["Adapter", "BackendServer", "NullAdapter", "is_out_of_memory", "item_outcome", "unit_counts"]

@@ -21,6 +21,14 @@ if TYPE_CHECKING:
 
 #: The operations a RunBatch may carry (wire-protocol §4.2).
 OPS: Final = ("encode", "score", "extract")
+#: The redelivery delay of a batch that ran the accelerator out of memory: the Python backend's
+#: `SIE_OOM_NAK_DELAY_S` default (wire-protocol §4.6), long enough for the memory to come back.
+OOM_NAK_DELAY_MS: Final = 10_000
+#: What `torch.cuda.OutOfMemoryError` (and `torch.OutOfMemoryError`) are called; matched by name so
+#: that this library needs no torch.
+_OOM_TYPE_NAME: Final = "OutOfMemoryError"
+#: How torch before 1.13 worded the plain RuntimeError it raised for the same thing.
+_OOM_MESSAGE_PREFIX: Final = "CUDA out of memory"
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,7 +59,9 @@ class Adapter(abc.ABC):
     `run_batch` gets the wrapped batch items (EncodeBatchItem / ScoreBatchItem / ExtractBatchItem
     maps, already validated, LoRA already in `options["lora"]` for encode/extract) and returns one
     ItemOutcome map per item (`item_outcome` builds one). An exception fails the whole call with
-    the envelope error `<ExceptionType>: <message>`, which the sidecar NAKs.
+    the envelope error `<ExceptionType>: <message>`, which the sidecar NAKs; an accelerator
+    out-of-memory (`is_out_of_memory`) instead makes every item of the batch `nak_retry` with the
+    server's OOM delay (10 s by default, wire-protocol §4.6).
     """
 
     @abc.abstractmethod
@@ -134,6 +144,28 @@ class Adapter(abc.ABC):
         raise NotImplementedError("SetPinnedModels is not supported by this backend")
 
 
+def is_out_of_memory(exc: BaseException) -> bool:
+    """Whether an adapter's exception is an accelerator out-of-memory (wire-protocol §4.6): a
+    torch-style `OutOfMemoryError` (any class of that name in its MRO), or the RuntimeError older
+    torch raised with "CUDA out of memory". The server answers such a batch with `nak_retry`
+    instead of an error envelope, so its items come back once the memory is free."""
+    if any(cls.__name__ == _OOM_TYPE_NAME for cls in type(exc).__mro__):
+        return True
+    return isinstance(exc, RuntimeError) and str(exc).startswith(_OOM_MESSAGE_PREFIX)
+
+
+def oom_nak_delay_ms(environ: Mapping[str, str]) -> int:
+    """`SIE_OOM_NAK_DELAY_S` (seconds, > 0) in milliseconds; unset or invalid: `OOM_NAK_DELAY_MS`."""
+    raw = environ.get("SIE_OOM_NAK_DELAY_S", "").strip()
+    try:
+        seconds = float(raw)
+    except ValueError:
+        return OOM_NAK_DELAY_MS
+    if not seconds > 0 or seconds == float("inf"):
+        return OOM_NAK_DELAY_MS
+    return max(1, round(seconds * 1000))
+
+
 def unit_counts(
     *,
     input_tokens: int | None = None,
@@ -205,4 +237,13 @@ def outcome_for(item: Mapping[str, Any], disposition: str, **fields: Any) -> dic
     )
 
 
-__all__ = ["OPS", "Adapter", "item_outcome", "outcome_for", "unit_counts"]
+__all__ = [
+    "OOM_NAK_DELAY_MS",
+    "OPS",
+    "Adapter",
+    "is_out_of_memory",
+    "item_outcome",
+    "oom_nak_delay_ms",
+    "outcome_for",
+    "unit_counts",
+]

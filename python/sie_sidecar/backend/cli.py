@@ -14,7 +14,7 @@ import os
 import socket
 from collections.abc import Sequence
 
-from .adapter import Adapter
+from .adapter import Adapter, oom_nak_delay_ms
 from .generation import TokenStreamer
 from .null import DEFAULT_BATCH_TIME_A_MS, DEFAULT_BATCH_TIME_B_US, NullAdapter
 from .server import BackendServer, serve_until_signalled
@@ -180,6 +180,7 @@ async def run_backend(args: argparse.Namespace) -> int:
         args.socket,
         worker_id=args.worker_id or socket.gethostname(),
         release_drain_on_disconnect=not args.keep_drain,
+        oom_nak_delay_ms=oom_nak_delay_ms(os.environ),
     )
     await serve_until_signalled(server)
     return 0

@@ -26,7 +26,7 @@ from .. import wire
 from ..errors import INVALID_INPUT, RUN_BATCH_INVALID_ITEM, RUN_BATCH_MIXED_OP, DecodeError, FrameTooLarge
 from ..ipc.types import GenerateEvent, PingResponse, ReadyResponse
 from ..wire.limits import IPC_VERSION
-from .adapter import OPS, Adapter, F16Multivector, item_outcome, outcome_for
+from .adapter import OOM_NAK_DELAY_MS, OPS, Adapter, F16Multivector, is_out_of_memory, item_outcome, outcome_for
 from .audio import prepared_audio_error
 from .bodies import BadBody
 from .bodies import opt_bool as _opt_bool
@@ -100,14 +100,18 @@ class BackendServer:
         worker_id: str,
         stop_grace_s: float = STOP_GRACE_S,
         release_drain_on_disconnect: bool = True,
+        oom_nak_delay_ms: int = OOM_NAK_DELAY_MS,
     ) -> None:
         """`stop_grace_s`: how long `close` lets in-flight batches finish (a Drain deadline, when
-        tighter, wins). `release_drain_on_disconnect`: a `Drain` IPC belongs to the sidecar that
-        sent it; once every connection has closed, the backend takes work again (our extension:
-        v0.7.1 stays draining until restarted, so a sidecar container restarted alone, say after a
+        tighter, wins). `oom_nak_delay_ms`: the `nak_retry` delay of a batch whose adapter ran the
+        accelerator out of memory (`SIE_OOM_NAK_DELAY_S`, wire-protocol §4.6).
+        `release_drain_on_disconnect`: a `Drain` IPC belongs to the sidecar that sent it; once
+        every connection has closed, the backend takes work again (our extension: v0.7.1 stays
+        draining until restarted, so a sidecar container restarted alone, say after a
         failed liveness probe, left the pod idle; False restores that)."""
         self._adapter = adapter
         self._stop_grace_s = max(0.0, stop_grace_s)
+        self._oom_nak_delay_ms = max(1, int(oom_nak_delay_ms))
         self._path = socket_path
         self._worker_id = worker_id
         self._server: asyncio.Server | None = None
@@ -628,10 +632,25 @@ class BackendServer:
         """The adapter's outcomes and its batched f16 multivectors (checked, §4.7), for the valid items."""
         if not items:
             return [], []
-        result = await self._adapter.run_batch_outputs(model_id, op, items, lora_key, accepts_f16=accepts_f16)
+        try:
+            result = await self._adapter.run_batch_outputs(model_id, op, items, lora_key, accepts_f16=accepts_f16)
+        except Exception as exc:
+            if not is_out_of_memory(exc):
+                raise
+            return self._out_of_memory(model_id, items, exc), []
         if result.f16_buffers and not accepts_f16:
             raise ValueError("the adapter returned batched f16 multivectors the caller did not accept")
         return result.outcomes, [batched_f16_output(buffer, slices) for buffer, slices in result.f16_buffers]
+
+    def _out_of_memory(self, model_id: str, items: list[dict[str, Any]], exc: BaseException) -> list[dict[str, Any]]:
+        """An accelerator OOM (wire-protocol §4.6): every item goes back with `nak_retry` and the OOM
+        delay, as the Python backend answers, rather than failing the call (which the sidecar would
+        NAK with its base delay, straight into the same OOM)."""
+        error = f"{type(exc).__name__}: {exc}"
+        log.warning(
+            "adapter out of memory; batch NAKed", extra={"model": model_id, "items": len(items), "error": error}
+        )
+        return [outcome_for(item, "nak_retry", nak_delay_ms=self._oom_nak_delay_ms, error=error) for item in items]
 
     async def _process_batch(self, op: str, body: Body) -> Body:
         """Process{Encode,Score,Extract}Batch (§3.10): the per-op form, items unwrapped, no batch LoRA."""

@@ -169,6 +169,30 @@ def _kinds() -> dict[str, _Kind]:
 _KINDS = _kinds()
 
 
+#: Fields the Rust side decodes as JSON values (wire-protocol §0 rule 6): no bin, no ext inside.
+JSON_SHAPED = ("options", "output_schema")
+
+
+def json_shape_error(key: str, value: Any) -> str | None:
+    """Why a decoded `options` / `output_schema` value is not JSON-shaped, or None when it is: the
+    first bin or ext value (a Timestamp included) in document order, map keys included.
+
+    The native decoder applies the same rule with the same messages (`json_shape_violation` in
+    native/py/src/workitem.rs; native/py/src/lazy.rs leaves such an item to that decoder)."""
+    stack: list[Any] = [value]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, bytes | bytearray):
+            return f"{key} must be JSON-shaped: binary values are not allowed"
+        if isinstance(node, msgpack.ExtType | msgpack.Timestamp):
+            return f"{key} must be JSON-shaped: ext values are not allowed"
+        if isinstance(node, list):
+            stack.extend(reversed(node))
+        elif isinstance(node, dict):
+            stack.extend(child for pair in reversed(node.items()) for child in reversed(pair))
+    return None
+
+
 def _check_depth(value: Any) -> None:
     """Refuse a decoded value nested deeper than the native reader takes (`MAX_DEPTH`)."""
     stack: list[tuple[Any, int]] = [(value, 0)]
@@ -198,8 +222,9 @@ def _read_fields(buf: bytes) -> dict[str, Any]:
     """The known fields of the WorkItem map in `buf`, walked as the native decoder walks it.
 
     Each occurrence of a known key is checked (a repeated key keeps its last value, but an earlier
-    bad one is refused); a value of the wrong family is refused undecoded (an ext value of any type
-    code in a str field, say). An unknown key's value is decoded and dropped. A key that is not a str
+    bad one is refused), `options` and `output_schema` for their JSON shape too (`json_shape_error`);
+    a value of the wrong family is refused undecoded (an ext value of any type code in a str field,
+    say). An unknown key's value is decoded and dropped. A key that is not a str
     is skipped without being decoded (an ext key of any type code, a bad Timestamp included), its
     value decoded and dropped; an array or map key is refused. Trailing bytes are refused.
     """
@@ -225,6 +250,8 @@ def _read_fields(buf: bytes) -> dict[str, Any]:
         if kind.families is not None and family != "invalid" and family not in kind.families:
             raise WorkItemError(kind.message)
         value = _decoded(unpacker)
+        if key in JSON_SHAPED and (shape_error := json_shape_error(key, value)) is not None:
+            raise WorkItemError(shape_error)
         try:
             fields[key] = kind.convert(value)
         except ValueError:
@@ -292,5 +319,6 @@ __all__ = [
     "WorkItemError",
     "decode_work_item",
     "decode_work_item_py",
+    "json_shape_error",
     "work_item_spans_py",
 ]
