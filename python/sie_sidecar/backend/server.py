@@ -36,6 +36,7 @@ from .bodies import req_list as _req_list
 from .bodies import req_str as _req_str
 from .bodies import req_uint as _req_uint
 from .generation import GenerateStream
+from .grouping import limit_error, sub_groups
 from .model_config import (
     apply_response,
     decode_apply_model_config,
@@ -617,9 +618,9 @@ class BackendServer:
                 rejected.append(_reject(identity, message, RUN_BATCH_INVALID_ITEM))
                 continue
             _check_payload(op, payload, f"items[{i}].{op}")
-            bad_audio = prepared_audio_error(payload) if op == "extract" else None
-            if bad_audio is not None:
-                rejected.append(_reject(identity, bad_audio, INVALID_INPUT))
+            refusal = _refusal(op, payload)
+            if refusal is not None:
+                rejected.append(_reject(identity, refusal, INVALID_INPUT))
                 continue
             valid.append(_with_lora(payload, lora_key) if op != "score" and lora_key else payload)
         outcomes, f16 = await self._outputs(model_id, ops[0] if ops else "", valid, lora_key, accepts_f16)
@@ -629,18 +630,23 @@ class BackendServer:
     async def _outputs(
         self, model_id: str, op: str, items: list[dict[str, Any]], lora_key: str, accepts_f16: bool
     ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-        """The adapter's outcomes and its batched f16 multivectors (checked, §4.7), for the valid items."""
-        if not items:
-            return [], []
-        try:
-            result = await self._adapter.run_batch_outputs(model_id, op, items, lora_key, accepts_f16=accepts_f16)
-        except Exception as exc:
-            if not is_out_of_memory(exc):
-                raise
-            return self._out_of_memory(model_id, items, exc), []
-        if result.f16_buffers and not accepts_f16:
-            raise ValueError("the adapter returned batched f16 multivectors the caller did not accept")
-        return result.outcomes, [batched_f16_output(buffer, slices) for buffer, slices in result.f16_buffers]
+        """The adapter's outcomes and its batched f16 multivectors (checked, §4.7), for the valid items:
+        one adapter call per compatible sub-group (scheduler-and-prep §1.3), one after another."""
+        outcomes: list[dict[str, Any]] = []
+        f16: list[dict[str, Any]] = []
+        for group in sub_groups(op, items):
+            try:
+                result = await self._adapter.run_batch_outputs(model_id, op, group, lora_key, accepts_f16=accepts_f16)
+            except Exception as exc:
+                if not is_out_of_memory(exc):
+                    raise
+                outcomes.extend(self._out_of_memory(model_id, group, exc))
+                continue
+            if result.f16_buffers and not accepts_f16:
+                raise ValueError("the adapter returned batched f16 multivectors the caller did not accept")
+            outcomes.extend(result.outcomes)
+            f16.extend(batched_f16_output(buffer, slices) for buffer, slices in result.f16_buffers)
+        return outcomes, f16
 
     def _out_of_memory(self, model_id: str, items: list[dict[str, Any]], exc: BaseException) -> list[dict[str, Any]]:
         """An accelerator OOM (wire-protocol §4.6): every item goes back with `nak_retry` and the OOM
@@ -661,11 +667,11 @@ class BackendServer:
         rejected: list[dict[str, Any]] = []
         for i, item in enumerate(items):
             _check_payload(op, item, f"items[{i}]")
-            bad_audio = prepared_audio_error(item) if op == "extract" else None
-            if bad_audio is None:
+            refusal = _refusal(op, item)
+            if refusal is None:
                 valid.append(item)
             else:
-                rejected.append(outcome_for(item, "publish_error_and_ack", error=bad_audio, error_code=INVALID_INPUT))
+                rejected.append(outcome_for(item, "publish_error_and_ack", error=refusal, error_code=INVALID_INPUT))
         outcomes, f16 = await self._outputs(model_id, op, valid, "", accepts_f16)
         return {"outcomes": [*rejected, *outcomes], "batched_f16_multivectors": f16}  # rejected first
 
@@ -680,6 +686,16 @@ class BackendServer:
 
 
 # -- validation helpers ----------------------------------------------------------------------------
+
+
+def _refusal(op: str, payload: dict[str, Any]) -> str | None:
+    """Why one valid-shaped item is answered `invalid_input` instead of run: its prepared audio, or
+    a builder limit (candidates, labels, schema size)."""
+    if op == "extract":
+        bad_audio = prepared_audio_error(payload)
+        if bad_audio is not None:
+            return bad_audio
+    return limit_error(op, payload)
 
 
 def _check_payload(op: str, payload: object, where: str) -> None:
