@@ -6,18 +6,21 @@ real nats-server and the reference backend on its Unix socket. A readiness probe
 answer); a generation that streams a token a minute holds the generation join for its 15 s. Each
 time the sidecar still exits, within that bound and the few seconds of the other steps, and the
 unfinished work stays in the stream for redelivery. The bounds are the real ones: nothing here
-shortens them. (The 2 s health tombstone wait is not driven here.)"""
+shortens them. A frozen nats-server runs both health tombstones into their 2 s bounds."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
+import os
+import signal
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from sie_sidecar.app import BACKEND_DRAIN_WAIT_S, GENERATION_JOIN_S, TASK_JOIN_S
+from sie_sidecar.app import BACKEND_DRAIN_WAIT_S, GENERATION_JOIN_S, HEALTH_TOMBSTONE_WAIT_S, TASK_JOIN_S
 from sie_sidecar.backend.null import NullAdapter
 from sie_sidecar.backend.server import BackendServer
 
@@ -141,3 +144,33 @@ async def test_a_generation_that_never_ends_holds_the_generation_join_for_its_bo
         assert not any(c.get("done") for c in chunks_for(stack, rid))
         consumer = await stack.pool_consumer()
         assert consumer.num_pending + consumer.num_ack_pending == 1  # still in the stream
+
+
+async def test_a_frozen_nats_server_bounds_the_health_tombstones_and_the_sidecar_exits(
+    nats_server: NatsServer, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """§15.4 step 3: the publisher's tombstone is waited for at most 2 s, then main sends its own,
+    flushed for at most 2 s. With the server frozen (SIGSTOP: the socket open, nothing answered)
+    neither tombstone can be flushed: both are given up at their bounds, 2 s apart, and the sidecar
+    still exits. (The publisher cannot outlast the 2 s wait: its own flush is bounded at 2 s.)"""
+    stack = await start_stack(nats_server, tmp_path, env=FAST_PULLS)
+    pid = nats_server.pid
+    assert pid is not None
+    try:
+        wid = await stack.publish(work_item(text="served before the freeze"))
+        await stack.wait_for(lambda: len(stack.results_for(wid)) == 1)
+        await stack.settled_pool()
+        caplog.set_level(logging.WARNING, logger="sie_sidecar.bus.health")
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            code, took = await _stop_timed(stack)
+        finally:
+            os.kill(pid, signal.SIGCONT)
+    finally:
+        stack.stop.set()
+        await stack.nc.close()
+    assert code == 0
+    given_up = [r.created for r in caplog.records if r.getMessage() == "health tombstone not published"]
+    assert len(given_up) == 2, [r.getMessage() for r in caplog.records]
+    assert 1.5 <= given_up[1] - given_up[0] <= 2 * HEALTH_TOMBSTONE_WAIT_S + 0.5, given_up
+    assert took < TASK_JOIN_S + 2 * HEALTH_TOMBSTONE_WAIT_S + OTHER_STEPS_S, took
