@@ -6,16 +6,18 @@ from __future__ import annotations
 import copy
 import dataclasses
 import math
+import re
 from typing import Any
 
 import kubernetes_validate
 import pytest
 
 from sie_sidecar import __version__, wire
-from sie_sidecar.app import shutdown_bound_s
+from sie_sidecar.app import BACKEND_DRAIN_WAIT_S, shutdown_bound_s
+from sie_sidecar.cli import build_parser
 from sie_sidecar.config import LIMITS, RUN_FLAGS
 
-from .manifests import PLACEHOLDER, all_documents, container, environment, one, pod_spec, sidecar_settings
+from .manifests import KUBERNETES, PLACEHOLDER, all_documents, container, environment, one, pod_spec, sidecar_settings
 
 K8S_VERSION = "1.30.0"  # native sidecar containers (restartPolicy on an init container) are on by default
 #: The backend's own stop once worker-sidecar has exited (the reference backend closes at once).
@@ -151,3 +153,38 @@ def test_the_scaled_object_follows_the_lane() -> None:
 def test_the_environment_reader_sees_references_as_set() -> None:
     env = environment({"env": [{"name": "A", "value": "1"}, {"name": "B", "valueFrom": {"fieldRef": {}}}]})
     assert env == {"A": "1", "B": PLACEHOLDER}
+
+
+def test_the_backend_liveness_asks_the_backend_over_the_sidecars_socket() -> None:
+    """A stuck, unhealthy or abandoned-drained backend is restarted (docs/deploying.md): the probe is
+    `sie-sidecar probe backend` on the socket the sidecar talks to, and its failures outlast the
+    bounded backend drain of a normal shutdown, so a draining backend is never killed mid-drain."""
+    settings, _ = sidecar_settings()
+    probe = container("backend")["livenessProbe"]
+    command = probe["exec"]["command"]
+    assert command[:3] == ["sie-sidecar", "probe", "backend"]
+    args = build_parser("probe").parse_args(command[1:])
+    assert args.path == "backend" and args.socket == settings.ipc_socket_path
+    assert args.timeout < probe["timeoutSeconds"]
+    assert probe["periodSeconds"] * probe["failureThreshold"] > BACKEND_DRAIN_WAIT_S
+
+
+def test_the_disruption_budget_covers_the_deployments_pods_one_at_a_time() -> None:
+    budget = one("PodDisruptionBudget")
+    labels = one("Deployment")["spec"]["template"]["metadata"]["labels"]
+    selector = budget["spec"]["selector"]["matchLabels"]
+    assert selector.items() <= labels.items()
+    assert selector == one("Deployment")["spec"]["selector"]["matchLabels"]
+    assert budget["spec"]["maxUnavailable"] == 1 and "minAvailable" not in budget["spec"]
+
+
+def test_the_scaled_object_names_the_account_the_worker_user_is_in() -> None:
+    """JetStream's monitoring reports streams per account: the trigger's account must be the one the
+    worker user logs into (deploy/nats/accounts.conf; tests/integration/test_keda_accounts.py runs it)."""
+    settings, _ = sidecar_settings()
+    account = one("ScaledObject")["spec"]["triggers"][0]["metadata"]["account"]
+    accounts = (KUBERNETES.parent / "nats" / "accounts.conf").read_text()
+    block = re.search(rf"\b{re.escape(account)}:\s*{{(.*?)\n  }}", accounts, re.S)
+    assert block is not None, f"account {account} is not in deploy/nats/accounts.conf"
+    assert re.search(rf"\buser:\s*{re.escape(str(settings.nats_user))}\b", block.group(1))
+    assert "jetstream: enabled" in block.group(1)
