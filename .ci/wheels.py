@@ -186,6 +186,21 @@ def pyo3_config(py: str, workdir: Path) -> Path:
     return path
 
 
+def python_headers(root: Path, py: str, arch: Arch, workdir: Path) -> list[Path]:
+    """The target CPython's headers, and only those, staged out of the Debian root: its
+    `python3.X/` and the multiarch `pyconfig.h` Debian's wrapper includes. The root's own
+    `/usr/include` must not be on the path: its glibc headers would shadow zig's glibc 2.17 ones
+    (`stdio.h: use of undeclared identifier 'L_tmpnam'`)."""
+    include = root / "usr" / "include"
+    stage = workdir / f"include-{py}-{arch.name}"
+    shutil.rmtree(stage, ignore_errors=True)
+    shutil.copytree(include / f"python{py}", stage / f"python{py}")
+    multiarch = include / arch.multiarch / f"python{py}"
+    if multiarch.is_dir():
+        shutil.copytree(multiarch, stage / arch.multiarch / f"python{py}")
+    return [stage / f"python{py}", stage]
+
+
 def build_wheel(py: str, arch: Arch, out: Path, workdir: Path) -> None:
     venv_bin = Path(sys.executable).parent
     env = dict(os.environ)
@@ -198,8 +213,7 @@ def build_wheel(py: str, arch: Arch, out: Path, workdir: Path) -> None:
         cmd += ["-i", sys.executable]
     else:
         root = make_root(py, arch)
-        include = root / "usr" / "include"
-        env["SIE_PYTHON_INCLUDE"] = os.pathsep.join([str(include / f"python{py}"), str(include)])
+        env["SIE_PYTHON_INCLUDE"] = os.pathsep.join(str(p) for p in python_headers(root, py, arch, workdir))
         env.update(rust_for(arch))
         if arch == host_arch():
             # maturin asks the shim; PyO3's build scripts would run the root's interpreter natively
