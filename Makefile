@@ -104,7 +104,12 @@ wheel: $(DEPS_STAMP) ## manylinux wheel for this machine's architecture and Pyth
 
 WHEEL_ARCHES ?= x86_64 aarch64
 WHEEL_PYTHONS ?= 3.11 3.13
-wheels: $(DEPS_STAMP) ## every release wheel (WHEEL_ARCHES x WHEEL_PYTHONS, manylinux2014) and the sdist into dist/, then checked (docs/building.md)
+WHEEL_TOOLS_STAMP := $(VENV)/.wheel-tools-stamp
+$(WHEEL_TOOLS_STAMP): $(DEPS_STAMP) .ci/wheel-tools.txt
+	$(PY) -m pip install -q -r .ci/wheel-tools.txt
+	touch $@
+
+wheels: $(WHEEL_TOOLS_STAMP) ## every release wheel (WHEEL_ARCHES x WHEEL_PYTHONS, manylinux2014) and the sdist into dist/, then checked (docs/building.md)
 	$(PY) .ci/wheels.py build --arch $(WHEEL_ARCHES) --python $(WHEEL_PYTHONS)
 	$(PY) .ci/wheels.py check
 

@@ -25,6 +25,7 @@ import subprocess
 import sys
 import tempfile
 import zipfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -112,6 +113,61 @@ def need(tool: str, hint: str) -> str:
     if path is None:
         raise ReleaseError(f"{tool} not found: {hint}")
     return path
+
+
+def missing_system_tools(
+    arches: list[Arch],
+    pythons: list[str],
+    *,
+    smoke: bool,
+    which: Callable[[str], str | None] = shutil.which,
+    has_rust_std: Callable[[Arch], bool] | None = None,
+) -> tuple[list[str], list[str]]:
+    """(Debian packages, Rust targets) the steps for `arches` x `pythons` need and this machine lacks:
+    debootstrap for any wheel that is not the host's own, qemu-user-static to smoke-test one, and
+    the Rust standard library of a foreign architecture."""
+    packages: list[str] = []
+    if any(not (a == host_arch() and py == host_python()) for a in arches for py in pythons):
+        if which("debootstrap") is None:
+            packages.append("debootstrap")
+        if smoke and any(which(a.qemu) is None for a in arches):
+            packages.append("qemu-user-static")
+    has_std = has_rust_std if has_rust_std is not None else _has_rust_std
+    targets = [a.rust for a in arches if a != host_arch() and not has_std(a)]
+    return packages, targets
+
+
+def _has_rust_std(arch: Arch) -> bool:
+    try:
+        rust_for(arch)
+    except ReleaseError:
+        return False
+    return True
+
+
+def ensure_system_tools(arches: list[Arch], pythons: list[str], *, smoke: bool) -> None:
+    """Install what `missing_system_tools` names when running as root (apt-get, rustup); otherwise
+    stop with one line that names all of it."""
+    packages, targets = missing_system_tools(arches, pythons, smoke=smoke)
+    if not packages and not targets:
+        return
+    if os.geteuid() == 0 and (not packages or shutil.which("apt-get")) and (not targets or shutil.which("rustup")):
+        if packages:
+            run(["apt-get", "install", "-y", "-q", "--no-install-recommends", *packages])
+        if targets:
+            run(["rustup", "target", "add", *targets])
+        return
+    raise ReleaseError(missing_tools_line(packages, targets))
+
+
+def missing_tools_line(packages: list[str], targets: list[str]) -> str:
+    """The one line that names every missing tool and how to get it."""
+    wanted = []
+    if packages:
+        wanted.append(f"apt-get install {' '.join(packages)}")
+    if targets:
+        wanted.append(f"rustup target add {' '.join(targets)}")
+    return f"missing build tools (make wheels installs them when run as root): {'; '.join(wanted)}"
 
 
 # -- roots ---------------------------------------------------------------------------------------
@@ -417,6 +473,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     arches = [ARCHES[a] for a in args.arch]
     try:
+        if args.step in ("roots", "build", "smoke"):
+            ensure_system_tools(arches, args.python, smoke=args.step == "smoke")
         if args.step == "roots":
             for arch in arches:
                 for py in args.python:

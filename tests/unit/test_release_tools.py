@@ -92,3 +92,33 @@ def test_the_elf_check_reads_the_real_extension() -> None:
     own = [p for p in wheels.check_elf(data, host, so.name) if "GLIBC" not in p]
     assert own == []
     assert any("ELF machine" in p for p in wheels.check_elf(data, other, so.name))
+
+
+def test_the_missing_system_tools_are_named_in_one_line() -> None:
+    host = wheels.host_arch()
+    foreign = next(a for a in wheels.ARCHES.values() if a != host)
+    nothing = lambda _tool: None  # noqa: E731 - a machine with none of the tools
+    packages, targets = wheels.missing_system_tools(
+        [host, foreign], ["3.11", "3.13"], smoke=True, which=nothing, has_rust_std=lambda _a: False
+    )
+    assert packages == ["debootstrap", "qemu-user-static"] and targets == [foreign.rust]
+    line = wheels.missing_tools_line(packages, targets)
+    assert line.count("\n") == 0
+    assert "apt-get install debootstrap qemu-user-static" in line and f"rustup target add {foreign.rust}" in line
+    # The host's own wheel needs none of them.
+    assert wheels.missing_system_tools(
+        [host], [wheels.host_python()], smoke=True, which=nothing, has_rust_std=lambda _a: False
+    ) == ([], [])
+
+
+def test_the_wheel_tools_are_pinned_and_the_makefile_installs_them() -> None:
+    pins = [
+        line.split("==")
+        for line in (REPO / ".ci" / "wheel-tools.txt").read_text().splitlines()
+        if line and not line.startswith("#")
+    ]
+    assert {name for name, _ in pins} >= {"maturin", "ziglang", "auditwheel", "cmake"}
+    assert all(re.fullmatch(r"\d+(\.\d+)+", version) for _, version in pins)
+    makefile = (REPO / "Makefile").read_text()
+    assert "pip install -q -r .ci/wheel-tools.txt" in makefile
+    assert re.search(r"^wheels: \$\(WHEEL_TOOLS_STAMP\)", makefile, re.M)
