@@ -428,6 +428,19 @@ def expect_version(python: list[str], env: dict[str, str]) -> None:
         raise ReleaseError(f"--version printed {out.stdout.strip()!r} (stderr {out.stderr.strip()!r})")
 
 
+#: Dependencies published as an sdist only (pure Python): a cross-target install takes binaries only,
+#: so they are built into wheels here first (nkeys, which nats-py's creds and NKey logins need).
+SDIST_ONLY = ("nkeys",)
+
+
+def pure_python_wheels(workdir: Path) -> Path:
+    """A wheelhouse with `SDIST_ONLY` built as (platform-independent) wheels, once per run."""
+    wheelhouse = workdir / "wheelhouse"
+    if not wheelhouse.is_dir():
+        run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(wheelhouse), *SDIST_ONLY])
+    return wheelhouse
+
+
 def smoke_wheel(path: Path, workdir: Path) -> None:
     name = WheelName.parse(path)
     arch, py = name.arch, name.minor
@@ -444,7 +457,9 @@ def smoke_wheel(path: Path, workdir: Path) -> None:
         make_root(py, arch)
         site = workdir / f"site-{py}-{arch.name}"
         tags = [f"--platform=manylinux_2_{minor}_{arch.name}" for minor in range(17, 37)]
+        wheelhouse = pure_python_wheels(workdir)
         pip = [sys.executable, "-m", "pip", "install", "-q", "--target", str(site), "--only-binary=:all:"]
+        pip += ["--find-links", str(wheelhouse)]
         run([*pip, "--implementation=cp", f"--python-version={py}", *tags, str(path), *TEST_TOOLS])
         env["PYTHONPATH"] = str(site)
         python = root_python(py, arch)
