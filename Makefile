@@ -61,7 +61,7 @@ lint: $(BUILD_STAMP) ## ruff, mypy --strict, stubtest, rustfmt, clippy, hadolint
 	cargo fmt --all -- --check
 	cargo clippy -q --all-targets -- -D warnings
 	$(VENV)/bin/hadolint Dockerfile
-	$(VENV)/bin/kubernetes-validate --quiet --strict -k 1.30.0 deploy/kubernetes/worker.yaml deploy/kubernetes/secret.example.yaml
+	$(VENV)/bin/kubernetes-validate --quiet --strict -k 1.30.0 deploy/kubernetes/worker.yaml deploy/kubernetes/secret.example.yaml deploy/kubernetes/pdb.yaml
 
 format: $(DEPS_STAMP) ## auto-format Python and Rust
 	$(VENV)/bin/ruff format python tests benches .ci
