@@ -290,6 +290,12 @@ class ReplyCollector:
         self.on_first = on_first
         self.first_snapshot: dict[str, float] | None = None
         self.first_replies = 0  # unique replies counted when `first_snapshot` was taken
+        #: A second snapshot once `warm_at` unique replies are in (0: none): steady state past the
+        #: first seconds' one-off work (a background import, say; metrics_overhead.py).
+        self.warm_at = 0
+        self.on_warm: Callable[[], dict[str, float]] | None = None
+        self.warm_snapshot: dict[str, float] | None = None
+        self.warm_replies = 0
 
     async def on_reply(self, msg: Msg) -> None:
         now = time.perf_counter()
@@ -308,6 +314,9 @@ class ReplyCollector:
             if self.on_first is not None:
                 self.first_snapshot = self.on_first()
                 self.first_replies = len(self.counts)
+        if self.warm_at and self.warm_snapshot is None and len(self.counts) >= self.warm_at and self.on_warm:
+            self.warm_snapshot = self.on_warm()
+            self.warm_replies = len(self.counts)
         self.last = now
         if len(self.counts) == len(self.expected):
             self.done.set()
@@ -418,6 +427,8 @@ class ThroughputRun:
     log_problems: int
     log_samples: list[str] = field(default_factory=list)
     profile: str | None = None
+    cpu_warm_s: dict[str, float] | None = None  # CPU seconds per process from consumer start to the warm point
+    warm_replies: int = 0  # unique replies counted when the warm snapshot was taken
 
 
 async def throughput_round(
@@ -453,6 +464,8 @@ async def throughput_round(
                 started = time.perf_counter()
                 consumer = start_consumer(procs, env, contender, py_spy=py_spy)
                 collector.on_first = lambda: _cpu_snapshot(procs)
+                collector.warm_at = int(args.items * getattr(args, "warm_fraction", 0.0))
+                collector.on_warm = lambda: _cpu_snapshot(procs)
                 timed_out = not await _wait_done(collector.done, consumer, args.phase_timeout_s)
                 end = collector.last if collector.last is not None else time.perf_counter()
                 cpu_after = _cpu_snapshot(procs)
@@ -461,6 +474,10 @@ async def throughput_round(
                 cpu_first_s = None
                 if at_first is not None:
                     cpu_first_s = {name: at_first.get(name, 0.0) - cpu_before.get(name, 0.0) for name in cpu_after}
+                at_warm = collector.warm_snapshot
+                cpu_warm_s = None
+                if at_warm is not None:
+                    cpu_warm_s = {name: at_warm.get(name, 0.0) - cpu_before.get(name, 0.0) for name in cpu_after}
                 await asyncio.sleep(DUPLICATE_GRACE_S)
                 stream_left, ack_pending, redelivered = await _consumer_state(js, spec)
             finally:
@@ -506,6 +523,8 @@ async def throughput_round(
                 log_problems=problems,
                 log_samples=samples,
                 profile=profile,
+                cpu_warm_s=cpu_warm_s,
+                warm_replies=collector.warm_replies,
             )
         finally:
             if args.keep_logs is not None:
@@ -710,6 +729,15 @@ def steady_cpu_ms_per_1k(run: ThroughputRun, name: str | None = None) -> float |
     if run.cpu_first_s is None or items <= 0:
         return None
     return (run.cpu_s.get(name, 0.0) - run.cpu_first_s.get(name, 0.0)) * 1e6 / items
+
+
+def warm_cpu_ms_per_1k(run: ThroughputRun, name: str | None = None) -> float | None:
+    """`steady_cpu_ms_per_1k` from the warm snapshot (`--warm-fraction` of the items replied) on."""
+    name = name or run.contender
+    items = run.items - run.warm_replies
+    if run.cpu_warm_s is None or items <= 0:
+        return None
+    return (run.cpu_s.get(name, 0.0) - run.cpu_warm_s.get(name, 0.0)) * 1e6 / items
 
 
 def _cpu_text(seconds: float | None) -> str:

@@ -34,16 +34,20 @@ from benches.e2e_throughput import (
     run_with_children,
     steady_cpu_ms_per_1k,
     throughput_round,
+    warm_cpu_ms_per_1k,
 )
 
 
 def side_medians(runs: list[tuple[str, ThroughputRun]], side: str) -> dict[str, float]:
     mine = [run for s, run in runs if s == side]
     cpu = [c for c in (steady_cpu_ms_per_1k(run) for run in mine) if c is not None]
+    warm = [c for c in (warm_cpu_ms_per_1k(run) for run in mine) if c is not None]
     return {
         "items_per_s": _median([run.items_per_s for run in mine]),
         "steady_items_per_s": _median([run.steady_items_per_s for run in mine if run.steady_items_per_s]),
         "steady_cpu_ms_per_1k": _median(cpu),
+        "warm_cpu_ms_per_1k": _median(warm),
+        "startup_s": _median([run.startup_s for run in mine if run.startup_s is not None]),
     }
 
 
@@ -70,12 +74,13 @@ async def run_ab(args: argparse.Namespace, procs: Processes) -> dict[str, Any]:
     medians = {side: side_medians(runs, side) for side in "AB"}
     ratios = {k: medians["B"][k] / medians["A"][k] if medians["A"][k] else None for k in medians["A"]}
     print(f"\nA = {envs['A']}\nB = {envs['B']}\n")
-    print("| side | items/s | steady items/s | steady sidecar CPU / 1,000 items |")
-    print("|---|---|---|---|")
+    warm = f"past the first {args.warm_fraction:.0%} of the replies" if args.warm_fraction else "(no warm point)"
+    print(f"| side | items/s | steady items/s | steady sidecar CPU / 1,000 items | the same {warm} | start-up |")
+    print("|---|---|---|---|---|---|")
     for side in "AB":
         m = medians[side]
-        cells = f"{m['items_per_s']:,.0f} | {m['steady_items_per_s']:,.0f} | {m['steady_cpu_ms_per_1k']:.1f} ms"
-        print(f"| {side} (median) | {cells} |")
+        cells = f"{m['items_per_s']:,.0f} | {m['steady_items_per_s']:,.0f} | {m['steady_cpu_ms_per_1k']:.2f} ms"
+        print(f"| {side} (median) | {cells} | {m['warm_cpu_ms_per_1k']:.2f} ms | {m['startup_s']:.3f} s |")
     print("| B/A | " + " | ".join("-" if r is None else f"{r:.3f}x" for r in ratios.values()) + " |")
     for line in problems:
         print(f"  warning: {line}")
@@ -103,6 +108,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--a", metavar="KEY=VALUE", type=_key_value, action="append", default=[], help="A's env")
     parser.add_argument("--b", metavar="KEY=VALUE", type=_key_value, action="append", default=[], help="B's env")
     parser.add_argument("--phase-timeout-s", type=float, default=120.0, help="give up on a run after this long")
+    parser.add_argument(
+        "--warm-fraction",
+        type=float,
+        default=0.0,
+        help="also measure steady CPU past this fraction of the replies (one-off work of the first seconds excluded)",
+    )
     parser.add_argument("--json", metavar="PATH", help="write the raw numbers as JSON to PATH")
     parser.add_argument("--no-precompile", action="store_true", help="leave the bytecode unwritten")
     parser.add_argument("--sidecar-env", metavar="KEY=VALUE", type=_key_value, action="append", default=[])

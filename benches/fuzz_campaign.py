@@ -18,7 +18,6 @@ total; `--json` writes them.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import functools
 import hashlib
 import importlib
@@ -67,7 +66,7 @@ def _kind(call: Callable[[], Any]) -> str:
         call()
     except errors.WireError:
         return "wire-error"
-    except (errors.WorkItemError, errors.SubjectError, errors.LocalFrameError, errors.HttpPostError):
+    except (errors.WorkItemError, errors.SubjectError, errors.LocalFrameError):
         return "typed-error"
     return "ok"
 
@@ -223,20 +222,6 @@ def target_local_frames(data: bytes) -> None:
     _kind(lambda: frames.decode_response(data))
 
 
-def target_http_response(data: bytes) -> None:
-    """What an OTLP/HTTP endpoint answers (`otel/http_post`)."""
-    from sie_sidecar.otel import http_post
-
-    async def read() -> None:
-        reader = asyncio.StreamReader(limit=http_post.MAX_HEAD)
-        reader.feed_data(data)
-        reader.feed_eof()
-        status, headers = await http_post._read_head(reader)
-        await http_post._read_body(reader, status, headers)
-
-    _kind(lambda: asyncio.run(read()))
-
-
 def target_probe_request(data: bytes) -> None:
     """An HTTP request head on the probe port."""
     from sie_sidecar import probes
@@ -269,7 +254,6 @@ TARGETS: dict[str, Callable[[bytes], None]] = {
     "inbound": target_inbound,
     "subjects": target_subjects,
     "local_frames": target_local_frames,
-    "http_response": target_http_response,
     "probe_request": target_probe_request,
     "store_replies": target_store_replies,
 }
@@ -293,7 +277,6 @@ def seeds(target: str) -> list[bytes]:
         "inbound": [b"MSG _INBOX.x 1 $JS.ACK.s.c.1.2.3.4.5 5\r\nhello\r\nPING\r\n"],
         "subjects": [b"sie.work.p.l.b.org__m\x00r\x00a\x00b\x00c"],
         "local_frames": [msgpack.packb({"id": 1, "op": "submit", "body": {}})],
-        "http_response": [b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"],
         "probe_request": [b"GET /readyz HTTP/1.1\r\nHost: x\r\n\r\n"],
         "store_replies": [b"<Error><Code>AccessDenied</Code></Error>", b'{"Credentials": {}}'],
     }
@@ -308,7 +291,6 @@ INSTRUMENTED = (
     "sie_sidecar._twins.wire",
     "sie_sidecar.bus.inbound",
     "sie_sidecar.local.frames",
-    "sie_sidecar.otel.http_post",
     "sie_sidecar.payloads.oss",
     "sie_sidecar.payloads.oss_credentials",
     "sie_sidecar.probes",

@@ -16,7 +16,9 @@ the older figure: `MemoryMessage`s of the sequencing tests, which intake must de
 `--metrics` measures recording with telemetry off and on (issue 14), alternating fresh dispatchers
 in ABBA order in this one process: "on" is what the app wires when `SIE_METRICS_ENABLED` is true
 (the model catalog on the dispatcher, the IPC client recording per request) plus a registry
-snapshot and an OTLP encode every `--export-every` items, standing in for the 5 s push.
+snapshot and an OTLP encode every `--export-every` items, standing in for the 5 s push. With
+`--tracing` "on" also traces every batch, as `SIE_TRACING_ENABLED` does: spans handed to the SDK's
+batch span processor, whose exporter encodes them with the SDK's OTLP encoder (and sends nothing).
 
 Run from the repository root: `python benches/pipeline_cpu.py [--items 20000] [--rounds 3] [--metrics]`.
 """
@@ -50,6 +52,7 @@ from benches.null_backend import null_backend  # noqa: E402
 from sie_sidecar import wire  # noqa: E402
 from sie_sidecar.app import tune_gc_for_steady_state  # noqa: E402
 from sie_sidecar.ipc.client import IpcClient, observe_ipc  # noqa: E402
+from sie_sidecar.otel.tracing import Sampler, SpanBuffer, Tracer  # noqa: E402
 from sie_sidecar.pipeline.delivery import Settler  # noqa: E402
 from sie_sidecar.pipeline.dispatcher import Dispatcher, DispatchSettings  # noqa: E402
 from sie_sidecar.pipeline.feed import feed  # noqa: E402
@@ -98,21 +101,52 @@ async def measure(items: int, rounds: int, work: str = "gateway") -> list[float]
         return await _rounds(sock, items, rounds, work=work)
 
 
-async def measure_metrics(items: int, rounds: int, export_every: int) -> dict[str, list[float]]:
+async def measure_metrics(
+    items: int, rounds: int, export_every: int, *, tracing: bool = False
+) -> dict[str, list[float]]:
     """µs per item with telemetry off and on, `rounds` of each, ABBA (one dispatcher per figure)."""
     figures: dict[str, list[float]] = {"off": [], "on": []}
+    _export(Registry())  # the SDK's import, once, outside the measured rounds (the sidecar's OTLP thread pays it)
     async with null_backend(MODEL) as sock:
         for r in range(rounds):
             for mode in ("off", "on") if r % 2 == 0 else ("on", "off"):
-                figures[mode] += await _rounds(sock, items, 1, metrics=mode == "on", export_every=export_every)
+                figures[mode] += await _rounds(
+                    sock, items, 1, metrics=mode == "on", export_every=export_every, tracing=tracing and mode == "on"
+                )
     return figures
 
 
-def _export(registry: Registry) -> None:
-    """What one OTLP push costs the event loop's thread: the snapshot and its protobuf encoding."""
-    from sie_sidecar.otel.metrics import encode_metrics
+def _tracer() -> tuple[Tracer, Callable[[], None]]:
+    """A tracer as `app.start_tracing` wires it, its spans to the SDK's batch span processor; the
+    exporter encodes each batch with the SDK's OTLP encoder and drops it. And what stops it."""
+    from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+    from opentelemetry.sdk.trace import ReadableSpan
+    from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
-    encode_metrics(registry.snapshot(), resource={"service.name": "bench"}, lane="bench", start_ns=0, now_ns=1)
+    from sie_sidecar.otel.sdk import make_resource
+    from sie_sidecar.otel.traces import SpanPipeline
+
+    class Encoding(SpanExporter):
+        def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+            encode_spans(spans).SerializeToString()
+            return SpanExportResult.SUCCESS
+
+    pipeline = SpanPipeline(Encoding(), make_resource({"service.name": "bench"}), schedule_delay_s=1.0)
+    buffer = SpanBuffer()
+    buffer.attach(pipeline.forward)
+    return Tracer(Sampler("parentbased_always_on"), buffer), pipeline.shutdown
+
+
+def _export(registry: Registry) -> None:
+    """What one OTLP push costs in CPU, whichever thread: the snapshot (the event loop's), its
+    conversion to the SDK's `MetricsData` and the SDK's protobuf encoding (the OTLP thread's)."""
+    from opentelemetry.exporter.otlp.proto.common.metrics_encoder import encode_metrics
+
+    from sie_sidecar.otel.metrics import MetricsBridge
+    from sie_sidecar.otel.sdk import make_resource
+
+    bridge = MetricsBridge(make_resource({"service.name": "bench"}), lane="bench")
+    encode_metrics(bridge.data(registry.snapshot(), 1)).SerializeToString()
 
 
 async def _rounds(
@@ -122,6 +156,7 @@ async def _rounds(
     *,
     metrics: bool = False,
     export_every: int = 0,
+    tracing: bool = False,
     work: str = "memory",
     frames_of: Callable[[int, int], list[bytes]] | None = None,
 ) -> list[float]:
@@ -135,6 +170,7 @@ async def _rounds(
     settler = Settler(acks)
     stop = asyncio.Event()
     quantum = QuantumController(LatencyWindow(), min_ms=2, max_ms=15, target_p50_ms=50)
+    tracer, stop_tracing = _tracer() if tracing else (None, None)
     dispatcher = Dispatcher(
         DispatchSettings(worker_id="bench", scheduler=SchedulerConfig(requests_from_budget=True)),
         ipc,
@@ -143,6 +179,7 @@ async def _rounds(
         shutdown=stop,
         quantum=quantum,
         acks_with_replies=True,
+        tracer=tracer,
     )
     if metrics:  # as app.attach_catalog and app.start_metrics wire it
         dispatcher.catalog = ModelCatalog([MODEL])
@@ -178,6 +215,8 @@ async def _rounds(
     source.stop()
     await loop
     await dispatcher.close_schedulers(1.0)
+    if stop_tracing is not None:
+        stop_tracing()
     if os.environ.get("PIPELINE_CPU_SIZES"):
         print(dispatcher.batch_summary(), sorted(dispatcher.batch_sizes.items())[:8])
     await ipc.close()
@@ -189,6 +228,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--items", type=int, default=20_000)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--metrics", action="store_true", help="telemetry off against on, ABBA")
+    parser.add_argument("--tracing", action="store_true", help="with --metrics: 'on' traces every batch too")
     parser.add_argument(
         "--work",
         choices=("gateway", "memory"),
@@ -203,7 +243,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     if args.metrics:
-        by_mode = asyncio.run(measure_metrics(args.items, args.rounds, args.export_every))
+        by_mode = asyncio.run(measure_metrics(args.items, args.rounds, args.export_every, tracing=args.tracing))
         med = {mode: statistics.median(f) for mode, f in by_mode.items()}
         for mode, f in by_mode.items():
             print(f"telemetry {mode:<3}: median {med[mode]:.2f} us per item ({' / '.join(f'{x:.2f}' for x in f)})")

@@ -2,15 +2,22 @@
 """What tracing adds to one batch's RPC preparation (`Dispatcher._call_backend`): the RunBatch body of
 64 loadgen items, each with its own traceparent, written as the dispatcher writes it with tracing off
 (no tracer), on but not sampled (the sampler's one decision), and sampled (links read in place, the
-span's context written into every item, the span finished into the buffer)."""
+span's context written into every item, the span finished and handed to the OpenTelemetry SDK's
+batch span processor, as `otel.export.TracePush` attaches it; its exporter drops the spans)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import msgpack
 import pytest
+from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from pytest_benchmark.fixture import BenchmarkFixture
 
 from sie_sidecar.ipc.requests import item_traceparents, run_batch_body
+from sie_sidecar.otel.sdk import make_resource
+from sie_sidecar.otel.traces import SpanPipeline
 from sie_sidecar.otel.tracing import Sampler, SpanBuffer, Tracer
 from sie_sidecar.tools.loadgen import LoadConfig, build_work_item
 from sie_sidecar.wire.workitem import WorkItem, decode_work_item
@@ -21,6 +28,17 @@ MODES = {
     "unsampled": Sampler("traceidratio", 1e-12),  # a trace id is drawn and refused
     "sampled": Sampler("always_on"),
 }
+
+
+class _Dropping(SpanExporter):
+    """Counts the spans the processor exports, and drops them."""
+
+    def __init__(self) -> None:
+        self.spans = 0
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        self.spans += len(spans)
+        return SpanExportResult.SUCCESS
 
 
 def _items() -> list[WorkItem]:
@@ -40,7 +58,10 @@ def test_run_batch_with_tracing_64_items(benchmark: BenchmarkFixture, mode: str)
     benchmark.group = f"tracing: one batch's RunBatch body and span, {ITEMS} encode items"
     items = _items()
     sampler = MODES[mode]
-    buffer = SpanBuffer(1 << 20, export_batch=1 << 20)
+    buffer = SpanBuffer()
+    exporter = _Dropping()
+    pipeline = SpanPipeline(exporter, make_resource({"service.name": "bench"}), schedule_delay_s=0.2)
+    buffer.attach(pipeline.forward)
     tracer = Tracer(sampler, buffer) if sampler is not None else None
     fetch = [0.0] * ITEMS
 
@@ -58,6 +79,32 @@ def test_run_batch_with_tracing_64_items(benchmark: BenchmarkFixture, mode: str)
         return body
 
     body = benchmark(call)
+    pipeline.shutdown()
     first = msgpack.unpackb(body)["items"][0]["traceparent"]
     assert (first == "00-" + "0" * 31 + "1-" + "0" * 15 + "1-01") is (mode != "sampled")
-    assert (len(buffer) > 0) is (mode == "sampled")
+    assert (exporter.spans > 0) is (mode == "sampled")
+
+
+def test_sdk_otlp_encoding_of_512_spans(benchmark: BenchmarkFixture) -> None:
+    """What the SDK's span exporter does with one full export batch (`OTEL_BSP_MAX_EXPORT_BATCH_SIZE`,
+    512) of batch spans before sending it: `BatchSpanData` read by the SDK's OTLP encoder, serialized.
+    It runs in the batch span processor's thread; the figure per span is this / 512."""
+    from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+    from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+
+    from sie_sidecar.otel.traces import BatchSpanData
+
+    benchmark.group = "tracing: the SDK's OTLP encoding of 512 batch spans"
+    buffer = SpanBuffer(1024)
+    tracer = Tracer(Sampler("always_on"), buffer, lane="default|cpu|default")
+    for _ in range(512):
+        span = tracer.start_batch("org/model", "encode", ITEMS, ITEMS)
+        assert span is not None
+        for event in ("ipc.request", "ipc.response", "published"):
+            span.event(event)
+        span.end()
+    resource = make_resource({"service.name": "bench", "service.instance.id": "pod-0", "cloud.region": "unknown"})
+    scope = InstrumentationScope("sie_sidecar", "0")
+    spans = [BatchSpanData(record, resource, scope) for record in buffer.take()]
+    body = benchmark(lambda: encode_spans(spans).SerializeToString())
+    assert len(spans) == 512 and len(body) > 512 * 100

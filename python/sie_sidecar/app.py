@@ -48,10 +48,12 @@ from .prep.audio import configure_permits as configure_audio_permits
 from .probes import ProbeServer, start_probes
 from .sched.quantum import LatencyWindow, QuantumController
 from .sched.scheduler import MAX_ITEM_WAIT_S, SchedulerConfig
-from .telemetry import SHUTDOWN_DRAIN_DURATION, ModelCatalog, Registry
+from .telemetry import SHUTDOWN_DRAIN_DURATION, ModelCatalog, RecordingSwitch, Registry
 
 if TYPE_CHECKING:
+    from .config import OtlpTransport
     from .local.runtime import LocalRunning
+    from .otel.target import Target
 
 log = logging.getLogger(__name__)
 _T = TypeVar("_T")
@@ -260,26 +262,77 @@ async def open_backend_side(
 METRICS_FLUSH_S = 5.0
 
 
-def attach_catalog(settings: Settings, config: ConfigState, dispatcher: Dispatcher) -> None:
+def recording_switch(settings: Settings) -> RecordingSwitch:
+    """Recording starts with the process when OTLP metrics are on; otherwise at the first read of
+    `/debug/state` (telemetry/switch.py), or never."""
+    return RecordingSwitch(now=settings.metrics_enabled)
+
+
+def attach_catalog(settings: Settings, config: ConfigState, dispatcher: Dispatcher, recording: RecordingSwitch) -> None:
     """The §13 (model, profile) catalog, seeded from SIE_METRIC_MODEL_ALLOWLIST; live config extends
-    and replaces it. The model lanes record with it only when metrics (or the debug view) are on."""
+    and replaces it. The model lanes record with it once recording is on."""
     config.catalog = ModelCatalog(settings.otel.model_allowlist)
-    if settings.metrics_enabled or settings.debug_endpoint:
-        dispatcher.catalog = config.catalog
+
+    def attach() -> None:
+        assert config.catalog is not None
+        dispatcher.record_with(config.catalog)
         dispatcher.generations.telemetry = dispatcher.telemetry
+
+    recording.when_on(attach)
 
 
 def otel_resource(settings: Settings) -> dict[str, str]:
-    """The §13 resource both OTLP signals carry (metrics and spans alike)."""
+    """The §13 resource both OTLP signals carry: the sidecar's attributes (`service.instance.id` is
+    the worker id, so pods' series stay apart), `OTEL_RESOURCE_ATTRIBUTES` over them, then
+    `service.name`, `deployment.environment` and `cloud.region` as config.py resolved them (their
+    own variables first, then `OTEL_RESOURCE_ATTRIBUTES`, then the defaults)."""
     from . import __version__
 
     otel = settings.otel
-    return {
-        "service.name": otel.service_name,
-        "service.version": __version__,
-        "deployment.environment": otel.deployment_environment,
-        "cloud.region": otel.cloud_region,
-    }
+    attributes = {"service.version": __version__, "service.instance.id": settings.worker_id}
+    attributes.update(otel.resource_attributes)
+    attributes.update(
+        {
+            "service.name": otel.service_name,
+            "deployment.environment": otel.deployment_environment,
+            "cloud.region": otel.cloud_region,
+        }
+    )
+    return attributes
+
+
+def otlp_target(endpoint: str, protocol: str, transport: OtlpTransport) -> Target:
+    """One signal's resolved OTLP settings, as otel/ takes them (it imports nothing of config)."""
+    from .otel.target import Target
+
+    return Target(
+        endpoint,
+        protocol,
+        headers=transport.headers.reveal(),
+        compression=transport.compression,
+        certificate=transport.certificate,
+        client_key=transport.client_key,
+        client_certificate=transport.client_certificate,
+        timeout_s=transport.timeout_s,
+        insecure=transport.insecure,
+    )
+
+
+def _flush_on_exit(
+    resources: contextlib.AsyncExitStack, name: str, run: Callable[[asyncio.Event], Coroutine[Any, Any, None]]
+) -> None:
+    """Run `run(stop)` as a task; when the exit stack closes (after the drain) set `stop` and give the
+    task METRICS_FLUSH_S for its last export."""
+    stop = asyncio.Event()
+    task = asyncio.create_task(run(stop), name=name)
+
+    async def flush() -> None:
+        stop.set()
+        _, pending = await asyncio.wait({task}, timeout=METRICS_FLUSH_S)
+        for late in pending:
+            late.cancel()
+
+    resources.push_async_callback(flush)
 
 
 def start_metrics(
@@ -288,76 +341,79 @@ def start_metrics(
     resources: contextlib.AsyncExitStack,
     ipc: IpcClient | BackendChildren,
     payloads: PayloadStore,
+    *,
+    recording: RecordingSwitch,
 ) -> None:
-    """OTLP metrics (§13) when enabled: a push every export interval, and a last one when the exit
-    stack closes (after the drain, so the final counts go out). Only then (or with the debug endpoint,
-    which `sie-sidecar top` reads) do the IPC clients record per request: disabled, that costs nothing."""
+    """OTLP metrics (§13) when enabled: the OpenTelemetry SDK's exporter, fed the registry's snapshot
+    every export interval, and a last one when the exit stack closes (after the drain, so the final
+    counts go out). Only then (or with the debug endpoint, which `sie-sidecar top` reads) do the IPC
+    clients record per request: disabled, that costs nothing."""
     otel = settings.otel
     endpoint = otel.metrics_endpoint
-    if settings.metrics_enabled or settings.debug_endpoint:
+
+    def attach() -> None:
         clients = list(ipc.clients) if isinstance(ipc, BackendChildren) else [ipc]
         for client in clients:
             client.telemetry = telemetry
         payloads.telemetry = telemetry
         observe_ipc(telemetry, clients)
+
+    recording.when_on(attach)
     if not settings.metrics_enabled or endpoint is None:
         return
     from . import __version__
-    from .otel.export import make_exporter
+    from .otel.export import MetricsPush, OtlpThread
 
-    exporter = make_exporter(
+    thread = OtlpThread("otlp-metrics")
+    resources.callback(thread.close)  # after the last export (the exit stack unwinds in reverse)
+    push = MetricsPush(
         telemetry,
-        endpoint,
-        protocol=otel.metrics_protocol,
+        thread,
+        otlp_target(endpoint, otel.metrics_protocol, otel.metrics_transport),
         resource=otel_resource(settings),
         lane=otel.lane,
         interval_s=otel.export_interval_s,
         version=__version__,
+        temporality=otel.metrics_temporality,
     )
-    stop = asyncio.Event()
-    task = asyncio.create_task(exporter.run(stop), name="otlp-metrics")
-
-    async def flush() -> None:
-        stop.set()
-        _, pending = await asyncio.wait({task}, timeout=METRICS_FLUSH_S)
-        for late in pending:
-            late.cancel()
-
-    resources.push_async_callback(flush)
-    log.info("OTLP metrics on", extra={"endpoint": endpoint, "interval_s": otel.export_interval_s})
+    _flush_on_exit(resources, "otlp-metrics", push.run)
+    log.info(
+        "OTLP metrics on",
+        extra={"endpoint": endpoint, "protocol": otel.metrics_protocol, "interval_s": otel.export_interval_s},
+    )
 
 
 def start_tracing(settings: Settings, resources: contextlib.AsyncExitStack) -> Tracer | None:
-    """Batch spans (`SIE_TRACING_ENABLED`) when enabled: sampled from OTEL_TRACES_SAMPLER, pushed every
-    OTEL_BSP_SCHEDULE_DELAY, and a last push (bounded) when the exit stack closes, after the drain."""
+    """Batch spans (`SIE_TRACING_ENABLED`) when enabled: sampled from OTEL_TRACES_SAMPLER, handed to
+    the OpenTelemetry SDK's batch span processor (OTEL_BSP_*) as they end, and what it holds exported
+    (bounded) when the exit stack closes, after the drain."""
     otel = settings.otel
     if not settings.tracing_enabled or otel.traces_endpoint is None:
         return None
     from . import __version__
-    from .otel.trace_export import make_trace_exporter
+    from .otel.export import OtlpThread, TracePush
     from .otel.tracing import Sampler, SpanBuffer
 
-    buffer = SpanBuffer(otel.traces_max_queue, export_batch=otel.traces_max_export_batch)
+    buffer = SpanBuffer(otel.traces_max_queue)
     tracer = Tracer(Sampler(otel.traces_sampler, otel.traces_sampler_ratio), buffer, lane=otel.lane)
-    exporter = make_trace_exporter(
+    thread = OtlpThread("otlp-traces")
+    resources.callback(thread.close)
+    push = TracePush(
         buffer,
-        otel.traces_endpoint,
-        protocol=otel.traces_protocol,
+        thread,
+        otlp_target(otel.traces_endpoint, otel.traces_protocol, otel.traces_transport),
         resource=otel_resource(settings),
-        interval_s=otel.traces_schedule_delay_s,
         version=__version__,
+        max_queue_size=otel.traces_max_queue,
+        schedule_delay_s=otel.traces_schedule_delay_s,
+        max_export_batch_size=otel.traces_max_export_batch,
+        export_timeout_s=otel.traces_export_timeout_s,
     )
-    stop = asyncio.Event()
-    task = asyncio.create_task(exporter.run(stop), name="otlp-traces")
-
-    async def flush() -> None:
-        stop.set()
-        _, pending = await asyncio.wait({task}, timeout=METRICS_FLUSH_S)
-        for late in pending:
-            late.cancel()
-
-    resources.push_async_callback(flush)
-    log.info("OTLP traces on", extra={"endpoint": otel.traces_endpoint, "sampler": otel.traces_sampler})
+    _flush_on_exit(resources, "otlp-traces", push.run)
+    log.info(
+        "OTLP traces on",
+        extra={"endpoint": otel.traces_endpoint, "protocol": otel.traces_protocol, "sampler": otel.traces_sampler},
+    )
     return tracer
 
 
@@ -488,16 +544,20 @@ async def _start(settings: Settings, stop: asyncio.Event, resources: contextlib.
     quantum = quantum_controller(settings)
     config = ConfigState(settings.bundle_config_hash)
     telemetry = Registry()
-    start_metrics(settings, telemetry, resources, ipc, payloads)
+    recording = recording_switch(settings)
+    start_metrics(settings, telemetry, resources, ipc, payloads, recording=recording)
     writer = FramedWriter(nc)  # the connection's one writer: replies, then their ACKs, in order
     confirmer = await _ack_confirmer(nc, writer, settings, ack_wait_s)
     if confirmer is not None:
         resources.push_async_callback(confirmer.close)  # after the drain, before NATS closes
     settler = Settler(writer, None) if confirmer is None else Settler(confirmer, confirmer)
     publisher = Publisher(nc, writer=writer)
-    if settings.metrics_enabled or settings.debug_endpoint:
+
+    def attach_settlement() -> None:
         settler.telemetry = telemetry  # settlement counts are NATS operations here (§13)
         publisher.telemetry = telemetry
+
+    recording.when_on(attach_settlement)
     dispatcher = Dispatcher(
         _dispatch_settings(settings, ack_wait_s=ack_wait_s),
         ipc,
@@ -513,7 +573,7 @@ async def _start(settings: Settings, stop: asyncio.Event, resources: contextlib.
         acks_with_replies=writer.framed,  # one writer for both: a batch's ACKs follow its replies
         tracer=start_tracing(settings, resources),
     )
-    attach_catalog(settings, config, dispatcher)
+    attach_catalog(settings, config, dispatcher, recording)
     dispatcher.leases.paused = readiness.lease_pause_reason  # §15.3: no renewal while draining or stale
     if isinstance(ipc, BackendChildren):
         ipc.pressure = dispatcher.model_pressure  # placement weighs each child's pending work
@@ -572,9 +632,21 @@ async def _start(settings: Settings, stop: asyncio.Event, resources: contextlib.
     consumers: list[PullConsumer] = []  # made below; the debug endpoint may be asked before
     collection = PeriodicCollection()
     if probes is not None and settings.debug_endpoint:
+        from .bus.lag import ConsumerLag, Watched
         from .telemetry.memory import gc_stats, memory_stats  # ctypes and mallinfo2 only with the debug endpoint
 
+        lag = ConsumerLag(  # read from JetStream only while someone reads the state
+            js,
+            [
+                Watched("pool", spec.pool_stream, spec.pool_durable),
+                Watched("worker", spec.worker_stream, spec.worker_consumer),
+            ],
+            describe=events.describe,
+        )
+        resources.push_async_callback(lag.close)
+
         def debug_state() -> dict[str, Any]:
+            recording.turn_on()  # a watched sidecar records from the first read on (telemetry/switch.py)
             state = dispatcher.debug_state()
             state["placement"] = ipc.placement() if isinstance(ipc, BackendChildren) else {}
             state["pool_quarantined"] = isinstance(ipc, BackendChildren) and ipc.quarantined
@@ -584,9 +656,11 @@ async def _start(settings: Settings, stop: asyncio.Event, resources: contextlib.
             state["memory"] = memory_stats() | {"gc": gc_stats() | {"periodic": collection.snapshot()}}
             state["consumers"] = [consumer.snapshot() for consumer in consumers]
             state["ack_confirm"] = None if confirmer is None else confirmer.snapshot()
+            state["nats"] = events.snapshot()
+            state["lag"] = lag.read()
             return state
 
-        probes.serve_debug(debug_state, telemetry)
+        probes.serve_debug(debug_state, telemetry, loopback_only=settings.debug_endpoint_peers == "loopback")
     health: asyncio.Task[None] | None = None
     if settings.health_publish_enabled:
         health = asyncio.create_task(
@@ -623,10 +697,13 @@ async def _start(settings: Settings, stop: asyncio.Event, resources: contextlib.
     ]
     for consumer in consumers:
         events.on_reconnected.append(consumer.on_reconnected)
-        if settings.metrics_enabled or settings.debug_endpoint:
+
+    def attach_pulls() -> None:
+        for consumer in consumers:
             consumer.telemetry = telemetry  # delivery attempts, per pulled batch (§13)
-    if settings.metrics_enabled or settings.debug_endpoint:
         observe_pulls(telemetry, consumers)
+
+    recording.when_on(attach_pulls)
     tasks: set[asyncio.Task[None]] = set()
 
     def wake_all() -> None:
@@ -826,7 +903,9 @@ async def _unless_stopped(coro: Coroutine[Any, Any, _T], stop: asyncio.Event) ->
 
 
 async def _run(settings: Settings, stop: asyncio.Event, started: asyncio.Event | None) -> int:
-    log.info("starting", extra={"settings": settings.redacted()})
+    from . import __version__  # nats-py imported importlib.metadata already: ~0.6 ms CPU here
+
+    log.info("starting", extra={"version": __version__, "settings": settings.redacted()})
     for warning in settings.warnings:
         log.warning(warning)
     try:

@@ -11,7 +11,10 @@ Two entry points build the same frozen `Settings`:
 Every §1.1 variable is a long flag named by dropping `SIE_`, lower-casing and turning `_` into `-`
 (`SIE_NATS_URL` ⇄ `--nats-url`, attribute `nats_url`). A flag given on the command line (even as an
 empty string) wins over the environment; flags default to `None`, meaning "not given". The §1.2
-variables and `SIE_NATS_USER` / `SIE_NATS_PASSWORD` are env only.
+variables and the NATS logins (`SIE_NATS_USER` / `_PASSWORD`, `_TOKEN`, `_CREDS_FILE`,
+`_NKEY_SEED_FILE`, `_TLS_*_FILE`) are env only. The §1.1 secrets keep their flag names only to refuse
+them (`--gateway-api-key` and the two tokens): a flag's value shows in `ps` to every user, so secrets
+come from the environment or files, never from flags (newer than v0.7.1).
 
 Parsing policy (the spec is silent on malformed values, so this module settles it):
 
@@ -26,27 +29,45 @@ Parsing policy (the spec is silent on malformed values, so this module settles i
   `Settings.require_supported()` when its value differs from the default: `SIE_X is not supported
   yet`, never a silent no-op;
 * a blank (whitespace-only) §1.1 value counts as unset, except `SIE_PAYLOAD_STORE_URL`, where only
-  the empty string does (§1.1, §12), and `SIE_CONFIG_SERVICE_TOKEN`, where blank means "send none".
+  the empty string does (§1.1, §12), and `SIE_CONFIG_SERVICE_TOKEN`, where blank means "send none";
+* a boolean takes 1/true/yes/on or 0/false/no/off (any case; some variables take fewer, see `_flag`),
+  and any other word is a startup error: upstream reads an unknown word as off, silently;
+* `SIE_NATS_URL` is parsed here (scheme, host, port) and each NATS login is checked here (the file
+  readable, the creds or seed well formed, the certificate and key loading), so a mistake stops
+  start-up with exit code 2 and one line naming the variable instead of a retry loop;
+* an `SIE_*` variable that nothing reads (`KNOWN_ENV`) gets one warning naming the closest known one.
 
 Secrets (`SIE_GATEWAY_API_KEY`, `SIE_ADMIN_TOKEN`, `SIE_CONFIG_SERVICE_TOKEN`, `SIE_NATS_PASSWORD`,
-userinfo in URLs) never appear in `repr()`, `redacted()`, `--help` or error messages.
+`SIE_NATS_TOKEN`, NKey seeds, userinfo in URLs) never appear in `repr()`, `redacted()`, `--help` or
+error messages; the seeds are read only to be checked and are never kept.
 """
 
 from __future__ import annotations
 
 import argparse
+import base64
+import binascii
 import dataclasses
+import json
 import math
+import os
 import re
+import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Final, Literal, NoReturn
+from typing import TYPE_CHECKING, Any, Final, Literal, NoReturn
+from urllib.parse import unquote, urlsplit
 
 from sie_sidecar import wire
 from sie_sidecar.errors import ConfigError, SubjectError
 
+if TYPE_CHECKING:
+    import ssl
+
 IngestMode = Literal["nats", "local"]
+#: Who `GET /debug/state` answers (`SIE_SIDECAR_DEBUG_ENDPOINT`): loopback peers only, or any peer.
+DebugPeers = Literal["loopback", "all"]
 
 REDACTED = "<redacted>"
 
@@ -59,6 +80,20 @@ _FALSY = frozenset({"0", "false", "no", "off"})
 _TRUTHY = frozenset({"1", "true", "yes", "on"})
 _MUX_ON = frozenset({"1", "true", "TRUE", "on", "ON"})  # exactly these spellings (§1.2), no trimming
 _WAVE_OFF = frozenset({"0", "off", "false", "no", "disabled"})
+#: SIE_NATS_CONSERVATIVE_CLEANUP is on for exactly these (v0.7.1 reads `yes` and `on` as off, so
+#: those two are refused rather than read either way).
+_CLEANUP_ON = frozenset({"1", "true"})
+
+#: The schemes nats-py connects with; a missing port is 4222 for nats:// and tls:// (every NATS
+#: client's default) and the URL standard's 80 / 443 for ws:// / wss://.
+NATS_URL_SCHEMES: Final = ("nats", "tls", "ws", "wss")
+NATS_WEBSOCKET_SCHEMES: Final = ("ws", "wss")
+#: The most of a creds, seed, certificate or key file read at start-up: a mistaken path (a log, a
+#: device) must not be read whole. Real ones are a few KiB.
+MAX_LOGIN_FILE_BYTES: Final = 1 << 20
+#: An NKey seed as it appears in text (`S` + the key type + 56 base32 characters): redacted wherever
+#: it appears, whatever variable or file it came from.
+_SEED_RE = re.compile(r"S[ACNOPUX][A-Z2-7]{56}")
 
 
 INT64_MAX = 2**63 - 1
@@ -250,7 +285,10 @@ NOT_YET_FLAGS: frozenset[str] = frozenset()
 ENV_ONLY_HELP = (
     "Tuning without a flag (SIE_MAX_DELIVER, SIE_NAK_DELAY_S, SIE_NATS_FETCH_BUDGET, SIE_BATCHER_*, "
     "SIE_ADAPTIVE_*, SIE_RUST_PIPELINE_DEPTH, SIE_MAX_CONCURRENT_BATCHES, ...) is read from the environment "
-    "only: see docs/operations.md, section Env-only tuning."
+    "only: see docs/operations.md, section Env-only tuning. So are secrets and NATS logins "
+    "(SIE_GATEWAY_API_KEY, SIE_CONFIG_SERVICE_TOKEN, SIE_ADMIN_TOKEN, SIE_NATS_USER/_PASSWORD, "
+    "SIE_NATS_TOKEN, SIE_NATS_CREDS_FILE, SIE_NATS_NKEY_SEED_FILE, SIE_NATS_TLS_CERT_FILE/_KEY_FILE/_CA_FILE): "
+    "a flag's value is visible to every user in ps."
 )
 
 
@@ -264,13 +302,28 @@ def _help_text(spec: RunFlag) -> str:
 
 def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     """Add one long flag per §1.1 variable, all defaulting to None so the environment can fill in;
-    those in NOT_YET_FLAGS are accepted but left out of `--help`."""
+    those in NOT_YET_FLAGS are accepted but left out of `--help`. The secrets' flags are parsed only
+    so that `Settings` can refuse them by name (unknown to argparse, its error would echo the value)."""
     group = parser.add_argument_group(
         "settings (each flag overrides its environment variable)", description=ENV_ONLY_HELP
     )
     for spec in RUN_FLAGS:
-        shown = argparse.SUPPRESS if spec.env in NOT_YET_FLAGS else _help_text(spec)
+        hidden = spec.env in NOT_YET_FLAGS or spec.secret
+        shown = argparse.SUPPRESS if hidden else _help_text(spec)
         group.add_argument(spec.flag, dest=spec.dest, default=None, metavar=spec.metavar, help=shown)
+
+
+def refuse_secret_flags(namespace: argparse.Namespace | None) -> None:
+    """A secret given as a flag is refused (exit code 2), naming the flag and the variable to use
+    instead and never the value: the value has already shown in `ps`, so the mistake must stop here."""
+    if namespace is None:
+        return
+    for spec in RUN_FLAGS:
+        if spec.secret and getattr(namespace, spec.dest, None) is not None:
+            raise ConfigError(
+                f"{spec.flag} is refused: secrets are read from the environment only (set {spec.env}),"
+                " never from flags, whose values every user sees in ps"
+            )
 
 
 class _RaisingParser(argparse.ArgumentParser):
@@ -285,6 +338,102 @@ def build_run_parser() -> argparse.ArgumentParser:
     parser = _RaisingParser(prog="sie-sidecar run", allow_abbrev=False, add_help=False)
     add_run_arguments(parser)
     return parser
+
+
+# ------------------------------------------------------------------------------- the known variables
+
+#: The NATS logins (env only; newer than v0.7.1 except user/password).
+NATS_LOGIN_ENV: Final = (
+    "SIE_NATS_USER",
+    "SIE_NATS_PASSWORD",
+    "SIE_NATS_TOKEN",
+    "SIE_NATS_CREDS_FILE",
+    "SIE_NATS_NKEY_SEED_FILE",
+    "SIE_NATS_TLS_CERT_FILE",
+    "SIE_NATS_TLS_KEY_FILE",
+    "SIE_NATS_TLS_CA_FILE",
+)
+#: What `_Builder` reads that has no flag and no `LIMITS` row.
+ENV_ONLY: Final = (
+    *NATS_LOGIN_ENV,
+    "SIE_STREAM_STORAGE",
+    "SIE_NATS_CONSERVATIVE_CLEANUP",
+    "SIE_RUST_WAVE_CADENCE",
+    "SIE_BATCHER_IDLE_BYPASS_ENABLED",
+    "SIE_BATCHER_JIT_DISPATCH_ENABLED",
+    "SIE_SIDECAR_CONTROLLER_TRACE",
+    "SIE_SIDECAR_DEBUG_ENDPOINT",
+    "SIE_PULL_QUANTUM_INCLUDE_QUEUE_MS",
+    "SIE_HEALTH_PUBLISH_ENABLED",
+    "SIE_IPC_MUX",
+    "SIE_METRICS_ENABLED",
+    "SIE_TRACING_ENABLED",
+    "SIE_METRIC_MODEL_ALLOWLIST",
+    "SIE_OTEL_LANE",
+    "SIE_OTEL_DEPLOYMENT_ENVIRONMENT",
+    "SIE_OTEL_CLOUD_REGION",
+    "SIE_CLOUD_REGION",
+    "SIE_WORK_DEADLINE_ENFORCE",
+)
+#: Read outside this module: the wire switch, the payload stores, the backend, the per-model
+#: controller's overrides (`sched/controller_params.ENV_VARS`), and the build and fuzz tools.
+READ_ELSEWHERE: Final = (
+    "SIE_SIDECAR_NO_EXTENSIONS",
+    "SIE_OSS_REGION",
+    "SIE_OSS_USE_INTERNAL_ENDPOINT",
+    "SIE_OOM_NAK_DELAY_S",
+    "SIE_ADAPTIVE_BATCH_TARGET_P50_MS",
+    "SIE_ADAPTIVE_BATCH_CALIBRATION_MULT",
+    "SIE_ADAPTIVE_BATCH_MIN_TARGET_P50_MS",
+    "SIE_ADAPTIVE_BATCH_MAX_TARGET_P50_MS",
+    "SIE_ADAPTIVE_BATCH_MIN_WAIT_MS",
+    "SIE_ADAPTIVE_BATCH_MAX_WAIT_MS",
+    "SIE_ADAPTIVE_BATCH_INITIAL_WAIT_MS",
+    "SIE_ADAPTIVE_BATCH_MIN_COST",
+    "SIE_ADAPTIVE_BATCH_MAX_COST",
+    "SIE_ADAPTIVE_BATCH_INITIAL_COST",
+    "SIE_BUILD_PYTHON",
+    "SIE_PYTHON_INCLUDE",
+    "SIE_FUZZ_ITERATIONS",
+)
+
+
+def known_env() -> frozenset[str]:
+    """Every `SIE_*` variable something in this package (or its build) reads: the §1.1 flags' and
+    the `LIMITS` rows' variables, which are the settings themselves, plus the two lists above
+    (tests/unit/test_config_refusals.py fails when code reads a name missing here)."""
+    return frozenset({spec.env for spec in RUN_FLAGS} | set(LIMITS) | set(ENV_ONLY) | set(READ_ELSEWHERE))
+
+
+#: Kubernetes' service links: a Service named `sie-gateway` puts `SIE_GATEWAY_SERVICE_HOST`,
+#: `SIE_GATEWAY_PORT=tcp://...` and the like into every pod of its namespace. Not a typo of ours.
+_SERVICE_LINK_RE = re.compile(
+    r"SIE_[A-Z0-9_]+_(?:SERVICE_HOST|SERVICE_PORT(?:_[A-Z0-9_]+)?|PORT_[0-9]+_(?:TCP|UDP|SCTP)(?:_PROTO|_PORT|_ADDR)?)"
+)
+_SERVICE_LINK_VALUE_RE = re.compile(r"(?:tcp|udp|sctp)://\S+:[0-9]+")
+
+
+def unknown_env_warnings(environ: Mapping[str, str]) -> list[str]:
+    """One line per `SIE_*` variable that nothing reads, naming the closest known one: a misspelt
+    name is otherwise ignored without a word (`SIE_MAX_DELIVERY=5` serves with 20)."""
+    known = known_env()
+    unknown = []
+    for name in sorted(k for k in environ if k.startswith("SIE_") and k not in known):
+        value = environ.get(name) or ""
+        link_port = name.endswith("_PORT") and _SERVICE_LINK_VALUE_RE.fullmatch(value) is not None
+        if link_port or _SERVICE_LINK_RE.fullmatch(name):
+            continue
+        unknown.append(name)
+    if not unknown:
+        return []
+    import difflib  # only when there is something to suggest
+
+    lines = []
+    for name in unknown:
+        closest = difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.0)
+        hint = f"; did you mean {closest[0]}?" if closest else ""
+        lines.append(f"{name} is not a variable sie-sidecar reads: it is ignored{hint}")
+    return lines
 
 
 # ------------------------------------------------------------------------------------------- redaction
@@ -320,12 +469,30 @@ _USERINFO_RE = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)(?P<userinfo>[
 
 
 def redact_text(text: str, secrets: Sequence[str] = ()) -> str:
-    """Free text with `scheme://userinfo@` replaced by `scheme://<redacted>@` and each secret by `<redacted>`."""
+    """Free text with `scheme://userinfo@` replaced by `scheme://<redacted>@`, each secret and anything
+    shaped like an NKey seed by `<redacted>`."""
     out = _USERINFO_RE.sub(lambda m: f"{m['scheme']}{REDACTED}@", text)
+    out = _SEED_RE.sub(REDACTED, out)
     for secret in sorted(set(secrets), key=len, reverse=True):
         if secret:
             out = out.replace(secret, REDACTED)
     return out
+
+
+def _lower_scheme(url: str) -> str:
+    """`NATS://host` as nats-py reads schemes (case-sensitively): `nats://host`."""
+    scheme, sep, rest = url.partition("://")
+    return f"{scheme.lower()}{sep}{rest}" if sep else url
+
+
+#: The order boolean words are listed in, in refusal lines.
+_WORD_ORDER: Final = ("1", "true", "yes", "on", "0", "false", "no", "off", "disabled")
+
+
+def _words(words: frozenset[str]) -> str:
+    """`1, true, yes or on`."""
+    ordered = sorted(words, key=lambda w: (_WORD_ORDER.index(w) if w in _WORD_ORDER else len(_WORD_ORDER), w))
+    return ordered[0] if len(ordered) == 1 else f"{', '.join(ordered[:-1])} or {ordered[-1]}"
 
 
 def _number(value: float) -> str:
@@ -387,9 +554,63 @@ class ConcurrencyLimits:
         return max(self.pull_outstanding, derived)
 
 
+class OtlpHeaders:
+    """`OTEL_EXPORTER_OTLP_[SIGNAL_]HEADERS` as given (`key=value,...`, values URL-encoded; the SDK
+    parses them). They carry API keys, so `repr`, `str` and a deep copy (what `dataclasses.asdict`,
+    hence `Settings.redacted()`, makes of it) are `<redacted>`; `reveal()` is the text."""
+
+    __slots__ = ("_text",)
+
+    def __init__(self, text: str = "") -> None:
+        self._text = text
+
+    def reveal(self) -> str:
+        return self._text
+
+    def __bool__(self) -> bool:
+        return bool(self._text)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, OtlpHeaders) and other._text == self._text
+
+    def __hash__(self) -> int:
+        return hash(self._text)
+
+    def __str__(self) -> str:
+        return REDACTED if self._text else ""
+
+    def __repr__(self) -> str:
+        return repr(str(self))
+
+    def __deepcopy__(self, memo: dict[int, object]) -> str:
+        return str(self)
+
+
+@dataclass(frozen=True, slots=True)
+class OtlpTransport:
+    """How one signal's OTLP exporter connects, beyond endpoint and protocol: each field from
+    `OTEL_EXPORTER_OTLP_{METRICS,TRACES}_*`, else the generic `OTEL_EXPORTER_OTLP_*` (OTLP exporter
+    spec). Passed to the SDK's exporters explicitly, so they read nothing else."""
+
+    #: `_HEADERS`: sent with every export (HTTP headers; gRPC metadata).
+    headers: OtlpHeaders = field(default_factory=OtlpHeaders)
+    #: `_COMPRESSION`: `gzip` or `none`.
+    compression: str = "none"
+    #: `_CERTIFICATE` (the CA bundle to verify the server with), `_CLIENT_KEY`, `_CLIENT_CERTIFICATE`
+    #: (mutual TLS): PEM file paths.
+    certificate: str | None = None
+    client_key: str | None = None
+    client_certificate: str | None = None
+    #: `_TIMEOUT`, milliseconds as the specification says (10,000); here in seconds.
+    timeout_s: float = 10.0
+    #: `_INSECURE` (gRPC, for an endpoint without a scheme): plaintext instead of TLS.
+    insecure: bool = False
+
+
 @dataclass(frozen=True, slots=True)
 class OtelSettings:
-    """The OTLP side of §1.2 and the resource of §13."""
+    """The OTLP side of §1.2 and the resource of §13, from the standard `OTEL_*` variables (the
+    OpenTelemetry SDK exports; `otel/`)."""
 
     metrics_endpoint: str | None = None
     metrics_protocol: str = "grpc"
@@ -400,18 +621,41 @@ class OtelSettings:
     cloud_region: str = "unknown"
     #: `SIE_METRIC_MODEL_ALLOWLIST`: the models the telemetry catalog starts with (profile `default`).
     model_allowlist: tuple[str, ...] = ()
+    #: `OTEL_RESOURCE_ATTRIBUTES` (`key=value,...`, values URL-decoded), in order: they override the
+    #: sidecar's own resource attributes (`service.instance.id` included) but `service.name`, which
+    #: `OTEL_SERVICE_NAME` overrides in turn.
+    resource_attributes: tuple[tuple[str, str], ...] = ()
+    #: `OTEL_SDK_DISABLED=true`: no signal is exported.
+    sdk_disabled: bool = False
+    #: `OTEL_METRICS_EXPORTER` / `OTEL_TRACES_EXPORTER`: `otlp` (the default) or `none`.
+    metrics_exporter: str = "otlp"
+    traces_exporter: str = "otlp"
+    #: `OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE`: `cumulative`, `delta` or `lowmemory`.
+    metrics_temporality: str = "cumulative"
+    metrics_transport: OtlpTransport = field(default_factory=OtlpTransport)
     # Traces (§1.2, `SIE_TRACING_ENABLED`): endpoint and protocol resolved like the metrics' ones;
     # the sampler and the batch span processor from the standard OTEL_TRACES_* / OTEL_BSP_* variables.
     traces_endpoint: str | None = None
     traces_protocol: str = "grpc"
+    traces_transport: OtlpTransport = field(default_factory=OtlpTransport)
     #: `OTEL_TRACES_SAMPLER` (lower case; unknown → the OTEL default, with a warning).
     traces_sampler: str = "parentbased_always_on"
     #: `OTEL_TRACES_SAMPLER_ARG` for the ratio samplers, in [0, 1] (else 1.0, with a warning).
     traces_sampler_ratio: float = 1.0
-    #: `OTEL_BSP_SCHEDULE_DELAY` (ms) / `OTEL_BSP_MAX_QUEUE_SIZE` / `OTEL_BSP_MAX_EXPORT_BATCH_SIZE`.
+    #: `OTEL_BSP_SCHEDULE_DELAY` (ms) / `OTEL_BSP_MAX_QUEUE_SIZE` / `OTEL_BSP_MAX_EXPORT_BATCH_SIZE` /
+    #: `OTEL_BSP_EXPORT_TIMEOUT` (ms): the SDK's BatchSpanProcessor.
     traces_schedule_delay_s: float = 5.0
     traces_max_queue: int = 2048
     traces_max_export_batch: int = 512
+    traces_export_timeout_s: float = 30.0
+
+
+#: The OTLP protocols the SDK's exporters speak; `http/json` (the third of the spec) has none in Python.
+OTLP_PROTOCOLS: Final = ("grpc", "http/protobuf")
+#: `OTEL_EXPORTER_OTLP_*_COMPRESSION` values (OTLP exporter spec).
+OTLP_COMPRESSIONS: Final = ("gzip", "none")
+#: `OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE` values (OTLP metrics exporter spec).
+OTLP_TEMPORALITIES: Final = ("cumulative", "delta", "lowmemory")
 
 
 #: OTEL_TRACES_SAMPLER values (OTEL SDK environment spec); the ratio ones read OTEL_TRACES_SAMPLER_ARG.
@@ -425,6 +669,13 @@ TRACES_SAMPLERS: frozenset[str] = frozenset(
         "parentbased_traceidratio",
     }
 )
+
+#: The TLS files of an OTLP exporter (`OTEL_EXPORTER_OTLP_[SIGNAL_]<NAME>`, `OtlpTransport` fields).
+_OTLP_FILES: Final = ("certificate", "client_key", "client_certificate")
+
+
+def _picked(picked: tuple[str, str] | None) -> str | None:
+    return picked[1] if picked is not None else None
 
 
 @dataclass(frozen=True, slots=True, repr=False)
@@ -441,6 +692,17 @@ class Settings:
     nats_url: str | None = field(default=None, repr=False)
     nats_user: str | None = None
     nats_password: str | None = field(default=None, repr=False)
+    #: The other NATS logins (env only, newer than v0.7.1), at most one of them with user/password:
+    #: a token, a creds file (user JWT + NKey seed, operator mode) or an NKey seed file. Only the
+    #: files' paths are kept; their secrets are read by nats-py when it signs the server's nonce.
+    nats_token: str | None = field(default=None, repr=False)
+    nats_creds_file: str | None = None
+    nats_nkey_seed_file: str | None = None
+    #: Client-certificate TLS (`SIE_NATS_TLS_CERT_FILE` with `_KEY_FILE`), with any of the logins;
+    #: `SIE_NATS_TLS_CA_FILE` is the CA that verifies the server (instead of the system store).
+    nats_tls_cert_file: str | None = None
+    nats_tls_key_file: str | None = None
+    nats_tls_ca_file: str | None = None
     ipc_socket_path: str = DEFAULT_IPC_SOCKET_PATH
     ipc_socket_paths: tuple[str, ...] = (DEFAULT_IPC_SOCKET_PATH,)
     ipc_pool_size: int = 4
@@ -505,8 +767,11 @@ class Settings:
     adaptive_batch_env: tuple[tuple[str, str], ...] = ()
     #: Directory for live, replayable controller traces (our extension; off when unset).
     controller_trace_dir: str | None = None
-    #: `GET /debug/state` on the probe port (our extension, `SIE_SIDECAR_DEBUG_ENDPOINT=1`; off by default).
-    debug_endpoint: bool = False
+    #: `GET /debug/state` on the probe port (our extension, `SIE_SIDECAR_DEBUG_ENDPOINT`): on by
+    #: default, so `sie-sidecar top` works as installed; `off` turns it (and the recording it needs) off.
+    debug_endpoint: bool = True
+    #: Who it answers: `loopback` (127.0.0.0/8, ::1; any other peer gets 403) unless `all` is set.
+    debug_endpoint_peers: DebugPeers = "loopback"
     adaptive_min_quantum_ms: float = 2.0
     adaptive_max_quantum_ms: float = 15.0
     adaptive_target_p50_ms: float = 50.0
@@ -629,7 +894,7 @@ class Settings:
         only; `nats_url_userinfo_ignored` says whether any was dropped)."""
         if self.nats_url is None:
             return []
-        return [strip_url_userinfo(url.strip())[0] for url in self.nats_url.split(",") if url.strip()]
+        return [_lower_scheme(strip_url_userinfo(url.strip())[0]) for url in self.nats_url.split(",") if url.strip()]
 
     @property
     def nats_url_userinfo_ignored(self) -> bool:
@@ -728,7 +993,7 @@ class Settings:
         return f"Settings({body})"
 
 
-_SECRET_FIELDS = frozenset({"gateway_api_key", "admin_token", "config_service_token", "nats_password"})
+_SECRET_FIELDS = frozenset({"gateway_api_key", "admin_token", "config_service_token", "nats_password", "nats_token"})
 # Userinfo in these may carry credentials (the payload store too, except abfs:// `container@account`).
 _URL_FIELDS = frozenset({"nats_url", "gateway_url", "config_service_url"})
 _DEFAULTS: Mapping[str, object] = {
@@ -747,6 +1012,162 @@ _STORES_NOT_YET: frozenset[str] = frozenset()
 CHECKED_ONLY = frozenset({"worker_liveness_budget_s"})
 
 
+# ---------------------------------------------------------------------------------------- NATS logins
+
+#: The files' seeds by the two letters that start them (the key's type), for the refusal line.
+_SEED_KINDS: Final = {"SA": "an account", "SO": "an operator", "SN": "a server", "SC": "a cluster", "SX": "a curve"}
+_JWT_RE = re.compile(r"[A-Za-z0-9_-]+\.[A-Za-z0-9_-]+\.[A-Za-z0-9_-]+")
+_CREDS_JWT = "BEGIN NATS USER JWT"
+_CREDS_SEED = "BEGIN USER NKEY SEED"
+
+
+def read_login_file(env: str, path: str) -> bytes:
+    """The bytes of the file `env` names, or a ConfigError naming `env`: missing, unreadable, not a
+    regular file (a FIFO would block the start), or larger than any credential."""
+    try:
+        if not os.path.isfile(path):
+            problem = "no such file" if not os.path.lexists(path) else "not a regular file"
+            raise ConfigError(f"{env}: cannot read {path}: {problem}")
+        with open(path, "rb") as f:
+            data = f.read(MAX_LOGIN_FILE_BYTES + 1)
+    except OSError as exc:
+        raise ConfigError(f"{env}: cannot read {path}: {exc.strerror or type(exc).__name__}") from None
+    if len(data) > MAX_LOGIN_FILE_BYTES:
+        raise ConfigError(f"{env}: {path} is larger than {MAX_LOGIN_FILE_BYTES >> 20} MiB: not a credential file")
+    return data
+
+
+def _line_after(text: str, marker: str) -> str | None:
+    """The line after the first one holding `marker`, as nats-py reads a creds file (only the
+    newline dropped: a CR or a space would be sent as part of the JWT or the seed)."""
+    lines = text.split("\n")
+    for index, line in enumerate(lines):
+        if marker in line:
+            return lines[index + 1] if index + 1 < len(lines) else ""
+    return None
+
+
+def user_seed_public_key(env: str, what: str, seed: str) -> str:
+    """The public key (`U...`) of a user NKey seed, or a ConfigError naming `env` that never shows
+    the seed: not a user seed, a wrong length or checksum (a typo would otherwise sign with a key the
+    server does not know, and read as a wrong password)."""
+    if not seed.startswith("SU"):
+        kind = _SEED_KINDS.get(seed[:2])
+        raise ConfigError(f"{env}: {what} is not a user NKey seed (SU...)" + (f": it is {kind} seed" if kind else ""))
+    try:
+        import nkeys  # type: ignore[import-untyped]  # nats-py[nkeys]; no type hints
+    except ImportError:
+        raise ConfigError(f"{env}: the nkeys package is missing (pip install 'nats-py[nkeys]')") from None
+    try:
+        decoded = base64.b32decode(seed + "=" * (-len(seed) % 8))
+        body, checksum = decoded[:-2], decoded[-2:]
+        if len(body) != 34 or int(nkeys.crc16(bytearray(body))).to_bytes(2, "little") != checksum:
+            raise ValueError("length or checksum")
+        pair = nkeys.from_seed(bytearray(seed.encode()))
+        public = str(pair.public_key.decode())
+        pair.wipe()
+    except (binascii.Error, ValueError, TypeError, nkeys.NkeysError):
+        raise ConfigError(f"{env}: {what} is not a valid NKey seed (wrong length or checksum)") from None
+    return public
+
+
+def _jwt_claims(token: str) -> dict[str, Any] | None:
+    """The claims of a JWT (unverified: the server verifies it), or None when it is not one."""
+    if not _JWT_RE.fullmatch(token):
+        return None
+    payload = token.split(".")[1]
+    try:
+        claims = json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))
+    except (binascii.Error, ValueError):
+        return None
+    return claims if isinstance(claims, dict) else None
+
+
+def check_creds_file(env: str, path: str, now: float | None = None) -> None:
+    """A creds file as `nsc` writes it: a user JWT (not expired) and the user's NKey seed, the seed
+    being the key the JWT names (its `sub`). ConfigError naming `env` otherwise, never the seed."""
+    text = read_login_file(env, path).decode("utf-8", "replace")
+    jwt = _line_after(text, _CREDS_JWT)
+    if jwt is None:
+        raise ConfigError(f"{env}: {path} holds no user JWT (-----{_CREDS_JWT}-----): not a creds file")
+    if "\r" in text:
+        raise ConfigError(f"{env}: {path} has CRLF line endings, which nats-py does not read: convert it to LF")
+    claims = _jwt_claims(jwt)
+    if claims is None:
+        raise ConfigError(f"{env}: the user JWT in {path} is malformed")
+    nats = claims.get("nats")
+    kind = nats.get("type") if isinstance(nats, dict) else None
+    if kind != "user":
+        raise ConfigError(f"{env}: the JWT in {path} is not a user JWT (type {kind!r})")
+    expires = claims.get("exp")
+    if isinstance(expires, int | float) and 0 < expires <= (time.time() if now is None else now):  # 0: never
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(expires))
+        raise ConfigError(f"{env}: the user JWT in {path} expired at {stamp}")
+    seed = _line_after(text, _CREDS_SEED)
+    if seed is None:
+        raise ConfigError(f"{env}: {path} holds no user NKey seed (-----{_CREDS_SEED}-----)")
+    public = user_seed_public_key(env, f"the seed in {path}", seed)
+    if claims.get("sub") != public:
+        raise ConfigError(f"{env}: the seed in {path} is not the key of the JWT's user (its sub)")
+
+
+def check_nkey_seed_file(env: str, path: str) -> None:
+    """A file holding one user NKey seed (`SU...`), surrounding whitespace allowed (nats-py strips it)."""
+    seed = read_login_file(env, path).decode("utf-8", "replace").strip()
+    if not seed:
+        raise ConfigError(f"{env}: {path} is empty")
+    user_seed_public_key(env, path, seed)
+
+
+def _ssl_reason(exc: BaseException) -> str:
+    """An OpenSSL error as one short line (`[SSL] PEM lib (_ssl.c:3900)` → `PEM lib`)."""
+    reason = getattr(exc, "reason", None) or getattr(exc, "strerror", None) or str(exc)
+    return " ".join(str(reason).split()) or type(exc).__name__
+
+
+def nats_tls_context(cert: str | None, key: str | None, ca: str | None) -> ssl.SSLContext:
+    """The client context for NATS: verifies the server against `ca` (`SIE_NATS_TLS_CA_FILE`) or, without
+    one, the system store (and `SSL_CERT_FILE`); presents `cert` + `key` when given. Each file is
+    loaded here, so a mistake is a ConfigError naming its variable; an encrypted key is refused
+    rather than prompted for on the terminal."""
+    import ssl
+
+    if (cert is None) != (key is None):
+        raise ConfigError("SIE_NATS_TLS_CERT_FILE and SIE_NATS_TLS_KEY_FILE must be set together")
+    for env, path in (("SIE_NATS_TLS_CA_FILE", ca), ("SIE_NATS_TLS_CERT_FILE", cert), ("SIE_NATS_TLS_KEY_FILE", key)):
+        if path is not None:
+            read_login_file(env, path)
+    try:
+        context = ssl.create_default_context(cafile=ca)
+    except (ssl.SSLError, OSError) as exc:
+        raise ConfigError(
+            f"SIE_NATS_TLS_CA_FILE: {ca} holds no CA certificate that loads: {_ssl_reason(exc)}"
+        ) from None
+    if cert is None or key is None:
+        return context
+    try:
+        ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT).load_verify_locations(cafile=cert)
+    except (ssl.SSLError, OSError) as exc:
+        raise ConfigError(
+            f"SIE_NATS_TLS_CERT_FILE: {cert} holds no certificate that loads: {_ssl_reason(exc)}"
+        ) from None
+    asked: list[bool] = []
+
+    def no_passphrase() -> bytes:
+        asked.append(True)
+        return b""
+
+    try:
+        context.load_cert_chain(cert, key, password=no_passphrase)
+    except (ssl.SSLError, OSError) as exc:
+        if asked:
+            problem = f"{key} is encrypted: give the key without a passphrase (the file is the secret)"
+        else:
+            problem = f"{key} does not load as the key of {cert}: {_ssl_reason(exc)}"
+        raise ConfigError(f"SIE_NATS_TLS_KEY_FILE: {problem}") from None
+    return context
+
+
 # ---------------------------------------------------------------------------------------------- parsing
 
 
@@ -756,7 +1177,8 @@ class _Builder:
     def __init__(self, environ: Mapping[str, str], namespace: argparse.Namespace | None) -> None:
         self._environ = environ
         self._namespace = namespace
-        self._flags = {spec.env: spec for spec in RUN_FLAGS}
+        # Secrets have no flag to read (`refuse_secret_flags`): only the environment.
+        self._flags = {spec.env: spec for spec in RUN_FLAGS if not spec.secret}
         self.warnings: list[str] = []
 
     # -- raw access
@@ -893,13 +1315,75 @@ class _Builder:
             "adaptive_target_p50_ms": self.env_float("SIE_ADAPTIVE_TARGET_P50_MS", 50.0, lambda x: x >= 0),
         }
 
-    def env_flag(self, env: str, *, default: bool, true: frozenset[str] = _TRUTHY) -> bool:
+    def env_flag(
+        self,
+        env: str,
+        *,
+        default: bool,
+        true: frozenset[str] = _TRUTHY,
+        false: frozenset[str] = _FALSY,
+        blank: bool | None = None,
+    ) -> bool:
+        """An env-only boolean (`_flag`)."""
+        return self._flag(env, self._environ.get(env), default=default, true=true, false=false, blank=blank)
+
+    def _flag(
+        self,
+        env: str,
+        value: str | None,
+        *,
+        default: bool,
+        true: frozenset[str] = _TRUTHY,
+        false: frozenset[str] = _FALSY,
+        blank: bool | None = None,
+    ) -> bool:
+        """`true` or `false` words (trimmed, any case); unset is `default`, blank is `blank` (else the
+        default). Any other word is refused: upstream reads it as off, so `SIE_METRICS_ENABLED=maybe`
+        or a typo of `true` would switch a feature off without a word."""
+        if value is None:
+            return default
+        word = value.strip().lower()
+        if not word:
+            return default if blank is None else blank
+        if word in true:
+            return True
+        if word in false:
+            return False
+        self.fail(env, f"expected {_words(true)} (on) or {_words(false)} (off), got {value!r}")
+
+    def _debug_endpoint(self) -> dict[str, Any]:
+        """`loopback` (the default; also the on words), `all` or `off` (also the off words); blank is
+        the default. Anything else is refused, as a boolean's unknown word is."""
+        env = "SIE_SIDECAR_DEBUG_ENDPOINT"
         value = self._environ.get(env)
-        return default if value is None else value.strip().lower() in true
+        word = (value or "").strip().lower()
+        if word in ("loopback", "all"):
+            return {"debug_endpoint": True, "debug_endpoint_peers": word}
+        if word not in _TRUTHY | _FALSY | {""}:
+            self.fail(
+                env,
+                f"expected loopback (or {_words(_TRUTHY)}), all, or off (or {_words(_FALSY - {'off'})}), got {value!r}",
+            )
+        return {"debug_endpoint": self._flag(env, value, default=True), "debug_endpoint_peers": "loopback"}
+
+    def _ipc_mux(self) -> bool:
+        """§1.2: on for exactly `1`, `true`, `TRUE`, `on`, `ON` (no trimming); off for the usual off
+        words and blank; anything else (`yes`, `True`, ` 1`: off upstream) is refused."""
+        value = self._environ.get("SIE_IPC_MUX")
+        if value is None or value in _MUX_ON:
+            return value is not None
+        if value.strip().lower() in _FALSY | {""}:
+            return False
+        self.fail(
+            "SIE_IPC_MUX",
+            f"expected exactly 1, true, TRUE, on or ON (on) or {_words(_FALSY)} (off), got {value!r}",
+        )
 
     # -- assembly
 
     def build(self) -> Settings:
+        refuse_secret_flags(self._namespace)
+        self.warnings.extend(unknown_env_warnings(self._environ))
         ingest = self._ingest()
         otel = self._traces(self._otel())
         local_socket = self.text("SIE_SIDECAR_LOCAL_SOCKET")
@@ -909,10 +1393,11 @@ class _Builder:
             self.fail("SIE_NATS_URL", "not set (required when SIE_SIDECAR_INGEST is nats)")
         if ingest == "local" and local_socket is None:
             self.fail("SIE_SIDECAR_LOCAL_SOCKET", "not set (required when SIE_SIDECAR_INGEST is local)")
-        nats_user = self._environ.get("SIE_NATS_USER") or None
-        nats_password = self._environ.get("SIE_NATS_PASSWORD") or None
-        if (nats_user is None) != (nats_password is None):
-            raise ConfigError("SIE_NATS_USER and SIE_NATS_PASSWORD must be set together")
+        if nats_url is not None:
+            self._nats_urls(nats_url)
+        login = self._nats_login()
+        # Read by the wire switch at import; checked here so that a typo is refused like any other.
+        self.env_flag("SIE_SIDECAR_NO_EXTENSIONS", default=False)
 
         pool = self.lane("SIE_POOL")
         bundle = self.lane("SIE_BUNDLE")
@@ -945,7 +1430,9 @@ class _Builder:
                 "SIE_ADMIN_TOKEN as the config-service bearer is deprecated; use SIE_CONFIG_SERVICE_TOKEN"
             )
 
-        trust_any = (self.text("SIE_NATS_CONFIG_TRUST_ANY_PRODUCER") or "").lower() in _TRUTHY
+        trust_any = self._flag(
+            "SIE_NATS_CONFIG_TRUST_ANY_PRODUCER", self.raw("SIE_NATS_CONFIG_TRUST_ANY_PRODUCER"), default=False
+        )
         producers = self._producers(trust_any)
 
         fetch_budget = self.env_uint("SIE_NATS_FETCH_BUDGET", 64)
@@ -965,8 +1452,7 @@ class _Builder:
             ingest=ingest,
             local_socket=local_socket,
             nats_url=nats_url,
-            nats_user=nats_user,
-            nats_password=nats_password,
+            **login,
             ipc_socket_path=primary,
             ipc_socket_paths=socket_paths,
             ipc_pool_size=ipc_pool_size,
@@ -976,7 +1462,9 @@ class _Builder:
             payload_store_url=payload_store_url,
             gateway_url=self.text("SIE_GATEWAY_URL"),
             gateway_api_key=self.text("SIE_GATEWAY_API_KEY"),
-            pool_admission_enabled=(self.text("SIE_POOL_ADMISSION_ENABLED") or "").lower() not in _FALSY,
+            pool_admission_enabled=self._flag(
+                "SIE_POOL_ADMISSION_ENABLED", self.raw("SIE_POOL_ADMISSION_ENABLED"), default=True
+            ),
             pool_admission_check_interval_ms=self.seconds_to_ms("SIE_POOL_ADMISSION_CHECK_INTERVAL_S", 5.0, 1000),
             pool_admission_pause_ms=self.seconds_to_ms("SIE_POOL_ADMISSION_PAUSE_S", 1.0, 100),
             pool_admission_stale_after_ms=self.seconds_to_ms("SIE_POOL_ADMISSION_STALE_AFTER_S", 30.0, 0),
@@ -998,9 +1486,7 @@ class _Builder:
             stream_max_age_s=stream_max_age_s,
             stream_storage="file" if storage in ("file", "disk") else "memory",
             stream_replicas=self.env_uint("SIE_STREAM_REPLICAS", 1),
-            nats_conservative_cleanup=self.env_flag(
-                "SIE_NATS_CONSERVATIVE_CLEANUP", default=False, true=frozenset({"1", "true"})
-            ),
+            nats_conservative_cleanup=self.env_flag("SIE_NATS_CONSERVATIVE_CLEANUP", default=False, true=_CLEANUP_ON),
             nats_consumer_reconcile_interval_ms=self._reconcile_interval(),
             nats_fetch_budget=fetch_budget,
             fallback_batch_budget=self._fallback_batch_budget(),
@@ -1013,20 +1499,18 @@ class _Builder:
             nak_delay_ms=self._nak_delay_ms(),
             scheduler_drain_deadline_ms=self.env_uint("SIE_SCHEDULER_DRAIN_DEADLINE_MS", 10000),
             pipeline_depth=min(8, max(1, self.env_uint("SIE_RUST_PIPELINE_DEPTH", 2, lambda n: True))),
-            wave_cadence=not self.env_flag("SIE_RUST_WAVE_CADENCE", default=False, true=_WAVE_OFF),
-            batcher_idle_bypass_enabled=(self._environ.get("SIE_BATCHER_IDLE_BYPASS_ENABLED") or "").strip().lower()
-            not in _FALSY,
-            batcher_jit_dispatch_enabled=(self._environ.get("SIE_BATCHER_JIT_DISPATCH_ENABLED") or "").strip().lower()
-            not in _FALSY,
+            wave_cadence=self.env_flag("SIE_RUST_WAVE_CADENCE", default=True, false=_WAVE_OFF),
+            batcher_idle_bypass_enabled=self.env_flag("SIE_BATCHER_IDLE_BYPASS_ENABLED", default=True),
+            batcher_jit_dispatch_enabled=self.env_flag("SIE_BATCHER_JIT_DISPATCH_ENABLED", default=True),
             **self._quantum(),
             **self._batcher(),
             adaptive_batch_env=self._adaptive_batch_env(),
             controller_trace_dir=self.text("SIE_SIDECAR_CONTROLLER_TRACE"),
-            debug_endpoint=self.env_flag("SIE_SIDECAR_DEBUG_ENDPOINT", default=False),
+            **self._debug_endpoint(),
             pull_quantum_include_queue_ms=self.env_flag("SIE_PULL_QUANTUM_INCLUDE_QUEUE_MS", default=False),
-            health_publish_enabled=self._health_publish_enabled(),
+            health_publish_enabled=self.env_flag("SIE_HEALTH_PUBLISH_ENABLED", default=True, blank=False),
             generate_ipc_frame_timeout_s=self.env_uint("SIE_GENERATE_IPC_FRAME_TIMEOUT_S", 300),
-            ipc_mux=self._environ.get("SIE_IPC_MUX") in _MUX_ON,
+            ipc_mux=self._ipc_mux(),
             nats_connect_timeout_s=self.env_float("SIE_NATS_CONNECT_TIMEOUT_S", 30.0),
             nats_ping_interval_s=self.env_float("SIE_NATS_PING_INTERVAL_S", 5.0),
             nats_max_outstanding_pings=self.env_uint("SIE_NATS_MAX_OUTSTANDING_PINGS", 3),
@@ -1040,15 +1524,9 @@ class _Builder:
         )
 
     def _work_deadlines(self, horizon_s: float) -> dict[str, Any]:
-        """§1.2 / §15.3: enforcement is a flag (an unrecognised value is off, with a warning); the
-        skew tolerance is capped at 60 s, the max budget at 24 h and at the tombstone horizon."""
-        raw = self._environ.get("SIE_WORK_DEADLINE_ENFORCE")
-        enforce = False
-        if raw is not None:
-            word = raw.strip().lower()
-            enforce = word in _TRUTHY
-            if not enforce and word not in _FALSY:
-                self.warnings.append(f"SIE_WORK_DEADLINE_ENFORCE={raw!r} not recognised; deadlines are not enforced")
+        """§1.2 / §15.3: enforcement is a flag (an unrecognised word is refused, like every boolean's);
+        the skew tolerance is capped at 60 s, the max budget at 24 h and at the tombstone horizon."""
+        enforce = self.env_flag("SIE_WORK_DEADLINE_ENFORCE", default=False)
         skew = self.env_uint("SIE_WORK_DEADLINE_SKEW_TOLERANCE_MS", 5000, lambda n: True)
         budget = self.env_float("SIE_WORK_DEADLINE_MAX_BUDGET_S", 180.0)
         cap = min(MAX_DEADLINE_BUDGET_S, horizon_s)
@@ -1064,48 +1542,142 @@ class _Builder:
             "work_deadline_max_budget_s": budget,
         }
 
+    def _otel_value(self, *names: str) -> tuple[str, str] | None:
+        """(name, trimmed value) of the first of `names` set and not blank: a signal-specific OTEL
+        variable, then the generic one (the OTLP exporter spec's precedence)."""
+        for name in names:
+            value = (self._environ.get(name) or "").strip()
+            if value:
+                return name, value
+        return None
+
+    def _otlp_value(self, signal: str, setting: str) -> tuple[str, str] | None:
+        """`OTEL_EXPORTER_OTLP_<SIGNAL>_<SETTING>`, else `OTEL_EXPORTER_OTLP_<SETTING>` (`setting` in
+        lower case, as the `OtlpTransport` field it fills)."""
+        suffix = setting.upper()
+        return self._otel_value(f"OTEL_EXPORTER_OTLP_{signal}_{suffix}", f"OTEL_EXPORTER_OTLP_{suffix}")
+
+    def _otlp_target(self, signal: str) -> tuple[str | None, str]:
+        """(endpoint, protocol) of one signal (§1.2): the signal-specific ones win over the generic
+        ones; the protocol defaults to gRPC; a generic HTTP endpoint gets `/v1/<signal>` appended,
+        a generic gRPC one is used as it is (OTLP exporter spec)."""
+        picked = self._otlp_value(signal, "protocol")
+        protocol = picked[1].lower() if picked is not None else "grpc"
+        specific = self._otel_value(f"OTEL_EXPORTER_OTLP_{signal}_ENDPOINT")
+        if specific is not None:
+            return specific[1], protocol
+        generic = self._otel_value("OTEL_EXPORTER_OTLP_ENDPOINT")
+        if generic is None:
+            return None, protocol
+        if protocol.startswith("http"):
+            return generic[1].rstrip("/") + f"/v1/{signal.lower()}", protocol
+        return generic[1], protocol
+
+    def _otlp_transport(self, signal: str) -> OtlpTransport:
+        """Headers, compression, TLS files, timeout and gRPC plaintext of one signal, each variable
+        signal-specific first. A value that cannot be used is ignored with a warning."""
+        headers = self._otlp_value(signal, "headers")
+        compression = "none"
+        if (picked := self._otlp_value(signal, "compression")) is not None:
+            compression = picked[1].lower()
+            if compression not in OTLP_COMPRESSIONS:
+                self.warnings.append(f"{picked[0]}={picked[1]!r} ignored (gzip or none); using none")
+                compression = "none"
+        timeout_s = 10.0
+        if (picked := self._otlp_value(signal, "timeout")) is not None:
+            try:
+                millis = float(picked[1])
+            except ValueError:
+                millis = math.nan
+            if math.isfinite(millis) and millis > 0:
+                timeout_s = millis / 1000.0
+            else:
+                self.warnings.append(f"{picked[0]}={picked[1]!r} ignored (milliseconds > 0); using 10000")
+        insecure = self._otlp_value(signal, "insecure")
+        files = {setting: self._otlp_value(signal, setting) for setting in _OTLP_FILES}
+        return OtlpTransport(
+            headers=OtlpHeaders(headers[1] if headers is not None else ""),
+            compression=compression,
+            certificate=_picked(files["certificate"]),
+            client_key=_picked(files["client_key"]),
+            client_certificate=_picked(files["client_certificate"]),
+            timeout_s=timeout_s,
+            insecure=insecure is not None and insecure[1].lower() == "true",
+        )
+
+    def _resource_attributes(self) -> tuple[tuple[str, str], ...]:
+        """`OTEL_RESOURCE_ATTRIBUTES` read as the SDK reads it: comma-separated `key=value`, both
+        trimmed, the value URL-decoded; an entry without `=` is ignored with a warning."""
+        raw = self._environ.get("OTEL_RESOURCE_ATTRIBUTES") or ""
+        out: dict[str, str] = {}
+        for item in raw.split(","):
+            if not item.strip():
+                continue
+            key, sep, value = item.partition("=")
+            if not sep or not key.strip():
+                self.warnings.append(f"OTEL_RESOURCE_ATTRIBUTES entry {item.strip()!r} is not key=value; ignored")
+                continue
+            out[key.strip()] = unquote(value.strip())
+        return tuple(out.items())
+
+    def _otel_exporter(self, name: str) -> str:
+        """`OTEL_METRICS_EXPORTER` / `OTEL_TRACES_EXPORTER`: `otlp` when the list names it (the
+        default), else `none`; the exporters this build has not (console, prometheus, ...) are
+        ignored with a warning."""
+        raw = self._environ.get(name) or ""
+        values = [v.strip().lower() for v in raw.split(",") if v.strip()] or ["otlp"]
+        unknown = [v for v in values if v not in ("otlp", "none")]
+        if unknown:
+            self.warnings.append(f"{name}={raw!r}: {', '.join(unknown)} not available (otlp and none are); ignored")
+        return "otlp" if "otlp" in values else "none"
+
     def _otel(self) -> OtelSettings:
-        """§1.2: the signal-specific endpoint and protocol win over the generic ones; the protocol
-        defaults to gRPC. A generic HTTP endpoint gets the signal path appended (OTLP exporter spec)."""
+        """§1.2 and §13 from the standard variables: the metrics' endpoint, protocol and transport,
+        the SDK switches, the temporality and the resource."""
         env = self._environ
-        protocol = (
-            (env.get("OTEL_EXPORTER_OTLP_METRICS_PROTOCOL") or "").strip()
-            or (env.get("OTEL_EXPORTER_OTLP_PROTOCOL") or "").strip()
-            or "grpc"
-        ).lower()
-        specific = (env.get("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT") or "").strip()
-        generic = (env.get("OTEL_EXPORTER_OTLP_ENDPOINT") or "").strip()
-        endpoint: str | None = specific or None
-        if endpoint is None and generic:
-            endpoint = generic.rstrip("/") + "/v1/metrics" if protocol.startswith("http") else generic
+        endpoint, protocol = self._otlp_target("METRICS")
         interval = self.env_float("OTEL_METRIC_EXPORT_INTERVAL", 5000.0)
-        region = (env.get("SIE_OTEL_CLOUD_REGION") or env.get("SIE_CLOUD_REGION") or "").strip() or "unknown"
+        attributes = self._resource_attributes()
+        from_resource = dict(attributes)
+        region = (env.get("SIE_OTEL_CLOUD_REGION") or env.get("SIE_CLOUD_REGION") or "").strip()
+        environment = (env.get("SIE_OTEL_DEPLOYMENT_ENVIRONMENT") or "").strip()
+        disabled = (env.get("OTEL_SDK_DISABLED") or "").strip().lower()
+        if disabled not in ("", "true", "false"):
+            self.warnings.append(f"OTEL_SDK_DISABLED={env['OTEL_SDK_DISABLED']!r} is not true or false; read as false")
+        temporality = (env.get("OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE") or "").strip().lower()
+        if temporality and temporality not in OTLP_TEMPORALITIES:
+            raw = env["OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE"]
+            self.warnings.append(
+                f"OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE={raw!r} ignored"
+                " (cumulative, delta or lowmemory); using cumulative"
+            )
+            temporality = ""
         return OtelSettings(
             metrics_endpoint=endpoint,
             metrics_protocol=protocol,
             export_interval_s=max(0.1, interval / 1000.0),
-            service_name=(env.get("OTEL_SERVICE_NAME") or "").strip() or "sie-worker-sidecar",
+            service_name=(env.get("OTEL_SERVICE_NAME") or "").strip()
+            or from_resource.get("service.name")
+            or "sie-worker-sidecar",
             lane=(env.get("SIE_OTEL_LANE") or "").strip() or "other",
-            deployment_environment=(env.get("SIE_OTEL_DEPLOYMENT_ENVIRONMENT") or "").strip() or "unknown",
-            cloud_region=region,
+            deployment_environment=environment or from_resource.get("deployment.environment") or "unknown",
+            cloud_region=region or from_resource.get("cloud.region") or "unknown",
             model_allowlist=tuple(
                 m.strip() for m in (env.get("SIE_METRIC_MODEL_ALLOWLIST") or "").split(",") if m.strip()
             ),
+            resource_attributes=attributes,
+            sdk_disabled=disabled == "true",
+            metrics_exporter=self._otel_exporter("OTEL_METRICS_EXPORTER"),
+            traces_exporter=self._otel_exporter("OTEL_TRACES_EXPORTER"),
+            metrics_temporality=temporality or "cumulative",
+            metrics_transport=self._otlp_transport("METRICS"),
         )
 
     def _traces(self, otel: OtelSettings) -> OtelSettings:
-        """The traces' side of §1.2, resolved like the metrics' (signal-specific endpoint and protocol
-        win; a generic HTTP endpoint gets `/v1/traces`), and the OTEL sampler and batch processor."""
+        """The traces' side of §1.2, resolved like the metrics' (signal-specific variables win; a
+        generic HTTP endpoint gets `/v1/traces`), and the OTEL sampler and batch span processor."""
         env = self._environ
-        protocol = (
-            (env.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL") or "").strip()
-            or (env.get("OTEL_EXPORTER_OTLP_PROTOCOL") or "").strip()
-            or "grpc"
-        ).lower()
-        endpoint: str | None = (env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or "").strip() or None
-        generic = (env.get("OTEL_EXPORTER_OTLP_ENDPOINT") or "").strip()
-        if endpoint is None and generic:
-            endpoint = generic.rstrip("/") + "/v1/traces" if protocol.startswith("http") else generic
+        endpoint, protocol = self._otlp_target("TRACES")
         sampler = (env.get("OTEL_TRACES_SAMPLER") or "").strip().lower() or "parentbased_always_on"
         if sampler not in TRACES_SAMPLERS:
             self.warnings.append(f"OTEL_TRACES_SAMPLER={sampler!r} ignored; using parentbased_always_on")
@@ -1118,42 +1690,57 @@ class _Builder:
             otel,
             traces_endpoint=endpoint,
             traces_protocol=protocol,
+            traces_transport=self._otlp_transport("TRACES"),
             traces_sampler=sampler,
             traces_sampler_ratio=ratio,
             traces_schedule_delay_s=max(0.01, self.env_float("OTEL_BSP_SCHEDULE_DELAY", 5000.0) / 1000.0),
             traces_max_queue=queue,
             traces_max_export_batch=min(queue, self.env_uint("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", 512)),
+            traces_export_timeout_s=self.env_float("OTEL_BSP_EXPORT_TIMEOUT", 30000.0) / 1000.0,
         )
 
+    def _otlp_off(self, signal: str, otel: OtelSettings) -> str | None:
+        """Why one enabled signal cannot be exported (the warning's reason), or None."""
+        endpoint, protocol, exporter, transport = (
+            (otel.metrics_endpoint, otel.metrics_protocol, otel.metrics_exporter, otel.metrics_transport)
+            if signal == "METRICS"
+            else (otel.traces_endpoint, otel.traces_protocol, otel.traces_exporter, otel.traces_transport)
+        )
+        if otel.sdk_disabled:
+            return "OTEL_SDK_DISABLED is true"
+        if exporter == "none":
+            return f"OTEL_{signal}_EXPORTER is none"
+        if endpoint is None:
+            return f"no OTLP {signal.lower()} endpoint is set"
+        if protocol not in OTLP_PROTOCOLS:
+            return f"OTLP {signal.lower()} protocol {protocol!r} is not exported (grpc and http/protobuf are)"
+        for setting in _OTLP_FILES:
+            path = getattr(transport, setting)
+            if path is not None and not os.path.isfile(path):
+                name, _ = self._otlp_value(signal, setting) or (f"OTEL_EXPORTER_OTLP_{setting.upper()}", "")
+                return f"{name}={path!r} is not a file"
+        return None
+
     def _tracing_enabled(self, otel: OtelSettings) -> bool:
-        """`SIE_TRACING_ENABLED`, off (with a warning) when no traces endpoint resolves or the protocol
-        is one this build does not export spans with (`grpc` and `http/protobuf` are; `http/json` is not)."""
+        """`SIE_TRACING_ENABLED`, off (with one warning) when the spans cannot be exported: the SDK
+        disabled, `OTEL_TRACES_EXPORTER=none`, no endpoint, a protocol the SDK has no exporter for
+        (`http/json`) or a TLS file that is not there."""
         if not self.env_flag("SIE_TRACING_ENABLED", default=False):
             return False
-        if otel.traces_endpoint is None:
-            self.warnings.append("SIE_TRACING_ENABLED is set but no OTLP traces endpoint is: tracing is off")
-            return False
-        if otel.traces_protocol not in ("grpc", "http/protobuf"):  # otel.trace_export.TRACE_PROTOCOLS
-            protocol = otel.traces_protocol
-            self.warnings.append(
-                f"OTLP traces protocol {protocol!r} is not exported (grpc and http/protobuf are): tracing is off"
-            )
+        reason = self._otlp_off("TRACES", otel)
+        if reason is not None:
+            self.warnings.append(f"SIE_TRACING_ENABLED is set but {reason}: tracing is off")
             return False
         return True
 
     def _metrics_enabled(self, otel: OtelSettings) -> bool:
-        """`SIE_METRICS_ENABLED`, off (with a warning) when no endpoint resolves or the protocol is one
-        this build does not export (`grpc` and `http/protobuf` are; `http/json` is not)."""
+        """`SIE_METRICS_ENABLED`, off (with one warning) when the metrics cannot be exported, for the
+        reasons tracing can be off (`_tracing_enabled`)."""
         if not self.env_flag("SIE_METRICS_ENABLED", default=False):
             return False
-        if otel.metrics_endpoint is None:
-            self.warnings.append("SIE_METRICS_ENABLED is set but no OTLP metrics endpoint is: metrics are off")
-            return False
-        if otel.metrics_protocol not in ("grpc", "http/protobuf"):  # otel.export.PROTOCOLS
-            protocol = otel.metrics_protocol
-            self.warnings.append(
-                f"OTLP metrics protocol {protocol!r} is not exported (grpc and http/protobuf are): metrics are off"
-            )
+        reason = self._otlp_off("METRICS", otel)
+        if reason is not None:
+            self.warnings.append(f"SIE_METRICS_ENABLED is set but {reason}: metrics are off")
             return False
         return True
 
@@ -1164,6 +1751,83 @@ class _Builder:
         if mode == "local":
             return "local"
         self.fail("SIE_SIDECAR_INGEST", f"expected nats or local, got {mode!r}")
+
+    def _nats_urls(self, value: str) -> None:
+        """Each comma-separated entry of SIE_NATS_URL is `scheme://host[:port]` with a scheme nats-py
+        connects with; all WebSocket or none (nats-py refuses a mix). Refused here, since nats-py
+        would retry a bad one until the connect deadline with an error naming no host. Entries are
+        shown without their userinfo."""
+        entries = [entry.strip() for entry in value.split(",") if entry.strip()]
+        if not entries:
+            self.fail("SIE_NATS_URL", "names no server")
+        kinds: set[bool] = set()
+        for entry in entries:
+            shown = redact_url_userinfo(entry)
+            scheme, sep, _ = entry.partition("://")
+            if not sep or not scheme or any(c.isspace() for c in entry):
+                self.fail(
+                    "SIE_NATS_URL", f"{shown!r} is not a URL: expected nats://host:port (or tls://, ws://, wss://)"
+                )
+            scheme = scheme.lower()
+            if scheme not in NATS_URL_SCHEMES:
+                self.fail("SIE_NATS_URL", f"{shown!r}: {scheme}:// is not a NATS scheme (nats, tls, ws or wss)")
+            try:
+                parts = urlsplit(entry)
+                port = parts.port
+            except ValueError:
+                self.fail("SIE_NATS_URL", f"{shown!r}: the port is not a number in 1..65535")
+            if not parts.hostname:
+                self.fail("SIE_NATS_URL", f"{shown!r} names no host")
+            if port == 0:
+                self.fail("SIE_NATS_URL", f"{shown!r}: the port is not a number in 1..65535")
+            kinds.add(scheme in NATS_WEBSOCKET_SCHEMES)
+        if len(kinds) > 1:
+            self.fail("SIE_NATS_URL", "mixes ws:// or wss:// with nats:// or tls:// URLs, which nats-py refuses")
+
+    def _nats_login(self) -> dict[str, Any]:  # splatted into Settings, like `_batcher`
+        """The NATS login (env only): user/password, a token, a creds file or an NKey seed file, at most
+        one of them, and client-certificate TLS with any; each file is checked here (`check_*`)."""
+        env = self._environ
+        user = env.get("SIE_NATS_USER") or None
+        password = env.get("SIE_NATS_PASSWORD") or None
+        if (user is None) != (password is None):
+            raise ConfigError("SIE_NATS_USER and SIE_NATS_PASSWORD must be set together")
+        token = env.get("SIE_NATS_TOKEN") or None
+        creds = self.text("SIE_NATS_CREDS_FILE")
+        seed = self.text("SIE_NATS_NKEY_SEED_FILE")
+        given = [
+            name
+            for name, value in (
+                ("SIE_NATS_USER/SIE_NATS_PASSWORD", user),
+                ("SIE_NATS_TOKEN", token),
+                ("SIE_NATS_CREDS_FILE", creds),
+                ("SIE_NATS_NKEY_SEED_FILE", seed),
+            )
+            if value is not None
+        ]
+        if len(given) > 1:
+            raise ConfigError(
+                f"{' and '.join(given)} are set: set one NATS login (user/password, token, creds file or NKey seed)"
+            )
+        if creds is not None:
+            check_creds_file("SIE_NATS_CREDS_FILE", creds)
+        if seed is not None:
+            check_nkey_seed_file("SIE_NATS_NKEY_SEED_FILE", seed)
+        cert = self.text("SIE_NATS_TLS_CERT_FILE")
+        key = self.text("SIE_NATS_TLS_KEY_FILE")
+        ca = self.text("SIE_NATS_TLS_CA_FILE")
+        if cert is not None or key is not None or ca is not None:
+            nats_tls_context(cert, key, ca)  # loads each file; the connection builds its own
+        return {
+            "nats_user": user,
+            "nats_password": password,
+            "nats_token": token,
+            "nats_creds_file": creds,
+            "nats_nkey_seed_file": seed,
+            "nats_tls_cert_file": cert,
+            "nats_tls_key_file": key,
+            "nats_tls_ca_file": ca,
+        }
 
     def _socket_paths(self, primary: str) -> tuple[str, ...]:
         """Comma list, entries trimmed, blanks dropped; empty → the primary only; duplicates rejected (TV-S5)."""
@@ -1262,20 +1926,22 @@ class _Builder:
         self.warnings.append(f"SIE_NAK_DELAY_S={value!r} ignored; using 5.0")
         return 5000
 
-    def _health_publish_enabled(self) -> bool:
-        value = self._environ.get("SIE_HEALTH_PUBLISH_ENABLED")
-        return value is None or value.strip().lower() not in (_FALSY | {""})
-
 
 __all__ = [
     "CHECKED_ONLY",
+    "ENV_ONLY",
     "ENV_ONLY_HELP",
     "INT64_MAX",
     "LIMITS",
     "MAX_DURATION_MS",
     "MAX_DURATION_S",
+    "MAX_LOGIN_FILE_BYTES",
+    "NATS_LOGIN_ENV",
+    "NATS_URL_SCHEMES",
+    "NATS_WEBSOCKET_SCHEMES",
     "NOT_YET",
     "NOT_YET_FLAGS",
+    "READ_ELSEWHERE",
     "REDACTED",
     "RUN_FLAGS",
     "ConfigError",
@@ -1284,7 +1950,15 @@ __all__ = [
     "Settings",
     "add_run_arguments",
     "build_run_parser",
+    "check_creds_file",
+    "check_nkey_seed_file",
+    "known_env",
+    "nats_tls_context",
+    "read_login_file",
     "redact_text",
     "redact_url_userinfo",
+    "refuse_secret_flags",
     "strip_url_userinfo",
+    "unknown_env_warnings",
+    "user_seed_public_key",
 ]

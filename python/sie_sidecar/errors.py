@@ -171,14 +171,6 @@ class ConfigServiceError(Exception):
         self.detail = detail
 
 
-class HttpPostError(Exception):
-    """An OTLP/HTTP endpoint answered something that is not an HTTP/1.x response, or closed mid-response."""
-
-
-class HttpClosedBeforeResponse(HttpPostError):
-    """Not one byte of a response came back: on a reused connection, the server had closed it while idle."""
-
-
 class NotificationError(ValueError):
     """A `sie.config.models.*` notification that is not the §9.1 JSON object (outcome `parse_error`)."""
 
@@ -351,8 +343,6 @@ __all__ = [
     "DecodeError",
     "FrameTooLarge",
     "GenerationStreamError",
-    "HttpClosedBeforeResponse",
-    "HttpPostError",
     "InvalidPayloadRef",
     "InvalidTransportBinding",
     "IpcServerError",

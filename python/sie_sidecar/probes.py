@@ -1,8 +1,14 @@
 # SPDX-License-Identifier: Apache-2.0
 """The `/healthz` and `/readyz` HTTP probes (sidecar-behaviour §10) on the probe port, and (our
-extension, off unless `SIE_SIDECAR_DEBUG_ENDPOINT=1`) `GET /debug/state`: what the worker knows per
-model, as JSON, so an SRE debugging a pod needs no debugger; its `telemetry` key is the in-process
-registry's snapshot, what `sie-sidecar top` computes its rates from.
+extension, `SIE_SIDECAR_DEBUG_ENDPOINT`) `GET /debug/state`: what the worker knows per model, as
+JSON, so an SRE debugging a pod needs no debugger; its `telemetry` key is the in-process registry's
+snapshot, what `sie-sidecar top` computes its rates from.
+
+The state is on by default so that `top` works as installed, and is answered only to loopback peers
+(127.0.0.0/8, ::1, ::ffff:127.x): the probe port listens on every interface for the kubelet, and
+the document names models, consumers and the NATS server, which is nothing to hand to the whole
+cluster network. `SIE_SIDECAR_DEBUG_ENDPOINT=all` serves any peer, `off` none (404); a refused peer
+gets a 403 whose one line names the setting.
 
 A minimal HTTP/1.1 responder on asyncio streams rather than aiohttp.web: importing aiohttp cost the
 sidecar ~0.15 s CPU before its first reply, and three fixed plain-text answers need no framework. One
@@ -14,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import json
 import logging
 from collections.abc import Callable
@@ -31,7 +38,17 @@ HEAD_TIMEOUT_S = 5.0  # for the whole request head to arrive
 WRITE_TIMEOUT_S = 5.0
 MAX_CONNECTIONS = 64  # served at once; more are closed on accept
 _TOKEN_CHARS = frozenset(b"!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
-_REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 408: "Request Timeout", 503: "Service Unavailable"}
+_REASONS = {
+    200: "OK",
+    400: "Bad Request",
+    403: "Forbidden",
+    404: "Not Found",
+    408: "Request Timeout",
+    503: "Service Unavailable",
+}
+DEBUG_PATH: Final = "/debug/state"
+#: The 403 body: one line, naming the setting that opens the state to other peers.
+LOOPBACK_ONLY: Final = "forbidden: /debug/state answers loopback peers only (SIE_SIDECAR_DEBUG_ENDPOINT=all: any peer)"
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,16 +126,35 @@ def telemetry_json(registry: Registry) -> list[dict[str, Any]]:
     return [point_json(p) for p in registry.snapshot()]
 
 
-def answer(readiness: Readiness, request: Request, debug_state: DebugState | None = None) -> tuple[int, str, str]:
+def is_loopback_peer(host: object) -> bool:
+    """Whether a peer address (the host of `getpeername()`) is this machine's loopback: 127.0.0.0/8,
+    ::1, or an IPv4-mapped 127.x on a dual-stack socket. Anything unparseable is not."""
+    if not isinstance(host, str):
+        return False
+    try:
+        address = ipaddress.ip_address(host.partition("%")[0])  # an IPv6 scope id is no part of it
+    except ValueError:
+        return False
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        return address.ipv4_mapped.is_loopback
+    return address.is_loopback
+
+
+def answer(
+    readiness: Readiness, request: Request, debug_state: DebugState | None = None, *, debug_allowed: bool = True
+) -> tuple[int, str, str]:
     """(status, body, content type) for a request: GET or HEAD of a probe or, when `debug_state` is
-    given, of `/debug/state`; `404 not found` for anything else."""
+    given, of `/debug/state` (403 when `debug_allowed` is false: the peer is not one it answers);
+    `404 not found` for anything else."""
     if request.method in ("GET", "HEAD"):
         if request.path == "/healthz":
             return 200, "ok", TEXT
         if request.path == "/readyz":
             reason = readiness.reason()
             return (200, "ok", TEXT) if reason is None else (503, f"not ready: {reason}", TEXT)
-        if request.path == "/debug/state" and debug_state is not None:
+        if request.path == DEBUG_PATH and debug_state is not None:
+            if not debug_allowed:
+                return 403, LOOPBACK_ONLY, TEXT
             state = {
                 "ready": readiness.reason() is None,
                 "not_ready_reason": readiness.reason(),
@@ -149,13 +185,20 @@ class ProbeServer:
         self._readiness = readiness
         #: Serves `/debug/state` once set (the app sets it when the dispatcher exists, if enabled).
         self.debug_state: DebugState | None = None
+        #: Whether `/debug/state` answers loopback peers only (`SIE_SIDECAR_DEBUG_ENDPOINT=loopback`).
+        self.debug_loopback_only = True
         self._server: asyncio.Server | None = None
         self._open: dict[asyncio.Task[None], asyncio.StreamWriter] = {}
 
-    def serve_debug(self, state: DebugState, telemetry: Registry) -> None:
-        """Serve `/debug/state`: `state()` plus the registry's points under `telemetry` (one call
-        for the app and the local runtime, so both show the same document)."""
-        self.debug_state = lambda: {**state(), "telemetry": telemetry_json(telemetry)}
+    def serve_debug(self, state: DebugState, telemetry: Registry, *, loopback_only: bool = True) -> None:
+        """Serve `/debug/state`: the version, `state()` and the registry's points under `telemetry`
+        (one call for the app and the local runtime, so both show the same document); to loopback
+        peers only unless `loopback_only` is false."""
+        from . import __version__  # read once here, not per request (importlib.metadata)
+
+        version = __version__
+        self.debug_loopback_only = loopback_only
+        self.debug_state = lambda: {"version": version, **state(), "telemetry": telemetry_json(telemetry)}
 
     async def start(self, host: str, port: int) -> None:
         self._server = await asyncio.start_server(self._accept, host, port, limit=MAX_HEAD_BYTES)
@@ -207,11 +250,20 @@ class ProbeServer:
             if isinstance(request, BadRequest):
                 response = render_response(400, f"bad request: {request.reason}")
             else:
-                status, body, content_type = answer(self._readiness, request, self.debug_state)
+                allowed = (
+                    request.path != DEBUG_PATH or not self.debug_loopback_only or is_loopback_peer(_peer_host(writer))
+                )
+                status, body, content_type = answer(self._readiness, request, self.debug_state, debug_allowed=allowed)
                 response = render_response(status, body, head_only=request.method == "HEAD", content_type=content_type)
         writer.write(response)
         async with asyncio.timeout(WRITE_TIMEOUT_S):
             await writer.drain()
+
+
+def _peer_host(writer: asyncio.StreamWriter) -> object:
+    """The peer's address (None when the transport has none, as a closed one)."""
+    peer = writer.get_extra_info("peername")
+    return peer[0] if isinstance(peer, tuple) and peer else None
 
 
 async def start_probes(readiness: Readiness, port: int, host: str = "0.0.0.0") -> ProbeServer | None:
@@ -230,6 +282,7 @@ __all__ = [
     "ProbeServer",
     "Request",
     "answer",
+    "is_loopback_peer",
     "parse_request_head",
     "point_json",
     "render_response",

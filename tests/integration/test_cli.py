@@ -52,7 +52,8 @@ def test_invalid_configuration_exits_2_with_one_line(env: dict[str, str], needle
 def test_help_shows_no_secret_values() -> None:
     result = run({**BASE, "SIE_GATEWAY_API_KEY": "s3cret-key", "SIE_ADMIN_TOKEN": "t0ken"}, "--help")
     assert result.returncode == 0
-    assert "--nats-url" in result.stdout and "--gateway-api-key" in result.stdout
+    assert "--nats-url" in result.stdout and "--gateway-url" in result.stdout
+    assert "--gateway-api-key" not in result.stdout  # secrets come from the environment only (issue 32)
     assert "--config-service-url" in result.stdout and "--sidecar-ingest" in result.stdout
     assert "s3cret-key" not in result.stdout and "t0ken" not in result.stdout
 

@@ -93,7 +93,8 @@ async def test_debug_state_shows_each_model_when_enabled(nats_server: NatsServer
         assert pool["durable"] == wire.pool_durable_name(POOL, PROFILE, BUNDLE)
         assert pool["unsettled"] == pool["buffered"] == 0 and pool["high_water"] >= 1  # it held the item, then settled
         assert pool["max_outstanding"] >= pool["credit"] >= 0 and pool["paused"] is None
-    async with running_stack(nats_server, tmp_path) as stack:  # off by default
+    # Off when asked (on by default for loopback peers: tests/integration/test_operator_view.py).
+    async with running_stack(nats_server, tmp_path, env={"SIE_SIDECAR_DEBUG_ENDPOINT": "off"}) as stack:
         url = f"http://127.0.0.1:{stack.settings.worker_probe_port}/debug/state"
         async with aiohttp.ClientSession() as http, http.get(url) as r:
             assert r.status == 404

@@ -10,11 +10,17 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import fcntl
 import io
 import itertools
 import json
+import os
+import re
 import socket
+import struct
 import subprocess
+import sys
+import termios
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
@@ -40,11 +46,12 @@ from sie_sidecar.tools.loadgen import (
     config_from_args,
     deadlines,
     generate_load,
+    progress_bar,
     run_loadgen,
+    show_progress,
     varied_texts,
 )
 from sie_sidecar.tools.localhost import find_nats_server, free_port
-from sie_sidecar.tools.progress import ProgressBar
 from sie_sidecar.wire.types import WorkResult
 
 pytestmark = pytest.mark.timeout(60)
@@ -560,24 +567,97 @@ def test_config_validation() -> None:
     assert config.subject == "sie.work.default.cpu.default.sentence-transformers__all-MiniLM-L6-v2"
 
 
-def test_progress_bar_throttles_and_ends_the_line() -> None:
-    now = [0.0]
+def open_terminal() -> tuple[int, int]:
+    """A real pseudo-terminal, 120 columns wide (a fresh pty reports 0, which tqdm trims the bar to)."""
+    master, follower = os.openpty()
+    fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))
+    return master, follower
+
+
+def read_terminal(master: int) -> str:
+    """Everything written to the terminal, once its follower side is closed (Linux then says EIO)."""
+    chunks: list[bytes] = []
+    while True:
+        try:
+            chunk = os.read(master, 65536)
+        except OSError:  # EIO: drained and no writer left
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+    return b"".join(chunks).decode()
+
+
+def last_line(out: io.StringIO) -> str:
+    """The bar's current state: what follows the last carriage return, trailing padding removed."""
+    return out.getvalue().rsplit("\r", 1)[1].rstrip()
+
+
+def test_progress_bar_shows_done_total_rate_and_p50_and_ends_the_line() -> None:
     out = io.StringIO()
-    bar = ProgressBar(50_000, stream=out, force=True, clock=lambda: now[0])
-    bar.update(0)
-    now[0] = 0.05
-    bar.update(100)  # within 100 ms of the last draw: recorded, not drawn
-    assert out.getvalue().count("\r") == 1
-    now[0] = 1.0
-    bar.update(12_345, p50_ms=3.14)
-    line = out.getvalue().rsplit("\r", 1)[1]
-    assert line.startswith("[#######.......................] 12,345/50,000 items  12,345 items/s  p50 3.1 ms")
+    bar = progress_bar(50_000, stream=out, force=True, min_interval_s=0.0)
+    assert last_line(out).startswith("  0%|") and "0/50,000 items" in last_line(out)
+    time.sleep(0.05)  # tqdm's rate needs elapsed time between draws
+    show_progress(bar, 12_345, 3.14)
+    line = last_line(out)
+    assert line.startswith(" 25%|") and "12,345/50,000 items" in line
+    assert re.search(r"\d+(\.\d+)?k items/s, p50 3\.1 ms\]$", line), line
+    show_progress(bar, 12_400, None)  # no new p50: the last one stays
+    assert last_line(out).endswith("p50 3.1 ms]") and "12,400/50,000" in last_line(out)
     bar.close()
     bar.close()
     assert out.getvalue().endswith("\n") and out.getvalue().count("\n") == 1
 
+
+def test_progress_bar_throttles_redraws_but_close_draws_the_final_count() -> None:
+    out = io.StringIO()
+    bar = progress_bar(300, stream=out, force=True, min_interval_s=60.0)
+    for done in range(0, 301, 10):
+        show_progress(bar, done, 2.0)
+    assert out.getvalue().count("\r") == 1  # the first draw only: the rest fell within the interval
+    bar.close()
+    assert "300/300 items" in last_line(out) and last_line(out).endswith("p50 2.0 ms]")
+
+
+def test_progress_bar_draws_on_a_terminal_and_stays_silent_off_one() -> None:
     quiet = io.StringIO()  # not a terminal and not forced: nothing at all
-    silent = ProgressBar(10, stream=quiet)
-    silent.update(5)
+    silent = progress_bar(10, stream=quiet, min_interval_s=0.0)
+    assert silent.disable
+    show_progress(silent, 5, 1.0)
     silent.close()
     assert quiet.getvalue() == ""
+
+    master, follower = open_terminal()
+    try:
+        with open(follower, "w", closefd=True) as tty:
+            bar = progress_bar(10, stream=tty, min_interval_s=0.0)
+            assert not bar.disable
+            show_progress(bar, 10, 1.5)
+            bar.close()
+        drawn = read_terminal(master)
+    finally:
+        os.close(master)
+    assert "10/10 items" in drawn and "p50 1.5 ms" in drawn and drawn.endswith("\n")
+
+
+async def test_loadgen_draws_progress_on_a_terminal_stderr(
+    _loadgen_nc: Client, _loadgen_nats: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    await _create_pool_stream(_loadgen_nc)
+    async with Responder(_loadgen_nc):
+        summary = await generate_load(_config(_loadgen_nats, items=20), progress=True)
+    assert summary.ok and capsys.readouterr().err == ""  # captured stderr is no terminal: no bar
+
+    master, follower = open_terminal()
+    try:
+        with open(follower, "w", closefd=True) as tty:
+            monkeypatch.setattr(sys, "stderr", tty)
+            async with Responder(_loadgen_nc):
+                summary = await generate_load(_config(_loadgen_nats, items=40), progress=True)
+            monkeypatch.undo()
+        drawn = read_terminal(master)
+    finally:
+        os.close(master)
+    assert summary.ok and summary.results == 40
+    final = drawn.rstrip().rsplit("\r", 1)[-1]
+    assert "100%|" in final and "40/40 items" in final and re.search(r"p50 \d+\.\d ms\]", final), drawn

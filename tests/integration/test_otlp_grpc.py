@@ -1,100 +1,31 @@
 # SPDX-License-Identifier: Apache-2.0
 """OTLP/gRPC metrics (sidecar-behaviour §1.2: gRPC is the default OTLP protocol) proven with a real
-receiver: a `grpc.aio` server on loopback implementing opentelemetry-proto's generated
-`MetricsServiceServicer`. The real sidecar over a real nats-server and backend pushes its registry
-there; what arrives carries the §13 names, units and `lane`, the resource, and counts equal to the
-work done, as over HTTP (test_otlp_metrics.py). Batch spans go the same way to the generated
-`TraceServiceServicer` (`OTEL_EXPORTER_OTLP_TRACES_PROTOCOL=grpc`): one per batch the backend ran,
-and a refused call keeps its spans for the next."""
+receiver: a `grpc.aio` server on loopback serving opentelemetry-proto's collector services
+(`otlp_receiver.otlp_grpc_receiver`). The real sidecar over a real nats-server and backend pushes
+its registry there through the OpenTelemetry SDK's gRPC exporter; what arrives carries the §13
+names, units and `lane`, the resource, and counts equal to the work done, as over HTTP
+(test_otlp_metrics.py). Batch spans go the same way to the trace service
+(`OTEL_EXPORTER_OTLP_TRACES_PROTOCOL=grpc`): one per batch the backend ran; refused calls are
+retried by the SDK, and what the span processor holds goes out at shutdown."""
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import grpc  # type: ignore[import-untyped]
 import pytest
-from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2_grpc as service_grpc
-from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
-    ExportMetricsServiceRequest,
-    ExportMetricsServiceResponse,
-)
-from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc as trace_grpc
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
-    ExportTraceServiceRequest,
-    ExportTraceServiceResponse,
-)
 
-from sie_sidecar.otel.grpc_export import GrpcTraceExporter
+from sie_sidecar.otel.export import OtlpThread, TracePush
+from sie_sidecar.otel.target import Target
 from sie_sidecar.otel.tracing import Sampler, SpanBuffer, Tracer
-from sie_sidecar.tools.localhost import free_port
 
 from .conftest import NatsServer
-from .otlp_receiver import Receiver
+from .otlp_receiver import otlp_grpc_receiver
 from .stack import MODEL, running_stack, work_item
 
 pytestmark = pytest.mark.timeout(60)
-
-
-@dataclass
-class GrpcReceiver(Receiver):
-    """The HTTP receiver's record, filled by the gRPC service; `refuse` answers that many calls
-    UNAVAILABLE first (a Collector that is not up yet)."""
-
-    refuse: int = 0
-    refused: int = 0
-    user_agents: list[str] = field(default_factory=list)
-
-
-class _MetricsService(service_grpc.MetricsServiceServicer):
-    def __init__(self, receiver: GrpcReceiver) -> None:
-        self._receiver = receiver
-
-    async def Export(  # noqa: N802 (the generated service's method name)
-        self, request: ExportMetricsServiceRequest, context: Any
-    ) -> ExportMetricsServiceResponse:
-        metadata = dict(context.invocation_metadata())
-        self._receiver.user_agents.append(str(metadata.get("user-agent", "")))
-        if self._receiver.refused < self._receiver.refuse:
-            self._receiver.refused += 1
-            await context.abort(grpc.StatusCode.UNAVAILABLE, "not yet")
-        self._receiver.requests.append(request)
-        return ExportMetricsServiceResponse()
-
-
-class _TraceService(trace_grpc.TraceServiceServicer):
-    def __init__(self, receiver: GrpcReceiver) -> None:
-        self._receiver = receiver
-
-    async def Export(  # noqa: N802 (the generated service's method name)
-        self, request: ExportTraceServiceRequest, context: Any
-    ) -> ExportTraceServiceResponse:
-        metadata = dict(context.invocation_metadata())
-        self._receiver.user_agents.append(str(metadata.get("user-agent", "")))
-        if self._receiver.refused < self._receiver.refuse:
-            self._receiver.refused += 1
-            await context.abort(grpc.StatusCode.UNAVAILABLE, "not yet")
-        self._receiver.trace_requests.append(request)
-        return ExportTraceServiceResponse()
-
-
-@contextlib.asynccontextmanager
-async def otlp_grpc_receiver(*, refuse: int = 0) -> AsyncIterator[GrpcReceiver]:
-    """Both collector services on one loopback port; `refuse` counts calls to either."""
-    server = grpc.aio.server()
-    port = server.add_insecure_port("127.0.0.1:0")
-    receiver = GrpcReceiver(f"http://127.0.0.1:{port}", refuse=refuse)
-    service_grpc.add_MetricsServiceServicer_to_server(_MetricsService(receiver), server)  # type: ignore[no-untyped-call]
-    trace_grpc.add_TraceServiceServicer_to_server(_TraceService(receiver), server)  # type: ignore[no-untyped-call]
-    await server.start()
-    try:
-        yield receiver
-    finally:
-        await server.stop(grace=None)
+USER_AGENT = "OTel-OTLP-Exporter-Python/"  # the SDK's exporter, over grpc-python
 
 
 def _attrs(point: object) -> dict[str, str]:
@@ -120,10 +51,11 @@ async def test_the_batches_the_backend_saw_arrive_over_grpc(nats_server: NatsSer
             backend_batches = stack.adapter.batches
             run_batch_calls = stack.backend.method_calls["RunBatch"] if stack.backend is not None else -1
         # The stack is closed: the last push (after the drain) carries the final counts.
-        assert all(agent.startswith("grpc-python") for agent in receiver.user_agents)
-        assert receiver.resource() | {"service.version": ""} == {
+        assert all(h["user-agent"].startswith(USER_AGENT) for h in receiver.headers)
+        assert receiver.sidecar_resource() | {"service.version": ""} == {
             "service.name": "sidecar-under-test",
             "service.version": "",
+            "service.instance.id": stack.settings.worker_id,
             "deployment.environment": "ci",
             "cloud.region": "unknown",
         }
@@ -156,11 +88,10 @@ async def test_the_batches_the_backend_saw_arrive_over_grpc(nats_server: NatsSer
         assert _attrs(drain)["outcome"] == "success" and drain.count == 1
 
 
-async def test_a_refused_push_is_carried_by_the_next_and_serving_goes_on(
-    nats_server: NatsServer, tmp_path: Path
-) -> None:
+async def test_a_refused_push_is_retried_and_serving_goes_on(nats_server: NatsServer, tmp_path: Path) -> None:
     """gRPC is the default protocol: only the endpoint is set. The receiver refuses the first two
-    pushes (UNAVAILABLE); replies are unaffected and the later pushes carry the cumulative counts."""
+    calls (UNAVAILABLE, which the SDK's exporter retries with back-off); replies are unaffected and
+    the pushes that arrive carry the cumulative counts."""
     async with otlp_grpc_receiver(refuse=2) as receiver:
         env = {
             "SIE_METRICS_ENABLED": "true",
@@ -208,7 +139,7 @@ async def test_one_span_per_batch_arrives_over_grpc(nats_server: NatsServer, tmp
             backend_batches = stack.adapter.batches
         # The stack is closed: the last push (after the drain) carried every span.
         assert receiver.requests == []  # metrics are off: only the trace service was called
-        assert receiver.user_agents and all(agent.startswith("grpc-python") for agent in receiver.user_agents)
+        assert receiver.headers and all(h["user-agent"].startswith(USER_AGENT) for h in receiver.headers)
         assert receiver.trace_resource()["service.name"] == "sidecar-under-test"
         spans = receiver.spans()
         assert len(spans) == backend_batches > 0  # one span per batch the backend ran
@@ -221,50 +152,37 @@ async def test_one_span_per_batch_arrives_over_grpc(nats_server: NatsServer, tmp
             assert [e.name for e in span.events] == ["ipc.request", "ipc.response", "published"]
 
 
-async def test_a_refused_span_export_keeps_its_spans_for_the_next() -> None:
-    """The buffer's semantics over gRPC: a refused call (UNAVAILABLE) or no receiver at all puts the
-    spans back in front of the bounded buffer; the next call sends them."""
-    buffer = SpanBuffer(8, export_batch=4)
-    tracer = Tracer(Sampler("always_on"), buffer)
-    for _ in range(3):
+def _end_spans(tracer: Tracer, n: int) -> None:
+    for _ in range(n):
         span = tracer.start_batch("m", "encode", 1, 1)
         assert span is not None
         span.end()
-    dead = GrpcTraceExporter(buffer, f"http://127.0.0.1:{free_port()}", resource={"service.name": "s"})
-    channel = dead._open()
-    try:
-        await dead.flush(channel)
-    finally:
-        await dead._close(channel)
-    assert (dead.failures, len(buffer), buffer.dropped) == (1, 3, 0)
-    async with otlp_grpc_receiver(refuse=1) as receiver:
-        live = GrpcTraceExporter(buffer, receiver.url, resource={"service.name": "s"})
-        channel = live._open()
-        try:
-            await live.flush(channel)
-            assert (live.failures, live.exports, len(buffer)) == (1, 0, 3)  # refused: kept, in order
-            await live.flush(channel)
-        finally:
-            await live._close(channel)
-        assert (live.exports, len(buffer), buffer.dropped) == (1, 0, 0)
-        assert len(receiver.spans()) == 3
 
 
 async def test_spans_go_out_over_grpc_from_the_run_loop_at_shutdown() -> None:
-    """The push loop opens its channel only with a span to send, and the last flush after `stop`
-    sends what the schedule delay did not."""
-    buffer = SpanBuffer(16, export_batch=8)
+    """Spans ended before the SDK is loaded wait in the buffer, then go to the processor; with a
+    60 s schedule delay and a refused first call (retried by the SDK), the stop sends them all."""
+    buffer = SpanBuffer(16)
     tracer = Tracer(Sampler("always_on"), buffer)
-    async with otlp_grpc_receiver() as receiver:
-        exporter = GrpcTraceExporter(buffer, receiver.url, resource={"service.name": "s"}, interval_s=60)
+    async with otlp_grpc_receiver(refuse=1) as receiver:
+        thread = OtlpThread()
+        push = TracePush(
+            buffer, thread, Target(receiver.url, "grpc"), resource={"service.name": "s"}, schedule_delay_s=60
+        )
+        _end_spans(tracer, 2)  # before the processor exists: kept
+        assert len(buffer) == 2
         stop = asyncio.Event()
-        task = asyncio.create_task(exporter.run(stop))
-        for _ in range(2):
-            span = tracer.start_batch("m", "encode", 1, 1)
-            assert span is not None
-            span.end()
-        await asyncio.sleep(0.05)
-        assert receiver.trace_requests == []  # 60 s schedule delay, no full batch
-        stop.set()
-        await asyncio.wait_for(task, 10)
-        assert exporter.exports == 1 and len(receiver.spans()) == 2 and len(buffer) == 0
+        task = asyncio.create_task(push.run(stop))
+        try:
+            for _ in range(200):
+                if not len(buffer):
+                    break
+                await asyncio.sleep(0.05)
+            assert len(buffer) == 0  # handed to the processor
+            _end_spans(tracer, 1)  # straight to the processor
+            assert len(buffer) == 0 and receiver.trace_requests == []  # 60 s delay, no full batch
+            stop.set()
+            await asyncio.wait_for(task, 30)
+        finally:
+            thread.close()
+        assert receiver.refused == 1 and len(receiver.spans()) == 3

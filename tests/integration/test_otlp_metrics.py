@@ -1,8 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """OTLP metrics (sidecar-behaviour §13, issue 14 part 1) proven with a real receiver: the real
-sidecar over a real nats-server and backend pushes its registry as OTLP/HTTP protobuf; what arrives
-carries the §13 names, units and the fixed `lane`, the resource of §1.2, and counts equal to the
-work done."""
+sidecar over a real nats-server and backend pushes its registry as OTLP/HTTP protobuf through the
+OpenTelemetry SDK's exporter; what arrives carries the §13 names, units and the fixed `lane`, the
+resource of §1.2 (with `service.instance.id`, the worker id), and counts equal to the work done."""
 
 from __future__ import annotations
 
@@ -73,12 +73,15 @@ async def test_the_batches_the_backend_saw_arrive_as_otlp_metrics(nats_server: N
             run_batch_calls = stack.backend.method_calls["RunBatch"] if stack.backend is not None else -1
         # The stack is closed: the last push (after the drain) carries the final counts.
         assert set(receiver.content_types) == {"application/x-protobuf"}
-        assert receiver.resource() | {"service.version": ""} == {
+        assert set(receiver.encodings) == {"identity"}  # OTEL_EXPORTER_OTLP_COMPRESSION's default: none
+        assert receiver.sidecar_resource() | {"service.version": ""} == {
             "service.name": "sidecar-under-test",
             "service.version": "",
+            "service.instance.id": stack.settings.worker_id,
             "deployment.environment": "ci",
             "cloud.region": "unknown",
         }
+        assert receiver.resource()["telemetry.sdk.name"] == "opentelemetry"
         metrics = receiver.last_metrics()
         size = metrics["sie.worker.batch.size"]
         assert size.unit == "{item}" and metrics["sie.worker.batch.cost"].unit == "{cost}"
@@ -89,6 +92,7 @@ async def test_the_batches_the_backend_saw_arrive_as_otlp_metrics(nats_server: N
             attrs = _attrs(p)
             assert next(iter(attrs)) == "lane" and attrs["lane"] == "default|cpu|default"
             assert attrs["operation"] == "encode" and sum(p.bucket_counts) == p.count
+            assert 1 <= p.min <= p.max <= 41
         assert metrics["sie.worker.pending.items"].unit == "{item}"  # the health gauges go out too
         requests = {
             (_attrs(p)["method"], _attrs(p)["outcome"]): p.as_double

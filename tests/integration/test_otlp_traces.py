@@ -1,11 +1,13 @@
 # SPDX-License-Identifier: Apache-2.0
 """OTLP traces (`SIE_TRACING_ENABLED`, issue 14) proven with a real receiver: the real sidecar over a
-real nats-server and backend sends one span per batch the backend ran, linked to the work items'
-own `traceparent`s, and the backend receives that span's context in every RunBatchItem. Sampled off,
-no span leaves and the items' own contexts reach the backend as before."""
+real nats-server and backend sends, through the OpenTelemetry SDK's batch span processor and OTLP
+exporter, one span per batch the backend ran, linked to the work items' own `traceparent`s, and the
+backend receives that span's context in every RunBatchItem. Sampled off, no span leaves and the
+items' own contexts reach the backend as before."""
 
 from __future__ import annotations
 
+import asyncio
 import random
 from pathlib import Path
 from typing import Any
@@ -14,9 +16,9 @@ import pytest
 
 from sie_sidecar.backend.null import NullAdapter
 from sie_sidecar.backend.server import BackendServer
-from sie_sidecar.otel.trace_export import TraceExporter
+from sie_sidecar.otel.export import OtlpThread, TracePush
+from sie_sidecar.otel.target import Target
 from sie_sidecar.otel.tracing import Sampler, SpanBuffer, Tracer, parse_traceparent
-from sie_sidecar.tools.localhost import free_port
 
 from .conftest import NatsServer
 from .otlp_receiver import otlp_receiver
@@ -54,6 +56,12 @@ def _attrs(span: Any) -> dict[str, Any]:
 
 def _context(span: Any) -> str:
     return f"00-{span.trace_id.hex()}-{span.span_id.hex()}-01"
+
+
+def _ids(traceparent: str | None) -> tuple[str, str]:
+    ctx = parse_traceparent(traceparent)
+    assert ctx is not None
+    return ctx.trace_id, ctx.span_id
 
 
 async def _serve(tmp_path: Path, nats_server: NatsServer, env: dict[str, str], n: int) -> tuple[Any, dict[str, Any]]:
@@ -106,7 +114,7 @@ async def test_one_span_per_batch_linked_to_its_items_and_passed_to_the_backend(
         assert run_batches == [len(spans) + probes]  # one span per RunBatch of work the metrics count
         by_context = {_context(s): s for s in spans}
         assert len(by_context) == len(spans)
-        linked: list[str] = []
+        linked: list[tuple[str, str]] = []
         for batch in work:
             contexts = {(tp, state) for _, tp, state in batch}
             assert len(contexts) == 1  # every item of a batch carries the batch span's context ...
@@ -119,20 +127,21 @@ async def test_one_span_per_batch_linked_to_its_items_and_passed_to_the_backend(
             assert attrs["model"] == MODEL and attrs["lane"] == "default|cpu|default"
             assert span.status.code == 0  # unset: the batch ran
             assert [e.name for e in span.events] == ["ipc.request", "ipc.response", "published"]
-            links = [f"00-{lk.trace_id.hex()}-{lk.span_id.hex()}-{lk.flags & 0xFF:02x}" for lk in span.links]
+            assert all(lk.flags == 0x300 for lk in span.links)  # each link a remote context
+            links = [(lk.trace_id.hex(), lk.span_id.hex()) for lk in span.links]
             valid = list(dict.fromkeys(sent[w] for w, _, _ in batch if parse_traceparent(sent[w]) is not None))
             if valid:  # §5.4: parented on the first valid inbound context, the others are links
                 parent = parse_traceparent(valid[0])
                 assert parent is not None
                 assert (span.trace_id.hex(), span.parent_span_id.hex()) == (parent.trace_id, parent.span_id)
                 assert span.flags & 0x300 == 0x300  # the parent is remote
-                linked.append(valid[0])
+                linked.append(_ids(valid[0]))
             else:
                 assert span.parent_span_id == b""
-            assert sorted(links) == sorted(valid[1:])  # valid incoming contexts only
+            assert sorted(links) == sorted(map(_ids, valid[1:]))  # valid incoming contexts only
             linked += links
         assert not by_context
-        assert sorted(linked) == sorted(tp for tp in sent.values() if parse_traceparent(tp) is not None)
+        assert sorted(linked) == sorted(_ids(tp) for tp in sent.values() if parse_traceparent(tp) is not None)
 
 
 async def test_sampled_off_no_span_leaves_and_the_items_own_contexts_reach_the_backend(
@@ -152,19 +161,23 @@ async def test_sampled_off_no_span_leaves_and_the_items_own_contexts_reach_the_b
         assert seen == {w: (tp, None) for w, tp in sent.items()}  # untouched, the malformed one too
 
 
-async def test_spans_wait_in_the_buffer_while_the_receiver_is_away() -> None:
-    buffer = SpanBuffer(8, export_batch=4)
+async def test_a_refused_export_is_retried_by_the_sdk() -> None:
+    """The receiver answers 503 to the first export: the SDK's HTTP exporter retries it (with
+    back-off) and the spans arrive; the processor's stop sends what the schedule delay did not."""
+    buffer = SpanBuffer(8)
     tracer = Tracer(Sampler("always_on"), buffer)
-    for _ in range(3):
-        span = tracer.start_batch("m", "encode", 1, 1)
-        assert span is not None
-        span.end()
-    dead = TraceExporter(buffer, f"http://127.0.0.1:{free_port()}/v1/traces", resource={"service.name": "s"})
-    await dead.flush(dead._open())
-    assert (dead.failures, len(buffer), buffer.dropped) == (1, 3, 0)  # kept for the next push
-    async with otlp_receiver() as receiver:
-        live = TraceExporter(buffer, receiver.traces_url, resource={"service.name": "s"})
-        connection = live._open()
-        await live.flush(connection)
-        await connection.close()
-        assert live.exports == 1 and len(buffer) == 0 and len(receiver.spans()) == 3
+    async with otlp_receiver(refuse=1) as receiver:
+        thread = OtlpThread()
+        target = Target(receiver.traces_url, "http/protobuf")
+        push = TracePush(buffer, thread, target, resource={"service.name": "s"}, schedule_delay_s=60)
+        for _ in range(3):
+            span = tracer.start_batch("m", "encode", 1, 1)
+            assert span is not None
+            span.end()
+        stop = asyncio.Event()
+        stop.set()  # at once: the run loads the SDK, hands the kept spans over, then stops the processor
+        try:
+            await asyncio.wait_for(push.run(stop), 30)
+        finally:
+            thread.close()
+        assert receiver.refused == 1 and len(receiver.spans()) == 3 and len(buffer) == 0

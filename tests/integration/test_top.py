@@ -1,7 +1,9 @@
 # SPDX-License-Identifier: Apache-2.0
-"""`sie-sidecar top` (issue 14) against a real sidecar over a real nats-server and backend, with the
-debug endpoint on and OTLP metrics off: `--once --json` counts the work done, and the live view,
-run in a real terminal (tmux), shows the model and the columns and refreshes while work flows."""
+"""`sie-sidecar top` (issues 14 and 32) against a real sidecar over a real nats-server and backend,
+with OTLP metrics off: `--once --json` counts the work done; with the defaults (no setting at all) it
+shows the version, the NATS server and its reconnects, the consumer lag, the latency and the
+failures; and the live view, run in a real terminal (tmux), shows the model and the columns and
+refreshes while work flows."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ import asyncio
 import contextlib
 import json
 import os
+import re
 import shutil
 import sys
 import time
@@ -19,6 +22,7 @@ from typing import Any
 
 import pytest
 
+import sie_sidecar
 from sie_sidecar.tools.top import COLUMNS
 
 from .conftest import NatsServer
@@ -48,7 +52,7 @@ async def top(port: int, *extra: str) -> tuple[int, str, str]:
         *extra,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
-        env=_env(),
+        env={**_env(), "COLUMNS": "250"},  # the text view is cut to the terminal's width, 80 without one
     )
     out, err = await asyncio.wait_for(proc.communicate(), 60)
     assert proc.returncode is not None
@@ -84,12 +88,17 @@ async def flowing(stack: Stack) -> AsyncIterator[list[str]]:
 
 
 async def test_once_json_counts_the_work_done(nats_server: NatsServer, tmp_path: Path) -> None:
+    """Counts run from the first read of the state (recording starts there, telemetry/switch.py)."""
     async with running_stack(nats_server, tmp_path, env=ENV) as stack:
         port = stack.settings.worker_probe_port
+        before = await stack.publish(work_item(text="before anyone watched"))
+        await stack.wait_for(lambda: len(stack.results_for(before)) == 1)
+        await top_json(port, "0.1")  # the first read turns recording on
+        batches_before = stack.adapter.batches
         ids = [await stack.publish(work_item(text=f"t{i}")) for i in range(40)]
         await stack.wait_for(lambda: all(len(stack.results_for(w)) == 1 for w in ids))
         idle = await top_json(port)
-        backend_batches = stack.adapter.batches
+        backend_batches = stack.adapter.batches - batches_before
         assert idle["worker_id"] == stack.settings.worker_id and idle["telemetry"] is True
         model = idle["models"][MODEL]
         assert (model["items"], model["batches"]) == (40, backend_batches)
@@ -103,15 +112,67 @@ async def test_once_json_counts_the_work_done(nats_server: NatsServer, tmp_path:
         assert model["items"] > 40 and model["cost_fill"] > 0
         ipc = busy["ipc"]  # recorded with metrics off: the debug endpoint turns the IPC timing on
         assert ipc["requests_per_s"] > 0 and 0 < ipc["p50_ms"] <= ipc["p99_ms"]
-        after = (await top_json(port, "0.1"))["models"][MODEL]  # every item answered: all counted
-        assert (after["items"], after["batches"]) == (len(stack.replies), stack.adapter.batches)
+        after = (await top_json(port, "0.1"))["models"][MODEL]  # every item since the first read counted
+        assert (after["items"], after["batches"]) == (len(stack.replies) - 1, stack.adapter.batches - batches_before)
 
 
-async def test_without_the_debug_endpoint_top_says_how_to_turn_it_on(nats_server: NatsServer, tmp_path: Path) -> None:
-    async with running_stack(nats_server, tmp_path) as stack:
+async def test_with_the_debug_endpoint_off_top_says_how_to_turn_it_on(nats_server: NatsServer, tmp_path: Path) -> None:
+    async with running_stack(nats_server, tmp_path, env={"SIE_SIDECAR_DEBUG_ENDPOINT": "off"}) as stack:
         code, out, err = await top(stack.settings.worker_probe_port, "--once", "--json", "--interval", "0.1")
     assert (code, out) == (1, "")
-    assert "404" in err and "SIE_SIDECAR_DEBUG_ENDPOINT=1" in err
+    assert "404" in err and "SIE_SIDECAR_DEBUG_ENDPOINT=off; unset it" in err
+
+
+async def test_with_the_defaults_top_shows_the_operator_view(nats_server: NatsServer, tmp_path: Path) -> None:
+    """No SIE_SIDECAR_DEBUG_ENDPOINT at all: `top` works, and shows the version, ready, the NATS
+    server with 0 reconnects, the pool's lag (0 once all is answered) with its age, the latency of
+    the interval's work and no failures; after a nats-server restart, 1 reconnect."""
+    env = {"SIE_METRIC_MODEL_ALLOWLIST": MODEL, "SIE_STREAM_STORAGE": "file"}
+    async with running_stack(nats_server, tmp_path, env=env) as stack:
+        port = stack.settings.worker_probe_port
+        async with flowing(stack):
+            busy = await top_json(port)
+        assert busy["version"] == sie_sidecar.__version__ and busy["ready"] is True
+        assert busy["not_ready_reason"] is None
+        assert busy["nats"] | {"last_error": None} == {
+            "server": nats_server.url,
+            "connected": True,
+            "reconnects": 0,
+            "failures": 0,
+            "last_error": None,
+            "disconnected_s": None,
+        }
+        latency = busy["latency"]
+        assert latency["item_age_p50_le_s"] is not None and latency["batch_total_p50_ms"] > 0
+        assert latency["batch_total_p50_ms"] <= latency["batch_total_p99_ms"]
+        assert set(busy["lag"]) == {"pool", "worker"}
+        await stack.settled_pool()
+        calm = await top_json(port)
+        assert calm["lag"]["pool"]["num_pending"] == (await stack.pool_consumer()).num_pending == 0
+        assert calm["lag"]["pool"]["age_s"] is not None and calm["lag"]["pool"]["error"] is None
+        assert calm["failures"] == {
+            "naks": {},
+            "nats_errors": {},
+            "ipc": {},
+            "publish": {},
+            "payload": {},
+            "deadline_dropped": 0,
+        }
+
+        await nats_server.restart()
+        await stack.wait_for(lambda: stack.nc.is_connected, timeout=20)
+        for _ in range(100):
+            code, out, err = await top(port, "--once", "--interval", "0.1")
+            assert code == 0, err
+            if f"NATS {nats_server.url}  connected  reconnects 1" in out:
+                break
+        lines = out.splitlines()
+        assert f"version {sie_sidecar.__version__}" in lines[0] and "  ready  " in lines[0]
+        assert lines[1].startswith(f"NATS {nats_server.url}  connected  reconnects 1  last error: ")
+        # An ACK in flight when the server went down stays pending there until ack_wait: count-agnostic.
+        assert re.match(r"lag \(JetStream num_pending\)  pool \d+ \(\d+ un-ACKed, [\d.]+ s ago\)", lines[2]), lines[2]
+        assert any(line.startswith("item age at dispatch p50 ") for line in lines)
+        assert any(line.startswith("failures since start: ") for line in lines)
 
 
 class Tmux:

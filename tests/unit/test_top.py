@@ -8,10 +8,12 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator, Mapping
+from dataclasses import replace
 from typing import Any
 
 import pytest
 
+import sie_sidecar
 from sie_sidecar.cli import build_parser
 from sie_sidecar.pipeline.readiness import Readiness
 from sie_sidecar.probes import ProbeServer, start_probes, telemetry_json
@@ -21,16 +23,24 @@ from sie_sidecar.telemetry import (
     DURATION_BOUNDS_S,
     INFLIGHT_BATCHES,
     IPC_REQUEST_DURATION,
+    IPC_REQUESTS,
     NATS_DELIVERY_ATTEMPTS,
     NATS_OPERATIONS,
+    PAYLOAD_FETCHES,
     PENDING_COST,
     PENDING_ITEMS,
     QUEUE_DEPTH,
+    REQUEST_BATCH_TOTAL,
+    RESULT_TRANSPORT_ATTEMPTS,
+    WORK_ITEM_AGE,
+    WORK_ITEM_DEADLINE_EXCEEDED,
     Point,
     Registry,
 )
 from sie_sidecar.tools import top
 from sie_sidecar.tools.top import Sample, TopError, compute, delta, quantile, render, sample_of, view_json
+
+from ..peers import non_loopback_address
 
 A, B = "org/model-a", "org/model-b"
 
@@ -288,14 +298,14 @@ async def test_reading_a_real_probe_server(probe_server: ProbeServer) -> None:
     """A 404 (the endpoint is off) is fatal with the fix in the message; once served, the document
     carries the registry's points; a closed port is an error to retry."""
     url = top.state_url("127.0.0.1", probe_server.port)
-    with pytest.raises(TopError, match="SIE_SIDECAR_DEBUG_ENDPOINT=1") as off:
+    with pytest.raises(TopError, match="SIE_SIDECAR_DEBUG_ENDPOINT=off; unset it") as off:
         await asyncio.to_thread(top.fetch_state, url)
     assert off.value.fatal
     r = Registry()
     batches(r, A, 4)
     probe_server.serve_debug(lambda: {"worker_id": "w-9", "models": {A: {"queue_depth": 1}}}, r)
     state = await asyncio.to_thread(top.fetch_state, url)
-    assert state["worker_id"] == "w-9" and state["ready"] is False
+    assert state["worker_id"] == "w-9" and state["ready"] is False and state["version"] == sie_sidecar.__version__
     (point,) = state["telemetry"]
     assert point["name"] == BATCH_SIZE and point["attrs"] == dict(lane(A))
     assert (point["value"], point["count"], sum(point["buckets"])) == (4.0, 1, 1)
@@ -304,3 +314,150 @@ async def test_reading_a_real_probe_server(probe_server: ProbeServer) -> None:
     with pytest.raises(TopError, match="cannot reach") as gone:
         await asyncio.to_thread(top.fetch_state, url)
     assert not gone.value.fatal
+
+
+#: What a sidecar of issue 32 adds to `/debug/state` for the header.
+OPERATOR: dict[str, Any] = {
+    "version": "9.8.7",
+    "ready": False,
+    "not_ready_reason": "heartbeat stale (1.2 s)",
+    "nats": {
+        "server": "nats://nats-1:4222",
+        "connected": True,
+        "disconnected_s": None,
+        "reconnects": 2,
+        "failures": 0,
+        "last_error": "UnexpectedEOF: nats: unexpected EOF",
+    },
+    "lag": {
+        "consumers": {
+            "worker": {"num_pending": 0, "num_ack_pending": 0, "age_s": 0.4, "error": None},
+            "pool": {"num_pending": 1234, "num_ack_pending": 12, "age_s": 0.4, "error": None},
+        },
+        "refreshing": False,
+    },
+}
+
+
+def failing(r: Registry) -> None:
+    """Every kind of failure the registry counts, and some successes that must not show."""
+    op = (("operation", "nak"), ("outcome", "success"))
+    r.add(NATS_OPERATIONS, 3, (*op, ("reason", "retry")))
+    r.add(NATS_OPERATIONS, 2, (*op, ("reason", "backend_not_ready")))
+    r.add(NATS_OPERATIONS, 1, (("operation", "ack"), ("outcome", "error"), ("reason", "completed")))
+    r.add(NATS_OPERATIONS, 50, (("operation", "ack"), ("outcome", "success"), ("reason", "completed")))
+    r.add(IPC_REQUESTS, 40, (("method", "run_batch"), ("outcome", "success")))
+    r.add(IPC_REQUESTS, 1, (("method", "run_batch"), ("outcome", "success_after_retry")))
+    r.add(IPC_REQUESTS, 4, (("method", "ping"), ("outcome", "timeout")))
+    r.add(IPC_REQUESTS, 1, (("method", "run_batch"), ("outcome", "transport_error")))
+    r.add(RESULT_TRANSPORT_ATTEMPTS, 9, (("mode", "single"), ("outcome", "published")))
+    r.add(RESULT_TRANSPORT_ATTEMPTS, 2, (("mode", "single"), ("outcome", "publish_error")))
+    r.add(PAYLOAD_FETCHES, 1, (("outcome", "error"), ("reason", "not_found")))
+    r.add(WORK_ITEM_DEADLINE_EXCEEDED, 5, (("operation", "encode"), ("action", "dropped")))
+    r.add(WORK_ITEM_DEADLINE_EXCEEDED, 7, (("operation", "encode"), ("action", "executed")))
+
+
+def test_the_operator_header_and_failures() -> None:
+    """Version, the not-ready reason, the NATS server and reconnects, the lag (pool first) and the
+    failures since start, by kind: on the screen and in the JSON."""
+    r = Registry()
+    failing(r)
+    first = sample(r, 0.0, **OPERATOR)
+    view = compute(first, sample(r, 1.0, **OPERATOR))
+    lines = render(view, source="http://127.0.0.1:9095/debug/state", width=400)
+    assert "version 9.8.7" in lines[0] and "not ready: heartbeat stale (1.2 s)" in lines[0]
+    assert lines[1] == (
+        "NATS nats://nats-1:4222  connected  reconnects 2  last error: UnexpectedEOF: nats: unexpected EOF"
+    )
+    assert lines[2] == (
+        "lag (JetStream num_pending)  pool 1,234 (12 un-ACKed, 0.4 s ago)  worker 0 (0 un-ACKed, 0.4 s ago)"
+    )
+    failures = next(line for line in lines if line.startswith("failures"))
+    assert failures == (
+        "failures since start: NAKs backend_not_ready 2, retry 3; NATS errors ack 1; IPC timeout 4, "
+        "transport_error 1; replies not published publish_error 2; payload fetches not_found 1; deadline drops 5"
+    )
+    doc = view_json(view)
+    assert json.loads(json.dumps(doc)) == doc
+    assert (doc["version"], doc["not_ready_reason"]) == ("9.8.7", "heartbeat stale (1.2 s)")
+    assert doc["nats"]["reconnects"] == 2 and doc["nats"]["server"] == "nats://nats-1:4222"
+    assert doc["lag"]["pool"] == {"num_pending": 1234, "num_ack_pending": 12, "age_s": 0.4, "error": None}
+    assert doc["failures"] == {
+        "naks": {"backend_not_ready": 2, "retry": 3},
+        "nats_errors": {"ack": 1},
+        "ipc": {"timeout": 4, "transport_error": 1},
+        "publish": {"publish_error": 2},
+        "payload": {"not_found": 1},
+        "deadline_dropped": 5,
+    }
+
+
+def test_a_calm_sidecar_says_so_and_an_older_one_shows_nothing_new() -> None:
+    r = Registry()
+    view = compute(sample(r, 0.0), sample(r, 1.0))
+    lines = render(view, source="x", width=200)
+    assert "failures since start: none" in lines
+    assert not any(line.startswith(("NATS", "lag")) for line in lines)  # an older sidecar: no such keys
+    assert "version -" in lines[0]
+    nats: Mapping[str, Any] = OPERATOR["nats"]
+    down = {**nats, "connected": False, "disconnected_s": 3.25, "failures": 7}
+    reading = {"consumers": {"pool": {"num_pending": None, "age_s": None, "error": "TimeoutError"}}}
+    view = compute(sample(r, 0.0), sample(r, 1.0, nats=down, lag=reading))
+    lines = render(view, source="x", width=200)
+    assert lines[1].startswith("NATS nats://nats-1:4222  disconnected 3.2 s, 7 failed attempts  reconnects 2")
+    assert lines[2] == "lag (JetStream num_pending)  pool - (TimeoutError)"
+
+
+def test_latency_from_the_item_age_and_the_batch_total() -> None:
+    """The age histogram's buckets are whole powers of two seconds: its quantiles show as bucket
+    bounds; the batch total is interpolated. Both over the interval only."""
+    r = Registry()
+    age = r.histogram(WORK_ITEM_AGE, (("operation", "encode"),))
+    total = r.histogram(REQUEST_BATCH_TOTAL, lane(A), DURATION_BOUNDS_S)
+    age.record(100.0)  # before the first read: not in the interval
+    first = sample(r, 0.0)
+    for _ in range(98):
+        age.record(0.004)
+    age.record(1.5)
+    age.record(3.0)
+    for _ in range(10):
+        total.record(0.003)
+    view = compute(first, sample(r, 1.0))
+    assert (view.item_age_p50_s, view.item_age_p99_s) == (1.0, 2.0)
+    assert view.batch_total_p50_s is not None and 0.002 < view.batch_total_p50_s <= 0.004
+    line = next(line for line in render(view, source="x", width=200) if line.startswith("item age"))
+    assert line.startswith("item age at dispatch p50 <=1 s  p99 <=2 s  batch in sidecar p50 ")
+    doc = view_json(view)["latency"]
+    assert (doc["item_age_p50_le_s"], doc["item_age_p99_le_s"]) == (1.0, 2.0)
+    idle = view_json(compute(sample(r, 1.0), sample(r, 2.0)))["latency"]
+    assert idle == {k: None for k in idle}
+
+
+def test_bucket_bounds() -> None:
+    bounds = (1.0, 2.0, 4.0)
+    assert top.bucket_bound([0, 0, 0, 0], bounds, 0.5) is None
+    assert top.bucket_bound([10, 0, 0, 0], bounds, 0.99) == 1.0
+    assert top.bucket_bound([5, 5, 0, 0], bounds, 0.5) == 1.0 and top.bucket_bound([5, 5, 0, 0], bounds, 0.51) == 2.0
+    assert top.bucket_bound([0, 0, 0, 3], bounds, 0.5) == float("inf")
+    assert (
+        view_json(replace(compute(sample(Registry(), 0.0), sample(Registry(), 1.0)), item_age_p99_s=float("inf")))[
+            "latency"
+        ]["item_age_p99_le_s"]
+        == "overflow"
+    )
+
+
+async def test_a_refused_peer_is_fatal_and_names_the_setting() -> None:
+    """A 403 from the sidecar (this peer is not loopback) ends `top` with the sidecar's own line."""
+    source = non_loopback_address()
+    if source is None:
+        pytest.skip("this machine has no non-loopback address")
+    server = await start_probes(Readiness(), 0, host="0.0.0.0")
+    assert server is not None
+    try:
+        server.serve_debug(dict, Registry())
+        with pytest.raises(TopError, match=r"answered 403: forbidden: .*SIE_SIDECAR_DEBUG_ENDPOINT=all") as refused:
+            await asyncio.to_thread(top.fetch_state, top.state_url(source, server.port))
+        assert refused.value.fatal
+    finally:
+        await server.cleanup()

@@ -1,7 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """Batch spans (`SIE_TRACING_ENABLED`, issue 14): the strict W3C `traceparent`, the OTEL samplers for a
-root span, links (valid, deduplicated, capped), the bounded span buffer, the OTLP encoding read back
-with opentelemetry-proto, the settings, and the RunBatch writer's trace context (native and twin)."""
+root span, links (valid, deduplicated, capped), the span buffer, the spans as the OpenTelemetry SDK
+reads them encoded by the SDK's OTLP encoder and read back with opentelemetry-proto, the settings, and
+the RunBatch writer's trace context (native and twin)."""
 
 from __future__ import annotations
 
@@ -12,16 +13,19 @@ import msgpack
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc
+from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans as sdk_encode_spans
+from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcSpanExporter
+from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpSpanExporter
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.trace.v1 import trace_pb2 as pb
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
 from sie_sidecar import wire
 from sie_sidecar.config import Settings
 from sie_sidecar.ipc.requests import item_traceparents, item_traceparents_py, run_batch_body, run_batch_body_py
-from sie_sidecar.otel.grpc_export import GrpcTraceExporter
-from sie_sidecar.otel.trace_export import TRACE_PROTOCOLS, TraceExporter, make_trace_exporter
-from sie_sidecar.otel.traces import encode_spans
+from sie_sidecar.otel.sdk import make_resource, span_exporter
+from sie_sidecar.otel.target import PROTOCOLS, Target
+from sie_sidecar.otel.traces import BatchSpanData
 from sie_sidecar.otel.tracing import (
     MAX_LINKS,
     Sampler,
@@ -231,35 +235,31 @@ def test_the_traces_protocol_resolves_like_the_metrics_one(
     if not enabled:
         assert repr(protocol) in warned[0] and "grpc and http/protobuf" in warned[0]
     else:
-        assert protocol in TRACE_PROTOCOLS
+        assert protocol in PROTOCOLS
 
 
-@pytest.mark.parametrize(("protocol", "kind"), [("grpc", GrpcTraceExporter), ("http/protobuf", TraceExporter)])
+@pytest.mark.parametrize(("protocol", "kind"), [("grpc", GrpcSpanExporter), ("http/protobuf", HttpSpanExporter)])
 def test_the_span_exporter_follows_the_protocol(protocol: str, kind: type[object]) -> None:
-    exporter = make_trace_exporter(SpanBuffer(4), "http://c:1", protocol=protocol, resource={})
-    assert type(exporter) is kind
-    with pytest.raises(ValueError, match="http/json"):
-        make_trace_exporter(SpanBuffer(4), "http://c:1", protocol="http/json", resource={})
-
-
-def test_the_grpc_span_exporter_calls_the_generated_stubs_method() -> None:
-    """The method path is the one opentelemetry-proto's `TraceServiceStub` calls."""
-    paths: list[str] = []
-
-    class Channel:
-        def unary_unary(self, path: str, **_: Any) -> None:
-            paths.append(path)
-
-    trace_service_pb2_grpc.TraceServiceStub(Channel())  # type: ignore[no-untyped-call]
-    assert paths == [GrpcTraceExporter.METHOD]
+    exporter = span_exporter(Target("http://127.0.0.1:1/v1/traces", protocol))
+    try:
+        assert type(exporter) is kind
+    finally:
+        exporter.shutdown()
 
 
 def test_the_batch_processor_variables() -> None:
     s = Settings.from_env(
         ENV
-        | {"OTEL_BSP_SCHEDULE_DELAY": "250", "OTEL_BSP_MAX_QUEUE_SIZE": "10", "OTEL_BSP_MAX_EXPORT_BATCH_SIZE": "99"}
+        | {
+            "OTEL_BSP_SCHEDULE_DELAY": "250",
+            "OTEL_BSP_MAX_QUEUE_SIZE": "10",
+            "OTEL_BSP_MAX_EXPORT_BATCH_SIZE": "99",
+            "OTEL_BSP_EXPORT_TIMEOUT": "1500",
+        }
     )
-    assert (s.otel.traces_schedule_delay_s, s.otel.traces_max_queue, s.otel.traces_max_export_batch) == (0.25, 10, 10)
+    otel = s.otel
+    assert (otel.traces_schedule_delay_s, otel.traces_max_queue, otel.traces_max_export_batch) == (0.25, 10, 10)
+    assert otel.traces_export_timeout_s == 1.5
     assert Settings.from_env(ENV).tracing_enabled is False
 
 
@@ -296,7 +296,7 @@ def test_a_sampled_batch_links_to_its_items_valid_contexts_once_each() -> None:
     span.end()
     (record,) = buffer.take()
     assert record.links == (VALID, "garbage", other, f"00-{TRACE}-{SPAN}-00")  # distinct strings, unparsed
-    links, dropped = links_of(record.links)  # parsed by the push loop
+    links, dropped = links_of(record.links)  # parsed when the exporter reads the span
     assert [(c.trace_id, c.span_id) for c in links] == [(TRACE, SPAN), ("1" * 32, "2" * 16)]
     assert dropped == 0 and record.error is None
     assert dict(record.attributes) == {
@@ -326,20 +326,28 @@ def test_an_unsampled_batch_is_none() -> None:
     assert Tracer(Sampler("parentbased_traceidratio", 0.0), SpanBuffer()).start_batch("m", "encode", 1, 1) is None
 
 
-def test_the_buffer_drops_its_oldest_and_counts_them() -> None:
-    woken: list[int] = []
-    buffer = SpanBuffer(4, export_batch=3)
-    buffer.wake = lambda: woken.append(len(buffer))
+def test_the_buffer_keeps_spans_until_attached_dropping_its_oldest() -> None:
+    buffer = SpanBuffer(4)
     for i in range(6):
         buffer.add(_record(i))
-    assert len(buffer) == 4 and buffer.dropped == 2 and woken == [3]
-    taken = buffer.take()
-    assert [r.start_ns for r in taken] == [1002, 1003, 1004]
+    assert len(buffer) == 4 and buffer.dropped == 2
+    forwarded: list[int] = []
+    buffer.attach(lambda record: forwarded.append(record.start_ns))
+    assert forwarded == [1002, 1003, 1004, 1005] and len(buffer) == 0  # the kept ones first, in order
     buffer.add(_record(6))
+    assert forwarded[-1] == 1006 and len(buffer) == 0  # then each as it ends
+    buffer.detach()
     buffer.add(_record(7))
-    buffer.restore(taken)  # the export failed: they go back in front, the oldest that do not fit go
-    assert [r.start_ns for r in buffer.take(10)] == [1004, 1005, 1006, 1007]
-    assert buffer.dropped == 4
+    assert len(buffer) == 1 and forwarded[-1] == 1006
+
+
+def _encode(records: list[SpanRecord], resource: dict[str, str], version: str = "") -> ExportTraceServiceRequest:
+    """The records as the SDK's exporter sends them: `BatchSpanData`, encoded by the SDK's encoder."""
+    scope = InstrumentationScope("sie_sidecar", version)
+    sdk_resource = make_resource(resource)
+    request = sdk_encode_spans([BatchSpanData(r, sdk_resource, scope) for r in records])
+    decoded: ExportTraceServiceRequest = ExportTraceServiceRequest.FromString(request.SerializeToString())
+    return decoded
 
 
 def test_spans_encode_to_an_otlp_request_that_reads_back() -> None:
@@ -348,10 +356,10 @@ def test_spans_encode_to_an_otlp_request_that_reads_back() -> None:
         _record(0, events=(("ipc.request", 1_500),), links=(VALID, "x")),
         _record(1, error="transport: gone", links=too_many),
     ]
-    data = encode_spans(records, resource={"service.name": "s", "cloud.region": "r"}, version="9.9")
-    request = ExportTraceServiceRequest.FromString(data)
+    request = _encode(records, {"service.name": "s", "cloud.region": "r"}, version="9.9")
     (rs,) = request.resource_spans
-    assert {kv.key: kv.value.string_value for kv in rs.resource.attributes} == {
+    resource = {kv.key: kv.value.string_value for kv in rs.resource.attributes}
+    assert {k: v for k, v in resource.items() if not k.startswith("telemetry.sdk.")} == {
         "service.name": "s",
         "cloud.region": "r",
     }
@@ -365,7 +373,7 @@ def test_spans_encode_to_an_otlp_request_that_reads_back() -> None:
     assert attrs["lane"].string_value == "l" and attrs["sie.batch.size"].int_value == 3
     assert [(e.name, e.time_unix_nano) for e in first.events] == [("ipc.request", 1_500)]
     (lk,) = first.links
-    assert (lk.trace_id.hex(), lk.span_id.hex(), lk.flags & 0xFF, bool(lk.flags & 0x200)) == (TRACE, SPAN, 1, True)
+    assert (lk.trace_id.hex(), lk.span_id.hex(), lk.flags) == (TRACE, SPAN, 0x300)  # a remote context
     assert first.status.code == pb.Status.StatusCode.STATUS_CODE_UNSET
     assert second.status.code == pb.Status.StatusCode.STATUS_CODE_ERROR
     assert second.status.message == "transport: gone" and second.dropped_links_count == 2
@@ -459,13 +467,8 @@ def test_parentbased_samplers_follow_the_parent(sampler: str, flags: str, sample
 
 
 def test_a_parented_span_is_encoded_with_its_remote_parent() -> None:
-    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
-
-    from sie_sidecar.otel.traces import encode_spans
-
-    request = ExportTraceServiceRequest.FromString(
-        encode_spans([_record(0, parent_span_id=SPAN), _record(1)], resource={"service.name": "s"})
-    )
+    """OTLP span flags: "has is-remote" always, "is remote" when the parent is (the gateway's context)."""
+    request = _encode([_record(0, parent_span_id=SPAN), _record(1)], {"service.name": "s"})
     parented, root = request.resource_spans[0].scope_spans[0].spans
-    assert parented.parent_span_id.hex() == SPAN and parented.flags == 0x301
-    assert root.parent_span_id == b"" and root.flags == 0x101
+    assert parented.parent_span_id.hex() == SPAN and parented.flags == 0x300
+    assert root.parent_span_id == b"" and root.flags == 0x100

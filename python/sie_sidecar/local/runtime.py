@@ -68,6 +68,7 @@ async def start_local(settings: Settings, stop: asyncio.Event, resources: contex
         live_config,
         open_backend_side,
         quantum_controller,
+        recording_switch,
         start_feed,
         start_heartbeat,
         start_metrics,
@@ -82,7 +83,8 @@ async def start_local(settings: Settings, stop: asyncio.Event, resources: contex
     quantum = quantum_controller(settings)
     config = ConfigState(settings.bundle_config_hash)
     telemetry = Registry()
-    start_metrics(settings, telemetry, resources, ipc, payloads)
+    recording = recording_switch(settings)
+    start_metrics(settings, telemetry, resources, ipc, payloads, recording=recording)
     replies = LocalReplies()
     settler = Settler(replies)  # no broker: ACKs land on the slots in one call per batch; a NAK is the local retry
     dispatcher = Dispatcher(
@@ -98,7 +100,7 @@ async def start_local(settings: Settings, stop: asyncio.Event, resources: contex
         telemetry=telemetry,
         tracer=start_tracing(settings, resources),
     )
-    attach_catalog(settings, config, dispatcher)
+    attach_catalog(settings, config, dispatcher, recording)
     background: list[asyncio.Task[Any]] = []
     hb_stop = asyncio.Event()
     resources.push_async_callback(_end_tasks, background, hb_stop)
@@ -110,11 +112,12 @@ async def start_local(settings: Settings, stop: asyncio.Event, resources: contex
     if probes is not None and settings.debug_endpoint:
 
         def debug_state() -> dict[str, Any]:
+            recording.turn_on()  # a watched sidecar records from the first read on (telemetry/switch.py)
             state = dispatcher.debug_state()
             state["ingest"] = {"mode": "local", "queued": source.queued, "paused": source.paused()}
             return state
 
-        probes.serve_debug(debug_state, telemetry)
+        probes.serve_debug(debug_state, telemetry, loopback_only=settings.debug_endpoint_peers == "loopback")
     pipeline = LocalPipeline(
         source=source,
         replies=replies,

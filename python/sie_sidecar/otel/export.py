@@ -1,181 +1,246 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The OTLP push (sidecar-behaviour §13): every export interval (5 s, `OTEL_METRIC_EXPORT_INTERVAL`)
-one request carrying the registry's snapshot, and a last one at shutdown so the final counts are not
-lost. The transport is chosen by the §1.2 protocol: `http/protobuf` is a POST here, `grpc` (the
-OTLP default) is `grpc_export`.
+"""The OTLP export (sidecar-behaviour §13), run by the OpenTelemetry SDK off the event loop.
 
-Telemetry never affects serving: a failed export is logged (rate-limited) and the next one carries
-the cumulative values anyway.
+`OtlpThread` is one daemon thread where the SDK lives: it imports the SDK, its OTLP exporters and
+protobuf (~0.1 s of CPU, which the serving event loop never pays: docs/benchmarks.md), builds the
+exporters, and runs each metrics export (the SDK's exporters block on their HTTP or gRPC call). The
+event loop only takes the registry's snapshot, which is not thread-safe and is cheap, and hands it
+over (`MetricsPush`); spans reach the SDK's `BatchSpanProcessor`, which has its own thread, as they
+end (`TracePush`, through the tracer's `SpanBuffer`, which keeps them until the SDK is loaded).
+
+Telemetry never affects serving: an export the receiver refuses is logged (rate-limited; the SDK
+logs its reason) and the next one carries the cumulative values anyway; exporters that cannot be
+built leave the signal off with one warning. A daemon thread, so an export still retrying at exit
+does not hold the process.
+
+Nothing here imports the SDK: this module is imported at start-up, the SDK in the thread.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
+import queue
+import threading
 import time
-from abc import ABC, abstractmethod
-from collections.abc import Mapping
-from typing import Any, Final, Generic, TypeVar
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..logs import Throttled
 from ..telemetry import Registry
-from .http_post import HttpPost
-from .metrics import encode_metrics
+from .target import Target
+from .tracing import SpanBuffer
+
+if TYPE_CHECKING:
+    from .metrics import MetricsSender
+    from .traces import SpanPipeline
 
 log = logging.getLogger(__name__)
 _warn = Throttled(log)
+T = TypeVar("T")
 
-EXPORT_TIMEOUT_S: Final = 10.0
-CONTENT_TYPE: Final = "application/x-protobuf"
-#: The §1.2 protocols this build exports; anything else leaves metrics off (config.py warns).
-PROTOCOLS: Final = ("grpc", "http/protobuf")
-
-C = TypeVar("C")
+_Job = tuple[Callable[[], Any], asyncio.AbstractEventLoop, asyncio.Future[Any]]
 
 
-class PushExporter(ABC, Generic[C]):
-    """One registry pushed to one OTLP endpoint over a connection of type C, opened at the first push
-    and closed after the last. Whatever the pushes import (the transport's client library: grpcio
-    for gRPC; nothing for HTTP) is imported here, at start-up, not in the first push, where
-    aiohttp's client (used then) stalled the serving event loop ~130 ms (docs/benchmarks.md)."""
+def _settle(future: asyncio.Future[Any], result: Any, error: BaseException | None) -> None:
+    if future.done():  # the waiter gave up (cancelled)
+        return
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(result)
+
+
+class OtlpThread:
+    """One daemon thread running the SDK side of the export, one job at a time, in order: the first
+    job (building an exporter) imports the SDK, so an export can never wait on an import made on
+    the event loop. `call` returns an asyncio future of the job's result."""
+
+    def __init__(self, name: str = "otlp-export") -> None:
+        self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._work, name=name, daemon=True)
+        self._thread.start()
+
+    def call(self, fn: Callable[..., T], *args: Any) -> asyncio.Future[T]:
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[T] = loop.create_future()
+        self._jobs.put((lambda: fn(*args), loop, future))
+        return future
+
+    def _work(self) -> None:
+        while (job := self._jobs.get()) is not None:
+            fn, loop, future = job
+            result: Any = None
+            error: BaseException | None = None
+            try:
+                result = fn()
+            except BaseException as exc:
+                error = exc
+            with contextlib.suppress(RuntimeError):  # the loop has closed: nobody waits any more
+                loop.call_soon_threadsafe(_settle, future, result, error)
+
+    def close(self) -> None:
+        """Stop after the jobs already queued (a stuck export does not hold the process: daemon)."""
+        self._jobs.put(None)
+
+
+def _build_metrics(
+    target: Target, *, resource: Mapping[str, str], lane: str, version: str, temporality: str, start_ns: int
+) -> MetricsSender:
+    from .metrics import MetricsBridge, MetricsSender
+    from .sdk import make_resource, metric_exporter
+
+    bridge = MetricsBridge(
+        make_resource(resource), lane=lane, version=version, temporality=temporality, start_ns=start_ns
+    )
+    return MetricsSender(bridge, metric_exporter(target))
+
+
+class MetricsPush:
+    """The registry pushed to one OTLP endpoint by the SDK's exporter: every `interval_s`
+    (`OTEL_METRIC_EXPORT_INTERVAL`) and once more at `stop`, so the final counts are not lost."""
 
     def __init__(
         self,
         registry: Registry,
-        endpoint: str,
+        thread: OtlpThread,
+        target: Target,
         *,
         resource: Mapping[str, str],
         lane: str,
         interval_s: float = 5.0,
         version: str = "",
+        temporality: str = "cumulative",
     ) -> None:
         self._registry = registry
-        self._endpoint = endpoint
-        self._resource = dict(resource)
-        self._lane = lane
+        self._thread = thread
         self._interval_s = interval_s
-        self._version = version
-        self._start_ns = time.time_ns()
         self.exports = 0
         self.failures = 0
-        self._load()
-
-    def body(self) -> bytes:
-        """The snapshot as a serialized `ExportMetricsServiceRequest`: the same bytes for every transport."""
-        return encode_metrics(
-            self._registry.snapshot(),
-            resource=self._resource,
-            lane=self._lane,
-            start_ns=self._start_ns,
-            now_ns=time.time_ns(),
-            version=self._version,
+        build = functools.partial(
+            _build_metrics,
+            target,
+            resource=dict(resource),
+            lane=lane,
+            version=version,
+            temporality=temporality,
+            start_ns=time.time_ns(),
         )
+        self._sender = thread.call(build)
 
-    @abstractmethod
-    def _load(self) -> None:
-        """Import the transport's client library (at construction, before the sidecar serves)."""
-
-    @abstractmethod
-    def _open(self) -> C:
-        """The connection the pushes share (called in the running loop, at the first push)."""
-
-    @abstractmethod
-    async def _close(self, connection: C) -> None: ...
-
-    @abstractmethod
-    async def _send(self, connection: C, body: bytes) -> None:
-        """One request; raises when the receiver did not take it."""
-
-    async def export(self, connection: C) -> bool:
-        """One push; False (logged) when the receiver did not take it."""
+    async def export(self) -> bool:
+        """One export of the registry as it is now; False (logged) when it did not go out."""
         try:
-            await self._send(connection, self.body())
+            sender = await asyncio.shield(self._sender)
         except Exception as exc:
-            self.failures += 1
-            _warn.warning("OTLP metrics export failed", key="otlp-metrics", extra={"error": repr(exc)})
+            _warn.warning(
+                "OTLP metrics exporter not built: metrics are not exported",
+                key="otlp-build",
+                extra={"error": repr(exc)},
+            )
             return False
-        self.exports += 1
-        return True
-
-    async def _push(self, connection: C | None) -> C | None:
-        """One export on `connection`, opened first if there is none yet. A connection that cannot be
-        opened (an endpoint the transport refuses) counts as a failed export: it is tried again at the
-        next push, and serving goes on."""
-        if connection is None:
-            try:
-                connection = self._open()
-            except Exception as exc:
-                self.failures += 1
-                _warn.warning("OTLP metrics export failed", key="otlp-metrics", extra={"error": repr(exc)})
-                return None
-        await self.export(connection)
-        return connection
+        points = self._registry.snapshot()  # here, on the loop: the registry is the loop's
+        try:
+            sent = await self._thread.call(sender.send, points, time.time_ns())
+        except Exception as exc:
+            sent = False
+            _warn.warning("OTLP metrics export failed", key="otlp-metrics", extra={"error": repr(exc)})
+        else:
+            if not sent:
+                _warn.warning("OTLP metrics export failed", key="otlp-metrics")
+        if sent:
+            self.exports += 1
+        else:
+            self.failures += 1
+        return sent
 
     async def run(self, stop: asyncio.Event) -> None:
-        """Export every interval until `stop`, then once more."""
-        connection: C | None = None
-        try:
-            while not stop.is_set():
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(self._interval_s):
-                        await stop.wait()
-                if not stop.is_set():
-                    connection = await self._push(connection)
-            connection = await self._push(connection)
-        finally:
-            if connection is not None:
-                await self._close(connection)
+        """Export every interval until `stop`, then once more, then shut the exporter down."""
+        while not stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self._interval_s):
+                    await stop.wait()
+            if not stop.is_set():
+                await self.export()
+        await self.export()
+        if self._sender.done() and self._sender.exception() is None:
+            with contextlib.suppress(Exception):
+                await self._thread.call(self._sender.result().shutdown)
 
 
-class HttpTransport:
-    """OTLP/HTTP for any signal's exporter (a mixin: the exporter sets `_endpoint`): one kept-alive
-    connection (`http_post`, not aiohttp: see there), one protobuf POST per push; anything but a
-    2xx is a failed push."""
-
-    _endpoint: str
-
-    def _load(self) -> None:
-        """Nothing to import: `http_post` is asyncio streams."""
-
-    def _open(self) -> HttpPost:
-        return HttpPost(self._endpoint)
-
-    async def _close(self, connection: HttpPost) -> None:
-        await connection.close()
-
-    async def _send(self, connection: HttpPost, body: bytes) -> None:
-        status, _ = await connection.post(body, {"Content-Type": CONTENT_TYPE}, EXPORT_TIMEOUT_S)
-        if status // 100 != 2:
-            raise RuntimeError(f"HTTP {status}")
-
-
-class MetricsExporter(HttpTransport, PushExporter[HttpPost]):
-    """OTLP/HTTP: one protobuf POST per push to the metrics endpoint (`.../v1/metrics`)."""
-
-
-def make_exporter(
-    registry: Registry,
-    endpoint: str,
+def _build_spans(
+    target: Target,
     *,
-    protocol: str,
     resource: Mapping[str, str],
-    lane: str,
-    interval_s: float = 5.0,
-    version: str = "",
-) -> PushExporter[Any]:
-    """The exporter for the resolved §1.2 protocol. The gRPC one's module is imported only here, and
-    grpcio only at its first push."""
-    exporter: type[PushExporter[Any]]
-    if protocol == "grpc":
-        from .grpc_export import GrpcMetricsExporter
+    version: str,
+    max_queue_size: int,
+    schedule_delay_s: float,
+    max_export_batch_size: int,
+    export_timeout_s: float,
+) -> SpanPipeline:
+    from .sdk import make_resource, span_exporter
+    from .traces import SpanPipeline
 
-        exporter = GrpcMetricsExporter
-    elif protocol == "http/protobuf":
-        exporter = MetricsExporter
-    else:
-        raise ValueError(f"OTLP metrics protocol {protocol!r} is not one of {PROTOCOLS}")
-    return exporter(registry, endpoint, resource=resource, lane=lane, interval_s=interval_s, version=version)
+    return SpanPipeline(
+        span_exporter(target),
+        make_resource(resource),
+        version=version,
+        max_queue_size=max_queue_size,
+        schedule_delay_s=schedule_delay_s,
+        max_export_batch_size=max_export_batch_size,
+        export_timeout_s=export_timeout_s,
+    )
 
 
-__all__ = ["PROTOCOLS", "MetricsExporter", "PushExporter", "make_exporter"]
+class TracePush:
+    """Batch spans to one OTLP endpoint through the SDK's `BatchSpanProcessor` (`OTEL_BSP_*`): once
+    the SDK is loaded in the OTLP thread, the tracer's buffer forwards each span to the processor as
+    it ends (the spans kept until then first); at `stop` the processor exports what it holds."""
+
+    def __init__(
+        self,
+        buffer: SpanBuffer,
+        thread: OtlpThread,
+        target: Target,
+        *,
+        resource: Mapping[str, str],
+        version: str = "",
+        max_queue_size: int = 2048,
+        schedule_delay_s: float = 5.0,
+        max_export_batch_size: int = 512,
+        export_timeout_s: float = 30.0,
+    ) -> None:
+        self._buffer = buffer
+        self._thread = thread
+        build = functools.partial(
+            _build_spans,
+            target,
+            resource=dict(resource),
+            version=version,
+            max_queue_size=max_queue_size,
+            schedule_delay_s=schedule_delay_s,
+            max_export_batch_size=max_export_batch_size,
+            export_timeout_s=export_timeout_s,
+        )
+        self._pipeline = thread.call(build)
+
+    async def run(self, stop: asyncio.Event) -> None:
+        try:
+            pipeline = await asyncio.shield(self._pipeline)
+        except Exception as exc:
+            log.warning("OTLP span exporter not built: spans are not exported", extra={"error": repr(exc)})
+            return
+        self._buffer.attach(pipeline.forward)
+        try:
+            await stop.wait()
+        finally:
+            self._buffer.detach()
+            dropped = self._buffer.dropped
+            if dropped:
+                log.warning("OTLP spans dropped before the exporter was ready", extra={"dropped": dropped})
+            await self._thread.call(pipeline.shutdown)
+
+
+__all__ = ["MetricsPush", "OtlpThread", "TracePush"]

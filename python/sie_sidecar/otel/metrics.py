@@ -1,77 +1,141 @@
 # SPDX-License-Identifier: Apache-2.0
-"""A registry snapshot as an OTLP `ExportMetricsServiceRequest`, written with `protowire` (the
-bytes protobuf would write for opentelemetry-proto's messages, without importing it).
+"""The bridge from the sidecar's registry to the OpenTelemetry SDK: a registry snapshot becomes the
+SDK's `MetricsData`, which the SDK's OTLP metric exporter encodes and sends. The registry stays what
+the stages record into (a number per instrument, no SDK on the hot path); the SDK is used from its
+exporter interface on, at export time, in the OTLP thread (`otel.export`).
 
-Counters become cumulative monotonic sums, gauges gauges, histograms cumulative explicit-bucket
-histograms (the registry's bucket i holds values in (bounds[i-1], bounds[i]], as OTLP's does). Every
-point carries the fixed `lane` attribute first (§13); units come from the §13 table.
+Counters become monotonic sums, gauges gauges, histograms explicit-bucket histograms (the registry's
+bucket i holds the values in (bounds[i-1], bounds[i]], as OTLP's does). Every point carries `lane`
+first, then its §13 attributes in the §13 order; units come from the §13 table.
+
+Temporality (`OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE`): `cumulative` (the default) sends
+the totals since start-up; `delta` sends what each counter and histogram gained since the previous
+export (which is the points' start time); `lowmemory` is delta for the recorded counters and
+histograms and cumulative for the observed counters (`Counter.catch_up`), the specification's rule
+for synchronous and asynchronous counters (a metric with any observed series stays cumulative
+whole: one metric has one temporality). Gauges are gauges in every mode.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Final
+from typing import Final, cast
 
-from ..telemetry import INSTRUMENTS, Point
-from .common import SCOPE, key_value, resource_message, scope_message
-from .protowire import double, fixed64, message, packed_double, packed_fixed64, string, uint
+from opentelemetry.sdk.metrics.export import (
+    AggregationTemporality,
+    Gauge,
+    Histogram,
+    HistogramDataPoint,
+    Metric,
+    MetricExporter,
+    MetricExportResult,
+    MetricsData,
+    NumberDataPoint,
+    ResourceMetrics,
+    ScopeMetrics,
+    Sum,
+)
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+
+from ..telemetry import INSTRUMENTS, Attrs, Point
 
 #: §13: the unit of every instrument (names not listed there are exported without one).
 UNITS: Final[Mapping[str, str]] = {name: unit for name, (_, unit, _) in INSTRUMENTS.items()}
-_CUMULATIVE: Final = 2  # AggregationTemporality.AGGREGATION_TEMPORALITY_CUMULATIVE
-
-# Field numbers (opentelemetry-proto metrics.proto, metrics_service.proto).
-_REQUEST_RESOURCE_METRICS = 1
-_RM_RESOURCE, _RM_SCOPE_METRICS = 1, 2
-_SM_SCOPE, _SM_METRICS = 1, 2
-_METRIC_NAME, _METRIC_UNIT, _METRIC_GAUGE, _METRIC_SUM, _METRIC_HISTOGRAM = 1, 3, 5, 7, 9
-_DATA_POINTS, _TEMPORALITY, _MONOTONIC = 1, 2, 3
-_NDP_START, _NDP_TIME, _NDP_DOUBLE, _NDP_ATTRIBUTES = 2, 3, 4, 7
-_HDP_START, _HDP_TIME, _HDP_COUNT, _HDP_SUM, _HDP_BUCKETS, _HDP_BOUNDS, _HDP_ATTRIBUTES = 2, 3, 4, 5, 6, 7, 9
+#: The instrumentation scope of every point and span.
+SCOPE: Final = "sie_sidecar"
+_CUMULATIVE: Final = AggregationTemporality.CUMULATIVE
+_DELTA: Final = AggregationTemporality.DELTA
 
 
-def _data_point(point: Point, attributes: bytes, start_ns: int, now_ns: int) -> bytes:
-    if point.kind == "counter":
-        body = fixed64(_NDP_START, start_ns) + fixed64(_NDP_TIME, now_ns) + double(_NDP_DOUBLE, point.value)
-        return message(_DATA_POINTS, body + attributes)
-    if point.kind == "gauge":
-        return message(_DATA_POINTS, fixed64(_NDP_TIME, now_ns) + double(_NDP_DOUBLE, point.value) + attributes)
-    body = fixed64(_HDP_START, start_ns) + fixed64(_HDP_TIME, now_ns) + fixed64(_HDP_COUNT, point.count)
-    body += double(_HDP_SUM, point.value) + packed_fixed64(_HDP_BUCKETS, point.buckets)
-    return message(_DATA_POINTS, body + packed_double(_HDP_BOUNDS, point.bounds) + attributes)
+def _bound(value: float | None) -> float:
+    """A histogram's min or max; None (no value recorded, or a delta, whose extremes the registry
+    does not keep) leaves the field unset: the SDK's encoder passes it to protobuf as is."""
+    return cast(float, value)
 
 
-def encode_metrics(
-    points: Sequence[Point],
-    *,
-    resource: Mapping[str, str],
-    lane: str,
-    start_ns: int,
-    now_ns: int,
-    version: str = "",
-) -> bytes:
-    """One request carrying every point, grouped into one metric per instrument name (in the
-    order names first appear), each point's attributes led by the fixed `lane`."""
-    by_name: dict[str, list[bytes]] = {}
-    kinds: dict[str, str] = {}
-    for point in points:
-        kinds.setdefault(point.name, point.kind)
-        field = _HDP_ATTRIBUTES if point.kind == "histogram" else _NDP_ATTRIBUTES
-        attributes = key_value(field, "lane", lane) + b"".join(key_value(field, k, v) for k, v in point.attrs)
-        by_name.setdefault(point.name, []).append(_data_point(point, attributes, start_ns, now_ns))
-    metrics = []
-    for name, data_points in by_name.items():
-        head = string(_METRIC_NAME, name) + string(_METRIC_UNIT, UNITS.get(name, ""))
-        body = b"".join(data_points)
-        if kinds[name] == "counter":
-            data = message(_METRIC_SUM, body + uint(_TEMPORALITY, _CUMULATIVE) + uint(_MONOTONIC, 1))
-        elif kinds[name] == "gauge":
-            data = message(_METRIC_GAUGE, body)
+class MetricsBridge:
+    """Registry snapshots to `MetricsData` with one resource, scope and temporality; in delta
+    modes it keeps the previous export's points to subtract (only the OTLP thread calls it)."""
+
+    def __init__(
+        self, resource: Resource, *, lane: str, version: str = "", temporality: str = "cumulative", start_ns: int = 0
+    ) -> None:
+        if temporality not in ("cumulative", "delta", "lowmemory"):
+            raise ValueError(f"unknown temporality {temporality!r}")
+        self._resource = resource
+        self._scope = InstrumentationScope(SCOPE, version)
+        self._lane = lane
+        self._temporality = temporality
+        self._start_ns = start_ns
+        self._previous: dict[tuple[str, Attrs], Point] = {}
+        self._previous_ns = start_ns
+
+    def data(self, points: Sequence[Point], now_ns: int) -> MetricsData:
+        """One `MetricsData` carrying every point, one metric per instrument name (in the order
+        names first appear)."""
+        by_name: dict[str, list[NumberDataPoint | HistogramDataPoint]] = {}
+        shapes: dict[str, tuple[str, bool]] = {}
+        previous = self._previous
+        mode = self._temporality
+        # One temporality per metric: under lowmemory a name with any observed series stays cumulative.
+        observed = {p.name for p in points if p.observed} if mode == "lowmemory" else set()
+        for point in points:
+            delta = mode != "cumulative" and point.kind != "gauge" and point.name not in observed
+            shapes.setdefault(point.name, (point.kind, delta))
+            attributes = {"lane": self._lane, **dict(point.attrs)}
+            start = self._previous_ns if delta else self._start_ns
+            before = previous.get((point.name, point.attrs)) if delta else None
+            data_point: NumberDataPoint | HistogramDataPoint
+            if point.kind == "histogram":
+                count, total, buckets = point.count, point.value, point.buckets
+                low, high = point.min, point.max
+                if delta:
+                    low = high = None
+                    if before is not None:
+                        count, total = count - before.count, total - before.value
+                        buckets = tuple(b - a for a, b in zip(before.buckets, buckets, strict=True))
+                data_point = HistogramDataPoint(
+                    attributes, start, now_ns, count, float(total), buckets, point.bounds, _bound(low), _bound(high)
+                )
+            else:
+                value = point.value - before.value if before is not None else point.value
+                data_point = NumberDataPoint(attributes, 0 if point.kind == "gauge" else start, now_ns, float(value))
+            by_name.setdefault(point.name, []).append(data_point)
+        if mode != "cumulative":
+            self._previous = {(p.name, p.attrs): p for p in points}
+            self._previous_ns = now_ns
+        metrics = [self._metric(name, *shapes[name], data_points) for name, data_points in by_name.items()]
+        scope_metrics = ScopeMetrics(self._scope, metrics, "")
+        return MetricsData([ResourceMetrics(self._resource, [scope_metrics], "")])
+
+    @staticmethod
+    def _metric(name: str, kind: str, delta: bool, data_points: list[NumberDataPoint | HistogramDataPoint]) -> Metric:
+        temporality = _DELTA if delta else _CUMULATIVE
+        numbers = cast(list[NumberDataPoint], data_points)
+        data: Sum | Gauge | Histogram
+        if kind == "counter":
+            data = Sum(numbers, temporality, is_monotonic=True)
+        elif kind == "gauge":
+            data = Gauge(numbers)
         else:
-            data = message(_METRIC_HISTOGRAM, body + uint(_TEMPORALITY, _CUMULATIVE))
-        metrics.append(message(_SM_METRICS, head + data))
-    scope_metrics = message(_RM_SCOPE_METRICS, scope_message(_SM_SCOPE, version) + b"".join(metrics))
-    return message(_REQUEST_RESOURCE_METRICS, resource_message(_RM_RESOURCE, resource) + scope_metrics)
+            data = Histogram(cast(list[HistogramDataPoint], data_points), temporality)
+        return Metric(name, "", UNITS.get(name, ""), data)
 
 
-__all__ = ["SCOPE", "UNITS", "encode_metrics"]
+class MetricsSender:
+    """One bridge and the SDK exporter it feeds: `send` is one export (called in the OTLP thread)."""
+
+    def __init__(self, bridge: MetricsBridge, exporter: MetricExporter) -> None:
+        self.bridge = bridge
+        self.exporter = exporter
+
+    def send(self, points: Sequence[Point], now_ns: int) -> bool:
+        """Export one snapshot; False when the receiver did not take it (the SDK has logged why)."""
+        return self.exporter.export(self.bridge.data(points, now_ns)) is MetricExportResult.SUCCESS
+
+    def shutdown(self) -> None:
+        self.exporter.shutdown()
+
+
+__all__ = ["SCOPE", "UNITS", "MetricsBridge", "MetricsSender"]

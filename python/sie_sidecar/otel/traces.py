@@ -1,65 +1,130 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Finished batch spans as an OTLP `ExportTraceServiceRequest` written with `protowire`, the traces'
-twin of `metrics.encode_metrics`: one resource, one scope, the spans as `tracing` recorded them.
+"""Batch spans (`tracing.SpanRecord`) as the OpenTelemetry SDK reads a finished span, and the SDK's
+`BatchSpanProcessor` that batches them to its OTLP span exporter (`OTEL_BSP_*`).
 
-Span flags carry the W3C trace flags (sampled) and, as OTLP 1.4 defines, the "is remote" bits of
-the span's parent (remote when there is one: the gateway's context) and of each link (remote).
+A `BatchSpanData` is made on the event loop when a batch's span ends, so it costs only what the
+processor reads there (the span context, for the sampled flag); attributes, events, links and status
+are built when the exporter encodes the span, in the processor's own thread. That is where the
+items' `traceparent`s are parsed into links (`tracing.links_of`), off the batch's path.
+
+The parent (the first valid inbound context) and every link are remote contexts; the SDK's encoder
+writes that in the OTLP span and link flags. Only the OTLP thread (`otel.export`) imports this module.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Sequence
+from functools import cached_property
+from types import MappingProxyType
 from typing import Final
 
-from .common import key_value, resource_message, scope_message
-from .protowire import fixed32, fixed64, message, string, uint
+from opentelemetry import trace as trace_api
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import Event, ReadableSpan
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
+from opentelemetry.util.types import Attributes
+
+from .metrics import SCOPE
 from .tracing import KIND_CONSUMER, SpanRecord, links_of
 
-_KIND_INTERNAL, _KIND_CONSUMER = 1, 5  # Span.SpanKind
-_KINDS: Final = {KIND_CONSUMER: _KIND_CONSUMER}
-_STATUS_ERROR: Final = 2  # Status.StatusCode.STATUS_CODE_ERROR
-_HAS_IS_REMOTE: Final = 0x100  # SPAN_FLAGS_CONTEXT_HAS_IS_REMOTE_MASK
-_IS_REMOTE: Final = 0x200  # SPAN_FLAGS_CONTEXT_IS_REMOTE_MASK
-
-# Field numbers (opentelemetry-proto trace.proto, trace_service.proto).
-_REQUEST_RESOURCE_SPANS, _RS_RESOURCE, _RS_SCOPE_SPANS, _SS_SCOPE, _SS_SPANS = 1, 1, 2, 1, 2
-_TRACE_ID, _SPAN_ID, _NAME, _KIND, _START, _END, _ATTRIBUTES = 1, 2, 5, 6, 7, 8, 9
-_PARENT_SPAN_ID = 4
-_EVENTS, _LINKS, _DROPPED_LINKS, _STATUS, _FLAGS = 11, 13, 14, 15, 16
-_EVENT_TIME, _EVENT_NAME = 1, 2
-_LINK_TRACE_ID, _LINK_SPAN_ID, _LINK_FLAGS = 1, 2, 6
-_STATUS_MESSAGE, _STATUS_CODE = 2, 3
+_SAMPLED: Final = TraceFlags(TraceFlags.SAMPLED)
+_UNSET: Final = Status(StatusCode.UNSET)
+_KINDS: Final = {KIND_CONSUMER: SpanKind.CONSUMER}
 
 
-def _bytes(field: int, hex_id: str) -> bytes:
-    raw = bytes.fromhex(hex_id)
-    return message(field, raw) if raw else b""
+def _context(trace_id: str, span_id: str, *, remote: bool, flags: TraceFlags = _SAMPLED) -> SpanContext:
+    return SpanContext(int(trace_id, 16), int(span_id, 16), remote, flags)
 
 
-def _span(record: SpanRecord) -> bytes:
-    links, dropped = links_of(record.links)
-    body = _bytes(_TRACE_ID, record.trace_id) + _bytes(_SPAN_ID, record.span_id)
-    body += _bytes(_PARENT_SPAN_ID, record.parent_span_id) + string(_NAME, record.name)
-    body += uint(_KIND, _KINDS.get(record.kind, _KIND_INTERNAL))
-    body += fixed64(_START, record.start_ns) + fixed64(_END, record.end_ns)
-    body += b"".join(key_value(_ATTRIBUTES, k, v) for k, v in record.attributes)
-    for name, at in record.events:
-        body += message(_EVENTS, fixed64(_EVENT_TIME, at) + string(_EVENT_NAME, name))
-    for link in links:
-        flags = (link.flags & 0xFF) | _HAS_IS_REMOTE | _IS_REMOTE
-        ids = _bytes(_LINK_TRACE_ID, link.trace_id) + _bytes(_LINK_SPAN_ID, link.span_id)
-        body += message(_LINKS, ids + fixed32(_LINK_FLAGS, flags))
-    body += uint(_DROPPED_LINKS, dropped)
-    if record.error is not None:
-        body += message(_STATUS, string(_STATUS_MESSAGE, record.error) + uint(_STATUS_CODE, _STATUS_ERROR))
-    remote = _IS_REMOTE if record.parent_span_id else 0  # a root's (absent) parent is not remote
-    return message(_SS_SPANS, body + fixed32(_FLAGS, 0x01 | _HAS_IS_REMOTE | remote))
+class BatchSpanData(ReadableSpan):
+    """One finished batch span, read by the SDK's processor and exporter (see the module docstring)."""
+
+    def __init__(self, record: SpanRecord, resource: Resource, scope: InstrumentationScope) -> None:
+        super().__init__(
+            record.name,
+            context=_context(record.trace_id, record.span_id, remote=False),
+            resource=resource,
+            kind=_KINDS.get(record.kind, SpanKind.INTERNAL),
+            start_time=record.start_ns,
+            end_time=record.end_ns,
+            instrumentation_scope=scope,
+        )
+        self.record = record
+
+    @property
+    def parent(self) -> SpanContext | None:
+        record = self.record
+        return _context(record.trace_id, record.parent_span_id, remote=True) if record.parent_span_id else None
+
+    @property
+    def attributes(self) -> Attributes:
+        return MappingProxyType(dict(self.record.attributes))
+
+    @property
+    def events(self) -> Sequence[Event]:
+        return tuple(Event(name, timestamp=at) for name, at in self.record.events)
+
+    @cached_property
+    def _links_and_dropped(self) -> tuple[tuple[Link, ...], int]:
+        contexts, dropped = links_of(self.record.links)
+        links = tuple(
+            Link(_context(c.trace_id, c.span_id, remote=True, flags=TraceFlags(c.flags & 0xFF))) for c in contexts
+        )
+        return links, dropped
+
+    @property
+    def links(self) -> Sequence[trace_api.Link]:
+        return self._links_and_dropped[0]
+
+    @property
+    def dropped_links(self) -> int:
+        return self._links_and_dropped[1]
+
+    @property
+    def status(self) -> Status:
+        error = self.record.error
+        return _UNSET if error is None else Status(StatusCode.ERROR, error)
 
 
-def encode_spans(spans: Sequence[SpanRecord], *, resource: Mapping[str, str], version: str = "") -> bytes:
-    """One request carrying every span under one resource and the sidecar's scope."""
-    scope_spans = message(_RS_SCOPE_SPANS, scope_message(_SS_SCOPE, version) + b"".join(map(_span, spans)))
-    return message(_REQUEST_RESOURCE_SPANS, resource_message(_RS_RESOURCE, resource) + scope_spans)
+class SpanPipeline:
+    """The SDK's batch span processor over one exporter, and `forward`, which hands it a record
+    (the tracer's buffer calls it on the event loop as each span ends)."""
+
+    def __init__(
+        self,
+        exporter: SpanExporter,
+        resource: Resource,
+        *,
+        version: str = "",
+        max_queue_size: int = 2048,
+        schedule_delay_s: float = 5.0,
+        max_export_batch_size: int = 512,
+        export_timeout_s: float = 30.0,
+    ) -> None:
+        self._resource = resource
+        self._scope = InstrumentationScope(SCOPE, version)
+        self.processor = BatchSpanProcessor(
+            exporter,
+            max_queue_size=max_queue_size,
+            schedule_delay_millis=schedule_delay_s * 1000.0,
+            max_export_batch_size=min(max_export_batch_size, max_queue_size),
+            export_timeout_millis=export_timeout_s * 1000.0,
+        )
+
+    @property
+    def forward(self) -> Callable[[SpanRecord], None]:
+        on_end, resource, scope = self.processor.on_end, self._resource, self._scope
+
+        def forward(record: SpanRecord) -> None:
+            on_end(BatchSpanData(record, resource, scope))
+
+        return forward
+
+    def shutdown(self) -> None:
+        """Export what the processor holds and stop its thread (blocking: the OTLP thread calls it)."""
+        self.processor.shutdown()  # type: ignore[no-untyped-call]  # the SDK leaves it unannotated
 
 
-__all__ = ["encode_spans"]
+__all__ = ["BatchSpanData", "SpanPipeline"]

@@ -1,18 +1,19 @@
 # SPDX-License-Identifier: Apache-2.0
 """Batch spans (`SIE_TRACING_ENABLED`, issue 14): one span per batch RPC, W3C trace context, the
-OTEL samplers, and the bounded buffer the push loop (`trace_export`) drains.
+OTEL samplers, and where finished spans go (`SpanBuffer`, then the SDK's span processor).
 
 Python touches a batch, not a message: a batch is sampled (or not) once. Its items' incoming
 `traceparent`s are read in one native call and kept as distinct strings (deduplicated in C); the
-first valid one is the span's parent and the rest its links, parsed by the push loop (`links_of`),
-off the batch's path (sidecar-behaviour §5.4: a `sidecar.dispatch` span parented on the first valid
-inbound W3C context, the other contexts links).
+first valid one is the span's parent and the rest its links, parsed when the SDK's exporter reads
+them (`links_of`, `otel.traces`), off the batch's path (sidecar-behaviour §5.4: a `sidecar.dispatch`
+span parented on the first valid inbound W3C context, the other contexts links).
 
 A batch without a valid inbound context is a root span: the `parentbased_*` samplers decide with
 their root sampler (on, off, or the trace-id ratio). With a parent they follow its sampled flag;
 the other samplers decide on the parent's trace id.
 
-No encoding and no HTTP here: those are `traces` and `trace_export`.
+Nothing here imports the OpenTelemetry SDK: recording a span is a small record per batch;
+`otel.traces` presents it to the SDK and `otel.export` runs the SDK off the event loop.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import random
 import re
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Final
 
@@ -149,7 +150,7 @@ class SpanRecord:
     attributes: tuple[tuple[str, str | int], ...]
     #: (name, Unix ns)
     events: tuple[tuple[str, int], ...]
-    #: The items' distinct `traceparent` strings, unparsed (`links_of` makes the links).
+    #: The items' distinct `traceparent` strings, unparsed (`links_of` makes the links, at export).
     links: tuple[str, ...]
     #: None: status unset (the batch ran); else the ERROR status' message.
     error: str | None
@@ -158,41 +159,44 @@ class SpanRecord:
 
 
 class SpanBuffer:
-    """Finished spans waiting for the push loop, at most `capacity`: when the receiver is down (or
-    slow) the oldest go first, counted in `dropped`. `wake` is called when a full export batch waits."""
+    """Where finished spans go: kept here (at most `capacity`, the oldest dropped and counted) until
+    the SDK's span processor is loaded off the event loop (`otel.export`), then handed to it as they
+    end (`forward`), the kept ones first."""
 
-    def __init__(self, capacity: int = 2048, *, export_batch: int = 512) -> None:
+    def __init__(self, capacity: int = 2048) -> None:
         self.capacity = max(1, capacity)
-        self.export_batch = max(1, min(export_batch, self.capacity))
         self._spans: deque[SpanRecord] = deque(maxlen=self.capacity)
         self.dropped = 0
-        self.wake: Callable[[], None] | None = None
+        self._forward: Callable[[SpanRecord], None] | None = None
 
     def __len__(self) -> int:
         return len(self._spans)
 
     def add(self, span: SpanRecord) -> None:
+        forward = self._forward
+        if forward is not None:
+            forward(span)
+            return
         spans = self._spans
         if len(spans) == self.capacity:
             self.dropped += 1  # the deque drops the oldest itself
         spans.append(span)
-        if len(spans) == self.export_batch and self.wake is not None:
-            self.wake()
 
     def take(self, n: int | None = None) -> list[SpanRecord]:
-        """Up to `n` (the export batch) of the oldest spans, removed."""
+        """Up to `n` (default all) of the oldest kept spans, removed."""
         spans = self._spans
-        count = min(len(spans), self.export_batch if n is None else n)
+        count = len(spans) if n is None else min(len(spans), n)
         return [spans.popleft() for _ in range(count)]
 
-    def restore(self, taken: Sequence[SpanRecord]) -> None:
-        """Spans whose export failed go back in front, for the next push; those that no longer fit
-        are the oldest, and are dropped."""
-        spans = self._spans
-        room = self.capacity - len(spans)
-        keep = list(taken[len(taken) - room :]) if room < len(taken) else list(taken)
-        self.dropped += len(taken) - len(keep)
-        spans.extendleft(reversed(keep))
+    def attach(self, forward: Callable[[SpanRecord], None]) -> None:
+        """From now on each span goes to `forward` as it ends; the kept ones go first, in order."""
+        for span in self.take():
+            forward(span)
+        self._forward = forward
+
+    def detach(self) -> None:
+        """Keep spans here again (the processor is shutting down)."""
+        self._forward = None
 
 
 def _random_trace_id() -> int:
@@ -235,7 +239,7 @@ class BatchSpan:
 
     def link(self, traceparents: Iterable[str | None]) -> None:
         """Links to the items' incoming contexts, kept as their distinct strings (no per-item Python:
-        `dict.fromkeys` and `filter` run in C); the push loop parses them (`links_of`)."""
+        `dict.fromkeys` and `filter` run in C); the exporter parses them (`links_of`)."""
         self._links = tuple(dict.fromkeys(filter(None, traceparents)))
 
     def event(self, name: str) -> None:

@@ -753,6 +753,15 @@ class Dispatcher:
             )
         return lane
 
+    def record_with(self, catalog: ModelCatalog) -> None:
+        """Recording is on (at start, or at the first `/debug/state` read): lanes made from now on get
+        their metrics at creation, and the lanes made before get theirs here."""
+        self.catalog = catalog
+        for model, state in self._models.items():
+            metrics = self._lane_metrics(model) if state.lane is not None and state.lane.metrics is None else None
+            if state.lane is not None and metrics is not None:
+                state.lane.attach_metrics(metrics)
+
     def _lane_metrics(self, model: str) -> LaneMetrics | None:
         if self.catalog is None:
             return None

@@ -102,6 +102,12 @@ class ModelLane(Generic[T]):
         if settings.controller_trace_dir:
             self.trace = ControllerTrace.open(settings.controller_trace_dir, model, self.controller.config)
 
+    def attach_metrics(self, metrics: LaneMetrics) -> None:
+        """Record into `metrics` from now on (a lane made before recording was turned on)."""
+        if self.metrics is None:
+            self.metrics = metrics
+            self.scheduler.attach_metrics(metrics)
+
     # -- what the backend said about itself ------------------------------------------------------------
 
     def describe(

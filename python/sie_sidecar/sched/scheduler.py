@@ -200,6 +200,18 @@ class ModelScheduler(Generic[T]):
         self.aged_items = 0
         self.progress_acks = 0
 
+    def attach_metrics(self, metrics: LaneMetrics) -> None:
+        """Start recording into `metrics` mid-run (recording turned on at the first state read,
+        telemetry/switch.py): the items queued now are counted in first, so the depth gauge, which
+        moves by deltas, never goes below zero when they leave."""
+        if self.metrics is not None:
+            return
+        for key, queue in self._aged.items():
+            metrics.queued(key[0], len(queue))
+        for key, former in self._formers.items():
+            metrics.queued(key[0], len(former))
+        self.metrics = metrics
+
     # -- state ---------------------------------------------------------------------------------------
 
     @property

@@ -59,6 +59,7 @@ from .registry import (
     Point,
     Registry,
 )
+from .switch import RecordingSwitch
 
 __all__ = [
     "ADAPTIVE_COST",
@@ -113,5 +114,6 @@ __all__ = [
     "ModelCatalog",
     "Point",
     "QueueDepth",
+    "RecordingSwitch",
     "Registry",
 ]

@@ -40,12 +40,15 @@ SIZE_BOUNDS_BYTES: Final[tuple[float, ...]] = tuple(float(1024 * 2**n) for n in 
 class Counter:
     """A monotonically increasing sum."""
 
-    __slots__ = ("attrs", "name", "value")
+    __slots__ = ("attrs", "name", "observed", "value")
     kind: Final = "counter"
 
     def __init__(self, name: str, attrs: Attrs) -> None:
         self.name, self.attrs = name, attrs
         self.value: float = 0
+        #: Moved by `catch_up` (an observed total, OpenTelemetry's asynchronous counter): the
+        #: `lowmemory` temporality exports it cumulative, the recorded ones as deltas.
+        self.observed = False
 
     def add(self, amount: float = 1) -> None:
         if amount < 0:
@@ -54,6 +57,7 @@ class Counter:
 
     def catch_up(self, total: float) -> None:
         """An observed total (counted elsewhere): the counter moves up to it, never down."""
+        self.observed = True
         self.value = max(self.value, total)
 
 
@@ -151,6 +155,11 @@ class Point:
     count: int = 0  # histograms only
     buckets: tuple[int, ...] = ()
     bounds: tuple[float, ...] = ()
+    #: Counters only: an observed total (`Counter.catch_up`), not recorded increments.
+    observed: bool = False
+    #: Histograms only: the smallest and largest value recorded (None when none was).
+    min: float | None = None
+    max: float | None = None
 
 
 class Registry:
@@ -238,7 +247,12 @@ class Registry:
         points = []
         for i in self._instruments.values():
             if isinstance(i, Histogram):
-                points.append(Point(i.name, "histogram", i.attrs, i.sum, i.count, tuple(i.buckets), i.bounds))
+                low, high = (i.min, i.max) if i.count else (None, None)
+                points.append(
+                    Point(i.name, "histogram", i.attrs, i.sum, i.count, tuple(i.buckets), i.bounds, min=low, max=high)
+                )
+            elif isinstance(i, Counter):
+                points.append(Point(i.name, "counter", i.attrs, i.value, observed=i.observed))
             else:
                 points.append(Point(i.name, i.kind, i.attrs, i.value))
         return points

@@ -26,7 +26,7 @@ import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, NoReturn, TextIO
 
 import msgpack
 import nats
@@ -34,11 +34,11 @@ import numpy as np
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
+from tqdm import tqdm
 
 from .. import wire
 from ..errors import SubjectError, WireError
 from ..wire.limits import RESULT_CHUNK_KIND
-from .progress import ProgressBar
 
 OPERATIONS = ("encode", "score", "extract")
 ARRIVALS = ("fixed", "poisson")
@@ -47,7 +47,7 @@ SCORE_CANDIDATES = 4
 EXTRACT_LABELS = ("person", "organization", "location")
 TRANSPORT_FAILURE = "transport_failure"
 _STREAM_POLL_S = 0.25
-_PROGRESS_TICK_S = 0.1
+_PROGRESS_TICK_S = 0.1  # how often the ticker feeds the bar; tqdm redraws at most as often
 _YIELD_EVERY = 64  # publishes between cooperative yields, so reply callbacks keep up
 _P50_WINDOW = 2048  # recent latencies the progress bar's p50 is taken over
 #: With a known capacity, the answers outstanding at the last publish are due within
@@ -682,8 +682,8 @@ async def _drive(nc: Client, config: LoadConfig, *, progress: bool) -> LoadSumma
     ]
     await nc.flush()  # the interest must be registered before the first reply can come back
 
-    bar = ProgressBar(config.items, force=False) if progress else None
-    ticker = asyncio.create_task(_tick(run, bar)) if bar is not None and bar.enabled else None
+    bar = progress_bar(config.items) if progress else None
+    ticker = asyncio.create_task(_tick(run, bar)) if bar is not None and not bar.disable else None
     unsent = 0
     try:
         unsent = await _publish_all(nc, run)
@@ -698,8 +698,8 @@ async def _drive(nc: Client, config: LoadConfig, *, progress: bool) -> LoadSumma
             with contextlib.suppress(Exception):  # the connection may be gone; the counts are what matter
                 await sub.unsubscribe()
     if bar is not None:
-        bar.update(run.results + run.publish_errors, _recent_p50(run.latencies_ms), force=True)
-        bar.close()
+        show_progress(bar, run.results + run.publish_errors, _recent_p50(run.latencies_ms))
+        bar.close()  # draws the final count whatever the throttle said, and ends the line
 
     # Whatever is still outstanding: never confirmed by the stream -> publish error, else lost.
     unconfirmed = set(run.ack_waiting.values())
@@ -795,10 +795,41 @@ async def _publish_all(nc: Client, run: _Run) -> int:
     return 0
 
 
-async def _tick(run: _Run, bar: ProgressBar) -> None:
-    """Redraw the progress bar about ten times a second, off the hot path."""
+_BAR_FORMAT = "{percentage:3.0f}%|{bar}| {n:,}/{total:,} items [{elapsed}<{remaining}, {rate_fmt}{postfix}]"
+
+
+def progress_bar(
+    total: int, *, stream: TextIO | None = None, force: bool = False, min_interval_s: float = 0.1
+) -> tqdm[NoReturn]:
+    """tqdm's self-overwriting line on stderr: done/total, the recent rate and the recent p50.
+
+    Only on a terminal unless `force` (tqdm's `disable=None`), so piped or captured output stays
+    clean; redraws are throttled to one per `min_interval_s`, so callers may feed it freely.
+    """
+    return tqdm(
+        total=total,
+        file=sys.stderr if stream is None else stream,
+        disable=False if force else None,
+        mininterval=min_interval_s,
+        miniters=0,  # redraw on the clock even when nothing finished: the p50 and elapsed move on
+        unit=" items",
+        unit_scale=True,  # "12.3k items/s"
+        bar_format=_BAR_FORMAT,
+        dynamic_ncols=True,
+    )
+
+
+def show_progress(bar: tqdm[NoReturn], done: int, p50_ms: float | None) -> None:
+    """Move the bar to `done` (tqdm counts increments) with the latest p50 as its postfix."""
+    if p50_ms is not None:
+        bar.set_postfix_str(f"p50 {p50_ms:.1f} ms", refresh=False)
+    bar.update(done - bar.n)
+
+
+async def _tick(run: _Run, bar: tqdm[NoReturn]) -> None:
+    """Feed the progress bar about ten times a second, off the hot path."""
     while True:
-        bar.update(run.results + run.publish_errors, _recent_p50(run.latencies_ms))
+        show_progress(bar, run.results + run.publish_errors, _recent_p50(run.latencies_ms))
         await asyncio.sleep(_PROGRESS_TICK_S)
 
 
@@ -998,6 +1029,8 @@ __all__ = [
     "config_from_args",
     "deadlines",
     "generate_load",
+    "progress_bar",
     "run_loadgen",
+    "show_progress",
     "varied_texts",
 ]

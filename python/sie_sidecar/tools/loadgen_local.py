@@ -27,8 +27,9 @@ from .loadgen import (
     _tick,
     arrival_offsets,
     build_work_item,
+    progress_bar,
+    show_progress,
 )
-from .progress import ProgressBar
 
 #: Connections to the socket; each carries up to 80 requests at a time (the §11 budget).
 CONNECTIONS = 4
@@ -73,7 +74,7 @@ async def _drive(clients: list[Client], config: LoadConfig, socket: str, *, prog
     packer = msgpack.Packer(use_bin_type=True)
     lane = _lane(config)
     tasks: set[asyncio.Task[None]] = set()
-    bar = ProgressBar(config.items, force=False) if progress else None
+    bar = progress_bar(config.items) if progress else None
 
     async def one(request_number: int, request_id: str, items: list[dict[str, Any]]) -> None:
         body = request_body(
@@ -105,7 +106,7 @@ async def _drive(clients: list[Client], config: LoadConfig, socket: str, *, prog
             for _ in items:
                 room.release()
 
-    ticker = asyncio.create_task(_tick(run, bar)) if bar is not None and bar.enabled else None
+    ticker = asyncio.create_task(_tick(run, bar)) if bar is not None and not bar.disable else None
     items_before = 0
     start = 0.0
     try:
@@ -149,8 +150,8 @@ async def _drive(clients: list[Client], config: LoadConfig, socket: str, *, prog
         for task in tasks:
             task.cancel()
     if bar is not None:
-        bar.update(run.results + run.publish_errors, _recent_p50(run.latencies_ms), force=True)
-        bar.close()
+        show_progress(bar, run.results + run.publish_errors, _recent_p50(run.latencies_ms))
+        bar.close()  # draws the final count and ends the line
     lost = len(run.sent_at)
     summary = _summarize(run, lost=lost, unsent=0)
     summary.subject = f"local:{socket}"

@@ -1,11 +1,18 @@
 # SPDX-License-Identifier: Apache-2.0
-"""`sie-sidecar top`: a live view of a running sidecar for people (issue 14).
+"""`sie-sidecar top`: a live view of a running sidecar for people (issues 14 and 32).
 
-It reads `GET /debug/state` on the probe port (served when the sidecar runs with
-`SIE_SIDECAR_DEBUG_ENDPOINT=1`) once a second. The document's `telemetry` key is the in-process
-registry's snapshot: cumulative counters, gauges and explicit-bucket histograms. Rates and quantiles
-come from the difference of two reads, so the sidecar keeps no windows for this view and two reads
-`--interval` apart are needed even for `--once`.
+It reads `GET /debug/state` on the probe port once a second. The sidecar serves it by default, to
+loopback peers only (`SIE_SIDECAR_DEBUG_ENDPOINT`: `loopback`, `all`, `off`), so `top` run in the
+pod (`kubectl exec`) or on the host works with no setting; from elsewhere it gets a 403 naming the
+setting. The document's `telemetry` key is the in-process registry's snapshot: cumulative counters,
+gauges and explicit-bucket histograms. Rates and quantiles come from the difference of two reads, so
+the sidecar keeps no windows for this view and two reads `--interval` apart are needed even for
+`--once`.
+
+The header: the worker, the sidecar's version, ready or the not-ready reason; the NATS server
+connected to, the reconnects since start and the client's last error; the consumer lag
+(`num_pending` of the pool and worker-direct consumers as JetStream reports it, fetched by the
+sidecar in the background while someone reads, with its age).
 
 Per model: items/s and batches/s (`sie.worker.batch.size`: count = batches, sum = items), the mean
 batch size over the interval, the cost fill (`sie.worker.batch.fill_ratio`), queue depth
@@ -16,20 +23,34 @@ the IPC round trip (`sie.worker.ipc.request.duration`, every method but the `pin
 with redelivered=true). An instrument that is absent shows 0 when absence means nothing happened (a
 counter appears on first use) and `-` when the value is unknown.
 
+Latency: no instrument spans a work item's gateway timestamp to its reply, so the view shows the two
+nearest. `sie.worker.work_item.age` is each executed item's age at its batch's commit to the backend
+(gateway timestamp to dispatch); its buckets are powers of two seconds, so its quantiles show as the
+bucket's upper bound (`<=1 s`), never interpolated. `sie.worker.scheduler.request_batch.total` is
+per batch, its oldest item's enqueue to the backend's answer (the sidecar's part), interpolated.
+Both over the interval.
+
+Failures, counted since start: NAKs by reason, NATS operations that failed by operation, IPC
+requests that did not succeed by outcome (the heartbeat's too: a dead backend shows there first),
+replies not published by outcome, payload fetches failed by reason, items dropped past their
+deadline. The registry has no count of error replies by error code.
+
 Cost fill: a gauge holds the fill ratio of the last batch per flush reason; the view shows their
 mean weighted by the batches each reason formed during the interval (the dispatcher's per-model
 `flushes` counts in the same document), or their plain mean when no batch was formed.
 
 Hook: `add_top_arguments` + `run_top` for the `sie-sidecar` CLI. Exit status 0, or 1 when the
-endpoint cannot be read (`--once`) or is absent (404: the sidecar runs without the debug endpoint).
+endpoint cannot be read (`--once`), is off (404) or refuses this peer (403).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import functools
 import json
+import math
 import os
 import select
 import shutil
@@ -46,11 +67,17 @@ from ..telemetry import (
     BATCH_SIZE,
     INFLIGHT_BATCHES,
     IPC_REQUEST_DURATION,
+    IPC_REQUESTS,
     NATS_DELIVERY_ATTEMPTS,
     NATS_OPERATIONS,
+    PAYLOAD_FETCHES,
     PENDING_COST,
     PENDING_ITEMS,
     QUEUE_DEPTH,
+    REQUEST_BATCH_TOTAL,
+    RESULT_TRANSPORT_ATTEMPTS,
+    WORK_ITEM_AGE,
+    WORK_ITEM_DEADLINE_EXCEEDED,
     Kind,
     Point,
 )
@@ -58,9 +85,10 @@ from ..telemetry import (
 DEFAULT_PROBE_PORT: Final = 9095
 DEFAULT_INTERVAL_S: Final = 1.0
 FETCH_TIMEOUT_S: Final = 2.0
-NO_ENDPOINT: Final = "start the sidecar with SIE_SIDECAR_DEBUG_ENDPOINT=1"
+NO_ENDPOINT: Final = "the sidecar runs with SIE_SIDECAR_DEBUG_ENDPOINT=off; unset it (loopback peers) or set it to all"
 #: IPC methods left out of the round trip: the heartbeat's ping is no work and would swamp the rest.
 IPC_NOT_WORK: Final = frozenset({"ping"})
+IPC_SUCCESS: Final = frozenset({"success", "success_after_retry"})
 TOTAL: Final = "TOTAL"
 _KINDS: Final[Mapping[str, Kind]] = {"counter": "counter", "gauge": "gauge", "histogram": "histogram"}
 #: Terminal control: alternate screen on/off, cursor hidden/shown, home + clear.
@@ -90,9 +118,11 @@ def fetch_state(url: str, timeout_s: float = FETCH_TIMEOUT_S) -> dict[str, Any]:
         with urllib.request.urlopen(url, timeout=timeout_s) as response:  # an http:// URL built here
             body = response.read()
     except urllib.error.HTTPError as exc:
-        exc.close()  # it holds the response's socket
+        line = _first_line(exc)  # and closed: it holds the response's socket
         if exc.code == 404:
             raise TopError(f"{url} answered 404: {NO_ENDPOINT}", fatal=True) from None
+        if exc.code == 403:  # the sidecar's one line names the setting
+            raise TopError(f"{url} answered 403: {line}", fatal=True) from None
         raise TopError(f"{url} answered {exc.code}") from None
     except (urllib.error.URLError, OSError) as exc:
         reason = exc.reason if isinstance(exc, urllib.error.URLError) else exc
@@ -104,6 +134,17 @@ def fetch_state(url: str, timeout_s: float = FETCH_TIMEOUT_S) -> dict[str, Any]:
     if not isinstance(state, dict):
         raise TopError(f"{url} did not answer a JSON object")
     return state
+
+
+def _first_line(exc: urllib.error.HTTPError) -> str:
+    """The first line of an error response's body (bounded), or its reason."""
+    try:
+        body: bytes = exc.read(512)
+    except OSError:
+        body = b""
+    finally:
+        exc.close()  # it holds the response's socket
+    return body.decode("utf-8", "replace").strip().partition("\n")[0] or str(exc.reason)
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,6 +159,13 @@ class Sample:
     ready: bool | None
     #: Whether the document had a `telemetry` list at all (an older sidecar has none).
     has_telemetry: bool
+    version: str | None = None
+    not_ready_reason: str | None = None
+    #: The NATS connection (`nats`: server, connected, reconnects, failures, last_error); None in
+    #: local ingest or from an older sidecar.
+    nats: Mapping[str, Any] | None = None
+    #: Per consumer (`pool`, `worker`) what JetStream last reported (`lag.consumers`).
+    lag: Mapping[str, Mapping[str, Any]] | None = None
 
 
 def parse_points(raw: object) -> list[Point]:
@@ -153,6 +201,9 @@ def sample_of(state: Mapping[str, Any], at: float) -> Sample:
     """The parts of one `/debug/state` document the view reads."""
     models = state.get("models")
     ready = state.get("ready")
+    version, reason, nats = state.get("version"), state.get("not_ready_reason"), state.get("nats")
+    lag = state.get("lag")
+    consumers = lag.get("consumers") if isinstance(lag, dict) else None
     return Sample(
         at=at,
         points=tuple(parse_points(state.get("telemetry"))),
@@ -160,6 +211,10 @@ def sample_of(state: Mapping[str, Any], at: float) -> Sample:
         worker_id=str(state.get("worker_id") or "-"),
         ready=ready if isinstance(ready, bool) else None,
         has_telemetry=isinstance(state.get("telemetry"), list),
+        version=version if isinstance(version, str) else None,
+        not_ready_reason=reason if isinstance(reason, str) else None,
+        nats=nats if isinstance(nats, dict) else None,
+        lag=({str(k): v for k, v in consumers.items() if isinstance(v, dict)} if isinstance(consumers, dict) else None),
     )
 
 
@@ -206,6 +261,20 @@ def quantile(buckets: Sequence[int], bounds: Sequence[float], q: float) -> float
     return bounds[-1]
 
 
+def bucket_bound(buckets: Sequence[int], bounds: Sequence[float], q: float) -> float | None:
+    """The upper bound of the bucket holding the q-quantile (`inf` in the overflow bucket): what a
+    coarse histogram can honestly say, where interpolating would invent a value. None when empty."""
+    total = sum(buckets)
+    if total <= 0 or not bounds:
+        return None
+    rank, seen = q * total, 0
+    for i, n in enumerate(buckets):
+        seen += n
+        if n > 0 and seen >= rank:
+            return bounds[i] if i < len(bounds) else math.inf
+    return math.inf
+
+
 def merge_buckets(points: Iterable[Point]) -> tuple[tuple[int, ...], tuple[float, ...]]:
     """Bucket counts summed over histograms with the same bounds (the first one's; others skipped)."""
     bounds: tuple[float, ...] | None = None
@@ -235,6 +304,45 @@ class Row:
 
 
 @dataclass(frozen=True, slots=True)
+class NatsLine:
+    """The sidecar's NATS connection as its `nats` entry reports it."""
+
+    server: str | None
+    connected: bool | None
+    reconnects: int | None  # since the sidecar started
+    failures: int | None  # since the last good connection
+    last_error: str | None
+    disconnected_s: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class Lag:
+    """One consumer's backlog as JetStream last reported it to the sidecar."""
+
+    consumer: str  # `pool` or `worker`
+    num_pending: int | None  # not yet delivered to any worker
+    num_ack_pending: int | None  # delivered, not yet ACKed
+    age_s: float | None  # of the reading, when the sidecar served it
+    error: str | None  # of the last refresh, when it failed
+
+
+@dataclass(frozen=True, slots=True)
+class Failures:
+    """What went wrong since the sidecar started, from the registry's counters."""
+
+    naks: Mapping[str, float]  # by reason
+    nats_errors: Mapping[str, float]  # NATS operations that failed, by operation
+    ipc: Mapping[str, float]  # IPC requests that did not succeed, by outcome
+    publish: Mapping[str, float]  # replies not published, by outcome
+    payload: Mapping[str, float]  # payload fetches that failed, by reason
+    deadline_dropped: float  # items dropped past their deadline
+
+    def any(self) -> bool:
+        groups = (self.naks, self.nats_errors, self.ipc, self.publish, self.payload)
+        return self.deadline_dropped > 0 or any(v > 0 for g in groups for v in g.values())
+
+
+@dataclass(frozen=True, slots=True)
 class View:
     """Everything one screen (or one `--json` document) shows, from two samples."""
 
@@ -254,6 +362,17 @@ class View:
     redeliveries: float | None  # None: the sidecar records no delivery attempts
     redeliveries_per_s: float | None
     has_telemetry: bool
+    version: str | None = None
+    not_ready_reason: str | None = None
+    nats: NatsLine | None = None
+    lag: tuple[Lag, ...] = ()
+    failures: Failures | None = None
+    #: Upper bounds of the buckets holding p50 / p99 of `work_item.age` over the interval.
+    item_age_p50_s: float | None = None
+    item_age_p99_s: float | None = None
+    #: p50 / p99 of `request_batch.total` over the interval (per batch, interpolated).
+    batch_total_p50_s: float | None = None
+    batch_total_p99_s: float | None = None
 
 
 def _attr(point: Point, key: str) -> str | None:
@@ -298,6 +417,77 @@ def _flushed(previous: Sample, current: Sample) -> dict[tuple[str, str], float]:
                 gained = float(n) - float(before.get(reason, 0))
                 out[(model, str(reason))] = gained if gained >= 0 else float(n)
     return out
+
+
+def _by(points: Iterable[Point], key: str, *, value: Callable[[Point], float] = lambda p: p.value) -> dict[str, float]:
+    """Counts summed per value of attribute `key`, zeros left out."""
+    out: dict[str, float] = {}
+    for p in points:
+        n = value(p)
+        if n:
+            name = _attr(p, key) or "-"
+            out[name] = out.get(name, 0.0) + n
+    return dict(sorted(out.items()))
+
+
+def failures_of(points: Sequence[Point]) -> Failures:
+    """The failure counts since start (see the module docstring)."""
+    ops = _named(points, NATS_OPERATIONS)
+    return Failures(
+        naks=_by((p for p in ops if _attr(p, "operation") == "nak"), "reason"),
+        nats_errors=_by((p for p in ops if _attr(p, "outcome") == "error"), "operation"),
+        ipc=_by((p for p in _named(points, IPC_REQUESTS) if _attr(p, "outcome") not in IPC_SUCCESS), "outcome"),
+        publish=_by(
+            (p for p in _named(points, RESULT_TRANSPORT_ATTEMPTS) if _attr(p, "outcome") != "published"), "outcome"
+        ),
+        payload=_by((p for p in _named(points, PAYLOAD_FETCHES) if _attr(p, "outcome") != "success"), "reason"),
+        deadline_dropped=sum(
+            p.value for p in _named(points, WORK_ITEM_DEADLINE_EXCEEDED) if _attr(p, "action") == "dropped"
+        ),
+    )
+
+
+def _int(x: object) -> int | None:
+    return x if isinstance(x, int) and not isinstance(x, bool) else None
+
+
+def _float(x: object) -> float | None:
+    return float(x) if isinstance(x, int | float) and not isinstance(x, bool) else None
+
+
+def _str(x: object) -> str | None:
+    return x if isinstance(x, str) else None
+
+
+def nats_of(entry: Mapping[str, Any] | None) -> NatsLine | None:
+    if entry is None:
+        return None
+    connected = entry.get("connected")
+    return NatsLine(
+        server=_str(entry.get("server")),
+        connected=connected if isinstance(connected, bool) else None,
+        reconnects=_int(entry.get("reconnects")),
+        failures=_int(entry.get("failures")),
+        last_error=_str(entry.get("last_error")),
+        disconnected_s=_float(entry.get("disconnected_s")),
+    )
+
+
+def lag_of(consumers: Mapping[str, Mapping[str, Any]] | None) -> tuple[Lag, ...]:
+    """The pool consumer first (the backlog an operator watches), then the rest by name."""
+    if not consumers:
+        return ()
+    order = sorted(consumers, key=lambda k: (k != "pool", k))
+    return tuple(
+        Lag(
+            consumer=k,
+            num_pending=_int(consumers[k].get("num_pending")),
+            num_ack_pending=_int(consumers[k].get("num_ack_pending")),
+            age_s=_float(consumers[k].get("age_s")),
+            error=_str(consumers[k].get("error")),
+        )
+        for k in order
+    )
 
 
 def _sum_or_none(points: Sequence[Point], attributed: bool, field: Callable[[Point], float]) -> float | None:
@@ -368,6 +558,8 @@ def compute(previous: Sample, current: Sample) -> View:
 
     ipc = [p for p in _named(gained, IPC_REQUEST_DURATION) if _attr(p, "method") not in IPC_NOT_WORK]
     buckets, bounds = merge_buckets(ipc)
+    age_buckets, age_bounds = merge_buckets(_named(gained, WORK_ITEM_AGE))
+    total_buckets, total_bounds = merge_buckets(_named(gained, REQUEST_BATCH_TOTAL))
     return View(
         worker_id=current.worker_id,
         ready=current.ready,
@@ -385,6 +577,15 @@ def compute(previous: Sample, current: Sample) -> View:
         redeliveries=float(sum(p.count for p in redelivered)) if attempts else None,
         redeliveries_per_s=sum(p.count for p in redelivered_gained) / interval if attempts else None,
         has_telemetry=current.has_telemetry,
+        version=current.version,
+        not_ready_reason=current.not_ready_reason,
+        nats=nats_of(current.nats),
+        lag=lag_of(current.lag),
+        failures=failures_of(now) if current.has_telemetry else None,
+        item_age_p50_s=bucket_bound(age_buckets, age_bounds, 0.50),
+        item_age_p99_s=bucket_bound(age_buckets, age_bounds, 0.99),
+        batch_total_p50_s=quantile(total_buckets, total_bounds, 0.50),
+        batch_total_p99_s=quantile(total_buckets, total_bounds, 0.99),
     )
 
 
@@ -428,7 +629,31 @@ def view_json(view: View) -> dict[str, Any]:
         },
         "naks": {"count": view.naks, "per_s": _r(view.naks_per_s)},
         "redeliveries": {"count": view.redeliveries, "per_s": _r(view.redeliveries_per_s)},
+        "version": view.version,
+        "not_ready_reason": view.not_ready_reason,
+        "nats": None if view.nats is None else dataclasses.asdict(view.nats),
+        "lag": {
+            lag.consumer: {
+                "num_pending": lag.num_pending,
+                "num_ack_pending": lag.num_ack_pending,
+                "age_s": lag.age_s,
+                "error": lag.error,
+            }
+            for lag in view.lag
+        },
+        "latency": {
+            "item_age_p50_le_s": _bound_json(view.item_age_p50_s),
+            "item_age_p99_le_s": _bound_json(view.item_age_p99_s),
+            "batch_total_p50_ms": _r(None if view.batch_total_p50_s is None else view.batch_total_p50_s * ms),
+            "batch_total_p99_ms": _r(None if view.batch_total_p99_s is None else view.batch_total_p99_s * ms),
+        },
+        "failures": None if view.failures is None else dataclasses.asdict(view.failures),
     }
+
+
+def _bound_json(x: float | None) -> float | str | None:
+    """A bucket bound for JSON: `overflow` past the last one (JSON has no infinity)."""
+    return None if x is None else x if math.isfinite(x) else "overflow"
 
 
 def _n(x: float | None, spec: str = ",.0f") -> str:
@@ -459,18 +684,86 @@ def _cells(row: Row) -> tuple[str, ...]:
     )
 
 
+def _le(seconds: float | None) -> str:
+    """A bucket's upper bound: `<=2 s`; past the last bound, `overflow`."""
+    if seconds is None:
+        return "-"
+    return f"<={seconds:g} s" if math.isfinite(seconds) else "overflow"
+
+
+def _counts(label: str, counts: Mapping[str, float]) -> str | None:
+    """`NAKs retry 3, not_ready 2`; None when all are zero."""
+    shown = [f"{k} {v:,.0f}" for k, v in counts.items() if v]
+    return f"{label} {', '.join(shown)}" if shown else None
+
+
+def nats_line(nats: NatsLine) -> str:
+    if nats.connected is False:
+        down = "disconnected" if nats.disconnected_s is None else f"disconnected {nats.disconnected_s:,.1f} s"
+        state = f"{down}, {_n(nats.failures)} failed attempts"
+    else:
+        state = "connected" if nats.connected else "-"
+    return (
+        f"NATS {nats.server or '-'}  {state}  reconnects {_n(nats.reconnects)}  last error: {nats.last_error or 'none'}"
+    )
+
+
+def lag_line(lags: Sequence[Lag]) -> str:
+    """`lag (JetStream num_pending)  pool 1,234 (12 un-ACKed, 0.4 s ago)  worker 0 (...)`."""
+    parts = []
+    for lag in lags:
+        if lag.num_pending is None:
+            part = f"{lag.consumer} - (reading)" if lag.error is None else f"{lag.consumer} - ({lag.error})"
+        else:
+            part = (
+                f"{lag.consumer} {lag.num_pending:,} ({_n(lag.num_ack_pending)} un-ACKed, {_n(lag.age_s, '.1f')} s ago"
+            )
+            part += f"; refresh failed: {lag.error})" if lag.error else ")"
+        parts.append(part)
+    return "lag (JetStream num_pending)  " + "  ".join(parts)
+
+
+def failures_line(failures: Failures | None) -> str:
+    if failures is None:
+        return "failures -"
+    groups = [
+        _counts("NAKs", failures.naks),
+        _counts("NATS errors", failures.nats_errors),
+        _counts("IPC", failures.ipc),
+        _counts("replies not published", failures.publish),
+        _counts("payload fetches", failures.payload),
+        f"deadline drops {failures.deadline_dropped:,.0f}" if failures.deadline_dropped else None,
+    ]
+    shown = [g for g in groups if g is not None]
+    return "failures since start: " + ("; ".join(shown) if shown else "none")
+
+
 def render(view: View, *, source: str, clock: str = "", width: int = 120, height: int | None = None) -> list[str]:
     """The screen as lines no wider than `width`; with `height`, model rows beyond it are elided."""
-    state = "ready" if view.ready else "not ready" if view.ready is not None else "readiness unknown"
+    if view.ready is None:
+        state = "readiness unknown"
+    elif view.ready:
+        state = "ready"
+    else:
+        state = f"not ready: {view.not_ready_reason}" if view.not_ready_reason else "not ready"
     redelivered = (
         "-" if view.redeliveries is None else f"{view.redeliveries:,.0f} ({view.redeliveries_per_s or 0:,.1f}/s)"
     )
-    lines = [
-        f"sie-sidecar top  {view.worker_id}  {source}  {state}  every {view.interval_s:.1f} s  {clock}".rstrip(),
+    version = f"version {view.version}" if view.version else "version -"
+    every = f"every {view.interval_s:.1f} s"
+    lines = [f"sie-sidecar top  {view.worker_id}  {version}  {source}  {state}  {every}  {clock}".rstrip()]
+    if view.nats is not None:
+        lines.append(nats_line(view.nats))
+    if view.lag:
+        lines.append(lag_line(view.lag))
+    lines += [
         f"pending {_n(view.pending_items)} items, {_n(view.pending_cost)} cost; "
         f"{_n(view.inflight_batches)} batches in flight",
         f"IPC round trip p50 {_ms(view.ipc_p50_s)}  p99 {_ms(view.ipc_p99_s)}  ({view.ipc_requests_per_s:,.1f}/s)  "
         f"NAKs {view.naks:,.0f} ({view.naks_per_s:,.1f}/s)  redeliveries {redelivered}",
+        f"item age at dispatch p50 {_le(view.item_age_p50_s)}  p99 {_le(view.item_age_p99_s)}  "
+        f"batch in sidecar p50 {_ms(view.batch_total_p50_s)}  p99 {_ms(view.batch_total_p99_s)}",
+        failures_line(view.failures),
         "",
     ]
     name_width = min(max([5, len(TOTAL), *(len(r.model) for r in view.rows)]), 48)
@@ -627,11 +920,15 @@ def run_top(args: argparse.Namespace) -> int:
 
 
 __all__ = [
+    "Failures",
+    "Lag",
+    "NatsLine",
     "Row",
     "Sample",
     "TopError",
     "View",
     "add_top_arguments",
+    "bucket_bound",
     "compute",
     "delta",
     "fetch_state",
