@@ -12,6 +12,7 @@ import asyncio
 import logging
 import os
 import socket
+import sys
 from collections.abc import Sequence
 
 from .adapter import Adapter, oom_nak_delay_ms
@@ -172,8 +173,25 @@ def build_adapter(args: argparse.Namespace) -> Adapter:
     )
 
 
+def socket_directory_error(path: str) -> str | None:
+    """Why the socket cannot be served at `path`, in one line, before anything is loaded: its
+    directory is created (owner-only) when missing, as a volume mount would provide it."""
+    directory = os.path.dirname(os.path.abspath(path))
+    try:
+        os.makedirs(directory, mode=0o700, exist_ok=True)
+    except OSError as exc:
+        return f"cannot create the socket directory {directory}: {exc.strerror or exc}"
+    if not os.access(directory, os.W_OK | os.X_OK):
+        return f"the socket directory {directory} is not writable by this user"
+    return None
+
+
 async def run_backend(args: argparse.Namespace) -> int:
     """Serve until SIGTERM or SIGINT, then close (in-flight batches are cancelled)."""
+    problem = socket_directory_error(args.socket)
+    if problem is not None:
+        print(f"sie-sidecar backend: --socket {args.socket}: {problem}", file=sys.stderr)
+        return 2
     adapter = build_adapter(args)
     server = BackendServer(
         adapter,

@@ -892,13 +892,18 @@ def add_loadgen_arguments(parser: argparse.ArgumentParser) -> None:
         default=os.environ.get("SIE_NATS_URL", "nats://127.0.0.1:4222"),
         help="NATS server URL (default: $SIE_NATS_URL or nats://127.0.0.1:4222)",
     )
-    parser.add_argument("--pool", default=defaults.pool, help=f"pool name (default {defaults.pool})")
+    # The lane comes from the variables the sidecar reads, so `loadgen` next to `run` in one shell
+    # feeds the lane that sidecar consumes (a mismatch leaves every item waiting in the stream).
+    pool = os.environ.get("SIE_POOL") or defaults.pool
+    profile = os.environ.get("SIE_MACHINE_PROFILE") or defaults.machine_profile
+    bundle = os.environ.get("SIE_BUNDLE") or defaults.bundle
+    parser.add_argument("--pool", default=pool, help=f"pool name (default $SIE_POOL or {defaults.pool})")
     parser.add_argument(
         "--machine-profile",
-        default=defaults.machine_profile,
-        help=f"machine profile (default {defaults.machine_profile})",
+        default=profile,
+        help=f"machine profile (default $SIE_MACHINE_PROFILE or {defaults.machine_profile})",
     )
-    parser.add_argument("--bundle", default=defaults.bundle, help=f"bundle (default {defaults.bundle})")
+    parser.add_argument("--bundle", default=bundle, help=f"bundle (default $SIE_BUNDLE or {defaults.bundle})")
     parser.add_argument("--model", default=defaults.model, help=f"model id (default {defaults.model})")
     parser.add_argument(
         "--operation", choices=OPERATIONS, default=defaults.operation, help="operation (default encode)"
