@@ -955,11 +955,16 @@ class Settings:
     # --------------------------------------------------------------------------------------- logging
 
     def secret_values(self) -> tuple[str, ...]:
-        """Every secret string in the settings (tokens, passwords, URL userinfo), for `redact_text`."""
+        """Every secret string in the settings (tokens, passwords, URL userinfo, the OTLP headers'
+        values, which carry API keys), for `redact_text`."""
         values = [getattr(self, name) for name in sorted(_SECRET_FIELDS)]
         for name in sorted(_URL_FIELDS):
             values.extend(_userinfo_parts(getattr(self, name)))
-        return tuple(v for v in values if isinstance(v, str) and v.strip())
+        for transport in (self.otel.metrics_transport, self.otel.traces_transport):
+            for pair in transport.headers.reveal().split(","):
+                value = unquote(pair.partition("=")[2]).strip()
+                values.extend((value, pair.partition("=")[2].strip()))
+        return tuple(dict.fromkeys(v for v in values if isinstance(v, str) and v.strip()))
 
     def redact_text(self, text: str) -> str:
         """`text` (an error message from a client library, say) with URL userinfo and secrets replaced."""

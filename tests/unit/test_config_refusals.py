@@ -490,3 +490,18 @@ def test_the_known_list_holds_every_setting_with_a_variable() -> None:
     assert {spec.env for spec in RUN_FLAGS} <= known_env()
     assert set(config.LIMITS) <= known_env()
     assert len([f for f in dataclasses.fields(Settings) if f.name.startswith("nats_tls")]) == 3
+
+
+def test_otlp_header_values_are_secrets_redacted_from_error_text() -> None:
+    env = {
+        "SIE_NATS_URL": "nats://127.0.0.1:4222",
+        "SIE_POOL": "p",
+        "SIE_BUNDLE": "b",
+        "SIE_MACHINE_PROFILE": "m",
+        "OTEL_EXPORTER_OTLP_HEADERS": "x-api-key=s3cr%3Dt-key,x-tenant=acme",
+        "OTEL_EXPORTER_OTLP_TRACES_HEADERS": "authorization=Bearer%20tok-123",
+    }
+    settings = Settings.from_env(env)
+    assert {"s3cr=t-key", "Bearer tok-123", "acme"} <= set(settings.secret_values())
+    text = settings.redact_text("export failed: 401 for key s3cr=t-key / Bearer tok-123")
+    assert "s3cr=t-key" not in text and "tok-123" not in text
