@@ -1019,9 +1019,10 @@ class Dispatcher:
         return outcome, None, span
 
     def debug_state(self) -> dict[str, Any]:
-        """What `GET /debug/state` shows (SIE_SIDECAR_DEBUG_ENDPOINT, on by default for loopback peers): per model its readiness as
-        last answered, tokenizer mode, batch budget, controller knobs, queue depth and batches in
-        flight; and how batches reach the backend. A snapshot, read on the event loop."""
+        """What `GET /debug/state` shows (SIE_SIDECAR_DEBUG_ENDPOINT, on by default for loopback
+        peers): per model its readiness as last answered, tokenizer mode, batch budget, controller
+        knobs, queue depth and batches in flight; and how batches reach the backend. A snapshot,
+        read on the event loop."""
         now = time.monotonic()
         models: dict[str, Any] = {}
         for model, state in sorted(self._models.items()):
