@@ -83,7 +83,7 @@ async def _fetch(nc: Client, n: int, timeout: float) -> list[Any]:
     sub = await nc.jetstream(timeout=API_TIMEOUT_S).pull_subscribe_bind(DURABLE, STREAM)
     try:
         return list(await sub.fetch(n, timeout=timeout))
-    except nats.errors.TimeoutError:
+    except TimeoutError:  # nats-py raises its own subclass or, from `_fetch_n`'s wait, the builtin one
         return []
     finally:
         await sub.unsubscribe()

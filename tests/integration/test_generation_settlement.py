@@ -448,6 +448,7 @@ async def test_loading_answers_terminal_chunks_acks_and_counts_each_response(
     adapter = NullAdapter(dim=8, preloaded_models=[], load_delay_s=600.0, failed_models=[broken])
     env = DEBUG_ENV | {"SIE_METRIC_MODEL_ALLOWLIST": f"{loading},{broken}"}
     async with running_stack(traced_nats_server, tmp_path, adapter=adapter, env=env) as stack:
+        await debug_points(stack, "")  # the first read of the state turns recording on
         answers = {}
         for name, model in (("started", loading), ("in_progress", loading), ("failed", broken)):
             item = generate_item(name, model=model)
@@ -527,6 +528,7 @@ async def test_a_loading_in_progress_chunk_that_cannot_be_published_naks_twice_t
     assert isinstance(flood, _Flood)
     env = DEBUG_ENV | {"SIE_STREAM_STORAGE": "file", "SIE_NAK_DELAY_S": str(base_s)}
     async with running_stack(traced_nats_server, tmp_path, adapter=adapter, env=env) as stack:
+        await debug_points(stack, "")  # the first read of the state turns recording on
         filler = generate_item("flood")
         await publish(stack, filler)
         await stack.wait_for(lambda: len(chunks_for(stack, filler["request_id"])) == 1)
@@ -607,6 +609,7 @@ async def test_the_work_item_age_is_recorded_when_a_generation_executes(
     timestamp of 0, nor for an item answered before execution."""
     adapter = NullAdapter(dim=8, preloaded_models=[MODEL])
     async with running_stack(traced_nats_server, tmp_path, adapter=adapter, env=DEBUG_ENV) as stack:
+        await debug_points(stack, "")  # the first read of the state turns recording on
         trace = JetStreamTrace(traced_nats_server)
 
         async def age() -> tuple[int, float]:

@@ -167,8 +167,7 @@ async def test_a_frozen_nats_server_bounds_the_health_tombstones_and_the_sidecar
         finally:
             os.kill(pid, signal.SIGCONT)
     finally:
-        stack.stop.set()
-        await stack.nc.close()
+        await stack.close()  # the sidecar has exited; this closes the backend and the test's client
     assert code == 0
     given_up = [r.created for r in caplog.records if r.getMessage() == "health tombstone not published"]
     assert len(given_up) == 2, [r.getMessage() for r in caplog.records]
