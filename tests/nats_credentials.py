@@ -5,8 +5,6 @@ CA with server and client certificates with `cryptography`. Nothing is hand-enco
 
 from __future__ import annotations
 
-import datetime as dt
-import ipaddress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -16,6 +14,8 @@ from nats_jwt.nkeys_ext import create_user_pair  # type: ignore[import-untyped]
 from nats_jwt.v2.common import NoLimit  # type: ignore[import-untyped]
 from nats_jwt.v2.operator_claims import OperatorClaims  # type: ignore[import-untyped]
 from nats_jwt.v2.snippets import Account, Operator, User  # type: ignore[import-untyped]
+
+from .integration.tls_certs import Pki, make_pki
 
 # ------------------------------------------------------------------------------------------- NKeys
 
@@ -103,98 +103,6 @@ class OperatorSetup:
 
 
 # ---------------------------------------------------------------------------------------- certificates
-
-
-@dataclass(frozen=True)
-class Pki:
-    """A CA, a server certificate for 127.0.0.1 and a client certificate, as PEM files."""
-
-    ca: Path
-    server_cert: Path
-    server_key: Path
-    client_cert: Path
-    client_key: Path
-
-
-def make_pki(directory: Path, name: str = "sie-sidecar test CA") -> Pki:
-    """Write a CA, a server pair and a client pair (clientAuth) under `directory`."""
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
-
-    directory.mkdir(parents=True, exist_ok=True)
-    now = dt.datetime.now(dt.UTC)
-    ca_key = ec.generate_private_key(ec.SECP256R1())
-    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
-    ca_ski = x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key())
-    ca = (
-        x509.CertificateBuilder()
-        .subject_name(ca_name)
-        .issuer_name(ca_name)
-        .public_key(ca_key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - dt.timedelta(minutes=5))
-        .not_valid_after(now + dt.timedelta(days=1))
-        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-        .add_extension(
-            x509.KeyUsage(
-                digital_signature=True,
-                content_commitment=False,
-                key_encipherment=False,
-                data_encipherment=False,
-                key_agreement=False,
-                key_cert_sign=True,
-                crl_sign=True,
-                encipher_only=False,
-                decipher_only=False,
-            ),
-            critical=True,
-        )
-        .add_extension(ca_ski, critical=False)
-        .sign(ca_key, hashes.SHA256())
-    )
-
-    def leaf(common_name: str, usage: Any, san: list[Any] | None) -> tuple[bytes, bytes]:
-        key = ec.generate_private_key(ec.SECP256R1())
-        builder = (
-            x509.CertificateBuilder()
-            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)]))
-            .issuer_name(ca_name)
-            .public_key(key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now - dt.timedelta(minutes=5))
-            .not_valid_after(now + dt.timedelta(days=1))
-            .add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
-            .add_extension(x509.AuthorityKeyIdentifier.from_issuer_subject_key_identifier(ca_ski), critical=False)
-        )
-        if san:
-            builder = builder.add_extension(x509.SubjectAlternativeName(san), critical=False)
-        cert = builder.sign(ca_key, hashes.SHA256())
-        pem_key = key.private_bytes(
-            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
-        )
-        return cert.public_bytes(serialization.Encoding.PEM), pem_key
-
-    server = leaf(
-        "127.0.0.1",
-        ExtendedKeyUsageOID.SERVER_AUTH,
-        [x509.IPAddress(ipaddress.ip_address("127.0.0.1")), x509.DNSName("localhost")],
-    )
-    client = leaf("sie-worker", ExtendedKeyUsageOID.CLIENT_AUTH, None)
-    pki = Pki(
-        directory / "ca.pem",
-        directory / "server.pem",
-        directory / "server-key.pem",
-        directory / "client.pem",
-        directory / "client-key.pem",
-    )
-    pki.ca.write_bytes(ca.public_bytes(serialization.Encoding.PEM))
-    pki.server_cert.write_bytes(server[0])
-    pki.server_key.write_bytes(server[1])
-    pki.client_cert.write_bytes(client[0])
-    pki.client_key.write_bytes(client[1])
-    return pki
 
 
 def encrypt_key(source: Path, target: Path, passphrase: bytes) -> Path:

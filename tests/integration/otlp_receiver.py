@@ -14,9 +14,7 @@ that is not up yet: 503 / UNAVAILABLE, which the SDK retries)."""
 from __future__ import annotations
 
 import contextlib
-import datetime as dt
 import gzip
-import ipaddress
 import ssl
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
@@ -24,7 +22,6 @@ from pathlib import Path
 from typing import Any
 
 import grpc  # type: ignore[import-untyped]
-import pytest
 from aiohttp import web
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
     ExportMetricsServiceRequest,
@@ -38,109 +35,20 @@ from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
 from sie_sidecar.tools.localhost import free_port
 
+from .tls_certs import Pki, make_pki
+
 METRICS_SERVICE = "opentelemetry.proto.collector.metrics.v1.MetricsService"
 TRACE_SERVICE = "opentelemetry.proto.collector.trace.v1.TraceService"
 
 
-@dataclass(frozen=True)
-class MtlsFiles:
-    """A test CA, a server certificate for 127.0.0.1 / localhost and a client certificate (CN
-    `CLIENT_CN`), PEM files."""
-
-    ca: Path
-    server_cert: Path
-    server_key: Path
-    client_cert: Path
-    client_key: Path
-
-
+#: The CN of the test client certificate (the receivers record who connected).
 CLIENT_CN = "sie-sidecar-test-client"
+MtlsFiles = Pki
 
 
-def make_mtls(directory: Path) -> MtlsFiles:
-    """Write a CA, a server pair and a client pair under `directory` (with `cryptography`; the
-    extensions OpenSSL's strict verification wants, as tls_certs.py has them)."""
-    try:
-        from cryptography import x509
-        from cryptography.hazmat.primitives import hashes, serialization
-        from cryptography.hazmat.primitives.asymmetric import ec
-        from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
-    except ImportError:
-        pytest.skip("the cryptography package is not installed")
-    now = dt.datetime.now(dt.UTC)
-
-    def name(cn: str) -> x509.Name:
-        return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)])
-
-    def pem_key(key: ec.EllipticCurvePrivateKey) -> bytes:
-        return key.private_bytes(
-            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
-        )
-
-    ca_key = ec.generate_private_key(ec.SECP256R1())
-    ca = (
-        x509.CertificateBuilder()
-        .subject_name(name("sie-sidecar OTLP test CA"))
-        .issuer_name(name("sie-sidecar OTLP test CA"))
-        .public_key(ca_key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - dt.timedelta(minutes=5))
-        .not_valid_after(now + dt.timedelta(days=1))
-        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-        .add_extension(
-            x509.KeyUsage(
-                digital_signature=True,
-                content_commitment=False,
-                key_encipherment=False,
-                data_encipherment=False,
-                key_agreement=False,
-                key_cert_sign=True,
-                crl_sign=True,
-                encipher_only=False,
-                decipher_only=False,
-            ),
-            critical=True,
-        )
-        .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), critical=False)
-        .sign(ca_key, hashes.SHA256())
-    )
-    ca_ski = ca.extensions.get_extension_for_class(x509.SubjectKeyIdentifier).value
-
-    def leaf(cn: str, usage: x509.ObjectIdentifier, san: bool) -> tuple[bytes, bytes]:
-        key = ec.generate_private_key(ec.SECP256R1())
-        builder = (
-            x509.CertificateBuilder()
-            .subject_name(name(cn))
-            .issuer_name(ca.subject)
-            .public_key(key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now - dt.timedelta(minutes=5))
-            .not_valid_after(now + dt.timedelta(days=1))
-            .add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
-            .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
-            .add_extension(x509.AuthorityKeyIdentifier.from_issuer_subject_key_identifier(ca_ski), critical=False)
-        )
-        if san:
-            builder = builder.add_extension(
-                x509.SubjectAlternativeName(
-                    [x509.IPAddress(ipaddress.ip_address("127.0.0.1")), x509.DNSName("localhost")]
-                ),
-                critical=False,
-            )
-        cert = builder.sign(ca_key, hashes.SHA256())
-        return cert.public_bytes(serialization.Encoding.PEM), pem_key(key)
-
-    files = MtlsFiles(
-        *(directory / n for n in ("ca.pem", "server.pem", "server-key.pem", "client.pem", "client-key.pem"))
-    )
-    files.ca.write_bytes(ca.public_bytes(serialization.Encoding.PEM))
-    server_cert, server_key = leaf("127.0.0.1", ExtendedKeyUsageOID.SERVER_AUTH, san=True)
-    client_cert, client_key = leaf(CLIENT_CN, ExtendedKeyUsageOID.CLIENT_AUTH, san=False)
-    files.server_cert.write_bytes(server_cert)
-    files.server_key.write_bytes(server_key)
-    files.client_cert.write_bytes(client_cert)
-    files.client_key.write_bytes(client_key)
-    return files
+def make_mtls(directory: Path) -> Pki:
+    """A CA, a server pair for 127.0.0.1 / localhost and a client pair with CN `CLIENT_CN`."""
+    return make_pki(directory, name="sie-sidecar OTLP test CA", client_cn=CLIENT_CN)
 
 
 @dataclass
