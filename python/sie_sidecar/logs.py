@@ -1,6 +1,9 @@
 # SPDX-License-Identifier: Apache-2.0
 """JSON-lines logs on stderr, one object per record, so log shippers need no parsing rules.
 
+Hand-written (about 20 lines a library such as python-json-logger would replace) because the
+`RUST_LOG`-style filter the spec names has no Python library, and the two belong together.
+
 Each line carries `ts` (RFC 3339 UTC, milliseconds), `level` (lower-case Python level name), `logger`,
 `msg`, then every `extra=` attribute (JSON values as they are, anything else as `str()`), then `exc`
 with the formatted traceback and `stack` with the stack when present. An extra whose name is one of

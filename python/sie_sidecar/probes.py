@@ -10,6 +10,10 @@ the document names models, consumers and the NATS server, which is nothing to ha
 cluster network. `SIE_SIDECAR_DEBUG_ENDPOINT=all` serves any peer, `off` none (404); a refused peer
 gets a 403 whose one line names the setting.
 
+A small HTTP/1.1 server of its own rather than `aiohttp.web`: importing aiohttp and its web module
+costs 143-160 ms of start-up (measured, docs/benchmarks.md "Libraries"), before the first probe
+could answer; three GET paths need no framework.
+
 A minimal HTTP/1.1 responder on asyncio streams rather than aiohttp.web: importing aiohttp cost the
 sidecar ~0.15 s CPU before its first reply, and three fixed plain-text answers need no framework. One
 request per connection (`Connection: close`), the request head bounded in size and time, any request

@@ -187,7 +187,8 @@ def find_model_dir() -> Path:
 
 
 def _gelu(x: FloatArray) -> FloatArray:
-    """Exact GELU in place: x·Φ(x) = max(x, 0) - |x|·erfc(|x|/√2)/2 (numpy has no erf, so erfc is fitted).
+    """Exact GELU in place: x·Φ(x) = max(x, 0) - |x|·erfc(|x|/√2)/2 (numpy has no erf, so erfc is
+    fitted: scipy, which has one, is a large dependency for one function; a test holds the fit to 2e-8).
 
     Worked in blocks that stay in cache: the dozen elementwise passes are memory-bound otherwise.
     """
