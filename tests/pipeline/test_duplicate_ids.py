@@ -8,8 +8,6 @@ of the batch answered in reverse; every delivery is counted."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +15,7 @@ import msgpack
 import pytest
 
 from .memory import memory_pipeline
-from .test_hostile_backend import HostileProxy, _frame
+from .test_hostile_backend import HostileProxy, _frame, hostile_proxy
 from .test_sequencing import _item, _msg
 
 #: The delay the second outcome asks for (above the 1 s floor a backend may ask for).
@@ -56,19 +54,6 @@ class DuplicateProxy(HostileProxy):
         return True
 
 
-@contextlib.asynccontextmanager
-async def duplicate_proxy(tmp_path: Path) -> AsyncIterator[tuple[DuplicateProxy, str]]:
-    """The proxy on its own socket, in front of the memory pipeline's backend (`backend.sock`)."""
-    proxy = DuplicateProxy(str(tmp_path / "backend.sock"))
-    path = str(tmp_path / "proxy.sock")
-    server = await asyncio.start_unix_server(proxy.handle, path, limit=1 << 20)
-    try:
-        yield proxy, path
-    finally:
-        proxy.close_all()
-        server.close()
-
-
 def _outcome(work_item_id: str, request_id: str, disposition: str, *, tag: str) -> dict[str, Any]:
     outcome: dict[str, Any] = {
         "work_item_id": work_item_id,
@@ -92,7 +77,7 @@ async def test_outcomes_for_a_duplicated_id_bind_first_in_first_out(tmp_path: Pa
     outcome (a result), the second the second (a NAK with its delay), the third the third (an
     error reply); the other items are answered as usual."""
     async with (
-        duplicate_proxy(tmp_path) as (proxy, proxy_sock),
+        hostile_proxy(tmp_path, DuplicateProxy) as (proxy, proxy_sock),
         memory_pipeline(
             tmp_path,
             framed=framed,

@@ -116,8 +116,12 @@ class HostileProxy:
 
 
 @contextlib.asynccontextmanager
-async def hostile_proxy(tmp_path: Path) -> AsyncIterator[tuple[HostileProxy, str]]:
-    proxy = HostileProxy(str(tmp_path / "backend.sock"))
+async def hostile_proxy(
+    tmp_path: Path, kind: type[HostileProxy] = HostileProxy
+) -> AsyncIterator[tuple[HostileProxy, str]]:
+    """A `kind` proxy (a HostileProxy subclass answers its own way) on its own socket, in front of
+    the pipeline's backend (`backend.sock`)."""
+    proxy = kind(str(tmp_path / "backend.sock"))
     path = str(tmp_path / "proxy.sock")
     server = await asyncio.start_unix_server(proxy.handle, path, limit=1 << 20)
     try:
