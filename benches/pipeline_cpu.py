@@ -18,7 +18,8 @@ in ABBA order in this one process: "on" is what the app wires when `SIE_METRICS_
 (the model catalog on the dispatcher, the IPC client recording per request) plus a registry
 snapshot and an OTLP encode every `--export-every` items, standing in for the 5 s push. With
 `--tracing` "on" also traces every batch, as `SIE_TRACING_ENABLED` does: spans handed to the SDK's
-batch span processor, whose exporter encodes them with the SDK's OTLP encoder (and sends nothing).
+batch span processor, whose exporter encodes them as the sidecar's do (the compiled encoder) and
+sends nothing.
 
 Run from the repository root: `python benches/pipeline_cpu.py [--items 20000] [--rounds 3] [--metrics]`.
 """
@@ -124,11 +125,13 @@ def _tracer() -> tuple[Tracer, Callable[[], None]]:
     from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
     from sie_sidecar.otel.sdk import make_resource
+    from sie_sidecar.otel.span_exporters import native_request
     from sie_sidecar.otel.traces import SpanPipeline
 
     class Encoding(SpanExporter):
         def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
-            encode_spans(spans).SerializeToString()
+            if native_request(spans) is None:  # the compiled encoder, as the sidecar's exporters use it
+                encode_spans(spans).SerializeToString()
             return SpanExportResult.SUCCESS
 
     pipeline = SpanPipeline(Encoding(), make_resource({"service.name": "bench"}), schedule_delay_s=1.0)

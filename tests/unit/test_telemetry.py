@@ -14,6 +14,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from sie_sidecar import wire
+from sie_sidecar._twins.histogram import Histogram as PyHistogram
 from sie_sidecar.bus.health import HealthIdentity, HealthReporter, Saturation
 from sie_sidecar.pipeline.readiness import Readiness
 from sie_sidecar.sched.scheduler import Formed, ModelScheduler, SchedulerConfig
@@ -92,6 +94,43 @@ def test_record_many_is_record_per_value(values: list[float], bounds: tuple[floa
     assert many.buckets == one.buckets and many.count == one.count
     assert (many.min, many.max) == (one.min, one.max)
     assert many.sum == pytest.approx(one.sum, rel=1e-9, abs=1e-6)
+
+
+_ops = st.lists(
+    st.one_of(
+        st.tuples(st.just("record"), finite),
+        st.tuples(st.just("record_n"), finite, st.integers(-2, 5)),
+        st.tuples(st.just("record_many"), st.lists(finite, max_size=70)),
+        st.tuples(st.just("record_since"), finite, st.lists(finite, max_size=70)),
+    ),
+    max_size=12,
+)
+
+
+@pytest.mark.skipif(not wire.USING_NATIVE, reason="the compiled histogram")
+@given(ops=_ops, bounds=st.lists(finite, max_size=12, unique=True).map(sorted).map(tuple))
+def test_the_compiled_histogram_and_its_twin_agree(ops: list[tuple[Any, ...]], bounds: tuple[float, ...]) -> None:
+    """The registry's compiled histogram bins, counts and bounds as the twin does, for every way a
+    stage records (the sum up to float rounding: the twin adds a batch with `math.fsum`)."""
+    native, twin = Histogram("h", (("k", "v"),), bounds), PyHistogram("h", (("k", "v"),), bounds)
+    assert not isinstance(native, PyHistogram)  # the compiled one
+    for op, *args in ops:
+        getattr(native, op)(*args)
+        getattr(twin, op)(*args)
+    assert (native.name, native.attrs, native.kind, native.bounds) == (twin.name, twin.attrs, twin.kind, twin.bounds)
+    assert (native.buckets, native.count, native.min, native.max) == (twin.buckets, twin.count, twin.min, twin.max)
+    assert native.sum == pytest.approx(twin.sum, rel=1e-9, abs=1e-6)
+
+
+@pytest.mark.parametrize("kind", [Histogram, PyHistogram])
+def test_histograms_refuse_bad_bounds_and_values(kind: type[PyHistogram]) -> None:
+    with pytest.raises(ValueError, match="h bounds must be strictly increasing"):
+        kind("h", (), (1.0, 1.0))
+    h = kind("h", (), (1.0,))
+    with pytest.raises(TypeError):
+        h.record_many(["1.0"])  # type: ignore[list-item]
+    h.record_n(2.0, 0)
+    assert h.count == 0
 
 
 def test_one_name_has_one_kind() -> None:

@@ -8,24 +8,75 @@
 /// v2: `$JS.ACK.<domain>.<hash>.<stream>.<consumer>.<delivered>.<sseq>.<cseq>.<ts>.<pending>[.<token>]`
 /// (11 or more tokens).
 pub fn delivered_count(ack_subject: &str) -> Option<u64> {
-    let rest = ack_subject.strip_prefix("$JS.ACK.")?;
-    let mut tokens = [""; 10];
-    let mut n = 0;
-    for token in rest.split('.') {
-        if n < tokens.len() {
-            tokens[n] = token;
+    delivered_count_bytes(ack_subject.as_bytes())
+}
+
+/// `delivered_count` over bytes, in one pass and without UTF-8 validation (the field it reads is
+/// ASCII digits or nothing): it runs once per pulled message, and the `str` split it replaced
+/// cost ~800 instructions a subject (docs/benchmarks.md).
+pub fn delivered_count_bytes(ack_subject: &[u8]) -> Option<u64> {
+    let rest = ack_subject.strip_prefix(b"$JS.ACK.")?;
+    // Where the tokens after the prefix end: the first five dots, and how many tokens in all.
+    let mut dots = [0usize; 5];
+    let mut n = 1usize;
+    for (i, &b) in rest.iter().enumerate() {
+        if b == b'.' {
+            if n <= dots.len() {
+                dots[n - 1] = i;
+            }
+            n += 1;
         }
-        n += 1;
     }
+    let token = |k: usize| -> &[u8] {
+        let start = if k == 0 { 0 } else { dots[k - 1] + 1 };
+        let end = if k < n - 1 { dots[k] } else { rest.len() };
+        &rest[start..end]
+    };
     let field = match n + 2 {
-        9 => tokens[2],
-        count if count >= 11 => tokens[4],
+        9 => token(2),
+        count if count >= 11 => token(4),
         _ => return None,
     };
-    if field.is_empty() || !field.bytes().all(|b| b.is_ascii_digit()) {
+    if field.is_empty() {
         return None;
     }
-    field.parse().ok()
+    let mut value: u64 = 0;
+    for &b in field {
+        if !b.is_ascii_digit() {
+            return None;
+        }
+        value = value.checked_mul(10)?.checked_add(u64::from(b - b'0'))?;
+    }
+    Some(value)
+}
+
+/// A batch's delivery counts, message by message: `(attempt, messages)` pairs kept ascending, and
+/// how many subjects were not ACK subjects. Nothing is allocated per message.
+#[derive(Debug, Default)]
+pub struct AttemptCounts {
+    counts: Vec<(u64, u64)>,
+    unknown: u64,
+}
+
+impl AttemptCounts {
+    pub fn add(&mut self, subject: Option<&str>) {
+        self.add_bytes(subject.map(str::as_bytes));
+    }
+
+    /// `add` for a subject read where it lies, as bytes.
+    pub fn add_bytes(&mut self, subject: Option<&[u8]>) {
+        match subject.and_then(delivered_count_bytes) {
+            Some(attempt) => match self.counts.binary_search_by_key(&attempt, |&(a, _)| a) {
+                Ok(i) => self.counts[i].1 += 1,
+                Err(i) => self.counts.insert(i, (attempt, 1)),
+            },
+            None => self.unknown += 1,
+        }
+    }
+
+    pub fn finish(self) -> (Vec<(u64, u64)>, u64) {
+        (self.counts, self.unknown)
+    }
 }
 
 /// A batch's delivery counts as `(attempt, messages)` pairs, ascending, plus how many subjects were
@@ -33,18 +84,11 @@ pub fn delivered_count(ack_subject: &str) -> Option<u64> {
 pub fn attempt_counts<'a>(
     subjects: impl IntoIterator<Item = Option<&'a str>>,
 ) -> (Vec<(u64, u64)>, u64) {
-    let mut counts: Vec<(u64, u64)> = Vec::new();
-    let mut unknown = 0;
+    let mut counts = AttemptCounts::default();
     for subject in subjects {
-        match subject.and_then(delivered_count) {
-            Some(attempt) => match counts.binary_search_by_key(&attempt, |&(a, _)| a) {
-                Ok(i) => counts[i].1 += 1,
-                Err(i) => counts.insert(i, (attempt, 1)),
-            },
-            None => unknown += 1,
-        }
+        counts.add(subject);
     }
-    (counts, unknown)
+    counts.finish()
 }
 
 #[cfg(test)]
@@ -83,6 +127,46 @@ mod tests {
         ] {
             assert_eq!(delivered_count(s), None, "{s}");
         }
+    }
+
+    /// The `str` split this replaced, kept as the reference.
+    fn reference(ack_subject: &str) -> Option<u64> {
+        let rest = ack_subject.strip_prefix("$JS.ACK.")?;
+        let tokens: Vec<&str> = rest.split('.').collect();
+        let field = match tokens.len() + 2 {
+            9 => tokens[2],
+            count if count >= 11 => tokens[4],
+            _ => return None,
+        };
+        if field.is_empty() || !field.bytes().all(|b| b.is_ascii_digit()) {
+            return None;
+        }
+        field.parse().ok()
+    }
+
+    #[test]
+    fn the_byte_reader_agrees_with_the_split_on_every_token_shape() {
+        let tokens = [
+            "",
+            "1",
+            "42",
+            "x",
+            "18446744073709551615",
+            "18446744073709551616",
+            "0",
+        ];
+        let mut seen = 0;
+        for count in 1..=13usize {
+            for pick in 0..tokens.len().pow(2) {
+                let mut parts = vec!["t"; count];
+                parts[2.min(count - 1)] = tokens[pick % tokens.len()];
+                parts[4.min(count - 1)] = tokens[pick / tokens.len()];
+                let subject = format!("$JS.ACK.{}", parts.join("."));
+                assert_eq!(delivered_count(&subject), reference(&subject), "{subject}");
+                seen += 1;
+            }
+        }
+        assert!(seen > 500);
     }
 
     #[test]

@@ -1,11 +1,13 @@
 //! sie-core: the byte-level wire formats of the sie-sidecar, in safe Rust with no Python.
 //!
 //! * [`msgpack`]: the msgpack subset the wire uses (shortest-form writer, zero-copy reader);
+//! * [`histogram`]: the telemetry registry's explicit-bucket histogram;
 //! * [`frame`]: IPC length-prefixed framing and the incremental splitter;
 //! * [`ipc`]: request envelopes, response classification and IpcResponseChunkV1 frames;
 //! * [`controller`]: the scheduler's adaptive batch controller (PI on p50 headroom) and its replay;
 //! * [`chunks`]: IpcResponseChunkV1 reassembly under a process-wide budget;
 //! * [`results`]: WorkResult encoding and ResultChunkV1 planning and reassembly;
+//! * [`otlp`]: OTLP trace export requests for the batch spans (prost);
 //! * [`outputs`]: result framing (msgpack-numpy sentinels, dense/sparse/multivector/score).
 #![forbid(unsafe_code)]
 
@@ -13,10 +15,12 @@ pub mod batcher;
 pub mod chunks;
 pub mod controller;
 pub mod frame;
+pub mod histogram;
 pub mod ipc;
 pub mod jetstream;
 pub mod local_items;
 pub mod msgpack;
+pub mod otlp;
 pub mod outputs;
 pub mod results;
 

@@ -6,32 +6,35 @@ use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::PyString;
 
-use sie_core::jetstream::attempt_counts;
+use sie_core::jetstream::AttemptCounts;
 
 use crate::lazy::LazyDelivery;
 
-/// `([(attempt, messages), ...] ascending, messages without an ACK subject)`.
+/// `([(attempt, messages), ...] ascending, messages without an ACK subject)`. Each subject is read
+/// where it lies (the run buffer, or the `reply` str), never copied: an owned copy per message was
+/// most of this call's ~16 µs per 64-message batch.
 #[pyfunction]
 pub fn delivery_attempts(messages: &Bound<'_, PyAny>) -> PyResult<(Vec<(u64, u64)>, u64)> {
     let py = messages.py();
     let k_reply = intern!(py, "reply");
-    let mut owned: Vec<Option<String>> = Vec::new();
+    let mut counts = AttemptCounts::default();
     for m in messages.try_iter()? {
         let m = m?;
         if let Ok(lazy) = m.cast::<LazyDelivery>() {
             let this = lazy.borrow();
-            let buffer = this.buffer.bind(py).clone();
-            if let Some(subject) = this.ack_subject(&buffer) {
-                owned.push(Some(subject.to_owned()));
+            let buffer = this.buffer.bind(py);
+            if let Some(subject) = this.ack_subject_bytes(buffer) {
+                counts.add_bytes(Some(subject));
                 continue;
             }
         }
-        let reply = m.getattr(k_reply).ok();
-        owned.push(reply.and_then(|r| {
-            r.cast::<PyString>()
-                .ok()
-                .and_then(|s| s.to_str().ok().map(str::to_owned))
-        }));
+        match m.getattr(k_reply) {
+            Ok(reply) => match reply.cast::<PyString>() {
+                Ok(s) => counts.add(s.to_str().ok()),
+                Err(_) => counts.add(None),
+            },
+            Err(_) => counts.add(None),
+        }
     }
-    Ok(attempt_counts(owned.iter().map(Option::as_deref)))
+    Ok(counts.finish())
 }

@@ -453,11 +453,12 @@ impl LazyDelivery {
         PyBytes::new(py, &buffer.as_bytes()[off as usize..(off + len) as usize])
     }
 
-    /// The JetStream ACK subject without building the `Msg` (a scanned delivery), else `None`.
-    pub fn ack_subject<'a>(&self, buffer: &'a Bound<'_, PyBytes>) -> Option<&'a str> {
+    /// The JetStream ACK subject as it lies in the run buffer (unvalidated), without building the
+    /// `Msg` (a scanned delivery), else `None`.
+    pub fn ack_subject_bytes<'a>(&self, buffer: &'a Bound<'_, PyBytes>) -> Option<&'a [u8]> {
         let (off, len) = self.origin.as_ref()?.reply;
         let bytes: &'a [u8] = buffer.as_bytes();
-        std::str::from_utf8(&bytes[off as usize..(off + len) as usize]).ok()
+        Some(&bytes[off as usize..(off + len) as usize])
     }
 
     /// The subject it was delivered on, without building the `Msg` (a scanned delivery).

@@ -14,9 +14,11 @@ mod deadlines;
 mod envelopes;
 mod errors;
 mod framing;
+mod histogram;
 mod intake;
 mod lazy;
 mod local_items;
+mod otlp;
 mod outputs;
 mod pack;
 mod replies;
@@ -95,6 +97,12 @@ mod _native {
 
     #[pymodule_export]
     use crate::local_items::check_local_items;
+
+    #[pymodule_export]
+    use crate::otlp::encode_trace_request;
+
+    #[pymodule_export]
+    use crate::histogram::Histogram;
 
     #[pymodule_export]
     use crate::audio::{prepare_audio, PreparedAudio};

@@ -130,14 +130,13 @@ def metric_exporter(target: Target) -> MetricExporter:
 
 
 def span_exporter(target: Target) -> SpanExporter:
-    """The SDK's OTLP span exporter for `target`'s protocol (`grpc` or `http/protobuf`)."""
+    """The SDK's OTLP span exporter for `target`'s protocol (`grpc` or `http/protobuf`), encoding
+    the batch spans with the compiled encoder (`otel.span_exporters`)."""
+    from .span_exporters import grpc_span_exporter, http_span_exporter
+
     if target.protocol == "grpc":
-        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcSpans
-
-        return GrpcSpans(**_grpc_options(target))
-    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpSpans
-
-    return HttpSpans(**_http_options(target))
+        return grpc_span_exporter(**_grpc_options(target))
+    return http_span_exporter(**_http_options(target))
 
 
 __all__ = ["make_resource", "metric_exporter", "span_exporter"]

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from ..logs import Throttled
-from ..telemetry import NATS_OPERATIONS, Registry
+from ..telemetry import NATS_OPERATIONS, Counter, Registry
 from ..wire.workitem import WorkItem
 from .source import SettleHandle
 
@@ -106,11 +106,17 @@ class Settler:
         self.confirmation = confirmation
         #: Where `sie.worker.nats.operations` is recorded (§13), once per settle call; None: not.
         self.telemetry: Registry | None = None
+        self._counters: dict[tuple[str, str, bool], tuple[Registry, Counter]] = {}
 
     def _record(self, operation: str, reason: str, n: int, *, ok: bool = True) -> None:
-        if self.telemetry is not None and n:
-            attrs = (("operation", operation), ("outcome", "success" if ok else "error"), ("reason", reason))
-            self.telemetry.add(NATS_OPERATIONS, n, attrs)
+        telemetry = self.telemetry
+        if telemetry is not None and n:
+            key = (operation, reason, ok)
+            found = self._counters.get(key)
+            if found is None or found[0] is not telemetry:  # once per series and registry
+                attrs = (("operation", operation), ("outcome", "success" if ok else "error"), ("reason", reason))
+                found = self._counters[key] = (telemetry, telemetry.counter(NATS_OPERATIONS, attrs))
+            found[1].add(n)
 
     def _finish(self, d: Delivery) -> bool:
         return bool(self._finish_many((d,)))

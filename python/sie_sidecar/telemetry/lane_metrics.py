@@ -29,7 +29,7 @@ from .names import (
     REQUEST_BATCH_TOTAL,
     STARVATION_RESETS,
 )
-from .registry import DURATION_BOUNDS_S, Attrs, Histogram, Registry
+from .registry import DURATION_BOUNDS_S, Attrs, Gauge, Histogram, Registry
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +52,8 @@ class LaneMetrics:
         self._version = -1
         self._attrs: dict[str, Attrs] = {}
         self._batch: dict[str, _BatchInstruments] = {}
+        self._fill: dict[tuple[str, str], Gauge] = {}
+        self._adaptive: tuple[int, Gauge, Gauge, dict[str, Gauge], Attrs] | None = None
 
     def attrs(self, operation: str) -> Attrs:
         """(operation, model, profile), re-resolved when the catalog changed."""
@@ -59,6 +61,7 @@ class LaneMetrics:
             self._version = self._catalog.version
             self._attrs.clear()
             self._batch.clear()
+            self._fill.clear()
         found = self._attrs.get(operation)
         if found is None:
             found = self._attrs[operation] = self._catalog.attrs(operation, self.model)
@@ -88,12 +91,13 @@ class LaneMetrics:
     ) -> None:
         """A batch left its former: depth down, each item's queue time, the cost fill under its flush reason."""
         self._depth.move(operation, self.model, "", -len(enqueued_at))
-        self._instruments(operation).queue_duration.record_many(map(now.__sub__, enqueued_at))
+        self._instruments(operation).queue_duration.record_since(now, enqueued_at)
         if cost_cap > 0:
-            attrs = self.attrs(operation)
-            self._registry.gauge(BATCH_FILL_RATIO, (*attrs, ("flush.reason", closed(reason, FLUSH_REASONS)))).set(
-                cost / cost_cap
-            )
+            fill = self._fill.get((operation, reason))  # valid: `_instruments` cleared it on a catalog change
+            if fill is None:
+                attrs = (*self.attrs(operation), ("flush.reason", closed(reason, FLUSH_REASONS)))
+                fill = self._fill[(operation, reason)] = self._registry.gauge(BATCH_FILL_RATIO, attrs)
+            fill.set(cost / cost_cap)
 
     def left(self, operation: str, n: int) -> None:
         """Items handed back unsent at shutdown leave the queue too."""
@@ -113,16 +117,27 @@ class LaneMetrics:
     ) -> None:
         """The adaptive controller stepped: its wait, cost cap, observed / target p50, and the
         starvation recoveries (`resets`: how many this step made)."""
-        attrs = self.attrs(OTHER)[1:]
-        registry = self._registry
-        registry.gauge(ADAPTIVE_WAIT, attrs).set(wait_ms / 1000.0)
-        registry.gauge(ADAPTIVE_COST, attrs).set(cost)
-        if p50_ms is not None:
-            registry.gauge(ADAPTIVE_P50, (*attrs, ("kind", "observed"))).set(p50_ms / 1000.0)
-        if target_p50_ms is not None:
-            registry.gauge(ADAPTIVE_P50, (*attrs, ("kind", "target"))).set(target_p50_ms / 1000.0)
+        found = self._adaptive
+        if found is None or found[0] != self._catalog.version:  # looked up once per catalog version
+            attrs = self.attrs(OTHER)[1:]
+            found = self._adaptive = (
+                self._catalog.version,
+                self._registry.gauge(ADAPTIVE_WAIT, attrs),
+                self._registry.gauge(ADAPTIVE_COST, attrs),
+                {},
+                attrs,
+            )
+        _, wait, cost_cap, p50, attrs = found
+        wait.set(wait_ms / 1000.0)
+        cost_cap.set(cost)
+        for kind, value in (("observed", p50_ms), ("target", target_p50_ms)):
+            if value is not None:  # a p50 gauge exists from its first value on
+                gauge = p50.get(kind)
+                if gauge is None:
+                    gauge = p50[kind] = self._registry.gauge(ADAPTIVE_P50, (*attrs, ("kind", kind)))
+                gauge.set(value / 1000.0)
         if resets > 0:
-            registry.counter(STARVATION_RESETS, attrs).add(resets)
+            self._registry.counter(STARVATION_RESETS, attrs).add(resets)
 
 
 __all__ = ["LaneMetrics"]

@@ -1,0 +1,119 @@
+//! `Histogram`: the telemetry registry's explicit-bucket histogram (sie-core `histogram`), so a
+//! batch's values are binned without a Python object per value. The twin is
+//! `telemetry.registry.PyHistogram`, with the same names and methods.
+
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+use pyo3::types::{PyList, PyTuple};
+
+use sie_core::histogram::Histogram as Core;
+
+/// Floats of a list or tuple read in place; any other iterable item by item.
+fn for_each_float(values: &Bound<'_, PyAny>, mut f: impl FnMut(f64)) -> PyResult<()> {
+    if let Ok(list) = values.cast::<PyList>() {
+        for v in list.iter() {
+            f(v.extract()?);
+        }
+    } else if let Ok(tuple) = values.cast::<PyTuple>() {
+        for v in tuple.iter() {
+            f(v.extract()?);
+        }
+    } else {
+        for v in values.try_iter()? {
+            f(v?.extract()?);
+        }
+    }
+    Ok(())
+}
+
+#[pyclass(module = "sie_sidecar._native")]
+pub struct Histogram {
+    inner: Core,
+    #[pyo3(get)]
+    name: Py<PyAny>,
+    #[pyo3(get)]
+    attrs: Py<PyAny>,
+    bounds: Py<PyTuple>,
+}
+
+#[pymethods]
+impl Histogram {
+    #[new]
+    fn new(py: Python<'_>, name: Py<PyAny>, attrs: Py<PyAny>, bounds: Vec<f64>) -> PyResult<Self> {
+        let inner = Core::new(bounds.clone()).map_err(|_| {
+            PyValueError::new_err(format!(
+                "histogram {} bounds must be strictly increasing",
+                name.bind(py)
+            ))
+        })?;
+        Ok(Self {
+            inner,
+            name,
+            attrs,
+            bounds: PyTuple::new(py, bounds)?.unbind(),
+        })
+    }
+
+    #[classattr]
+    fn kind() -> &'static str {
+        "histogram"
+    }
+
+    #[getter]
+    fn bounds(&self, py: Python<'_>) -> Py<PyTuple> {
+        self.bounds.clone_ref(py)
+    }
+
+    /// The bucket counts, a new list (the last bucket is above the last bound).
+    #[getter]
+    fn buckets(&self) -> Vec<u64> {
+        self.inner.buckets().to_vec()
+    }
+
+    #[getter]
+    fn count(&self) -> u64 {
+        self.inner.count
+    }
+
+    #[getter]
+    fn sum(&self) -> f64 {
+        self.inner.sum
+    }
+
+    #[getter]
+    fn min(&self) -> f64 {
+        self.inner.min
+    }
+
+    #[getter]
+    fn max(&self) -> f64 {
+        self.inner.max
+    }
+
+    fn record(&mut self, value: f64) {
+        self.inner.record_n(value, 1);
+    }
+
+    /// `n` observations of one value (nothing for `n` <= 0).
+    fn record_n(&mut self, value: f64, n: i64) {
+        if n > 0 {
+            self.inner.record_n(value, n as u64);
+        }
+    }
+
+    /// One observation per value.
+    fn record_many(&mut self, values: &Bound<'_, PyAny>) -> PyResult<()> {
+        let mut batch = Vec::new();
+        for_each_float(values, |v| batch.push(v))?;
+        self.inner.record_many(batch);
+        Ok(())
+    }
+
+    /// One observation of `now - t` per time `t` (a batch's queue times from its enqueue times).
+    fn record_since(&mut self, now: f64, times: &Bound<'_, PyAny>) -> PyResult<()> {
+        let mut batch = Vec::new();
+        for_each_float(times, |t| batch.push(now - t))?;
+        self.inner.record_many(batch);
+        Ok(())
+    }
+}

@@ -1,0 +1,133 @@
+//! `encode_trace_request`: finished batch spans (`otel.tracing.SpanRecord`) into one OTLP
+//! `ExportTraceServiceRequest`, encoded by sie-core's `otlp` (the SDK's exporter sends it). The
+//! twin is the SDK's own encoder over `otel.traces.BatchSpanData`.
+
+use pyo3::exceptions::{PyTypeError, PyValueError};
+use pyo3::intern;
+use pyo3::prelude::*;
+use pyo3::types::{PyBool, PyBytes, PyFloat, PyInt, PyString};
+
+use sie_core::otlp::{
+    encode_request, hex_id, links_of, string_attr, AnyValue, Event, InstrumentationScope, KeyValue,
+    Span, Status, Value, FLAG_HAS_IS_REMOTE, FLAG_IS_REMOTE, KIND_CONSUMER, KIND_INTERNAL,
+    STATUS_ERROR,
+};
+
+fn id<const N: usize>(value: &str, what: &str) -> PyResult<[u8; N]> {
+    hex_id::<N>(value).ok_or_else(|| {
+        PyValueError::new_err(format!("{what} is not {} lower-case hex digits", 2 * N))
+    })
+}
+
+fn value_of(v: &Bound<'_, PyAny>) -> PyResult<Value> {
+    if v.is_instance_of::<PyBool>() {
+        Ok(Value::Bool(v.extract()?))
+    } else if v.is_instance_of::<PyInt>() {
+        Ok(Value::Int(v.extract()?))
+    } else if v.is_instance_of::<PyFloat>() {
+        Ok(Value::Double(v.extract()?))
+    } else if let Ok(s) = v.cast::<PyString>() {
+        Ok(Value::String(s.to_str()?.to_owned()))
+    } else {
+        Err(PyTypeError::new_err(format!(
+            "span attribute values are str, bool, int or float, not {}",
+            v.get_type().name()?
+        )))
+    }
+}
+
+fn span_of<'py>(record: &Bound<'py, PyAny>) -> PyResult<Span> {
+    let py = record.py();
+    let get = |name: &Bound<'py, PyString>| record.getattr(name);
+    let trace_id: String = get(intern!(py, "trace_id"))?.extract()?;
+    let span_id: String = get(intern!(py, "span_id"))?.extract()?;
+    let parent: String = get(intern!(py, "parent_span_id"))?.extract()?;
+    let kind: String = get(intern!(py, "kind"))?.extract()?;
+    let mut attributes = Vec::new();
+    for pair in get(intern!(py, "attributes"))?.try_iter()? {
+        let (key, value): (String, Bound<'_, PyAny>) = pair?.extract()?;
+        let value = Some(AnyValue {
+            value: Some(value_of(&value)?),
+        });
+        // A mapping, as the SDK reads a span's attributes: a repeated key keeps its first place
+        // and takes its last value.
+        match attributes
+            .iter_mut()
+            .find(|kv: &&mut KeyValue| kv.key == key)
+        {
+            Some(kv) => kv.value = value,
+            None => attributes.push(KeyValue { key, value }),
+        }
+    }
+    let mut events = Vec::new();
+    for pair in get(intern!(py, "events"))?.try_iter()? {
+        let (name, time_unix_nano): (String, u64) = pair?.extract()?;
+        events.push(Event {
+            time_unix_nano,
+            name,
+        });
+    }
+    let contexts: Vec<String> = get(intern!(py, "links"))?.extract()?;
+    let (links, dropped_links_count) = links_of(contexts.iter().map(String::as_str));
+    let error: Option<String> = get(intern!(py, "error"))?.extract()?;
+    let parent_span_id = if parent.is_empty() {
+        Vec::new()
+    } else {
+        id::<8>(&parent, "parent_span_id")?.to_vec()
+    };
+    let flags = if parent.is_empty() {
+        FLAG_HAS_IS_REMOTE
+    } else {
+        FLAG_HAS_IS_REMOTE | FLAG_IS_REMOTE
+    };
+    Ok(Span {
+        trace_id: id::<16>(&trace_id, "trace_id")?.to_vec(),
+        span_id: id::<8>(&span_id, "span_id")?.to_vec(),
+        parent_span_id,
+        name: get(intern!(py, "name"))?.extract()?,
+        kind: if kind == "consumer" {
+            KIND_CONSUMER
+        } else {
+            KIND_INTERNAL
+        },
+        start_time_unix_nano: get(intern!(py, "start_ns"))?.extract()?,
+        end_time_unix_nano: get(intern!(py, "end_ns"))?.extract()?,
+        attributes,
+        events,
+        links,
+        dropped_links_count,
+        status: Some(match error {
+            None => Status::default(),
+            Some(message) => Status {
+                message,
+                code: STATUS_ERROR,
+            },
+        }),
+        flags,
+    })
+}
+
+/// One OTLP trace export request: `records` (span records), under one resource (`resource`:
+/// its attributes as string pairs, in order) and the instrumentation scope `scope_name` /
+/// `scope_version`. Raises ValueError for an id that is not lower-case hex of its length,
+/// TypeError for an attribute value that is not str, bool, int or float.
+#[pyfunction]
+pub fn encode_trace_request<'py>(
+    py: Python<'py>,
+    records: &Bound<'py, PyAny>,
+    resource: Vec<(String, String)>,
+    scope_name: String,
+    scope_version: String,
+) -> PyResult<Bound<'py, PyBytes>> {
+    let mut spans = Vec::new();
+    for record in records.try_iter()? {
+        spans.push(span_of(&record?)?);
+    }
+    let resource = resource.iter().map(|(k, v)| string_attr(k, v)).collect();
+    let scope = InstrumentationScope {
+        name: scope_name,
+        version: scope_version,
+    };
+    let body = encode_request(resource, scope, spans);
+    Ok(PyBytes::new(py, &body))
+}
