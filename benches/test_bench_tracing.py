@@ -15,6 +15,7 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from pytest_benchmark.fixture import BenchmarkFixture
 
+from sie_sidecar import wire
 from sie_sidecar.ipc.requests import item_traceparents, run_batch_body
 from sie_sidecar.otel.sdk import make_resource
 from sie_sidecar.otel.traces import SpanPipeline
@@ -85,26 +86,41 @@ def test_run_batch_with_tracing_64_items(benchmark: BenchmarkFixture, mode: str)
     assert (exporter.spans > 0) is (mode == "sampled")
 
 
-def test_sdk_otlp_encoding_of_512_spans(benchmark: BenchmarkFixture) -> None:
-    """What the SDK's span exporter does with one full export batch (`OTEL_BSP_MAX_EXPORT_BATCH_SIZE`,
-    512) of batch spans before sending it: `BatchSpanData` read by the SDK's OTLP encoder, serialized.
-    It runs in the batch span processor's thread; the figure per span is this / 512."""
+@pytest.mark.parametrize("encoder", ["sdk", "compiled"])
+@pytest.mark.parametrize("links", [0, ITEMS])
+def test_otlp_encoding_of_512_spans(benchmark: BenchmarkFixture, encoder: str, links: int) -> None:
+    """What the span exporter does with one full export batch (`OTEL_BSP_MAX_EXPORT_BATCH_SIZE`, 512)
+    of batch spans before sending it, in the batch span processor's thread: the SDK's OTLP encoder
+    over `BatchSpanData` (what shipped before), or the compiled encoder over their records (what the
+    sidecar's exporters use, `otel.span_exporters`). Both write the same bytes (checked here). Spans
+    without links (items that carry no context) and with 64 (every item traced by its caller). The
+    figure per span is this / 512."""
     from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
     from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
+    from sie_sidecar.otel.span_exporters import native_request
     from sie_sidecar.otel.traces import BatchSpanData
+    from sie_sidecar.otel.tracing import format_traceparent
 
-    benchmark.group = "tracing: the SDK's OTLP encoding of 512 batch spans"
+    if encoder == "compiled" and not wire.USING_NATIVE:
+        pytest.skip("the compiled encoder")
+    benchmark.group = f"tracing: OTLP encoding of 512 batch spans with {links} links each"
     buffer = SpanBuffer(1024)
     tracer = Tracer(Sampler("always_on"), buffer, lane="default|cpu|default")
-    for _ in range(512):
+    contexts = [format_traceparent(f"{i + 1:032x}", f"{i + 1:016x}") for i in range(links)]
+    for n in range(512):
         span = tracer.start_batch("org/model", "encode", ITEMS, ITEMS)
         assert span is not None
+        span.link(contexts[n % 2 :] + contexts[: n % 2])
         for event in ("ipc.request", "ipc.response", "published"):
             span.event(event)
         span.end()
     resource = make_resource({"service.name": "bench", "service.instance.id": "pod-0", "cloud.region": "unknown"})
     scope = InstrumentationScope("sie_sidecar", "0")
     spans = [BatchSpanData(record, resource, scope) for record in buffer.take()]
-    body = benchmark(lambda: encode_spans(spans).SerializeToString())
-    assert len(spans) == 512 and len(body) > 512 * 100
+    sdk = bytes(encode_spans(spans).SerializeToString())
+    if encoder == "sdk":
+        body = benchmark(lambda: encode_spans(spans).SerializeToString())
+    else:
+        body = benchmark(lambda: native_request(spans))
+    assert body == sdk and len(spans) == 512 and len(sdk) > 512 * 100

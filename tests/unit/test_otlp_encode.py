@@ -362,3 +362,33 @@ print(main_thread)
 """
     run = subprocess.run([sys.executable, "-c", code], check=True, timeout=120, capture_output=True, text=True)
     assert run.stdout.strip() == "[]", run.stdout + run.stderr
+
+
+def test_what_the_otlp_thread_imported_is_frozen_once_the_exporter_is_built() -> None:
+    """Start-up freezes its heap before the OTLP thread has imported the SDK; once the exporter is
+    built the heap is frozen again, so the collector does not keep walking the SDK's objects (4% of
+    steady CPU with metrics on: docs/benchmarks.md). In a child process: freezing is process-wide."""
+    code = f"""
+import asyncio, gc
+from sie_sidecar.otel.export import MetricsPush, OtlpThread
+from sie_sidecar.otel.target import Target
+from sie_sidecar.telemetry import Registry
+
+async def main():
+    gc.freeze()  # as start-up does
+    before = gc.get_freeze_count()
+    push = MetricsPush(
+        Registry(), OtlpThread(), Target("http://127.0.0.1:{free_port()}/v1/metrics", "http/protobuf", timeout_s=0.5),
+        resource={{"service.name": "s"}}, lane="L",
+    )
+    await push._sender
+    await asyncio.sleep(0)  # the done-callback runs on the loop
+    import opentelemetry.sdk.metrics.export as sdk
+    print(gc.get_freeze_count() - before, gc.is_tracked(sdk.__dict__), sdk.__dict__ in gc.get_objects())
+
+asyncio.run(main())
+"""
+    run = subprocess.run([sys.executable, "-c", code], check=True, timeout=120, capture_output=True, text=True)
+    grown, tracked, collected = run.stdout.split()
+    assert int(grown) > 5_000, run.stdout + run.stderr  # the SDK's objects went to the permanent generation
+    assert tracked == "True" and collected == "False"  # still tracked, but no generation holds it
