@@ -26,7 +26,8 @@ import nats
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
-from sie_sidecar.tools.loadgen import LoadConfig, _pub_ack_error, build_work_item, varied_texts
+from sie_sidecar.tools.load_run import pub_ack_error
+from sie_sidecar.tools.loadgen import LoadConfig, build_work_item, varied_texts
 
 ACK_TIMEOUT_S = 5.0  # no PubAck this long after a publish: publish again
 GIVE_UP_S = 90.0  # an item the stream has not accepted this long after its first publish is never accepted
@@ -254,7 +255,7 @@ class Gateway:
         if entry is None:
             return
         ledger, index, _ = entry
-        if _pub_ack_error(msg) is None:
+        if pub_ack_error(msg) is None:
             ledger.acked[index] = True
         else:
             self._schedule_retry(ledger, index)

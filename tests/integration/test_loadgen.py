@@ -33,12 +33,9 @@ from nats.aio.client import Client
 from nats.js.api import DiscardPolicy, RetentionPolicy, StreamConfig
 
 from sie_sidecar import wire
+from sie_sidecar.tools.load_run import LATE_FACTOR, LATE_SLACK_S, STALL_ITEMS, STALL_MIN_S
 from sie_sidecar.tools.loadgen import (
     DEFAULT_TEXTS,
-    LATE_FACTOR,
-    LATE_SLACK_S,
-    STALL_ITEMS,
-    STALL_MIN_S,
     LoadConfig,
     LoadgenError,
     add_loadgen_arguments,

@@ -56,12 +56,13 @@ def edges_of(path: Path) -> list[ImportEdge]:
             # `from pkg import sub` names a submodule: record the submodule itself when it exists.
             for alias in node.names:
                 sub = f"{target}.{alias.name}"
-                is_sub = target.startswith("sie_sidecar") and _exists(sub)
+                is_sub = target.startswith("sie_sidecar") and module_exists(sub)
                 out.append(ImportEdge(me, sub if is_sub else target, node.lineno, node.lineno in type_only))
     return out
 
 
-def _exists(module: str) -> bool:
+def module_exists(module: str) -> bool:
+    """Whether `module` (dotted, under sie_sidecar) is a module or package of the source tree."""
     rel = Path(*module.split(".")[1:])
     base = PACKAGE_DIR / rel
     return any(p.exists() for p in (base.with_suffix(".py"), base / "__init__.py", base / "__init__.pyi"))

@@ -16,19 +16,19 @@ import msgpack
 from ..errors import LocalIngestError
 from ..local import Client
 from ..local.client import request_body
-from .loadgen import (
+from .load_run import (
     LoadConfig,
     LoadgenError,
     LoadSummary,
-    _recent_p50,
-    _request_plan,
-    _Run,
-    _summarize,
-    _tick,
+    Run,
     arrival_offsets,
     build_work_item,
     progress_bar,
+    recent_p50,
+    request_plan,
     show_progress,
+    summarize,
+    tick,
 )
 
 #: Connections to the socket; each carries up to 80 requests at a time (the §11 budget).
@@ -66,8 +66,8 @@ def _lane(config: LoadConfig) -> str:
 
 
 async def _drive(clients: list[Client], config: LoadConfig, socket: str, *, progress: bool) -> LoadSummary:
-    run = _Run(config)
-    plan = _request_plan(config)
+    run = Run(config)
+    plan = request_plan(config)
     offsets = arrival_offsets(plan, config.rate, config.arrival, config.seed)
     room = asyncio.Semaphore(config.max_in_flight)
     prefix = uuid.uuid4().hex[:12]
@@ -106,7 +106,7 @@ async def _drive(clients: list[Client], config: LoadConfig, socket: str, *, prog
             for _ in items:
                 room.release()
 
-    ticker = asyncio.create_task(_tick(run, bar)) if bar is not None and not bar.disable else None
+    ticker = asyncio.create_task(tick(run, bar)) if bar is not None and not bar.disable else None
     items_before = 0
     start = 0.0
     try:
@@ -150,10 +150,10 @@ async def _drive(clients: list[Client], config: LoadConfig, socket: str, *, prog
         for task in tasks:
             task.cancel()
     if bar is not None:
-        show_progress(bar, run.results + run.publish_errors, _recent_p50(run.latencies_ms))
+        show_progress(bar, run.results + run.publish_errors, recent_p50(run.latencies_ms))
         bar.close()  # draws the final count and ends the line
     lost = len(run.sent_at)
-    summary = _summarize(run, lost=lost, unsent=0)
+    summary = summarize(run, lost=lost, unsent=0)
     summary.subject = f"local:{socket}"
     return summary
 

@@ -36,7 +36,7 @@ _SENTINEL_KINDS = frozenset("biuf")
 # --- msgpack primitives (shortest encodings, as every v0.7.1 producer writes them) ---------------
 
 
-def _pack_uint(value: int) -> bytes:
+def pack_uint(value: int) -> bytes:
     """Shortest unsigned encoding; OverflowError outside u64 (what a native u64 argument raises)."""
     if value < 0 or value > _U64_MAX:
         raise OverflowError(f"{value} is not a u64")
@@ -61,12 +61,12 @@ def _str_header(size: int) -> bytes:
     return b"\xdb" + _U32.pack(size)
 
 
-def _pack_str(value: str) -> bytes:
+def pack_str(value: str) -> bytes:
     data = value.encode("utf-8")
     return _str_header(len(data)) + data
 
 
-def _bin_header(size: int) -> bytes:
+def bin_header(size: int) -> bytes:
     if size <= 0xFF:
         return b"\xc4" + _U8.pack(size)
     if size <= 0xFFFF:
@@ -74,7 +74,7 @@ def _bin_header(size: int) -> bytes:
     return b"\xc6" + _U32.pack(size)
 
 
-def _bin_header_len(size: int) -> int:
+def bin_header_len(size: int) -> int:
     """Width of the bin header for `size` bytes (2, 3 or 5), without building it."""
     if size <= 0xFF:
         return 2
@@ -83,7 +83,7 @@ def _bin_header_len(size: int) -> int:
     return 5
 
 
-def _uint_len(value: int) -> int:
+def uint_len(value: int) -> int:
     """Width of the shortest unsigned encoding of `value`."""
     if value < 0x80:
         return 1
@@ -104,7 +104,7 @@ def _array_header(size: int) -> bytes:
     return b"\xdd" + _U32.pack(size)
 
 
-def _map_header(size: int) -> bytes:
+def map_header(size: int) -> bytes:
     if size < 16:
         return bytes((0x80 | size,))
     if size <= 0xFFFF:
@@ -112,33 +112,33 @@ def _map_header(size: int) -> bytes:
     return b"\xdf" + _U32.pack(size)
 
 
-def _pack_f64(value: float) -> bytes:
+def pack_f64(value: float) -> bytes:
     return b"\xcb" + _F64.pack(value)
 
 
 # Constant pieces, built once.
 _NIL = b"\xc0"
-_K_ID = _pack_str("id")
-_K_DIMS = _pack_str("dims")
-_K_DTYPE = _pack_str("dtype")
-_K_VALUES = _pack_str("values")
-_K_INDICES = _pack_str("indices")
-_K_TOKEN_DIMS = _pack_str("token_dims")
-_K_NUM_TOKENS = _pack_str("num_tokens")
-_K_DENSE = _pack_str("dense")
-_K_SPARSE = _pack_str("sparse")
-_K_MULTIVECTOR = _pack_str("multivector")
-_K_ITEM_ID = _pack_str("item_id")
-_K_SCORE = _pack_str("score")
-_K_RANK = _pack_str("rank")
-_V_FLOAT32 = _pack_str("float32")
-_V_FLOAT16 = _pack_str("float16")
+_K_ID = pack_str("id")
+_K_DIMS = pack_str("dims")
+_K_DTYPE = pack_str("dtype")
+_K_VALUES = pack_str("values")
+_K_INDICES = pack_str("indices")
+_K_TOKEN_DIMS = pack_str("token_dims")
+_K_NUM_TOKENS = pack_str("num_tokens")
+_K_DENSE = pack_str("dense")
+_K_SPARSE = pack_str("sparse")
+_K_MULTIVECTOR = pack_str("multivector")
+_K_ITEM_ID = pack_str("item_id")
+_K_SCORE = pack_str("score")
+_K_RANK = pack_str("rank")
+_V_FLOAT32 = pack_str("float32")
+_V_FLOAT16 = pack_str("float16")
 # Sentinel prefix up to (and including) the `type` key: {b"nd": True, b"type": ...
-_ND_HEAD = b"\x85" + _bin_header(2) + b"nd" + b"\xc3" + _bin_header(4) + b"type"
+_ND_HEAD = b"\x85" + bin_header(2) + b"nd" + b"\xc3" + bin_header(4) + b"type"
 # ... b"kind": b"", b"shape": ...
-_ND_KIND_SHAPE = _bin_header(4) + b"kind" + _bin_header(0) + _bin_header(5) + b"shape"
+_ND_KIND_SHAPE = bin_header(4) + b"kind" + bin_header(0) + bin_header(5) + b"shape"
 # ... b"data": <bin>
-_ND_DATA = _bin_header(4) + b"data"
+_ND_DATA = bin_header(4) + b"data"
 
 
 # --- array coercion ------------------------------------------------------------------------------
@@ -218,10 +218,10 @@ def _sentinel_parts(arr: npt.NDArray[Any], shape: tuple[int, ...]) -> list[bytes
 
     The data is a view, so joining the pieces is the one and only copy of the array bytes.
     """
-    parts: list[bytes | memoryview] = [_ND_HEAD, _pack_str(arr.dtype.str), _ND_KIND_SHAPE, _array_header(len(shape))]
-    parts.extend(_pack_uint(dim) for dim in shape)
+    parts: list[bytes | memoryview] = [_ND_HEAD, pack_str(arr.dtype.str), _ND_KIND_SHAPE, _array_header(len(shape))]
+    parts.extend(pack_uint(dim) for dim in shape)
     parts.append(_ND_DATA)
-    parts.append(_bin_header(arr.nbytes))
+    parts.append(bin_header(arr.nbytes))
     if arr.nbytes:
         parts.append(arr.data.cast("B"))
     return parts
@@ -253,7 +253,7 @@ def _outer(item_id: str | None, key: bytes) -> list[bytes | memoryview]:
         return [b"\x81", key]
     if not isinstance(item_id, str):
         raise ShapeError("item_id must be a str")
-    return [b"\x82", _K_ID, _pack_str(item_id), key]
+    return [b"\x82", _K_ID, pack_str(item_id), key]
 
 
 def _l2_normalize(arr: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
@@ -283,7 +283,7 @@ def frame_dense(values: Any, *, dims: int | None = None, item_id: str | None = N
     if normalize:
         arr = _l2_normalize(arr)
     parts = _outer(item_id, _K_DENSE)
-    parts += (b"\x83", _K_DIMS, _pack_uint(int(dims)), _K_DTYPE, _V_FLOAT32, _K_VALUES)
+    parts += (b"\x83", _K_DIMS, pack_uint(int(dims)), _K_DTYPE, _V_FLOAT32, _K_VALUES)
     parts += _sentinel_parts(arr, (arr.size,))
     return b"".join(parts)
 
@@ -307,7 +307,7 @@ def frame_sparse(indices: Any, values: Any, *, dims: int | None = None, item_id:
     vals = _as_float32(values, "sparse values")
     if idx.size != vals.size:
         raise ShapeError(f"sparse length mismatch: {idx.size} indices, {vals.size} values")
-    dims_bytes = _NIL if dims is None else _pack_uint(_check_count(dims, "sparse dims"))
+    dims_bytes = _NIL if dims is None else pack_uint(_check_count(dims, "sparse dims"))
     parts = _outer(item_id, _K_SPARSE)
     parts += (b"\x84", _K_DIMS, dims_bytes, _K_DTYPE, _V_FLOAT32, _K_INDICES)
     parts += _sentinel_parts(idx, (idx.size,))
@@ -353,7 +353,7 @@ def frame_multivector(
         else:
             arr = f32
     parts = _outer(item_id, _K_MULTIVECTOR)
-    parts += (b"\x84", _K_TOKEN_DIMS, _pack_uint(cols), _K_NUM_TOKENS, _pack_uint(rows), _K_DTYPE)
+    parts += (b"\x84", _K_TOKEN_DIMS, pack_uint(cols), _K_NUM_TOKENS, pack_uint(rows), _K_DTYPE)
     parts += (_V_FLOAT16 if dtype == "float16" else _V_FLOAT32, _K_VALUES)
     parts += _sentinel_parts(arr, (rows, cols))
     return b"".join(parts)
@@ -386,8 +386,8 @@ def frame_score(scores: Any, item_ids: Sequence[str]) -> bytes:
     order = sorted(range(len(ids)), key=widened.__getitem__, reverse=True)
     parts: list[bytes] = [_array_header(len(order))]
     for rank, i in enumerate(order):
-        parts.append(b"\x83" + _K_ITEM_ID + _pack_str(ids[i]) + _K_SCORE + _pack_f64(widened[i]) + _K_RANK)
-        parts.append(_pack_uint(rank))
+        parts.append(b"\x83" + _K_ITEM_ID + pack_str(ids[i]) + _K_SCORE + pack_f64(widened[i]) + _K_RANK)
+        parts.append(pack_uint(rank))
     return b"".join(parts)
 
 

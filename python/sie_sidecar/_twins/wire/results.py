@@ -28,13 +28,13 @@ from ...wire.limits import (
 )
 from ...wire.types import WorkResult
 from .outputs import (
-    _bin_header,
-    _bin_header_len,
-    _map_header,
-    _pack_f64,
-    _pack_str,
-    _pack_uint,
-    _uint_len,
+    bin_header,
+    bin_header_len,
+    map_header,
+    pack_f64,
+    pack_str,
+    pack_uint,
+    uint_len,
 )
 
 _U32_MAX = 0xFFFF_FFFF
@@ -46,48 +46,48 @@ _TRUE = b"\xc3"
 _FALSE = b"\xc2"
 
 # WorkResult keys, pre-encoded (§8.1 producer order).
-_K_WORK_ITEM_ID = _pack_str("work_item_id")
-_K_REQUEST_ID = _pack_str("request_id")
-_K_ITEM_INDEX = _pack_str("item_index")
-_K_SUCCESS = _pack_str("success")
-_K_RESULT_MSGPACK = _pack_str("result_msgpack")
-_K_ERROR = _pack_str("error")
-_K_ERROR_CODE = _pack_str("error_code")
-_K_INFERENCE_MS = _pack_str("inference_ms")
-_K_QUEUE_MS = _pack_str("queue_ms")
-_K_PROCESSING_MS = _pack_str("processing_ms")
-_K_WORKER_ID = _pack_str("worker_id")
-_K_TOKENIZATION_MS = _pack_str("tokenization_ms")
-_K_POSTPROCESSING_MS = _pack_str("postprocessing_ms")
-_K_PAYLOAD_FETCH_MS = _pack_str("payload_fetch_ms")
-_K_UNITS = _pack_str("units")
-_K_WORKER_DIRECT = _pack_str("worker_direct")
-_K_EXECUTED_HASH = _pack_str("executed_bundle_config_hash")
-_K_RETRY_AFTER_S = _pack_str("retry_after_s")
-_UNIT_KEYS_PACKED = tuple(_pack_str(key) for key in UNIT_KEYS)
+_K_WORK_ITEM_ID = pack_str("work_item_id")
+_K_REQUEST_ID = pack_str("request_id")
+_K_ITEM_INDEX = pack_str("item_index")
+_K_SUCCESS = pack_str("success")
+_K_RESULT_MSGPACK = pack_str("result_msgpack")
+_K_ERROR = pack_str("error")
+_K_ERROR_CODE = pack_str("error_code")
+_K_INFERENCE_MS = pack_str("inference_ms")
+_K_QUEUE_MS = pack_str("queue_ms")
+_K_PROCESSING_MS = pack_str("processing_ms")
+_K_WORKER_ID = pack_str("worker_id")
+_K_TOKENIZATION_MS = pack_str("tokenization_ms")
+_K_POSTPROCESSING_MS = pack_str("postprocessing_ms")
+_K_PAYLOAD_FETCH_MS = pack_str("payload_fetch_ms")
+_K_UNITS = pack_str("units")
+_K_WORKER_DIRECT = pack_str("worker_direct")
+_K_EXECUTED_HASH = pack_str("executed_bundle_config_hash")
+_K_RETRY_AFTER_S = pack_str("retry_after_s")
+_UNIT_KEYS_PACKED = tuple(pack_str(key) for key in UNIT_KEYS)
 
 # ResultChunkV1 keys (§9.1 order; `kind` first, unlike IpcResponseChunkV1).
-_CHUNK_HEAD = b"\x89" + _pack_str("kind") + _pack_str(RESULT_CHUNK_KIND) + _pack_str("work_item_id")
-_K_TRANSFER_DIGEST = _pack_str("transfer_digest")
-_K_CHUNK_INDEX = _pack_str("chunk_index")
-_K_CHUNK_COUNT = _pack_str("chunk_count")
-_K_TOTAL_BYTES = _pack_str("total_bytes")
-_K_PAYLOAD = _pack_str("payload")
+_CHUNK_HEAD = b"\x89" + pack_str("kind") + pack_str(RESULT_CHUNK_KIND) + pack_str("work_item_id")
+_K_TRANSFER_DIGEST = pack_str("transfer_digest")
+_K_CHUNK_INDEX = pack_str("chunk_index")
+_K_CHUNK_COUNT = pack_str("chunk_count")
+_K_TOTAL_BYTES = pack_str("total_bytes")
+_K_PAYLOAD = pack_str("payload")
 
 _COMPACT_ERROR_CODE = PAYLOAD_TOO_LARGE
 
 
 def _opt_str(value: str | None) -> bytes:
-    return _NIL if value is None else _pack_str(value)
+    return _NIL if value is None else pack_str(value)
 
 
 def _opt_f64(value: float | None) -> bytes:
     """Timings are always float64 (§0.4), even when the caller handed in an int."""
-    return _NIL if value is None else _pack_f64(float(value))
+    return _NIL if value is None else pack_f64(float(value))
 
 
 def _opt_uint(value: int | None) -> bytes:
-    return _NIL if value is None else _pack_uint(value)
+    return _NIL if value is None else pack_uint(value)
 
 
 def encode_work_result(result: WorkResult) -> bytes:
@@ -102,17 +102,17 @@ def encode_work_result(result: WorkResult) -> bytes:
     entries = 15 + (units is not None) + (executed is not None) + (retry is not None)
     payload = memoryview(result.result_msgpack or b"").cast("B")
     parts: list[bytes | bytearray | memoryview] = [
-        _map_header(entries),
+        map_header(entries),
         _K_WORK_ITEM_ID,
-        _pack_str(result.work_item_id),
+        pack_str(result.work_item_id),
         _K_REQUEST_ID,
-        _pack_str(result.request_id),
+        pack_str(result.request_id),
         _K_ITEM_INDEX,
-        _pack_uint(result.item_index),
+        pack_uint(result.item_index),
         _K_SUCCESS,
         _TRUE if result.success else _FALSE,
         _K_RESULT_MSGPACK,
-        _bin_header(payload.nbytes),
+        bin_header(payload.nbytes),
         payload,
         _K_ERROR,
         _opt_str(result.error),
@@ -143,16 +143,16 @@ def encode_work_result(result: WorkResult) -> bytes:
             parts.append(packed)
             parts.append(_opt_uint(units.get(key)))
         for key, count in newer:
-            parts.append(_pack_str(key))
+            parts.append(pack_str(key))
             parts.append(_opt_uint(count))
     parts.append(_K_WORKER_DIRECT)
     parts.append(_TRUE if result.worker_direct else _FALSE)
     if executed is not None:
         parts.append(_K_EXECUTED_HASH)
-        parts.append(_pack_str(executed))
+        parts.append(pack_str(executed))
     if retry is not None:
         parts.append(_K_RETRY_AFTER_S)
-        parts.append(_pack_uint(retry))
+        parts.append(pack_uint(retry))
     return b"".join(parts)
 
 
@@ -168,13 +168,13 @@ def _chunk_prefix(work_item_id: str, request_id: str, item_index: int, transfer_
     return b"".join(
         (
             _CHUNK_HEAD,
-            _pack_str(work_item_id),
+            pack_str(work_item_id),
             _K_REQUEST_ID,
-            _pack_str(request_id),
+            pack_str(request_id),
             _K_ITEM_INDEX,
-            _pack_uint(_u32(item_index, "item_index")),
+            pack_uint(_u32(item_index, "item_index")),
             _K_TRANSFER_DIGEST,
-            _bin_header(digest.nbytes),
+            bin_header(digest.nbytes),
             digest,
         )
     )
@@ -184,13 +184,13 @@ def _chunk_tail(chunk_index: int, chunk_count: int, total_bytes: int, payload_le
     return b"".join(
         (
             _K_CHUNK_INDEX,
-            _pack_uint(_u32(chunk_index, "chunk_index")),
+            pack_uint(_u32(chunk_index, "chunk_index")),
             _K_CHUNK_COUNT,
-            _pack_uint(_u32(chunk_count, "chunk_count")),
+            pack_uint(_u32(chunk_count, "chunk_count")),
             _K_TOTAL_BYTES,
-            _pack_uint(total_bytes),
+            pack_uint(total_bytes),
             _K_PAYLOAD,
-            _bin_header(payload_len),
+            bin_header(payload_len),
         )
     )
 
@@ -236,7 +236,7 @@ def _chunk_count(total: int, fixed: int, max_payload: int) -> int | None:
     """
     for n in range(math.ceil(total / RESULT_CHUNK_TARGET), min(MAX_RESULT_CHUNKS, total) + 1):
         largest = -(-total // n)
-        if fixed + _bin_header_len(largest) + largest <= max_payload:
+        if fixed + bin_header_len(largest) + largest <= max_payload:
             return n
     return None
 
@@ -262,7 +262,7 @@ def plan_reply(result: WorkResult, *, accepts_result_chunks: bool, max_payload: 
             + len(_K_CHUNK_COUNT)
             + 1
             + len(_K_TOTAL_BYTES)
-            + _uint_len(total)
+            + uint_len(total)
             + len(_K_PAYLOAD)
         )
         n = _chunk_count(total, fixed, max_payload)
