@@ -644,8 +644,11 @@ PROFILE_BUCKETS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("WorkResult shaping (outcome_result)", ("outcome_result",)),
     ("reply publish (plan_reply + PUB)", ("Publisher.publish_batch",)),
     ("intake: decode_work_item", ("decode_work_item",)),
-    ("intake: other per-message checks", ("Dispatcher._intake",)),
-    ("dispatcher: grouping, readiness, cancel checks", ("Dispatcher.",)),
+    ("intake: other per-message checks", ("Intake.", "Sweeper.intake")),
+    (
+        "dispatcher and its stages: grouping, readiness, parking, preparation, execution, cancel checks",
+        ("Dispatcher.", "Sweeper.", "ModelLanes.", "ReadinessGate.", "Parking.", "Preparation.", "Execution."),
+    ),
     ("pull consumer (credit, batches)", ("PullConsumer.", "_pull_loop")),
     ("nats-py flusher: socket writes", ("Client._flusher",)),
     ("nats-py inbound: parse, dispatch to subscriptions", ("Client._read_loop", "Parser.parse", "_wait_for_msgs")),

@@ -169,7 +169,8 @@ def target_result_chunks(data: bytes) -> None:
 def target_work_item(data: bytes) -> None:
     """A JetStream WorkItem payload: the native decoder against its twin."""
     from sie_sidecar._native import decode_work_item
-    from sie_sidecar.wire.workitem import WorkItem, decode_work_item_py
+    from sie_sidecar._twins.workitem import decode_work_item as decode_work_item_py
+    from sie_sidecar.wire.workitem import WorkItem
 
     _same(lambda: decode_work_item(data, WorkItem), lambda: decode_work_item_py(data), "decode_work_item", data)
 
@@ -179,7 +180,7 @@ def target_inbound(data: bytes) -> None:
     from nats.aio.msg import Msg
 
     from sie_sidecar._native.wire import scan_direct_msgs
-    from sie_sidecar.bus.inbound import scan_direct_msgs_py
+    from sie_sidecar._twins.inbound import scan_direct_msgs as scan_direct_msgs_py
 
     def scan(scanner: Any) -> Any:
         got: list[Msg] = []

@@ -15,7 +15,7 @@ import pytest
 from pytest_benchmark.fixture import BenchmarkFixture
 
 from sie_sidecar import _native
-from sie_sidecar.pipeline.deadlines import deadline_split_py
+from sie_sidecar._twins.deadlines import deadline_split as deadline_split_py
 from sie_sidecar.pipeline.delivery import Delivery
 from sie_sidecar.wire.workitem import decode_work_item
 

@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""What tracing adds to one batch's RPC preparation (`Dispatcher._call_backend`): the RunBatch body of
+"""What tracing adds to one batch's RPC preparation (`pipeline.execution.Execution._call_backend`): the RunBatch body of
 64 loadgen items, each with its own traceparent, written as the dispatcher writes it with tracing off
 (no tracer), on but not sampled (the sampler's one decision), and sampled (links read in place, the
 span's context written into every item, the span finished and handed to the OpenTelemetry SDK's

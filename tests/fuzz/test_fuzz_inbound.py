@@ -13,7 +13,7 @@ from nats.aio.msg import Msg
 
 from sie_sidecar._native import deliveries_of_run
 from sie_sidecar._native.wire import scan_direct_msgs
-from sie_sidecar.bus.inbound import scan_direct_msgs_py
+from sie_sidecar._twins.inbound import scan_direct_msgs as scan_direct_msgs_py
 from sie_sidecar.wire.workitem import WorkItem
 
 MAKE_RUN = functools.partial(deliveries_of_run, item_cls=WorkItem)

@@ -14,8 +14,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from sie_sidecar._native import decode_work_item
+from sie_sidecar._twins.workitem import work_item_spans as work_item_spans_py
 from sie_sidecar.errors import WorkItemError
-from sie_sidecar.wire.workitem import SPLICED_FIELDS, WorkItem, work_item_spans_py
+from sie_sidecar.wire.workitem import SPLICED_FIELDS, WorkItem
 
 from .strategies import MINIMAL_WORK_ITEM, mutated
 

@@ -15,8 +15,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from sie_sidecar._native import decode_work_item
+from sie_sidecar._twins.workitem import decode_work_item as decode_work_item_py
 from sie_sidecar.errors import WorkItemError
-from sie_sidecar.wire.workitem import MAX_DEPTH, REQUIRED, WorkItem, decode_work_item_py
+from sie_sidecar.wire.workitem import MAX_DEPTH, REQUIRED, WorkItem
 
 from .strategies import MINIMAL_WORK_ITEM
 

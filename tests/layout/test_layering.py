@@ -18,6 +18,12 @@ NATS_ROOMS = {"bus", "tools"}
 #: The runtime: everything but the user-facing tools and the command-line entry points.
 NOT_RUNTIME = {"tools", "cli", "__main__"}
 TRANSPORTS = ("nats", "aiohttp", "socket", "obstore")
+#: The facades over the compiled core: the only modules that import `_native` (type stubs included).
+NATIVE_FACADES = ("sie_sidecar.wire", "sie_sidecar.sched", "sie_sidecar.prep.audio")
+#: What the twins may import of the package: one another, errors, wire/'s value modules (not the wire
+#: facade, the switch that loads the twins or the compiled core's namespace) and the controller's constants.
+TWIN_IMPORTS = ("sie_sidecar._twins", "sie_sidecar.errors", "sie_sidecar.wire", "sie_sidecar.sched.controller_params")
+NOT_FOR_TWINS = ("sie_sidecar.wire._switch", "sie_sidecar.wire._native_api")
 
 
 def _is(target: str, *prefixes: str) -> bool:
@@ -37,6 +43,15 @@ def violations(edges: list[ImportEdge]) -> list[str]:
             bad("nats is imported only under bus/ and tools/")
         if _is(e.target, "sie_sidecar._twins") and room != "_twins" and e.module != "sie_sidecar.wire._switch":
             bad("_twins is imported only by wire._switch (and by tests)")
+        if _is(e.target, "sie_sidecar._native") and room != "_native" and not _is(e.module, *NATIVE_FACADES):
+            bad("_native is imported only by the facades (wire/, sched/, prep/audio.py)")
+        if room == "_twins" and (
+            _is(e.target, *TRANSPORTS)
+            or (_is(e.target, "sie_sidecar") and not _is(e.target, *TWIN_IMPORTS))
+            or e.target == "sie_sidecar.wire"
+            or _is(e.target, *NOT_FOR_TWINS)
+        ):
+            bad("_twins/ imports only errors, wire/ value modules, sched.controller_params and other twins")
         if room == "pipeline" and (
             _is(e.target, *TRANSPORTS) or _is(e.target, "sie_sidecar.bus", "sie_sidecar.ipc.client")
         ):
@@ -90,6 +105,12 @@ def test_the_package_keeps_its_layering() -> None:
         ("local/_probe.py", "from ..ipc.client import IpcClient\n", "local/ is the socket"),
         ("otel/_probe.py", "from ..pipeline import dispatcher\n", "otel/ reads telemetry snapshots"),
         ("pipeline/_probe.py", "if TYPE_CHECKING:\n    from nats.aio.msg import Msg\n", "nats is imported only"),
+        ("pipeline/_probe.py", "from .._native import intake_batch\n", "_native is imported only by the facades"),
+        ("tools/_probe.py", "from .. import _native\n", "_native is imported only by the facades"),
+        ("prep/_probe.py", "if TYPE_CHECKING:\n    from .._native import Batcher\n", "_native is imported only"),
+        ("_twins/_probe.py", "from ..pipeline.delivery import Delivery\n", "_twins/ imports only"),
+        ("_twins/_probe.py", "import nats\n", "_twins/ imports only"),
+        ("_twins/_probe.py", "from ..wire import USING_NATIVE\n", "_twins/ imports only"),
     ],
 )
 def test_each_rule_catches_a_breaking_import(relpath: str, source: str, rule: str) -> None:

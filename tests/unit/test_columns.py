@@ -13,12 +13,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from sie_sidecar import wire
-from sie_sidecar.pipeline.columns import (
-    config_hashes_py,
-    request_latencies_ms_py,
-    run_batch_columns_py,
-    unsettled_py,
-)
+from sie_sidecar._twins.columns import config_hashes as config_hashes_py
+from sie_sidecar._twins.columns import request_latencies_ms as request_latencies_ms_py
+from sie_sidecar._twins.columns import run_batch_columns as run_batch_columns_py
+from sie_sidecar._twins.columns import unsettled as unsettled_py
 from sie_sidecar.pipeline.config_gate import ConfigState
 from sie_sidecar.pipeline.delivery import Delivery
 from sie_sidecar.wire.workitem import decode_work_item

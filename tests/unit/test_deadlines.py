@@ -14,15 +14,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from sie_sidecar import wire
-from sie_sidecar.pipeline.deadlines import (
-    DeadlineLeases,
-    DeadlineRules,
-    deadline_lease_holders_py,
-    deadline_split_py,
-    work_item_ages_py,
-)
+from sie_sidecar._twins.deadlines import deadline_lease_holders as deadline_lease_holders_py
+from sie_sidecar._twins.deadlines import deadline_split as deadline_split_py
+from sie_sidecar._twins.deadlines import work_item_ages as work_item_ages_py
+from sie_sidecar._twins.workitem import decode_work_item as decode_work_item_py
+from sie_sidecar.pipeline.deadlines import DeadlineLeases, DeadlineRules
 from sie_sidecar.pipeline.delivery import Delivery
-from sie_sidecar.wire.workitem import decode_work_item, decode_work_item_py
+from sie_sidecar.wire.workitem import decode_work_item
 
 from .test_columns import Msg
 from .test_lazy_delivery import _scanned

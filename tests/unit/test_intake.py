@@ -219,7 +219,7 @@ def test_plain_hints_name_exactly_the_groups_the_dispatcher_would_pass_untouched
     options and no offloaded payload: the dispatcher's own checks would split nothing off and fetch
     nothing for it, so skipping them changes nothing."""
     from sie_sidecar.payloads.resolve import payload_ref_of
-    from sie_sidecar.pipeline.dispatcher import _inline_text_only, _split_by_op
+    from sie_sidecar.pipeline.preparation import _inline_text_only, _split_by_op
 
     found = Intake().intake(batch, None)
     expected = {}

@@ -20,10 +20,11 @@ from hypothesis import strategies as st
 
 from sie_sidecar._native import decode_work_item as _native_decode
 from sie_sidecar._native import write_run_batch_body
+from sie_sidecar._twins.workitem import decode_work_item as decode_work_item_py
 from sie_sidecar.ipc.requests import run_batch_body, run_batch_body_py
 from sie_sidecar.payloads.resolve import inline_payload, resolve_item
 from sie_sidecar.payloads.store import PayloadStore
-from sie_sidecar.wire.workitem import WorkItem, decode_work_item_py
+from sie_sidecar.wire.workitem import WorkItem
 
 OPS = ("encode", "score", "extract")
 

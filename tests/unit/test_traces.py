@@ -21,8 +21,9 @@ from opentelemetry.proto.trace.v1 import trace_pb2 as pb
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
 from sie_sidecar import wire
+from sie_sidecar._twins.requests import item_traceparents as item_traceparents_py
 from sie_sidecar.config import Settings
-from sie_sidecar.ipc.requests import item_traceparents, item_traceparents_py, run_batch_body, run_batch_body_py
+from sie_sidecar.ipc.requests import item_traceparents, run_batch_body, run_batch_body_py
 from sie_sidecar.otel.sdk import make_resource, span_exporter
 from sie_sidecar.otel.target import PROTOCOLS, Target
 from sie_sidecar.otel.traces import BatchSpanData

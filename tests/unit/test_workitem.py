@@ -11,7 +11,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sie_sidecar.wire.workitem import REQUIRED, WorkItem, WorkItemError, decode_work_item_py
+from sie_sidecar._twins.workitem import decode_work_item as decode_work_item_py
+from sie_sidecar.wire.workitem import REQUIRED, WorkItem, WorkItemError
 
 try:
     from sie_sidecar._native import decode_work_item as _native_decode

@@ -15,8 +15,9 @@ from typing import Any
 import msgpack
 import pytest
 
+from sie_sidecar._twins.workitem import decode_work_item as decode_work_item_py
 from sie_sidecar.errors import WorkItemError
-from sie_sidecar.wire.workitem import WorkItem, decode_work_item_py, json_shape_error
+from sie_sidecar.wire.workitem import WorkItem, json_shape_error
 
 from ..pipeline.memory import memory_pipeline
 from ..pipeline.test_sequencing import _item, _msg

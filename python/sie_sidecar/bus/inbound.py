@@ -20,15 +20,13 @@ from __future__ import annotations
 
 import functools
 import logging
-import re
-import struct
 from collections.abc import Callable
 from typing import Any
 
 from nats.aio.msg import Msg
 from nats.protocol import parser as nats_parser
 
-from ..wire._switch import USING_NATIVE
+from ..wire._switch import USING_NATIVE, load
 from ..wire.workitem import WorkItem
 
 log = logging.getLogger(__name__)
@@ -37,9 +35,6 @@ log = logging.getLogger(__name__)
 DeliverRun = Callable[[list[Any]], None]
 ScanResult = tuple[int, int, int, bool, BaseException | None]
 
-_TOKEN = rb"[^ \t\r\n\f\v]+"
-_MSG_LINE = re.compile(rb"MSG[ \t]+(%s)[ \t]+(%s)[ \t]+(%s)[ \t]+(\d+)[ \t]*\r\n" % (_TOKEN, _TOKEN, _TOKEN))
-_MAX_CONTROL_LINE = 4096
 _CRLF = b"\r\n"
 #: nats-py's one-line frames, in the order its parser tries them.
 _LINE_FRAMES = tuple(
@@ -48,110 +43,16 @@ _LINE_FRAMES = tuple(
     if hasattr(nats_parser, name)
 )
 
-
-def _new_msg(msg_cls: Any, client: Any, subject: str, reply: str, payload: bytes, sid: int) -> Any:  # noqa: PLR0917
-    """A `msg_cls` with its instance dict filled directly, as the Cython scanner makes it."""
-    msg = msg_cls.__new__(msg_cls)
-    msg.__dict__.update(_client=client, subject=subject, reply=reply, data=payload, headers=None, _sid=sid)
-    return msg
-
-
-def scan_direct_msgs_py(
-    buf: bytearray,
-    direct: dict[int, DeliverRun],
-    client: Any,
-    msg_cls: Any,
-    make_run: Callable[..., list[Any]] | None = None,
-) -> ScanResult:
-    """Pure-Python twin of the Cython scanner (same results; used by the parity tests).
-
-    With `make_run`, a run is handed to it as the Cython scanner hands it: the run's bytes, four
-    little-endian u32 per frame (reply offset and length, payload offset and length, in the run)
-    and the frames' subjects; what it returns is delivered."""
-    pos = count = nbytes = 0
-    run: list[Any] | None = None
-    run_sid = -1
-    run_deliver: DeliverRun | None = None
-    run_start = run_end = 0
-    spans: list[int] = []
-    subjects: list[str] = []
-
-    def flush() -> BaseException | None:
-        if run is None or run_deliver is None:
-            return None
-        try:
-            if make_run is None:
-                run_deliver(run)
-            else:
-                packed = struct.pack(f"<{len(spans)}I", *spans)
-                run_deliver(make_run(bytes(buf[run_start:run_end]), packed, subjects, run_sid, client, msg_cls))
-        except BaseException as exc:  # mirrors the Cython scanner: report, stop after this run
-            return exc
-        return None
-
-    partial = False
-    while pos < len(buf):
-        if len(buf) - pos < 4:
-            partial = buf.startswith(b"M", pos)
-            break
-        if not buf.startswith(b"MSG", pos) or buf[pos + 3] not in b" \t":
-            break
-        line_end = buf.find(b"\r\n", pos + 4, min(len(buf), pos + _MAX_CONTROL_LINE))
-        if line_end < 0:
-            partial = min(len(buf), pos + _MAX_CONTROL_LINE) == len(buf)
-            break
-        m = _MSG_LINE.fullmatch(bytes(buf[pos : line_end + 2]))
-        if m is None or len(m.group(2)) > 18 or not m.group(2).isdigit() or len(m.group(4)) > 18:
-            break  # also a MSG without a reply subject: not a JetStream delivery
-        sid, size = int(m.group(2)), int(m.group(4))
-        deliver = direct.get(sid)
-        if deliver is None:
-            break
-        body = line_end + 2
-        frame_end = body + size + 2
-        if frame_end > len(buf):
-            partial = True
-            break
-        if buf[frame_end - 2 : frame_end] != b"\r\n":
-            break
-        try:
-            subject = m.group(1).decode()
-            reply = m.group(3).decode()
-        except UnicodeDecodeError:
-            break
-        payload = bytes(buf[body : body + size])
-        if run is not None and sid != run_sid:
-            error = flush()
-            run = None
-            if error is not None:
-                return pos, count, nbytes, False, error
-        if run is None:
-            run, run_sid, run_deliver = [], sid, deliver
-            run_start, spans, subjects = pos, [], []
-        run.append(_new_msg(msg_cls, client, subject, reply, payload, sid))
-        spans += (pos + m.start(3) - run_start, m.end(3) - m.start(3), body - run_start, size)
-        subjects.append(subject)
-        run_end = frame_end
-        pos, count, nbytes = frame_end, count + 1, nbytes + size
-    error = flush()
-    return pos, count, nbytes, partial, error
-
-
 Scanner = Callable[[bytearray, dict[int, DeliverRun], Any, Any, Callable[..., list[Any]] | None], ScanResult]
 
-
-def _select_scanner() -> tuple[Scanner, Callable[..., list[Any]] | None]:
-    """The Cython scanner, and the native maker of a run's deliveries (no `Msg` per frame), unless
-    the pure-Python twin was asked for (then `Msg` objects, as nats-py makes them)."""
-    if USING_NATIVE:
-        from .._native import deliveries_of_run
-        from .._native.wire import scan_direct_msgs
-
-        return scan_direct_msgs, functools.partial(deliveries_of_run, item_cls=WorkItem)
-    return scan_direct_msgs_py, None
-
-
-scan_direct_msgs, make_run = _select_scanner()
+#: The compiled core, or the pure-Python twin with `SIE_SIDECAR_NO_EXTENSIONS=1` (`_twins.inbound`).
+_core = load("inbound")
+#: The Cython scanner and the native maker of a run's deliveries (no `Msg` per frame); with the twin,
+#: its scanner and no maker (then `Msg` objects, as nats-py makes them).
+scan_direct_msgs: Scanner = _core.wire.scan_direct_msgs if USING_NATIVE else _core.scan_direct_msgs
+make_run: Callable[..., list[Any]] | None = (
+    functools.partial(_core.deliveries_of_run, item_cls=WorkItem) if USING_NATIVE else None
+)
 
 
 def first_frame_end(buf: bytearray) -> int | None:
@@ -263,4 +164,4 @@ class FastInbound:
         self._parser._direct.pop(sid, None)
 
 
-__all__ = ["DeliverRun", "FastInbound", "first_frame_end", "scan_direct_msgs", "scan_direct_msgs_py"]
+__all__ = ["DeliverRun", "FastInbound", "first_frame_end", "scan_direct_msgs"]

@@ -14,6 +14,7 @@ from typing import Any
 
 import msgpack
 
+from ..wire._switch import USING_NATIVE, load
 from ..wire.workitem import WorkItem
 
 _batch_ids = itertools.count()
@@ -182,42 +183,13 @@ def run_batch_body_py(
     return bytes(msgpack.packb(body, use_bin_type=True))
 
 
-_NativeWriter = Callable[..., bytes]
-
-
-def _select_writer() -> _NativeWriter | None:
-    """The native writer unless the pure-Python twin was asked for (`wire._switch`)."""
-    from ..wire._switch import USING_NATIVE
-
-    if not USING_NATIVE:
-        return None
-    from .._native import write_run_batch_body
-
-    return write_run_batch_body
-
-
-_native_writer = _select_writer()
-
-
-def item_traceparents_py(items: Sequence[WorkItem]) -> list[str | None]:
-    """Each item's own `traceparent` (None unless a string): the twin of `_native.item_traceparents`,
-    which also reads an undecoded `LazyDelivery` in place."""
-    return [tp if isinstance(tp := item.traceparent, str) else None for item in items]
-
-
-def _select_traceparents() -> Callable[[Sequence[WorkItem]], list[str | None]]:
-    from ..wire._switch import USING_NATIVE
-
-    if not USING_NATIVE:
-        return item_traceparents_py
-    from .._native import item_traceparents as native
-
-    return native
-
-
+_core = load("requests")
+#: The native one-pass writer (`_native.write_run_batch_body`); None with the twins, whose writer is
+#: the spec, `run_batch_body_py`.
+_native_writer: Callable[..., bytes] | None = _core.write_run_batch_body if USING_NATIVE else None
 #: What a sampled batch's span links to, read from the items the RunBatch writer takes (`wire_item`)
-#: without decoding them. Called only for sampled batches.
-item_traceparents = _select_traceparents()
+#: without decoding them (`_native.item_traceparents`, or `_twins.requests`). Called only for sampled batches.
+item_traceparents: Callable[[Sequence[WorkItem]], list[str | None]] = _core.item_traceparents
 
 
 def run_batch_body(
@@ -288,7 +260,6 @@ __all__ = [
     "encode_item",
     "extract_item",
     "item_traceparents",
-    "item_traceparents_py",
     "lora_from_options",
     "lora_key",
     "next_batch_id",

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from ..errors import InvalidTransportBinding
+from ..wire._switch import load
 from .digest import DIGEST_SIZE, payload_digest
 
 #: `publish_work` waits at most this long; 0 means this default (§11).
@@ -102,19 +103,8 @@ class Body:
 Checker = Callable[..., tuple[list[bytes], list[int], list[bool]]]
 
 
-def _select_checker() -> Checker:
-    """The item rules in the native core, unless the pure-Python twin was asked for."""
-    from ..wire._switch import USING_NATIVE, twin
-
-    if USING_NATIVE:
-        from .._native import check_local_items
-
-        return check_local_items
-    checker: Checker = twin("local_items").check_local_items
-    return checker
-
-
-_check_local_items = _select_checker()
+#: The item rules in the native core (`_native.check_local_items`), or its twin (`_twins.local_items`).
+_check_local_items: Checker = load("local_items").check_local_items
 
 
 @dataclass(frozen=True, slots=True)

@@ -3,8 +3,8 @@
 the leases that keep held items with a deadline from being redelivered, and the work-item ages.
 
 Python touches a batch here, not an item (law 1): `deadline_split`, `deadline_lease_holders` and
-`work_item_ages` are one native call per batch; the `_py` functions are their twins (the path with
-`SIE_SIDECAR_NO_EXTENSIONS=1`, and the oracle of the parity tests).
+`work_item_ages` are one native call per batch; `_twins.deadlines` holds their twins (the path with
+`SIE_SIDECAR_NO_EXTENSIONS=1`, and the oracle of the parity tests), chosen by `wire._switch`.
 
 The rules, in one place:
 
@@ -26,7 +26,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import math
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
@@ -34,6 +33,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from ..logs import Throttled
+from ..wire._switch import load
 from .columns import unsettled
 
 log = logging.getLogger(__name__)
@@ -44,7 +44,7 @@ LEASE_TICK_S: Final = 5.0
 #: The lease count at which `DeadlineLeases.hold` first sweeps out every settled lease.
 PRUNE_AT: Final = 256
 
-#: `(live, expired, usable, ignored, ahead, latest)`, see `deadline_split_py`.
+#: `(live, expired, usable, ignored, ahead, latest)`, see `deadline_split`.
 Split = tuple[list[Any], list[Any], int, int, int, float | None]
 
 
@@ -69,95 +69,15 @@ class DeadlineRules:
         return max(ipc_timeout_s, min(latest_deadline - now, self.max_budget_s))
 
 
-def _fields(d: Any) -> tuple[bool, float, float] | None:
-    item = d.item
-    if item is None:
-        return None
-    deadline = item.deadline
-    return item.operation == "generate", float(item.timestamp), math.nan if deadline is None else float(deadline)
-
-
-def _usable(timestamp: float, deadline: float, max_budget_s: float) -> bool:
-    return (
-        math.isfinite(deadline) and deadline > 0.0 and timestamp > 0.0 and 0.0 <= deadline - timestamp <= max_budget_s
-    )
-
-
-def deadline_split_py(deliveries: list[Any], now: float, skew_s: float, max_budget_s: float) -> Split:
-    """`(live, expired, usable, ignored, ahead, latest)` at wall-clock `now`: `expired` are the non-generate
-    deliveries whose usable deadline + `skew_s` is before `now`, `live` the others in order
-    (`deliveries` itself when none expired); `usable` counts the live ones with a usable deadline,
-    `ignored` those whose deadline is present but not usable, `ahead` those with a usable deadline
-    whose timestamp is more than `skew_s` ahead of `now`; `latest` is the latest usable deadline of
-    the live ones (None without one)."""
-    live: list[Any] = []
-    latest: float | None = None
-    expired: list[Any] = []
-    usable = ignored = ahead = 0
-    for d in deliveries:
-        found = _fields(d)
-        if found is None or found[0] or math.isnan(found[2]):
-            live.append(d)
-            continue
-        _, timestamp, deadline = found
-        if not _usable(timestamp, deadline, max_budget_s):
-            ignored += 1
-            live.append(d)
-            continue
-        if timestamp > now + skew_s:
-            ahead += 1
-        if deadline + skew_s < now:
-            expired.append(d)
-        else:
-            usable += 1
-            latest = deadline if latest is None else max(latest, deadline)
-            live.append(d)
-    return (live if expired else deliveries), expired, usable, ignored, ahead, latest
-
-
-def deadline_lease_holders_py(  # noqa: PLR0917  # the native function's signature
-    deliveries: list[Any], now: float, skew_s: float, max_budget_s: float, enforce: bool, cap: float
-) -> list[Any]:
-    """The unsettled non-generate deliveries whose lease still runs at `now`: until deadline +
-    `skew_s` (enforcing) or deadline + `skew_s` + `max_budget_s` (not), never past `cap`."""
-    out = []
-    for d in deliveries:
-        if d.settled:
-            continue
-        found = _fields(d)
-        if found is None or found[0] or not _usable(found[1], found[2], max_budget_s):
-            continue
-        end = found[2] + skew_s + (0.0 if enforce else max_budget_s)
-        if now < min(end, cap):
-            out.append(d)
-    return out
-
-
-def work_item_ages_py(deliveries: list[Any], now: float) -> list[float]:
-    """Seconds from each item's timestamp to `now` (never negative), skipping timestamps <= 0 (§5.6)."""
-    ages = []
-    for d in deliveries:
-        found = _fields(d)
-        if found is not None and found[1] > 0.0:
-            ages.append(max(0.0, now - found[1]))
-    return ages
-
-
-def _select() -> tuple[
-    Callable[[list[Any], float, float, float], Split],
-    Callable[[list[Any], float, float, float, bool, float], list[Any]],
-    Callable[[list[Any], float], list[float]],
-]:
-    from ..wire._switch import USING_NATIVE
-
-    if not USING_NATIVE:
-        return deadline_split_py, deadline_lease_holders_py, work_item_ages_py
-    from .._native import deadline_lease_holders, deadline_split, work_item_ages
-
-    return deadline_split, deadline_lease_holders, work_item_ages
-
-
-deadline_split, deadline_lease_holders, work_item_ages = _select()
+_impl = load("deadlines")
+#: `Split` at wall-clock `now` (`deliveries`, now, skew_s, max_budget_s); see `_twins.deadlines`.
+deadline_split: Callable[[list[Any], float, float, float], Split] = _impl.deadline_split
+#: The deliveries whose lease still runs (`deliveries`, now, skew_s, max_budget_s, enforce, cap).
+deadline_lease_holders: Callable[[list[Any], float, float, float, bool, float], list[Any]] = (
+    _impl.deadline_lease_holders
+)
+#: Seconds from each item's timestamp to `now` (`deliveries`, now), skipping timestamps <= 0.
+work_item_ages: Callable[[list[Any], float], list[float]] = _impl.work_item_ages
 
 
 def first_delivery(d: Any) -> bool:
@@ -320,11 +240,8 @@ __all__ = [
     "DeadlineLeases",
     "DeadlineRules",
     "deadline_lease_holders",
-    "deadline_lease_holders_py",
     "deadline_split",
-    "deadline_split_py",
     "first_delivery",
     "observe_clock",
     "work_item_ages",
-    "work_item_ages_py",
 ]

@@ -10,24 +10,17 @@ from typing import Any, Protocol
 
 from ..logs import Throttled
 from ..telemetry import NATS_OPERATIONS, Counter, Registry
+from ..wire._switch import load, twin
 from ..wire.workitem import WorkItem
 from .source import SettleHandle
 
 log = logging.getLogger(__name__)
 
 
-def _select_finish() -> Callable[[Sequence[Any]], tuple[list[Any], list[Any], list[tuple[Any, int]]]] | None:
-    """Bulk settlement in the native core, unless the pure-Python twin was asked for."""
-    from ..wire._switch import USING_NATIVE
-
-    if not USING_NATIVE:
-        return None
-    from .._native import finish_deliveries
-
-    return finish_deliveries
-
-
-_finish_deliveries = _select_finish()
+#: `(done, twice, releases)` for a batch: `_native.finish_deliveries`, or its twin (`_twins.delivery`).
+_finish_deliveries: Callable[[Sequence[Any]], tuple[list[Any], list[Any], list[tuple[Any, int]]]] = load(
+    "delivery"
+).finish_deliveries
 #: Settlement failures come per message while the connection is down: rate-limited, with a count.
 _warn = Throttled(log)
 
@@ -129,33 +122,23 @@ class Settler:
 
     def _finish_many(self, ds: Sequence[Delivery]) -> list[Delivery]:
         """`_finish` for a batch: the capacity goes back with one `release(n)` per source. One
-        native call for the whole batch (`_native.finish_deliveries`); `_finish_many_py` is its twin."""
-        if _finish_deliveries is None:
-            return self._finish_many_py(ds)
-        done, twice, releases = _finish_deliveries(ds)
+        native call for the whole batch (`_native.finish_deliveries`, or its twin with the twins)."""
+        return self._settle(ds, _finish_deliveries)
+
+    def _finish_many_py(self, ds: Sequence[Delivery]) -> list[Delivery]:
+        """`_finish_many` through the twin of `_native.finish_deliveries` (`_twins.delivery`),
+        whatever the selection: the parity tests' oracle."""
+        return self._settle(ds, twin("delivery").finish_deliveries)
+
+    @staticmethod
+    def _settle(
+        ds: Sequence[Delivery],
+        finish: Callable[[Sequence[Any]], tuple[list[Any], list[Any], list[tuple[Any, int]]]],
+    ) -> list[Delivery]:
+        done, twice, releases = finish(ds)
         for d in twice:
             log.error("delivery settled twice", extra={"subject": d.msg.subject})
         for release, count in releases:
-            release(count)
-        return done
-
-    def _finish_many_py(self, ds: Sequence[Delivery]) -> list[Delivery]:
-        """The per-delivery loop: the twin of `_native.finish_deliveries`."""
-        done: list[Delivery] = []
-        release = None
-        count = 0
-        for d in ds:
-            if d.settled:
-                log.error("delivery settled twice", extra={"subject": d.msg.subject})
-                continue
-            d.settled = True
-            done.append(d)
-            if d.release is not release and d.release != release:  # equal bound methods: one source
-                if release is not None and count:
-                    release(count)
-                release, count = d.release, 0
-            count += 1
-        if release is not None and count:
             release(count)
         return done
 

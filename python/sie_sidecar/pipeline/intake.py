@@ -11,6 +11,7 @@ from typing import Any, Final, Literal
 
 from .. import wire
 from ..logs import Throttled
+from ..wire._switch import USING_NATIVE, load
 from ..wire.workitem import WorkItem, WorkItemError, decode_work_item
 from .admission import Admission, item_admitted
 from .delivery import Delivery
@@ -20,18 +21,9 @@ log = logging.getLogger(__name__)
 _warn = Throttled(log)
 
 
-def _select_intake() -> Callable[..., Any] | None:
-    """The native intake of a whole batch, unless the pure-Python twin was asked for (then the loop runs)."""
-    from ..wire._switch import USING_NATIVE
-
-    if not USING_NATIVE:
-        return None
-    from .._native import intake_batch
-
-    return intake_batch
-
-
-_intake_batch = _select_intake()
+#: The native intake of a whole batch; None with the twins, whose intake is `Intake._verdicts_py`
+#: (the per-message loop, which also runs whenever a tombstone is set).
+_intake_batch: Callable[..., Any] | None = load("intake").intake_batch if USING_NATIVE else None
 
 #: Subjects whose model token is remembered (cleared when full; subjects are few per worker).
 SUBJECT_CACHE_SIZE = 4096

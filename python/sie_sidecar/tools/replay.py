@@ -43,9 +43,9 @@ def add_replay_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _replay_for(name: str) -> Replay:
     if name == "native":
-        from .._native import replay_controller as native
+        from ..wire._switch import native
 
-        return native
+        return cast(Replay, native().replay_controller)
     if name == "py":
         from ..wire._switch import twin
 

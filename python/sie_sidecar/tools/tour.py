@@ -45,10 +45,6 @@ def _row(label: str, native_s: float, twin_s: float, extra: str = "") -> None:
     print(f"  {label:<44} native {_fmt(native_s)}   twin {_fmt(twin_s)}   {twin_s / native_s:5.1f}x {extra}")
 
 
-def _native() -> ModuleType:
-    return native_wire()
-
-
 def _batch_response(items: int, dim: int) -> tuple[bytes, bytes]:
     """A RunBatch request body and the backend's whole response frame for `items` dense items."""
     rng = np.random.default_rng(1)
@@ -184,7 +180,7 @@ def _step_subjects(native: ModuleType) -> None:
 
 def run_tour(*, items: int = 256, dim: int = 384, chunked_mib: int = 40) -> int:
     """Print the tour; returns a process exit code."""
-    native = _native()
+    native = native_wire()
     print(f"sie-sidecar wire core: native (Rust + Cython, v{native.__version__}) against the pure-Python twin")
     _step_ipc(native, items, dim)
     _step_chunked(native, chunked_mib)

@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING
 from ._switch import USING_NATIVE, wire_impl
 
 if TYPE_CHECKING:
-    # Type checkers see the twin's signatures; the native stubs declare the same API.
+    # Type checkers see the compiled core's signatures (its stubs, `_native/*.pyi`); the parity tests
+    # and stubtest keep the twins equal to them.
     from ._native_api import *  # noqa: F403
     from ._native_api import __all__ as _names
 else:

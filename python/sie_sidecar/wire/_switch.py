@@ -1,9 +1,10 @@
 # SPDX-License-Identifier: Apache-2.0
 """The one place that chooses the compiled core or the pure-Python twins (`SIE_SIDECAR_NO_EXTENSIONS=1`).
 
-Every facade (`wire`, `sched.batcher`, `sched.controller`) asks here; nothing else in the runtime
-imports `_twins`. The native core is mandatory unless the twin is asked for: a wheel without its
-extension is a broken install, and silently running 3-10x slower would hide that.
+Every facade (`wire`, `sched.batcher`, `sched.controller`) and every module with a native kernel
+(`pipeline.columns`, `bus.inbound`...) asks here; nothing else in the runtime imports `_twins`, and
+only the facades import `_native`. The native core is mandatory unless the twin is asked for: a
+wheel without its extension is a broken install, and silently running 3-10x slower would hide that.
 """
 
 from __future__ import annotations
@@ -26,6 +27,12 @@ def twin(name: str) -> ModuleType:
     return importlib.import_module(f"sie_sidecar._twins.{name}")
 
 
+def native() -> ModuleType:
+    """The compiled core itself (`sie_sidecar._native`), whatever the selection: for the tools that
+    compare both implementations side by side (`replay --impl native`)."""
+    return importlib.import_module("sie_sidecar._native")
+
+
 def native_wire() -> ModuleType:
     """The compiled wire core (Rust + Cython names under one namespace), whatever the selection."""
     return importlib.import_module("sie_sidecar.wire._native_api")
@@ -37,11 +44,22 @@ def load_wire() -> ModuleType:
 
 
 def load(name: str) -> ModuleType:
-    """The implementation of one scheduler part (`batcher`, `controller`): its twin, or the extension."""
-    return twin(name) if wants_twin() else importlib.import_module("sie_sidecar._native")
+    """The implementation of one part of the core by its twin's name (`batcher`, `controller`,
+    `columns`...): the twin module under `_twins`, or the extension (which holds every part)."""
+    return twin(name) if wants_twin() else native()
 
 
 wire_impl = load_wire()
 USING_NATIVE: bool = wire_impl.IMPLEMENTATION == "native"
 
-__all__ = ["NO_EXTENSIONS_ENV", "USING_NATIVE", "load", "load_wire", "native_wire", "twin", "wants_twin", "wire_impl"]
+__all__ = [
+    "NO_EXTENSIONS_ENV",
+    "USING_NATIVE",
+    "load",
+    "load_wire",
+    "native",
+    "native_wire",
+    "twin",
+    "wants_twin",
+    "wire_impl",
+]
