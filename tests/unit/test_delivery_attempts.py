@@ -67,3 +67,17 @@ def test_a_batch_records_attempts_and_receive_reasons() -> None:
         dict(i.attrs)["reason"]: registry.value(NATS_OPERATIONS, i.attrs) for i in registry if i.name == NATS_OPERATIONS
     }
     assert received == {"first_delivery": 2, "redelivery": 1, "metadata_unavailable": 1}
+
+
+def test_only_the_series_a_batch_touches_exist() -> None:
+    """The receive instruments are looked up once, but made when first recorded into: a run of first
+    deliveries exports no empty `redelivered=true` histogram and no zero redelivery counter."""
+    registry = Registry()
+    record_receive(registry, [Msg(v1("1")), Msg(v1("1"))])
+    record_receive(registry, [Msg(v1("1"))])
+    series = {(i.name, i.attrs) for i in registry}
+    assert series == {
+        (NATS_DELIVERY_ATTEMPTS, (("redelivered", "false"),)),
+        (NATS_OPERATIONS, (("operation", "receive"), ("outcome", "success"), ("reason", "first_delivery"))),
+    }
+    assert registry.value(NATS_OPERATIONS, next(a for n, a in series if n == NATS_OPERATIONS)) == 3

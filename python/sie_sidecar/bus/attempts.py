@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Final
 
-from ..telemetry import NATS_DELIVERY_ATTEMPTS, NATS_OPERATIONS, Registry
+from ..telemetry import NATS_DELIVERY_ATTEMPTS, NATS_OPERATIONS, Counter, Histogram, Registry
 from ..wire._switch import load
 
 if TYPE_CHECKING:
@@ -26,16 +26,29 @@ _RECEIVED: Final = {
 
 
 class _ReceiveInstruments:
-    """The receive instruments of one registry, looked up once (five registry lookups per pulled
-    batch were a third of its recording)."""
+    """The receive instruments of one registry, each looked up once, when first recorded into (an
+    instrument exists from its first record on, as before: no empty series are exported). Five
+    registry lookups per pulled batch were a third of its recording."""
 
-    __slots__ = ("again", "first", "reasons", "registry")
+    __slots__ = ("_attempts", "_received", "registry")
 
     def __init__(self, registry: Registry) -> None:
         self.registry = registry
-        self.first = registry.histogram(NATS_DELIVERY_ATTEMPTS, _FIRST, ATTEMPT_BOUNDS)
-        self.again = registry.histogram(NATS_DELIVERY_ATTEMPTS, _AGAIN, ATTEMPT_BOUNDS)
-        self.reasons = {reason: registry.counter(NATS_OPERATIONS, attrs) for reason, attrs in _RECEIVED.items()}
+        self._attempts: dict[bool, Histogram] = {}
+        self._received: dict[str, Counter] = {}
+
+    def attempts(self, again: bool) -> Histogram:
+        found = self._attempts.get(again)
+        if found is None:
+            attrs = _AGAIN if again else _FIRST
+            found = self._attempts[again] = self.registry.histogram(NATS_DELIVERY_ATTEMPTS, attrs, ATTEMPT_BOUNDS)
+        return found
+
+    def received(self, reason: str) -> Counter:
+        found = self._received.get(reason)
+        if found is None:
+            found = self._received[reason] = self.registry.counter(NATS_OPERATIONS, _RECEIVED[reason])
+        return found
 
 
 _instruments: _ReceiveInstruments | None = None
@@ -52,13 +65,11 @@ def record_receive(registry: Registry, messages: Sequence[Any]) -> None:
     for attempt, n in counts:
         if attempt <= 1:
             first += n
-            found.first.record_n(float(attempt), n)
-        else:
-            found.again.record_n(float(attempt), n)
+        found.attempts(attempt > 1).record_n(float(attempt), n)
     again = len(messages) - first - unknown
     for reason, n in (("first_delivery", first), ("redelivery", again), ("metadata_unavailable", unknown)):
         if n:
-            found.reasons[reason].add(n)
+            found.received(reason).add(n)
 
 
 def observe_pulls(registry: Registry, consumers: Sequence[PullConsumer]) -> None:
