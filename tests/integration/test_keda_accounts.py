@@ -73,5 +73,13 @@ async def test_the_trigger_account_reports_the_lanes_lag(
         subject = wire.pool_work_subject(POOL, PROFILE, BUNDLE, MODEL)
         for i in range(7):
             await stack.js.publish(subject, msgpack.packb(work_item(text=f"backlog {i}"), use_bin_type=True))
-        assert _lag(await asyncio.to_thread(_jsz, monitor, account), account, stream, consumer) == 7
+        # The monitor's consumer counts follow the stream a moment later (the server updates a
+        # consumer's pending count after the store): read until they settle, as KEDA polls.
+        lags: list[int | None] = []
+        deadline = asyncio.get_running_loop().time() + 10.0
+        while not lags or (lags[-1] != 7 and asyncio.get_running_loop().time() < deadline):
+            if lags:
+                await asyncio.sleep(0.05)
+            lags.append(_lag(await asyncio.to_thread(_jsz, monitor, account), account, stream, consumer))
+        assert lags[-1] == 7, lags
         assert _lag(await asyncio.to_thread(_jsz, monitor, "$G"), "$G", stream, consumer) is None
