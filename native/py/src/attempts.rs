@@ -30,10 +30,10 @@ pub fn delivery_attempts(messages: &Bound<'_, PyAny>) -> PyResult<(Vec<(u64, u64
         }
         match m.getattr(k_reply) {
             Ok(reply) => match reply.cast::<PyString>() {
-                Ok(s) => counts.add(s.to_str().ok()),
-                Err(_) => counts.add(None),
+                Ok(s) => counts.add_bytes(s.to_str().ok().map(str::as_bytes)),
+                Err(_) => counts.add_bytes(None),
             },
-            Err(_) => counts.add(None),
+            Err(_) => counts.add_bytes(None),
         }
     }
     Ok(counts.finish())
