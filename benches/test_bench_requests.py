@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """RunBatch request bodies: the native writer (values spliced from each item's payload) against its
-spec `run_batch_body_py` (dicts + msgpack), for 64 loadgen WorkItems decoded natively as the intake
-does. Per-item cost = the mean / 64."""
+spec, the twin `_twins.requests.write_run_batch_body` (dicts + msgpack), for 64 loadgen WorkItems
+decoded natively as the intake does. Per-item cost = the mean / 64."""
 
 from __future__ import annotations
 
@@ -12,7 +12,6 @@ import msgpack
 import pytest
 from pytest_benchmark.fixture import BenchmarkFixture
 
-from sie_sidecar.ipc.requests import run_batch_body_py
 from sie_sidecar.tools.loadgen import LoadConfig, build_work_item
 from sie_sidecar.wire.workitem import WorkItem, decode_work_item
 
@@ -39,7 +38,13 @@ def _native(model: str, op: str, items: list[WorkItem], lora: str, cost: int, **
     return write_run_batch_body(model, op, lora, cost, 0, items, kw.get("payload_fetch_ms"), None, None)
 
 
-WRITERS: dict[str, Callable[..., bytes]] = {"native": _native, "py": run_batch_body_py}
+def _twin(model: str, op: str, items: list[WorkItem], lora: str, cost: int, **kw: Any) -> bytes:
+    from sie_sidecar._twins.requests import write_run_batch_body
+
+    return write_run_batch_body(model, op, lora, cost, 0, items, kw.get("payload_fetch_ms"), None, None)
+
+
+WRITERS: dict[str, Callable[..., bytes]] = {"native": _native, "py": _twin}
 
 
 @pytest.mark.parametrize("writer", sorted(WRITERS))

@@ -13,6 +13,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from sie_sidecar import wire
+from sie_sidecar._twins.intake import intake_batch as intake_batch_py
 from sie_sidecar.pipeline.intake import Intake
 
 from ..unit.test_intake import Msg
@@ -46,7 +47,8 @@ SUBJECTS = st.one_of(
 def test_intake_batch_never_crashes_and_loses_nothing(batch: list[tuple[str, bytes]]) -> None:
     msgs = [Msg(s, d) for s, d in batch]
     groups, naks, drops = Intake().verdicts(msgs, None)
-    twin_groups, twin_naks, twin_drops = Intake()._verdicts_py(msgs, None, False)
+    twin = Intake()
+    twin_groups, twin_naks, twin_drops = intake_batch_py(msgs, twin._subject_info, twin._decide, None, False)
     seen: list[Any] = [d.msg for ds in groups.values() for d in ds] + [d.msg for d in naks + drops]
     assert sorted(map(id, seen)) == sorted(map(id, msgs))
     assert {m: [d.msg for d in ds] for m, ds in groups.items()} == {

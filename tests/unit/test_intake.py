@@ -14,6 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from sie_sidecar import wire
+from sie_sidecar._twins.intake import intake_batch as intake_batch_py
 from sie_sidecar.pipeline import intake as intake_module
 from sie_sidecar.pipeline.intake import ACCEPT, NAK, Intake, server_copied
 
@@ -145,7 +146,8 @@ def test_native_batch_intake_matches_its_twin_field_for_field(batch: list[Msg]) 
     native = Intake()
     assert intake_module._intake_batch is not None
     groups, naks, drops = native.verdicts(batch, release)
-    twin_groups, twin_naks, twin_drops = Intake()._verdicts_py(batch, release, False)
+    twin = Intake()
+    twin_groups, twin_naks, twin_drops = intake_batch_py(batch, twin._subject_info, twin._decide, release, False)
     assert list(groups) == list(twin_groups)
     for model in groups:
         assert [_fields(d) for d in groups[model]] == [_fields(d) for d in twin_groups[model]]
@@ -264,7 +266,11 @@ def test_a_nats_header_other_than_the_msg_id_marks_a_server_copied_message(
     good = msgpack.packb(item(1, model="org/m-a", reply="_INBOX.gw.1", router="gw", operation="encode"))
     for subject in (SUBJECTS[0], "sie.work.bad"):
         msg = WithHeaders(subject, good, headers)
-        for found in (Intake().verdicts([msg], None), Intake()._verdicts_py([msg], None, False)):
+        twin = Intake()
+        for found in (
+            Intake().verdicts([msg], None),
+            intake_batch_py([msg], twin._subject_info, twin._decide, None, False),
+        ):
             groups, naks, drops = found
             assert ([d.msg for d in drops] == [msg]) is copied
             if copied:
@@ -335,7 +341,7 @@ def test_native_admission_check_matches_its_twin(batch: list[Msg], rule: Any) ->
     admission.record(PoolDecision(rule[0], "r", rule[2]))
     twin = Intake()
     twin.admission = admission
-    twin_found = twin._verdicts_py(batch, None, False, admission.item_rule())
+    twin_found = intake_batch_py(batch, twin._subject_info, twin._decide, None, False, admission.item_rule())
     expected = _verdict_of(twin_found)
     for lazy in (True, False):
         found = intake_batch(batch, twin._subject_info, Delivery, WorkItem, None, lazy, admission.item_rule())

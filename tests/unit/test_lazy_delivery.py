@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 from sie_sidecar import wire
 from sie_sidecar._native import LazyDelivery, frame_batch_response, intake_batch, write_run_batch_body
+from sie_sidecar._twins.intake import intake_batch as intake_batch_py
 from sie_sidecar.backend.adapter import item_outcome
 from sie_sidecar.pipeline.delivery import Delivery
 from sie_sidecar.pipeline.intake import Intake
@@ -231,7 +232,8 @@ def test_scanned_deliveries_get_the_admission_verdicts_messages_get(pools: list[
     native, twin = Intake(), Intake()
     native.admission = twin.admission = admission
     found = native.intake(_scanned(payloads, make_run=True), None)
-    expected = twin._verdicts_py(_scanned(payloads, make_run=False), None, False, admission.item_rule())
+    scanned = _scanned(payloads, make_run=False)
+    expected = intake_batch_py(scanned, twin._subject_info, twin._decide, None, False, admission.item_rule())
     assert sorted((k, m) for k, m, _ in _verdicts(found)) == sorted(
         [("nak", d.model) for d in expected[1]] + [("accept", d.model) for ds in expected[0].values() for d in ds]
     )

@@ -1,7 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The native RunBatch writer against its spec, `run_batch_body_py` (wire-protocol §3.10, §4.1-4.3):
-the same bytes for canonically encoded payloads, the same decoded body (key order included) for any
-payload, and never a value spliced from a payload that no longer describes the item."""
+"""The native RunBatch writer against its spec, the twin `_twins.requests.write_run_batch_body`
+(wire-protocol §3.10, §4.1-4.3): the same bytes for canonically encoded payloads, the same decoded
+body (key order included) for any payload, and never a value spliced from a payload that no longer
+describes the item."""
 
 from __future__ import annotations
 
@@ -20,8 +21,9 @@ from hypothesis import strategies as st
 
 from sie_sidecar._native import decode_work_item as _native_decode
 from sie_sidecar._native import write_run_batch_body
+from sie_sidecar._twins.requests import write_run_batch_body as write_run_batch_body_py
 from sie_sidecar._twins.workitem import decode_work_item as decode_work_item_py
-from sie_sidecar.ipc.requests import run_batch_body, run_batch_body_py
+from sie_sidecar.ipc.requests import run_batch_body
 from sie_sidecar.payloads.resolve import inline_payload, resolve_item
 from sie_sidecar.payloads.store import PayloadStore
 from sie_sidecar.wire.workitem import WorkItem
@@ -61,17 +63,7 @@ def twin(
     cost: int = 1,
     batch_id: int = 7,
 ) -> bytes:
-    return run_batch_body_py(
-        model,
-        op,
-        items,
-        lora,
-        cost,
-        payload_fetch_ms=fetch,
-        prepared_tokens=tokens,
-        prepared_audio=audio,
-        batch_id=batch_id,
-    )
+    return write_run_batch_body_py(model, op, lora, cost, batch_id, items, fetch, tokens, audio)
 
 
 def ordered(value: Any) -> Any:
@@ -311,8 +303,9 @@ def test_run_batch_body_numbers_batches() -> None:
 def test_the_environment_switch_selects_the_writer_and_the_decoder(env: str, native_writer: bool) -> None:
     code = (
         "import msgpack; from sie_sidecar.ipc import requests; from sie_sidecar.wire.workitem import decode_work_item;"
+        "from sie_sidecar._twins.requests import write_run_batch_body as twin;"
         f"item = decode_work_item(msgpack.packb({BASE!r}));"
-        "print(requests._native_writer is not None, item.raw is not None)"
+        "print(requests._write_run_batch_body is not twin, item.raw is not None)"
     )
     env_vars = {**os.environ, "SIE_SIDECAR_NO_EXTENSIONS": env}
     out = subprocess.run([sys.executable, "-c", code], env=env_vars, capture_output=True, text=True, check=True)

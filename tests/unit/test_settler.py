@@ -13,6 +13,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from sie_sidecar._twins.delivery import finish_deliveries as finish_deliveries_py
 from sie_sidecar.pipeline.delivery import Delivery, Settler
 
 
@@ -97,7 +98,7 @@ def test_bulk_settlement_matches_its_twin(plan: list[tuple[int, bool, bool]]) ->
     twin_sink: list[tuple[int, int]] = []
     native_batch, twin_batch = batch(native_sink), batch(twin_sink)
     native_done = Settler()._finish_many(native_batch)
-    twin_done = Settler()._finish_many_py(twin_batch)
+    twin_done = Settler._settle(twin_batch, finish_deliveries_py)
     assert [native_batch.index(d) for d in native_done] == [twin_batch.index(d) for d in twin_done]
     assert native_sink == twin_sink
     assert all(d.settled for d in native_batch) and all(d.settled for d in twin_batch)

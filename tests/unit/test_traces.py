@@ -22,8 +22,9 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
 from sie_sidecar import wire
 from sie_sidecar._twins.requests import item_traceparents as item_traceparents_py
+from sie_sidecar._twins.requests import write_run_batch_body as write_run_batch_body_py
 from sie_sidecar.config import Settings
-from sie_sidecar.ipc.requests import item_traceparents, run_batch_body, run_batch_body_py
+from sie_sidecar.ipc.requests import item_traceparents, run_batch_body
 from sie_sidecar.otel.sdk import make_resource, span_exporter
 from sie_sidecar.otel.target import PROTOCOLS, Target
 from sie_sidecar.otel.traces import BatchSpanData
@@ -393,8 +394,8 @@ def _items(traceparents: list[str | None]) -> list[WorkItem]:
 
 def test_a_trace_context_replaces_every_items_own_and_nothing_else() -> None:
     items = _items([VALID, None, "x"])
-    untraced = run_batch_body_py("m", "encode", items, "", 3, batch_id=1)
-    traced = run_batch_body_py("m", "encode", items, "", 3, batch_id=1, trace=("00-ab-cd-01", None))
+    untraced = write_run_batch_body_py("m", "encode", "", 3, 1, items)
+    traced = write_run_batch_body_py("m", "encode", "", 3, 1, items, trace=("00-ab-cd-01", None))
     a, b = msgpack.unpackb(untraced), msgpack.unpackb(traced)
     assert [i["traceparent"] for i in a["items"]] == [VALID, None, "x"]
     assert [(i["traceparent"], i["tracestate"]) for i in b["items"]] == [("00-ab-cd-01", None)] * 3
@@ -415,7 +416,7 @@ def test_the_native_writer_and_the_twin_write_the_same_trace_context(
     from sie_sidecar._native import write_run_batch_body
 
     items = _items(tps)
-    twin = run_batch_body_py("m", "encode", items, "", 1, batch_id=5, trace=trace)
+    twin = write_run_batch_body_py("m", "encode", "", 1, 5, items, trace=trace)
     assert write_run_batch_body("m", "encode", "", 1, 5, items, None, None, None, trace) == twin
     assert item_traceparents(items) == item_traceparents_py(items) == tps
     body = msgpack.unpackb(run_batch_body("m", "encode", items, "", 1, trace=trace))

@@ -10,7 +10,7 @@ from typing import Any, Protocol
 
 from ..logs import Throttled
 from ..telemetry import NATS_OPERATIONS, Counter, Registry
-from ..wire._switch import load, twin
+from ..wire._switch import load
 from ..wire.workitem import WorkItem
 from .source import SettleHandle
 
@@ -124,11 +124,6 @@ class Settler:
         """`_finish` for a batch: the capacity goes back with one `release(n)` per source. One
         native call for the whole batch (`_native.finish_deliveries`, or its twin with the twins)."""
         return self._settle(ds, _finish_deliveries)
-
-    def _finish_many_py(self, ds: Sequence[Delivery]) -> list[Delivery]:
-        """`_finish_many` through the twin of `_native.finish_deliveries` (`_twins.delivery`),
-        whatever the selection: the parity tests' oracle."""
-        return self._settle(ds, twin("delivery").finish_deliveries)
 
     @staticmethod
     def _settle(

@@ -11,7 +11,7 @@ from typing import Any, Final, Literal
 
 from .. import wire
 from ..logs import Throttled
-from ..wire._switch import USING_NATIVE, load
+from ..wire._switch import USING_NATIVE, load, twin
 from ..wire.workitem import WorkItem, WorkItemError, decode_work_item
 from .admission import Admission, item_admitted
 from .delivery import Delivery
@@ -21,9 +21,14 @@ log = logging.getLogger(__name__)
 _warn = Throttled(log)
 
 
-#: The native intake of a whole batch; None with the twins, whose intake is `Intake._verdicts_py`
-#: (the per-message loop, which also runs whenever a tombstone is set).
+#: Accepted deliveries by model (arrival order), the NAKs, the drops.
+Grouped = tuple[dict[str, list[Delivery]], list[Delivery], list[Delivery]]
+
+#: The native intake of a whole batch (`_native.intake_batch`); None with the twins.
 _intake_batch: Callable[..., Any] | None = load("intake").intake_batch if USING_NATIVE else None
+#: Its twin (`_twins.intake.intake_batch`): the per-message loop over `Intake._decide`, the intake
+#: with the twins and, whatever the selection, whenever a tombstone is set.
+_intake_loop: Callable[..., Grouped] = twin("intake").intake_batch
 
 #: Subjects whose model token is remembered (cleared when full; subjects are few per worker).
 SUBJECT_CACHE_SIZE = 4096
@@ -100,9 +105,7 @@ class Intake:
     def _model_of(self, subject: str) -> str | None:
         return self._subject_info(subject)[0]
 
-    def verdicts(
-        self, messages: Sequence[SettleHandle], release: Callable[[int], None] | None
-    ) -> tuple[dict[str, list[Delivery]], list[Delivery], list[Delivery]]:
+    def verdicts(self, messages: Sequence[SettleHandle], release: Callable[[int], None] | None) -> Grouped:
         """`verdict` for a whole pulled batch: the accepted deliveries grouped by model (arrival
         order kept), then those to NAK and those to ACK-drop (`intake` without its hints)."""
         found = self.intake(messages, release)
@@ -114,7 +117,7 @@ class Intake:
         emptiness once per batch.
 
         While both tombstone sets are empty (no per-item cancellation lookup), the native core does
-        the whole batch in one call (`_native.intake_batch`); `_verdicts_py` is its twin (and gives
+        the whole batch in one call (`_native.intake_batch`); `_twins.intake` is its twin (and gives
         no plain hints: they only let the dispatcher skip checks)."""
         check_cancel = self.any_tombstones()
         rule = self.admission.item_rule() if self.admission is not None else None
@@ -125,7 +128,7 @@ class Intake:
                 for kind, d, detail in notes:
                     self._note(kind, d, detail)
                 return Verdicts(groups, naks, drops, plain)
-        return Verdicts(*self._verdicts_py(messages, release, check_cancel, rule))
+        return Verdicts(*_intake_loop(messages, self._subject_info, self._decide, release, check_cancel, rule))
 
     def _note(self, kind: str, d: Delivery, detail: str | None) -> None:
         """Log what intake found, native or twin (and make the subject's model win on a mismatch)."""
@@ -147,39 +150,6 @@ class Intake:
         elif d.item is not None:  # "mismatch"
             _subject_wins(d.item, d.model, subject)
 
-    def _verdicts_py(
-        self,
-        messages: Sequence[SettleHandle],
-        release: Callable[[int], None] | None,
-        check_cancel: bool,
-        rule: tuple[bool, str, frozenset[str]] | None = None,
-    ) -> tuple[dict[str, list[Delivery]], list[Delivery], list[Delivery]]:
-        """The per-message loop: with tombstones set, and the twin of `wire.intake_batch`."""
-        groups: dict[str, list[Delivery]] = {}
-        naks: list[Delivery] = []
-        drops: list[Delivery] = []
-        decide = self._decide
-        last_subject: str | None = None
-        model: str | None = None
-        direct = False
-        for msg in messages:
-            subject = msg.subject
-            if subject != last_subject:
-                model, direct = self._subject_info(subject)
-                last_subject = subject
-            d, verdict = decide(msg, model, direct, release, check_cancel, rule=rule)
-            if verdict is ACCEPT:
-                group = groups.get(d.model)
-                if group is None:
-                    groups[d.model] = [d]
-                else:
-                    group.append(d)
-            elif verdict is NAK:
-                naks.append(d)
-            else:
-                drops.append(d)
-        return groups, naks, drops
-
     def verdict(self, msg: SettleHandle, release: Callable[[int], None] | None) -> tuple[Delivery, Verdict]:
         """§4.1 checks for one message, without awaiting: the verdict says how `handle` settles it."""
         model, direct = self._subject_info(msg.subject)
@@ -197,7 +167,8 @@ class Intake:
         rule: tuple[bool, str, frozenset[str]] | None = None,
     ) -> tuple[Delivery, Verdict]:
         """The §4.1 rules for one message whose subject gave `model` (None: malformed) and `direct`;
-        `check_cancel` is false while both tombstone sets are empty; `rule` is the admission rule."""
+        `check_cancel` is false while both tombstone sets are empty; `rule` is the admission rule.
+        The twin intake (`_twins.intake`) calls it for each message of a batch."""
         d = Delivery(msg=msg, worker_direct=direct, release=release)
         if server_copied(getattr(msg, "headers", None)):
             self._note("copied", d, None)

@@ -23,7 +23,8 @@ def wants_twin() -> bool:
 
 def twin(name: str) -> ModuleType:
     """A twin module by its name under `_twins` (`wire`, `batcher`, `controller`), whatever the selection:
-    for the tools that compare both implementations side by side."""
+    for the tools that compare both implementations side by side, and for a twin that also runs beside
+    its native kernel (`intake`: the per-message loop, whenever a tombstone is set)."""
     return importlib.import_module(f"sie_sidecar._twins.{name}")
 
 
