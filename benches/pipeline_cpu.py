@@ -14,7 +14,7 @@ inbound scanner, in runs of 256 frames (a socket read's worth), the scan counted
 the older figure: `MemoryMessage`s of the sequencing tests, which intake must decode one by one.
 
 `--metrics` measures recording with telemetry off and on (issue 14), alternating fresh dispatchers
-in ABBA order in this one process: "on" is what the app wires when `SIE_METRICS_ENABLED` is true
+in ABBA order in this one process: "on" is what the runtime wires when `SIE_METRICS_ENABLED` is true
 (the model catalog on the dispatcher, the IPC client recording per request) plus a registry
 snapshot and an OTLP encode every `--export-every` items, standing in for the 5 s push. With
 `--tracing` "on" also traces every batch, as `SIE_TRACING_ENABLED` does: spans handed to the SDK's
@@ -51,12 +51,12 @@ from tests.pipeline.test_sequencing import _item, _msg  # noqa: E402
 from benches.gateway_items import bench_payload, gateway_texts  # noqa: E402
 from benches.null_backend import null_backend  # noqa: E402
 from sie_sidecar import wire  # noqa: E402
-from sie_sidecar.app import tune_gc_for_steady_state  # noqa: E402
 from sie_sidecar.ipc.client import IpcClient, observe_ipc  # noqa: E402
 from sie_sidecar.otel.tracing import Sampler, SpanBuffer, Tracer  # noqa: E402
 from sie_sidecar.pipeline.delivery import Settler  # noqa: E402
 from sie_sidecar.pipeline.dispatcher import Dispatcher, DispatchSettings  # noqa: E402
 from sie_sidecar.pipeline.feed import feed  # noqa: E402
+from sie_sidecar.runtime.gc import tune_gc_for_steady_state  # noqa: E402
 from sie_sidecar.sched.quantum import LatencyWindow, QuantumController  # noqa: E402
 from sie_sidecar.sched.scheduler import SchedulerConfig  # noqa: E402
 from sie_sidecar.telemetry import ModelCatalog, Registry  # noqa: E402
@@ -118,7 +118,7 @@ async def measure_metrics(
 
 
 def _tracer() -> tuple[Tracer, Callable[[], None]]:
-    """A tracer as `app.start_tracing` wires it, its spans to the SDK's batch span processor; the
+    """A tracer as `runtime.telemetry_side.start_tracing` wires it, its spans to the SDK's batch span processor; the
     exporter encodes each batch with the SDK's OTLP encoder and drops it. And what stops it."""
     from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
     from opentelemetry.sdk.trace import ReadableSpan
@@ -184,7 +184,7 @@ async def _rounds(
         acks_with_replies=True,
         tracer=tracer,
     )
-    if metrics:  # as app.attach_catalog and app.start_metrics wire it
+    if metrics:  # as runtime.telemetry_side.attach_catalog and start_metrics wire it
         dispatcher.catalog = ModelCatalog([MODEL])
         dispatcher.generations.telemetry = dispatcher.telemetry
         ipc.telemetry = dispatcher.telemetry

@@ -81,7 +81,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
 
 
 def load_run(servers: Sequence[str]) -> Callable[..., Coroutine[Any, Any, int]]:
-    """`app.run`, imported the way `sie-sidecar run` starts: nats-py without its WebSocket transport
+    """`runtime.run`, imported the way `sie-sidecar run` starts: nats-py without its WebSocket transport
     when no server in `servers` needs it (anything else may still import aiohttp later, as usual)."""
     websocket = any(url.partition("://")[0].strip().lower() in WEBSOCKET_SCHEMES for url in servers)
     if "nats" not in sys.modules and not websocket:
@@ -94,7 +94,7 @@ def load_run(servers: Sequence[str]) -> Callable[..., Coroutine[Any, Any, int]]:
             for name in hidden:
                 if sys.modules.get(name, ...) is None:
                     del sys.modules[name]
-    from .app import run
+    from .runtime import run
 
     return run
 

@@ -187,7 +187,7 @@ class ProbeServer:
 
     def __init__(self, readiness: Readiness) -> None:
         self._readiness = readiness
-        #: Serves `/debug/state` once set (the app sets it when the dispatcher exists, if enabled).
+        #: Serves `/debug/state` once set (the runtime sets it when the dispatcher exists, if enabled).
         self.debug_state: DebugState | None = None
         #: Whether `/debug/state` answers loopback peers only (`SIE_SIDECAR_DEBUG_ENDPOINT=loopback`).
         self.debug_loopback_only = True
@@ -196,7 +196,7 @@ class ProbeServer:
 
     def serve_debug(self, state: DebugState, telemetry: Registry, *, loopback_only: bool = True) -> None:
         """Serve `/debug/state`: the version, `state()` and the registry's points under `telemetry`
-        (one call for the app and the local runtime, so both show the same document); to loopback
+        (one call for both ingest modes of the runtime, so both show the same document); to loopback
         peers only unless `loopback_only` is false."""
         from . import __version__  # read once here, not per request (importlib.metadata)
 

@@ -13,9 +13,9 @@ import kubernetes_validate
 import pytest
 
 from sie_sidecar import __version__, wire
-from sie_sidecar.app import BACKEND_DRAIN_WAIT_S, shutdown_bound_s
 from sie_sidecar.cli import build_parser
 from sie_sidecar.config import LIMITS, RUN_FLAGS
+from sie_sidecar.runtime.drain import BACKEND_DRAIN_WAIT_S, shutdown_bound_s
 
 from .manifests import KUBERNETES, PLACEHOLDER, all_documents, container, environment, one, pod_spec, sidecar_settings
 

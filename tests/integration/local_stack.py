@@ -15,12 +15,12 @@ from typing import Any
 
 import msgpack
 
-from sie_sidecar.app import run
 from sie_sidecar.backend.null import NullAdapter
 from sie_sidecar.backend.server import BackendServer
 from sie_sidecar.config import Settings
 from sie_sidecar.local import Client, work_items
 from sie_sidecar.local.client import request_body
+from sie_sidecar.runtime import run
 from sie_sidecar.tools.localhost import free_port
 
 POOL, PROFILE, BUNDLE, WORKER = "default", "cpu", "default", "w-local"

@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
 """A whole pipeline in one event loop for integration tests: a real nats-server, the real reference
-backend on a real Unix socket, the real sidecar (`app.run`), and a gateway-side NATS client."""
+backend on a real Unix socket, the real sidecar (`runtime.run`), and a gateway-side NATS client."""
 
 from __future__ import annotations
 
@@ -21,10 +21,10 @@ from nats.aio.client import Client
 from nats.js import JetStreamContext
 
 from sie_sidecar import wire
-from sie_sidecar.app import run
 from sie_sidecar.backend.null import NullAdapter
 from sie_sidecar.backend.server import BackendServer
 from sie_sidecar.config import Settings
+from sie_sidecar.runtime import run
 from sie_sidecar.tools.localhost import free_port
 
 from .conftest import NatsServer

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from sie_sidecar import app
+from sie_sidecar.runtime import gc as runtime_gc
 
 from .conftest import NatsServer
 from .stack import running_stack
@@ -46,7 +46,7 @@ async def probe(port: int) -> None:
 async def test_closed_probe_connections_are_collected_within_the_interval(
     nats_server: NatsServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(app, "GC_INTERVAL_S", 0.2)
+    monkeypatch.setattr(runtime_gc, "GC_INTERVAL_S", 0.2)
     was_enabled = gc.isenabled()
     gc.disable()  # automatic collections as far apart as the sidecar's threshold makes them under load
     try:
@@ -73,7 +73,7 @@ async def test_the_periodic_collection_frees_a_cycle_and_counts_it() -> None:
     was_enabled = gc.isenabled()
     gc.disable()
     try:
-        collection = app.PeriodicCollection(interval_s=0.05)
+        collection = runtime_gc.PeriodicCollection(interval_s=0.05)
         stop = asyncio.Event()
         background: list[asyncio.Task[object]] = []
         collection.start(stop, background)

@@ -12,9 +12,10 @@ from typing import Any
 import aiohttp
 import nats
 
-from sie_sidecar import app, wire
+from sie_sidecar import wire
 from sie_sidecar.backend.null import NullAdapter
 from sie_sidecar.pipeline.readiness import Readiness
+from sie_sidecar.runtime import gc as runtime_gc
 
 from .conftest import NatsServer
 from .stack import BUNDLE, MODEL, POOL, PROFILE, WORKER, running_stack, work_item
@@ -83,9 +84,9 @@ async def test_debug_state_shows_each_model_when_enabled(nats_server: NatsServer
         memory = state["memory"]  # what the soak judges a leak by (docs/reliability.md, "Soak")
         assert memory["python_blocks"] > 0
         assert memory["in_use_bytes"] >= memory["mmap_bytes"] >= 0 and memory["free_bytes"] >= 0
-        collector = memory["gc"]  # cyclic garbage: collected by time (app.PeriodicCollection)
+        collector = memory["gc"]  # cyclic garbage: collected by time (runtime.gc.PeriodicCollection)
         assert len(collector["pending"]) == len(collector["collected"]) == 3 and collector["uncollectable"] == 0
-        assert collector["periodic"]["interval_s"] == app.GC_INTERVAL_S and collector["frozen"] > 0
+        assert collector["periodic"]["interval_s"] == runtime_gc.GC_INTERVAL_S and collector["frozen"] > 0
         # The messages held now, which live memory is read against (a heap census: ~a dozen blocks each).
         held = {c["stream"]: c for c in state["consumers"]}
         assert set(held) == {wire.worker_stream_name(stack.settings.worker_id), wire.pool_stream_name(POOL)}

@@ -35,6 +35,14 @@ def _jsz(monitor_port: int, account: str) -> dict[str, Any]:
         return dict(json.loads(response.read()))
 
 
+def _sidecar_connections(monitor_port: int) -> int:
+    """Client connections the sidecar holds (it names them `sie-sidecar <worker id>`)."""
+    url = f"http://127.0.0.1:{monitor_port}/connz?limit=1024"
+    with urllib.request.urlopen(url, timeout=5) as response:
+        connz = json.loads(response.read())
+    return sum(1 for c in connz.get("connections") or [] if str(c.get("name", "")).startswith("sie-sidecar "))
+
+
 def _lag(jsz: dict[str, Any], account: str, stream: str, consumer: str) -> int | None:
     """num_pending of `consumer`, as KEDA's scaler finds it, or None when it is not reported."""
     for details in jsz.get("account_details") or []:
@@ -68,8 +76,15 @@ async def test_the_trigger_account_reports_the_lanes_lag(
         await stack.wait_for(lambda: len(stack.results_for(served)) == 1)
         await stack.settled_pool()
         assert _lag(await asyncio.to_thread(_jsz, monitor, account), account, stream, consumer) == 0
+        assert await asyncio.to_thread(_sidecar_connections, monitor) >= 1
         stack.stop.set()
         await stack.task  # the sidecar is gone; its durable stays and the backlog grows
+        # ...once the server has seen its connection close: until then the server may still hand
+        # the first message to the sidecar's last pull request (then ack-pending, not pending).
+        deadline = asyncio.get_running_loop().time() + 10.0
+        while await asyncio.to_thread(_sidecar_connections, monitor):
+            assert asyncio.get_running_loop().time() < deadline, "the server still lists the sidecar's connection"
+            await asyncio.sleep(0.05)
         subject = wire.pool_work_subject(POOL, PROFILE, BUNDLE, MODEL)
         for i in range(7):
             await stack.js.publish(subject, msgpack.packb(work_item(text=f"backlog {i}"), use_bin_type=True))

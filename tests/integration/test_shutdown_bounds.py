@@ -20,9 +20,9 @@ from typing import Any
 
 import pytest
 
-from sie_sidecar.app import BACKEND_DRAIN_WAIT_S, GENERATION_JOIN_S, HEALTH_TOMBSTONE_WAIT_S, TASK_JOIN_S
 from sie_sidecar.backend.null import NullAdapter
 from sie_sidecar.backend.server import BackendServer
+from sie_sidecar.runtime.drain import BACKEND_DRAIN_WAIT_S, GENERATION_JOIN_S, HEALTH_TOMBSTONE_WAIT_S, TASK_JOIN_S
 
 from ..pipeline.test_hostile_backend import hostile_proxy
 from .conftest import NatsServer

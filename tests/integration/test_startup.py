@@ -25,9 +25,9 @@ import nats
 import pytest
 from nats.js import api as js_api
 
-from sie_sidecar.app import run
 from sie_sidecar.bus.topology import TopologySpec, ensure_topology
 from sie_sidecar.config import LIMITS, Settings
+from sie_sidecar.runtime import run
 from sie_sidecar.tools.localhost import free_port
 
 from .conftest import NatsServer, NatsServerFactory
@@ -374,11 +374,11 @@ async def test_a_failed_start_up_step_exits_with_one_line_and_leaves_nothing_ope
 async def test_run_refuses_a_setting_this_build_lacks_before_opening_anything(
     tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """`app.run` called directly (the CLI refuses earlier) says so in one line and exits 2. Nothing is
+    """`runtime.run` called directly (the CLI refuses earlier) says so in one line and exits 2. Nothing is
     refused today (`NOT_YET` is empty), so the table is given one entry for the test."""
     from sie_sidecar import config
 
-    monkeypatch.setattr(config, "NOT_YET", (("nats_ack_confirm_s", "SIE_NATS_ACK_CONFIRM_S"),))
+    monkeypatch.setattr(config.settings, "NOT_YET", (("nats_ack_confirm_s", "SIE_NATS_ACK_CONFIRM_S"),))
     port = free_port()
     env = {
         "SIE_NATS_URL": f"nats://127.0.0.1:{free_port()}",
@@ -430,10 +430,10 @@ async def test_the_largest_accepted_jetstream_values_are_accepted_by_the_server(
     try:
         js = nc.jetstream()
         await ensure_topology(js, TopologySpec.from_settings(settings))
-        durable = await js.consumer_info(settings.pool_stream_name, settings.pool_durable_name)
+        durable = await js.consumer_info(settings.names.pool_stream_name, settings.names.pool_durable_name)
         assert durable.config.max_ack_pending == LIMITS["SIE_MAX_ACK_PENDING"]
         assert durable.config.max_deliver == LIMITS["SIE_MAX_DELIVER"]
-        stream = await js.stream_info(settings.pool_stream_name)
+        stream = await js.stream_info(settings.names.pool_stream_name)
         assert stream.config.retention == js_api.RetentionPolicy.WORK_QUEUE
         assert stream.config.max_age == pytest.approx(LIMITS["SIE_STREAM_MAX_AGE_S"])
     finally:

@@ -3,9 +3,10 @@
 ones, and no module importing another's private names. Each is fed a breaking case, so it cannot
 pass vacuously.
 
-The one exception each is the start-up and drain code the NATS and local ingest modes still share by
-importing each other (`app` and `local/runtime`); issue 33's runtime package removes it, and then
-`KNOWN_*` below must go empty (the tests say so when a listed exception disappears).
+There are no exceptions: the start-up and drain code the NATS and local ingest modes once shared by
+importing each other (`app` and `local/runtime`) is one `runtime/` package, and what its modules
+share has public names. `KNOWN_*` below stay empty; an entry there is a debt, and the tests say so
+when a listed exception disappears.
 """
 
 from __future__ import annotations
@@ -16,15 +17,10 @@ from pathlib import Path
 
 from .imports import PACKAGE_DIR, module_exists, module_name, package_edges
 
-#: Circles still present, each to be removed by issue 33's runtime package.
-KNOWN_CIRCLES: frozenset[frozenset[str]] = frozenset({frozenset({"sie_sidecar.app", "sie_sidecar.local.runtime"})})
-#: (importer, exporter, name) of private names still imported across modules.
-KNOWN_PRIVATE: frozenset[tuple[str, str, str]] = frozenset(
-    {
-        ("sie_sidecar.local.runtime", "sie_sidecar.app", "_dispatch_settings"),
-        ("sie_sidecar.local.runtime", "sie_sidecar.app", "_end_tasks"),
-    }
-)
+#: Circles still present (none).
+KNOWN_CIRCLES: frozenset[frozenset[str]] = frozenset()
+#: (importer, exporter, name) of private names still imported across modules (none).
+KNOWN_PRIVATE: frozenset[tuple[str, str, str]] = frozenset()
 
 
 def import_graph(edges: Iterable[tuple[str, str]], modules: set[str]) -> dict[str, set[str]]:

@@ -17,6 +17,8 @@ from .imports import PACKAGE_DIR, ImportEdge, edges_of, package_edges, room_of
 NATS_ROOMS = {"bus", "tools"}
 #: The runtime: everything but the user-facing tools and the command-line entry points.
 NOT_RUNTIME = {"tools", "cli", "__main__"}
+#: What may import `runtime/` (start-up, drain, both ingest modes): itself and the entry points.
+STARTS_THE_RUNTIME = {"runtime", "cli", "__main__"}
 TRANSPORTS = ("nats", "aiohttp", "socket", "obstore")
 #: The facades over the compiled core: the only modules that import `_native` (type stubs included).
 NATIVE_FACADES = ("sie_sidecar.wire", "sie_sidecar.sched", "sie_sidecar.prep.audio")
@@ -61,16 +63,16 @@ def violations(edges: list[ImportEdge]) -> list[str]:
         below_wire = {"wire", "errors", "_native", "_twins"}  # _twins: only the switch, by the rule above
         if room == "wire" and _is(e.target, "sie_sidecar") and room_of(e.target) not in below_wire:
             bad("wire/ is the bottom layer: it imports only errors and the extension")
-        if room == "backend" and _is(e.target, *(f"sie_sidecar.{r}" for r in ("bus", "pipeline", "sched", "app"))):
+        if room == "backend" and _is(e.target, *(f"sie_sidecar.{r}" for r in ("bus", "pipeline", "sched", "runtime"))):
             bad("backend/ is a library backends embed: it does not depend on the sidecar's runtime")
-        if room == "control" and _is(e.target, "sie_sidecar.bus", "sie_sidecar.ipc", "sie_sidecar.app"):
+        if room == "control" and _is(e.target, "sie_sidecar.bus", "sie_sidecar.ipc", "sie_sidecar.runtime"):
             bad("control/ polls HTTP services and records into pipeline state: no NATS, no backend")
-        if (
-            room == "local"
-            and e.module != "sie_sidecar.local.runtime"
-            and _is(e.target, *(f"sie_sidecar.{r}" for r in ("bus", "ipc", "control", "app", "probes")))
+        if room == "local" and _is(
+            e.target, *(f"sie_sidecar.{r}" for r in ("bus", "ipc", "control", "runtime", "probes"))
         ):
-            bad("local/ is the socket and its binding to the pipeline: only local/runtime wires the process")
+            bad("local/ is the socket and its binding to the pipeline: runtime/ wires the process")
+        if _is(e.target, "sie_sidecar.runtime") and room not in STARTS_THE_RUNTIME:
+            bad("only cli (and __main__) start the runtime: nothing else imports runtime/")
         if (
             room == "otel"
             and _is(e.target, "sie_sidecar")
@@ -98,11 +100,16 @@ def test_the_package_keeps_its_layering() -> None:
         ("pipeline/_probe.py", "from ..bus.pull import PullConsumer\n", "pipeline/ imports no transport"),
         ("sched/_probe.py", "from ..pipeline import dispatcher\n", "sched/ does not call up"),
         ("prep/_probe.py", "from .._twins.wire import envelopes\n", "_twins is imported only"),
-        ("app_probe.py", "from .tools import demo\n", "the runtime does not import tools/"),
+        ("runtime/_probe.py", "from ..tools import demo\n", "the runtime does not import tools/"),
         ("wire/_probe.py", "from ..sched import scheduler\n", "wire/ is the bottom layer"),
         ("backend/_probe.py", "from ..sched.scheduler import ModelScheduler\n", "backend/ is a library"),
         ("control/_probe.py", "from ..bus.pull import PullConsumer\n", "control/ polls HTTP services"),
         ("local/_probe.py", "from ..ipc.client import IpcClient\n", "local/ is the socket"),
+        ("local/_probe.py", "from ..runtime.drain import end_tasks\n", "local/ is the socket"),
+        ("backend/_probe.py", "from ..runtime import run\n", "backend/ is a library"),
+        ("control/_probe.py", "from ..runtime.drain import TASK_JOIN_S\n", "control/ polls HTTP services"),
+        ("pipeline/_probe.py", "from ..runtime.gc import PeriodicCollection\n", "only cli (and __main__) start"),
+        ("tools/_probe.py", "from ..runtime import run\n", "only cli (and __main__) start"),
         ("otel/_probe.py", "from ..pipeline import dispatcher\n", "otel/ reads telemetry snapshots"),
         ("pipeline/_probe.py", "if TYPE_CHECKING:\n    from nats.aio.msg import Msg\n", "nats is imported only"),
         ("pipeline/_probe.py", "from .._native import intake_batch\n", "_native is imported only by the facades"),
@@ -131,9 +138,9 @@ def test_telemetry_may_import_nothing_of_the_package() -> None:
 
 
 def test_every_module_lives_in_a_room() -> None:
-    """No module grows back at the top level beside the lifecycle, config, errors, logs and probes."""
+    """No module grows back at the top level beside the entry points, config, errors, logs and probes."""
     top = sorted(p.stem for p in PACKAGE_DIR.glob("*.py"))
-    assert top == ["__init__", "__main__", "app", "cli", "config", "errors", "logs", "probes"]
+    assert top == ["__init__", "__main__", "cli", "errors", "logs", "probes"]
 
 
 def test_the_graph_is_read_from_real_files() -> None:

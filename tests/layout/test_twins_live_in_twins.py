@@ -16,6 +16,8 @@ import pytest
 from .imports import PACKAGE_DIR, module_name
 
 TWINS_DIR = PACKAGE_DIR / "_twins"
+
+
 def twin_names(path: Path) -> list[tuple[str, str, int]]:
     """(module, qualified name, line) of each function or method of one source file whose name ends
     in `_py`, nested ones included."""

@@ -15,17 +15,21 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sie_sidecar import config
+from sie_sidecar import config, wire
 from sie_sidecar.config import (
+    DEFAULT_ACK_WAIT_S,
     NOT_YET_FLAGS,
     REDACTED,
     RUN_FLAGS,
     ConfigError,
+    DeadlineRules,
+    DispatchSettings,
     OtelSettings,
+    SchedulerConfig,
     Settings,
-    _help_text,  # the secret rendering, while no secret flag is shown
     add_run_arguments,
     build_run_parser,
+    help_text,  # the secret rendering, while no secret flag is shown
     redact_url_userinfo,
 )
 
@@ -171,6 +175,12 @@ DEFAULTS: list[tuple[str, object]] = [
     ("work_deadline_max_budget_s", 180.0),
     ("log_filter", "info"),
     ("warnings", ()),
+    # Derived: the dispatcher's group for the pool consumer's ack_wait (30 s: items wait at most 5 s,
+    # progress ACKs after 15 s); the count cap follows the backend's budget, as nothing pins it.
+    (
+        "dispatch",
+        DispatchSettings(worker_id="pod-0", scheduler=SchedulerConfig(requests_from_budget=True), controller_env={}),
+    ),
 ]
 
 
@@ -762,34 +772,153 @@ def test_env_only_tuning_never_fails_startup(var: str, value: str) -> None:
 
 
 def test_tv_s4_worker_direct_names() -> None:
-    settings = build(SIE_POOL="default", SIE_MACHINE_PROFILE="rtx6000", SIE_BUNDLE="sglang", SIE_WORKER_ID="pod-0.svc")
-    assert settings.worker_stream_subjects == ["sie.work.default.rtx6000.sglang.*.pod-0_dot_svc"]
-    assert settings.worker_direct_filter == "sie.work.default.rtx6000.sglang.*.pod-0_dot_svc"
-    assert settings.worker_stream_name == "WORK_WORKER_pod-0_dot_svc"
-    assert settings.worker_consumer_name == "gen-pod-0_dot_svc"
+    names = build(
+        SIE_POOL="default", SIE_MACHINE_PROFILE="rtx6000", SIE_BUNDLE="sglang", SIE_WORKER_ID="pod-0.svc"
+    ).names
+    assert names.worker_stream_subjects == ["sie.work.default.rtx6000.sglang.*.pod-0_dot_svc"]
+    assert names.worker_direct_filter == "sie.work.default.rtx6000.sglang.*.pod-0_dot_svc"
+    assert names.worker_stream_name == "WORK_WORKER_pod-0_dot_svc"
+    assert names.worker_consumer_name == "gen-pod-0_dot_svc"
 
 
 def test_tv_s4_pool_names() -> None:
-    settings = build(SIE_POOL="l4", SIE_MACHINE_PROFILE="l4-spot", SIE_BUNDLE="default")
-    assert settings.pool_stream_name == "WORK_POOL_l4"
-    assert settings.pool_stream_subjects == ["sie.work.l4.*.*.*"]
-    assert settings.pool_durable_name == "l4_l4-spot_default"
-    assert settings.pool_durable_filter == "sie.work.l4.l4-spot.default.*"
+    names = build(SIE_POOL="l4", SIE_MACHINE_PROFILE="l4-spot", SIE_BUNDLE="default").names
+    assert names.pool_stream_name == "WORK_POOL_l4"
+    assert names.pool_stream_subjects == ["sie.work.l4.*.*.*"]
+    assert names.pool_durable_name == "l4_l4-spot_default"
+    assert names.pool_durable_filter == "sie.work.l4.l4-spot.default.*"
 
 
 def test_tv_s4_health_subject_inserts_worker_id_as_is() -> None:
-    assert build(SIE_WORKER_ID="worker-l4-0").health_subject == "sie.health.worker-l4-0"
-    assert build(SIE_WORKER_ID="pod-0.svc").health_subject == "sie.health.pod-0.svc"
+    assert build(SIE_WORKER_ID="worker-l4-0").names.health_subject == "sie.health.worker-l4-0"
+    assert build(SIE_WORKER_ID="pod-0.svc").names.health_subject == "sie.health.pod-0.svc"
 
 
 def test_config_subject() -> None:
-    assert build(SIE_BUNDLE="sglang").config_subject == "sie.config.models.sglang"
+    assert build(SIE_BUNDLE="sglang").names.config_subject == "sie.config.models.sglang"
 
 
 def test_durable_name_normalises_lane_tokens() -> None:
-    settings = build(SIE_POOL="eval/l4", SIE_MACHINE_PROFILE="a/b", SIE_BUNDLE="c")
-    assert settings.pool_durable_name == "eval__l4_a__b_c"
-    assert settings.pool_durable_filter == "sie.work.eval/l4.a__b.c.*"
+    names = build(SIE_POOL="eval/l4", SIE_MACHINE_PROFILE="a/b", SIE_BUNDLE="c").names
+    assert names.pool_durable_name == "eval__l4_a__b_c"
+    assert names.pool_durable_filter == "sie.work.eval/l4.a__b.c.*"
+
+
+def test_the_names_are_the_wires_lane_names() -> None:
+    """`Settings.names` is the wire's value for this lane: the rules live with the wire core."""
+    settings = build(SIE_WORKER_ID="pod-0.svc")
+    assert settings.names == wire.LaneNames(
+        pool="default", machine_profile="l4", bundle="default", worker_id="pod-0.svc"
+    )
+
+
+# --------------------------------------------------------------------------- the dispatcher's settings
+
+#: Environments for the dispatcher's group, each with the group it gives for the pool consumer's
+#: ack_wait (30 s), written out.
+DISPATCH_CASES: list[tuple[dict[str, str], DispatchSettings]] = [
+    ({}, DispatchSettings(worker_id="pod-0", scheduler=SchedulerConfig(requests_from_budget=True), controller_env={})),
+    (
+        {
+            "SIE_WORKER_ID": "w-1",
+            "SIE_BATCHER_MAX_BATCH_REQUESTS": "32",
+            "SIE_BATCHER_MAX_BATCH_COST": "4096",
+            "SIE_BATCHER_MAX_BATCH_WAIT_MS": "8",
+            "SIE_BATCHER_COALESCE_MS": "2",
+            "SIE_BATCHER_COALESCE_RATIO": "0.25",
+            "SIE_RUST_PIPELINE_DEPTH": "4",
+            "SIE_MAX_CONCURRENT_BATCHES": "6",
+            "SIE_NAK_DELAY_S": "2.5",
+            "SIE_NATS_FETCH_BUDGET": "0",
+            "SIE_SCHEDULER_DRAIN_DEADLINE_MS": "2500",
+            "SIE_RUST_WAVE_CADENCE": "off",
+            "SIE_BATCHER_IDLE_BYPASS_ENABLED": "0",
+            "SIE_BATCHER_JIT_DISPATCH_ENABLED": "no",
+            "SIE_ADAPTIVE_BATCH_MAX_WAIT_MS": "40",
+            "SIE_SIDECAR_CONTROLLER_TRACE": "/tmp/traces",
+            "SIE_MAX_DELIVER": "3",
+            "SIE_GENERATE_IPC_FRAME_TIMEOUT_S": "60",
+        },
+        DispatchSettings(
+            worker_id="w-1",
+            nak_delay_ms=2500,
+            fetch_budget=0,
+            max_concurrent_batches=6,
+            scheduler=SchedulerConfig(
+                max_batch_cost=4096,
+                max_batch_requests=32,
+                requests_from_budget=False,
+                max_batch_wait_ms=8.0,
+                coalesce_ms=2.0,
+                coalesce_ratio=0.25,
+                pipeline_depth=4,
+                idle_bypass=False,
+                jit_dispatch=False,
+                drain_deadline_s=2.5,
+            ),
+            wave_cadence=False,
+            generate_frame_timeout_s=60,
+            controller_env={"SIE_ADAPTIVE_BATCH_MAX_WAIT_MS": "40"},
+            controller_trace_dir="/tmp/traces",
+            cost_pinned=True,
+            parked_deadline_s=90.0,
+        ),
+    ),
+    (
+        {
+            "SIE_WORK_DEADLINE_ENFORCE": "on",
+            "SIE_WORK_DEADLINE_SKEW_TOLERANCE_MS": "90000",
+            "SIE_WORK_DEADLINE_MAX_BUDGET_S": "100000",
+            "SIE_STREAM_MAX_AGE_S": "600",
+            "SIE_MAX_DELIVER": "40",
+            "SIE_IPC_REQUEST_TIMEOUT_S": "5",
+        },
+        DispatchSettings(
+            worker_id="pod-0",
+            scheduler=SchedulerConfig(requests_from_budget=True),
+            controller_env={},
+            parked_deadline_s=1200.0,
+            deadlines=DeadlineRules(enforce=True, skew_s=60.0, max_budget_s=1200.0, horizon_s=1200.0),
+            ipc_request_timeout_s=5.0,
+        ),
+    ),
+]
+#: (ack_wait_s, the longest any item waits, the progress-ACK interval): a quarter of ack_wait at
+#: most 5 s, and half of it.
+ACK_WAITS = [(30.0, 5.0, 15.0), (8.0, 2.0, 4.0), (120.0, 5.0, 60.0), (1.0, 0.25, 0.5)]
+
+
+@pytest.mark.parametrize(("env", "at_30_s"), DISPATCH_CASES)
+@pytest.mark.parametrize(("ack_wait_s", "item_wait_s", "progress_s"), ACK_WAITS)
+def test_the_dispatch_group_is_read_with_the_settings(
+    env: dict[str, str], at_30_s: DispatchSettings, ack_wait_s: float, item_wait_s: float, progress_s: float
+) -> None:
+    """`settings.dispatch.for_ack_wait(x)`, which the runtime hands the dispatcher as it is (no second
+    mapping of the settings), holds the values the settings say, written out here field by field."""
+    settings = build(**env)
+    expected = dataclasses.replace(
+        at_30_s,
+        scheduler=dataclasses.replace(at_30_s.scheduler, max_item_wait_s=item_wait_s, progress_after_s=progress_s),
+    )
+    assert settings.dispatch.for_ack_wait(ack_wait_s) == expected
+
+
+def test_the_dispatch_group_is_for_the_pool_consumers_ack_wait() -> None:
+    from sie_sidecar.bus.topology import POOL_ACK_WAIT_S
+
+    assert DEFAULT_ACK_WAIT_S == POOL_ACK_WAIT_S
+    settings = build()
+    assert settings.dispatch == settings.dispatch.for_ack_wait(POOL_ACK_WAIT_S)
+
+
+def test_the_dispatch_group_follows_its_fields() -> None:
+    """Derived at construction: a replaced or directly constructed Settings carries its own group."""
+    settings = dataclasses.replace(build(), scheduler_drain_deadline_ms=2500, worker_id="other")
+    assert settings.dispatch.scheduler.drain_deadline_s == 2.5
+    assert settings.dispatch.worker_id == "other"
+    direct = Settings(pool="p", bundle="b", machine_profile="m", worker_id="w", work_deadline_enforce=True)
+    assert direct.dispatch.deadlines.enforce is True
+    assert "dispatch" not in direct.redacted()
 
 
 def test_worker_stream_max_age() -> None:
@@ -1007,7 +1136,7 @@ def test_redacted_keeps_unset_secrets_visible_as_unset() -> None:
 
 
 def test_redacted_covers_every_setting() -> None:
-    assert set(build().redacted()) == {f.name for f in dataclasses.fields(Settings)} - {"warnings"}
+    assert set(build().redacted()) == {f.name for f in dataclasses.fields(Settings) if f.init} - {"warnings"}
 
 
 def test_payload_store_at_sign_is_not_userinfo() -> None:
@@ -1026,7 +1155,7 @@ def test_help_never_shows_secret_values() -> None:
     secret = [spec for spec in RUN_FLAGS if spec.secret]
     assert {spec.env for spec in secret} == {"SIE_GATEWAY_API_KEY", "SIE_ADMIN_TOKEN", "SIE_CONFIG_SERVICE_TOKEN"}
     for spec in secret:  # hidden until their features work, and even then without a default or value
-        assert _help_text(spec) == f"{spec.help} (env {spec.env}; secret)"
+        assert help_text(spec) == f"{spec.help} (env {spec.env}; secret)"
 
 
 def test_help_offers_only_what_works_and_points_to_the_env_only_tuning() -> None:
@@ -1180,12 +1309,12 @@ def test_derived_pull_ahead_holds_the_in_flight_batches_within_the_bounds() -> N
 def test_the_steady_state_gc_freezes_start_up_and_collects_young_objects_less_often() -> None:
     import gc
 
-    from sie_sidecar import app
+    from sie_sidecar.runtime import gc as runtime_gc
 
     before, frozen = gc.get_threshold(), gc.get_freeze_count()
     try:
-        app.tune_gc_for_steady_state()
-        assert gc.get_threshold() == (app.GC_GEN0_THRESHOLD, before[1], before[2])
+        runtime_gc.tune_gc_for_steady_state()
+        assert gc.get_threshold() == (runtime_gc.GC_GEN0_THRESHOLD, before[1], before[2])
         assert gc.get_freeze_count() > frozen
     finally:
         gc.unfreeze()

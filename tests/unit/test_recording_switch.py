@@ -64,7 +64,7 @@ async def test_a_lane_attached_mid_run_counts_what_it_already_holds() -> None:
 
 
 def test_the_settings_decide_when_recording_starts() -> None:
-    from sie_sidecar.app import recording_switch
+    from sie_sidecar.runtime.telemetry_side import recording_switch
 
     base = {"SIE_NATS_URL": "nats://127.0.0.1:4222", "SIE_POOL": "p", "SIE_BUNDLE": "b", "SIE_MACHINE_PROFILE": "m"}
     assert recording_switch(Settings.from_env(base)).on is False  # the state endpoint: at its first read

@@ -45,7 +45,7 @@ def probe(*servers: str) -> dict[str, object]:
 
 def test_run_imports_the_app_without_aiohttp() -> None:
     assert probe("nats://127.0.0.1:4222", "tls://other:4222") == {
-        "run": "sie_sidecar.app",
+        "run": "sie_sidecar.runtime.lifecycle",
         "loaded": [],
         "websocket_ready": False,
         "aiohttp_later": "ClientSession",

@@ -20,7 +20,8 @@ from sie_sidecar import cli, config
 from sie_sidecar.config import CHECKED_ONLY, INT64_MAX, LIMITS, NOT_YET, ConfigError, Settings
 
 PACKAGE = Path(sie_sidecar.__file__).resolve().parent
-CONFIG = Path(config.__file__).resolve()  # wherever the settings module lives
+CONFIG = Path(config.__file__).resolve().parent  # the settings package
+SETTINGS_MODULE = Path(config.settings.__file__).resolve()  # where `Settings` is defined
 BASE = {
     "SIE_NATS_URL": "nats://127.0.0.1:4222",
     "SIE_POOL": "default",
@@ -28,7 +29,9 @@ BASE = {
     "SIE_MACHINE_PROFILE": "l4",
     "HOSTNAME": "pod-0",
 }
-FIELDS = [f.name for f in dataclasses.fields(Settings)]
+#: The settings; fields derived from them at construction (`dispatch`) are not settings of their own.
+FIELDS = [f.name for f in dataclasses.fields(Settings) if f.init]
+DERIVED = {f.name for f in dataclasses.fields(Settings) if not f.init}
 REFUSED = {name: env for name, env in NOT_YET}
 
 
@@ -36,26 +39,41 @@ def _attributes_read(path: Path) -> set[str]:
     return {node.attr for node in ast.walk(ast.parse(path.read_text())) if isinstance(node, ast.Attribute)}
 
 
+def _self_attributes(node: ast.AST) -> set[str]:
+    return {
+        n.attr
+        for n in ast.walk(node)
+        if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name) and n.value.id == "self"
+    }
+
+
 def _read_outside_config() -> set[str]:
-    """Attribute names read anywhere in the package but config.py, plus the fields behind each
-    `Settings` property read there (`settings.nats_servers` reads `nats_url`)."""
+    """Attribute names read anywhere in the package but the config package, plus the fields behind
+    each `Settings` property read there (`settings.nats_servers` reads `nats_url`) and behind each
+    derived field read there (`settings.dispatch` reads what `__post_init__` and what it calls read),
+    to a fixed point."""
     outside: set[str] = set()
     for path in PACKAGE.rglob("*.py"):
-        if path != CONFIG:
+        if CONFIG not in path.parents:
             outside |= _attributes_read(path)
-    tree = ast.parse(CONFIG.read_text())
+    tree = ast.parse(SETTINGS_MODULE.read_text())
     settings_class = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Settings")
-    for node in settings_class.body:
-        if not isinstance(node, ast.FunctionDef):
-            continue
-        is_property = any(isinstance(d, ast.Name) and d.id == "property" for d in node.decorator_list)
-        if is_property and node.name in outside:
-            outside |= {
-                n.attr
-                for n in ast.walk(node)
-                if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name) and n.value.id == "self"
-            }
-    return outside
+    methods = {n.name: n for n in settings_class.body if isinstance(n, ast.FunctionDef)}
+    # Properties and the private helpers they (or `__post_init__`) call; public methods such as
+    # `unsupported` are checks, not reads.
+    behind = {
+        name: _self_attributes(node)
+        for name, node in methods.items()
+        if (name.startswith("_") and not name.startswith("__"))
+        or any(isinstance(d, ast.Name) and d.id == "property" for d in node.decorator_list)
+    }
+    for name in DERIVED:
+        behind[name] = _self_attributes(methods["__post_init__"])
+    while True:
+        grown = outside | {attr for name in outside & set(behind) for attr in behind[name]}
+        if grown == outside:
+            return outside
+        outside = grown
 
 
 READ = _read_outside_config()
@@ -66,7 +84,7 @@ def test_every_setting_is_read_or_refused(name: str) -> None:
     """A field nobody reads must be in NOT_YET (refused when set) or CHECKED_ONLY (its whole effect is
     a start-up check); a refused field that something reads has landed and must leave NOT_YET."""
     if name in REFUSED:
-        assert name not in READ, f"{name} is read outside config.py: remove it from NOT_YET"
+        assert name not in READ, f"{name} is read outside the config package: remove it from NOT_YET"
     elif name in CHECKED_ONLY:
         assert name not in READ
     else:
@@ -96,7 +114,7 @@ def run_cli(
     async def reached(settings: Settings) -> int:
         return 99
 
-    monkeypatch.setattr("sie_sidecar.app.run", reached)
+    monkeypatch.setattr("sie_sidecar.runtime.run", reached)
     monkeypatch.setattr("sie_sidecar.logs.configure_logging", lambda *a, **k: None)
     code = cli.main(["run"])
     return code, capsys.readouterr().err
@@ -106,7 +124,7 @@ def test_a_setting_this_build_lacks_stops_start_up(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """The refusal path, with a table entry of the test's own (nothing is refused today)."""
-    monkeypatch.setattr(config, "NOT_YET", (("nats_ack_confirm_s", "SIE_NATS_ACK_CONFIRM_S"),))
+    monkeypatch.setattr(config.settings, "NOT_YET", (("nats_ack_confirm_s", "SIE_NATS_ACK_CONFIRM_S"),))
     code, err = run_cli(monkeypatch, capsys, {**BASE, "SIE_NATS_ACK_CONFIRM_S": "7"})
     assert code == 2
     assert err.splitlines() == ["sie-sidecar: SIE_NATS_ACK_CONFIRM_S is not supported yet"]  # no value shown
@@ -116,7 +134,7 @@ def test_a_setting_this_build_lacks_stops_start_up(
 def test_nothing_is_refused_any_more() -> None:
     """Work deadlines and Azure stores landed: no setting and no store scheme is refused."""
     assert NOT_YET == ()
-    assert frozenset() == config._STORES_NOT_YET
+    assert frozenset() == config.STORES_NOT_YET
 
 
 def test_work_deadline_settings_are_taken_not_refused() -> None:

@@ -14,7 +14,7 @@ safe. Stragglers that still arrive on a retired inbox (or after `stop()`) are NA
 every pull request still live on the server: NAKed at once, JetStream would hand them straight back to that
 same request, and each bounce costs a delivery attempt (20 of them went in 15 ms).
 
-`pause()` stops pulling while the backend cannot serve (the app's readiness gate): the credit is given up by
+`pause()` stops pulling while the backend cannot serve (the runtime's readiness gate): the credit is given up by
 rotating the inbox, no new request goes out, and what is buffered or still arrives goes back with a delay.
 `resume()` pulls again. A consumer can start paused, so that nothing is pulled before the first handshake.
 """

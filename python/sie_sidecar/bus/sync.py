@@ -13,7 +13,7 @@ for the message to come back. A server processes one connection's commands in or
 returns every SUB (and PUB) queued before it has been processed.
 
 Under the documented worker permissions (sidecar-behaviour §2.6) a worker may not publish to its own
-`_INBOX_WORKER.>`; the app then passes `via`, a JetStream API subject it may call
+`_INBOX_WORKER.>`; the runtime then passes `via`, a JetStream API subject it may call
 (`$JS.API.STREAM.INFO.<pool stream>`): any answer, an error included, comes back in the same order.
 """
 

@@ -7,6 +7,6 @@ in `telemetry` (per batch); this room only reads snapshots and finished spans.""
 
 from __future__ import annotations
 
-# The submodules are imported where they are used (app.start_metrics, app.start_tracing): a sidecar
+# The submodules are imported where they are used (runtime.telemetry_side.start_metrics, start_tracing): a sidecar
 # with both signals off imports none of them, and the SDK is imported only in the OTLP thread.
 __all__: list[str] = []

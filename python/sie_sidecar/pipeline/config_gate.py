@@ -110,7 +110,7 @@ class ConfigState:
         #: Called when a backend child does not attest the advertised config (`executes_on`).
         self.on_diverged: Callable[[], None] | None = None
         #: The telemetry (model, profile) catalog (§13): extended by trusted commits (§9.2 step
-        #: 12), replaced by full exports; the app seeds it from SIE_METRIC_MODEL_ALLOWLIST.
+        #: 12), replaced by full exports; the runtime seeds it from SIE_METRIC_MODEL_ALLOWLIST.
         self.catalog = ModelCatalog()
 
     @property

@@ -32,6 +32,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Final
 
+from ..config.groups import DeadlineRules
 from ..logs import Throttled
 from ..wire._switch import load
 from .columns import unsettled
@@ -46,27 +47,6 @@ PRUNE_AT: Final = 256
 
 #: `(live, expired, usable, ignored, ahead, latest)`, see `deadline_split`.
 Split = tuple[list[Any], list[Any], int, int, int, float | None]
-
-
-@dataclass(frozen=True, slots=True)
-class DeadlineRules:
-    """The §15.3 settings: `enforce` (SIE_WORK_DEADLINE_ENFORCE), the clock skew tolerated, the
-    longest deadline budget taken as real, and the tombstone horizon no lease outlives."""
-
-    enforce: bool = False
-    skew_s: float = 5.0
-    max_budget_s: float = 180.0
-    horizon_s: float = 1800.0
-    #: Whether deadlines are judged at all: §15.3 and §4.1 row 10 are for NATS work; local ingest
-    #: (no broker, no redelivery, no lease to hold) runs what its caller sent.
-    judge: bool = True
-
-    def run_batch_timeout_s(self, ipc_timeout_s: float, latest_deadline: float | None, now: float) -> float:
-        """wire-protocol RunBatch timeout (newer than v0.7.1): max(the IPC request timeout, the time
-        until the latest live deadline in the batch, capped at the max budget)."""
-        if latest_deadline is None:
-            return ipc_timeout_s
-        return max(ipc_timeout_s, min(latest_deadline - now, self.max_budget_s))
 
 
 _impl = load("deadlines")
@@ -152,7 +132,7 @@ class DeadlineLeases:
         self.rules = rules
         self.tick_s = tick_s
         self._progress = progress
-        #: Names why leases must not be renewed now (the app sets `Readiness.lease_pause_reason`).
+        #: Names why leases must not be renewed now (the runtime sets `Readiness.lease_pause_reason`).
         self.paused = paused
         self._wall = wall
         self._clock = clock

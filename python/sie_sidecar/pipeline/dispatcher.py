@@ -12,10 +12,10 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
 from typing import Any
 
+from ..config.groups import DispatchSettings
 from ..ipc.types import ReadyResponse
 from ..otel.tracing import Tracer
 from ..payloads import PayloadStore
@@ -42,43 +42,15 @@ from .sweeps import Sweeper
 
 log = logging.getLogger(__name__)
 
-#: The NAK delay for work handed back at shutdown, unless the app sets `shutdown_nak_ms`.
+#: The NAK delay for work handed back at shutdown, unless the runtime sets `shutdown_nak_ms`.
 SHUTDOWN_NAK_MS = 100
 #: Shutdown waits this long for parked groups to hand their items back (§15.4 step 4).
 PARKED_JOIN_S = 15.0
 
 
-@dataclass(frozen=True, slots=True)
-class DispatchSettings:
-    """What the dispatcher reads from `Settings`."""
-
-    worker_id: str
-    nak_delay_ms: int = 5000
-    fetch_budget: int = 64
-    max_concurrent_batches: int = 4
-    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
-    #: Step the controller once per wave (primary batch) rather than on every batch (§4.6).
-    wave_cadence: bool = True
-    #: Each ProcessGenerate frame must arrive within this (SIE_GENERATE_IPC_FRAME_TIMEOUT_S, §15.1).
-    generate_frame_timeout_s: float = 300.0
-    #: `SIE_ADAPTIVE_BATCH_*` overrides for every model's controller (None: production defaults).
-    controller_env: Mapping[str, str] | None = None
-    #: Directory for one replayable controller trace per model (`SIE_SIDECAR_CONTROLLER_TRACE`).
-    controller_trace_dir: str | None = None
-    #: SIE_BATCHER_MAX_BATCH_COST was set: reported `max_batch_tokens` budgets are ignored (§3.7).
-    cost_pinned: bool = False
-    #: How long a group parked while its model loads may wait before it is handed back: the
-    #: redelivery envelope, 30 s times max_deliver (§2.3).
-    parked_deadline_s: float = 600.0
-    #: Work deadlines (§15.3): enforcement, skew, max budget, tombstone horizon.
-    deadlines: DeadlineRules = field(default_factory=DeadlineRules)
-    #: The ordinary IPC request timeout: a RunBatch waits this long, or until its latest deadline.
-    ipc_request_timeout_s: float = 60.0
-
-
 class Dispatcher:
     """Turns pulled batches into backend calls and published results: builds the stages, sequences
-    them per batch and per model group, and keeps the surface the app, local mode and tests use."""
+    them per batch and per model group, and keeps the surface both ingest modes of the runtime and tests use."""
 
     def __init__(
         self,
@@ -97,7 +69,7 @@ class Dispatcher:
         acks_with_replies: bool = False,
         tracer: Tracer | None = None,
     ) -> None:
-        """`acks_with_replies`: `publisher` and `settler` write to one connection (the app's one
+        """`acks_with_replies`: `publisher` and `settler` write to one connection (the runtime's one
         FramedWriter), so a batch's ACKs are framed after its replies in one buffer."""
         self._s = settings
         #: What the schedulers and batch calls record (queue depth, pending cost, batches in flight,
@@ -149,7 +121,7 @@ class Dispatcher:
         )
         self._lanes.bind(self._execution.execute_formed)  # each lane's formed batches go to execution
 
-    # -- what the app, local mode and tests read and set, forwarded to the stage that owns it (see there)
+    # -- what the runtime (both modes) and tests read and set, forwarded to the stage that owns it (see there)
 
     tombstones = Forward[Any]("_intake", "tombstones")
     batch_tombstones = Forward[Any]("_intake", "batch_tombstones")
@@ -293,4 +265,14 @@ class Dispatcher:
             await self._out.nak_all(left, self.shutdown_nak_ms())
 
 
-__all__ = ["BackendClient", "ConfigState", "DispatchSettings", "Dispatcher", "ReplySink"]
+# `SchedulerConfig` and `DeadlineRules` are the parts of `DispatchSettings`: given with it, as before
+# the three moved to `config.groups`.
+__all__ = [
+    "BackendClient",
+    "ConfigState",
+    "DeadlineRules",
+    "DispatchSettings",
+    "Dispatcher",
+    "ReplySink",
+    "SchedulerConfig",
+]

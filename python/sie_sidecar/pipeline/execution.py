@@ -70,7 +70,7 @@ class Execution:
         self.tracer = tracer
         #: Items per backend batch call, for the shutdown summary and the demo.
         self.batch_sizes: Counter[int] = Counter()
-        #: Called when the backend refuses a batch as `draining` (the app's pull gate stops pulling).
+        #: Called when the backend refuses a batch as `draining` (the runtime's pull gate stops pulling).
         self.on_draining: Callable[[], None] | None = None
 
     async def execute_formed(self, model: str, formed: Formed[Delivery]) -> BatchReport | None:

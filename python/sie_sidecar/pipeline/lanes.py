@@ -64,13 +64,13 @@ class ModelLanes:
             controller_trace_dir=settings.controller_trace_dir,
             cost_pinned=settings.cost_pinned,
         )
-        #: Set when metrics are enabled (the app): each model lane then records its §13 queue and
+        #: Set when metrics are enabled (the runtime): each model lane then records its §13 queue and
         #: batch instruments with (model, profile) attributes from this catalog.
         self.catalog: ModelCatalog | None = None
         self._queue_depth: QueueDepth | None = None
         #: Called whenever a model's scheduler has nothing pending or running (the pull loop's bypass).
         self.on_idle: Callable[[], None] | None = None
-        #: Called with the largest count cap of any model whenever it changes (the app derives the
+        #: Called with the largest count cap of any model whenever it changes (the runtime derives the
         #: pull-ahead from it, docs/operations.md "derived defaults").
         self.on_count_cap: Callable[[int], None] | None = None
         self._count_cap = 0

@@ -56,7 +56,7 @@ class Parking:
         #: group slot and no pull permit, but one of these (capacity: the fetch budget).
         self._parked_free = max(1, settings.fetch_budget)
         self._parked: set[asyncio.Task[None]] = set()
-        #: The NAK delay for work handed back at shutdown (the app makes it outlast its pull requests).
+        #: The NAK delay for work handed back at shutdown (the runtime makes it outlast its pull requests).
         self.shutdown_nak_ms = shutdown_nak_ms
 
     def park(self, model: str, ds: list[Delivery], plain_op: str | None, state: str) -> None:

@@ -70,7 +70,7 @@ class BackendClient(Protocol):
 
 class Forward(Generic[T]):
     """An attribute of the dispatcher that lives on one of its stages (`stage`, the dispatcher's
-    attribute holding it): read and set there, so the app and tests keep one surface."""
+    attribute holding it): read and set there, so the runtime and tests keep one surface."""
 
     __slots__ = ("_name", "_stage")
 

@@ -41,6 +41,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Final, Generic, Literal, Protocol, TypeVar
 
+from ..config.groups import MAX_ITEM_WAIT_S, SchedulerConfig
 from ..telemetry import INFLIGHT_BATCHES, PENDING_COST, PENDING_ITEMS, Registry
 from ..telemetry.lane_metrics import LaneMetrics
 from .batcher import Batcher
@@ -55,8 +56,6 @@ Key = tuple[str, str]  # (operation, LoRA key; "" is the base weights)
 FINAL_DRAIN_POLL_S: Final = 0.025
 #: Flush reasons that mean the batch is as big as it may get: just-in-time dispatch never holds it.
 _FULL: Final = frozenset({"cost_cap", "count_cap", "single_oversize"})
-#: The longest any item waits for a batch by default; the lifecycle lowers it to a quarter of ack_wait.
-MAX_ITEM_WAIT_S: Final = 5.0
 #: The flush reason of a batch of items that waited past `max_item_wait_s`.
 AGED: Final = "aged"
 #: Progress-ACK sweeps per `progress_after_s` (so a lease is renewed at most a quarter late).
@@ -85,29 +84,6 @@ class AgedBatch:
 
     def __len__(self) -> int:
         return len(self.ids)
-
-
-@dataclass(frozen=True, slots=True)
-class SchedulerConfig:
-    """`SIE_BATCHER_*`, `SIE_RUST_PIPELINE_DEPTH` and friends (sidecar-behaviour §1.2)."""
-
-    max_batch_cost: int = 16384
-    max_batch_requests: int = 12
-    #: The count cap follows the backend's `batch_budget` (raised or lowered to it) instead of only
-    #: being lowered to it; `max_batch_requests` applies while the backend reports none. The app sets
-    #: this unless SIE_BATCHER_MAX_BATCH_REQUESTS was given (docs/operations.md, "derived defaults").
-    requests_from_budget: bool = False
-    max_batch_wait_ms: float = 15.0
-    coalesce_ms: float = 5.0
-    coalesce_ratio: float = 0.5
-    pipeline_depth: int = 2
-    idle_bypass: bool = True
-    jit_dispatch: bool = True
-    drain_deadline_s: float = 10.0
-    #: An item pending this long goes into the next batch whatever its cost (0: never forced).
-    max_item_wait_s: float = MAX_ITEM_WAIT_S
-    #: Progress-ACK items held this long (half the consumer's ack_wait; 0: never). Needs `keepalive`.
-    progress_after_s: float = 15.0
 
 
 @dataclass(slots=True)
@@ -758,4 +734,4 @@ class ModelScheduler(Generic[T]):
         return [self._items.pop(i) for i in left]
 
 
-__all__ = ["AGED", "Formed", "Keepalive", "ModelScheduler", "SchedulerConfig"]
+__all__ = ["AGED", "MAX_ITEM_WAIT_S", "Formed", "Keepalive", "ModelScheduler", "SchedulerConfig"]
