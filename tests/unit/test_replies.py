@@ -142,6 +142,27 @@ def test_errors_hash_and_direct_flag_follow_outcome_result(impl: ModuleType) -> 
     assert (second["success"], second["error_code"], second["worker_direct"]) == (False, "inference_error", True)
 
 
+def test_the_backends_retry_hint_is_passed_through(impl: ModuleType) -> None:
+    """§6.1 (newer than v0.7.1): an item's `retry_after_s` reaches its reply unchanged, as the
+    general path writes it (the twin once dropped it: the twin-only run of test_settlement caught it)."""
+    ds = [D(work_item(0)), D(work_item(1))]
+    outs = outcomes(
+        impl,
+        [
+            item_outcome(
+                "r0.0", "r0", 0, "publish_error_and_ack", error="busy", error_code="inference_error", retry_after_s=7
+            ),
+            success(1),
+        ],
+    )
+    framed = frame(impl, ds, outs)
+    assert framed is not None
+    assert framed.buffer == general_path(ds, outs, current_hash=None)
+    first, second = (msgpack.unpackb(p) for p in _payloads(framed.buffer))
+    assert (first["success"], first["retry_after_s"]) == (False, 7)
+    assert "retry_after_s" not in second
+
+
 def test_an_empty_reply_subject_sends_nothing_but_counts(impl: ModuleType) -> None:
     ds = [D(work_item(0, reply_subject=" ")), D(work_item(1))]
     framed = frame(impl, ds, outcomes(impl, [success(0), success(1)]))

@@ -100,6 +100,7 @@ def frame_outcome_replies(
                 units=o.units,
                 worker_direct=bool(delivery.worker_direct),
                 executed_bundle_config_hash=executed_hash(item, current_hash),
+                retry_after_s=o.retry_after_s,  # passed through unchanged (newer than v0.7.1)
             )
         )
         if len(encoded) > max_payload:
