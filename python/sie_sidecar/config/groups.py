@@ -29,7 +29,7 @@ class SchedulerConfig:
     max_batch_cost: int = 16384
     max_batch_requests: int = 12
     #: The count cap follows the backend's `batch_budget` (raised or lowered to it) instead of only
-    #: being lowered to it; `max_batch_requests` applies while the backend reports none. The app sets
+    #: being lowered to it; `max_batch_requests` applies while the backend reports none. The settings set
     #: this unless SIE_BATCHER_MAX_BATCH_REQUESTS was given (docs/operations.md, "derived defaults").
     requests_from_budget: bool = False
     max_batch_wait_ms: float = 15.0
