@@ -1,7 +1,7 @@
 # sie-sidecar developer tasks. Every target bootstraps .venv on a fresh machine.
 .DEFAULT_GOAL := help
 SHELL := /bin/bash
-.PHONY: help install build demo test test-py test-rust lint format bench fuzz wheel wheels release-check sdist-check clean docker diagrams
+.PHONY: help install build demo test test-py test-twins test-rust lint format bench fuzz wheel wheels release-check sdist-check clean docker diagrams
 
 PYTHON ?= python3
 VENV := .venv
@@ -51,6 +51,9 @@ test-rust: $(DEPS_STAMP) ## Rust unit tests: the core and the audio crate, and t
 
 test-py: $(BUILD_STAMP) ## pytest: unit tests and bounded fuzz targets, both implementations
 	$(PY) -m pytest -q
+
+test-twins: $(BUILD_STAMP) ## the whole pytest suite again with every kernel's pure-Python twin (SIE_SIDECAR_NO_EXTENSIONS=1)
+	SIE_SIDECAR_NO_EXTENSIONS=1 $(PY) -m pytest -q
 
 lint: $(BUILD_STAMP) ## ruff, mypy --strict, stubtest, rustfmt, clippy, hadolint, kubernetes-validate
 	$(VENV)/bin/ruff check python tests benches .ci

@@ -50,7 +50,9 @@ async def _setup(nc: Client) -> tuple[FastInbound, list[bytes], list[Any], int]:
     fast = FastInbound.install(nc)
     assert fast is not None
     direct: list[bytes] = []
-    fast.register(DIRECT_SID, lambda run: direct.extend(d.msg.data for d in run))
+    # A run holds the compiled scanner's deliveries (each `.msg` made on first use) or, with the twins,
+    # nats-py `Msg`s: the pull consumer takes either.
+    fast.register(DIRECT_SID, lambda run: direct.extend(getattr(d, "msg", d).data for d in run))
     others: list[Any] = []
 
     async def on_other(msg: Any) -> None:
