@@ -46,13 +46,18 @@ def _other_status(sid: int) -> bytes:
     return b"HMSG _INBOX.answers.8 %d %d %d\r\n%s\r\n" % (sid, len(headers), len(headers), headers)
 
 
+def _payload(delivery: Any) -> bytes:
+    """A run holds the compiled scanner's deliveries (each `.msg` made on first use) or, with the
+    twins, nats-py `Msg`s: the pull consumer takes either, and so does this test."""
+    msg: Any = getattr(delivery, "msg", delivery)
+    return bytes(msg.data)
+
+
 async def _setup(nc: Client) -> tuple[FastInbound, list[bytes], list[Any], int]:
     fast = FastInbound.install(nc)
     assert fast is not None
     direct: list[bytes] = []
-    # A run holds the compiled scanner's deliveries (each `.msg` made on first use) or, with the twins,
-    # nats-py `Msg`s: the pull consumer takes either.
-    fast.register(DIRECT_SID, lambda run: direct.extend(getattr(d, "msg", d).data for d in run))
+    fast.register(DIRECT_SID, lambda run: direct.extend(_payload(d) for d in run))
     others: list[Any] = []
 
     async def on_other(msg: Any) -> None:
