@@ -429,11 +429,12 @@ async def test_the_largest_accepted_jetstream_values_are_accepted_by_the_server(
     nc = await nats.connect(nats_server.url)
     try:
         js = nc.jetstream()
-        await ensure_topology(js, TopologySpec.from_settings(settings))
-        durable = await js.consumer_info(settings.names.pool_stream_name, settings.names.pool_durable_name)
+        spec = TopologySpec.from_settings(settings)
+        await ensure_topology(js, spec)
+        durable = await js.consumer_info(spec.pool_stream, spec.pool_durable)
         assert durable.config.max_ack_pending == LIMITS["SIE_MAX_ACK_PENDING"]
         assert durable.config.max_deliver == LIMITS["SIE_MAX_DELIVER"]
-        stream = await js.stream_info(settings.names.pool_stream_name)
+        stream = await js.stream_info(spec.pool_stream)
         assert stream.config.retention == js_api.RetentionPolicy.WORK_QUEUE
         assert stream.config.max_age == pytest.approx(LIMITS["SIE_STREAM_MAX_AGE_S"])
     finally:

@@ -16,6 +16,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from sie_sidecar import config, wire
+from sie_sidecar.bus.config_sub import config_subject
+from sie_sidecar.bus.topology import TopologySpec
 from sie_sidecar.config import (
     DEFAULT_ACK_WAIT_S,
     NOT_YET_FLAGS,
@@ -771,45 +773,40 @@ def test_env_only_tuning_never_fails_startup(var: str, value: str) -> None:
 # --------------------------------------------------------------------------------- derived names (§1.3)
 
 
+def _topology(**env: str) -> TopologySpec:
+    """The names the sidecar establishes for these settings (start-up's `TopologySpec.from_settings`)."""
+    return TopologySpec.from_settings(build(**env))
+
+
 def test_tv_s4_worker_direct_names() -> None:
-    names = build(
-        SIE_POOL="default", SIE_MACHINE_PROFILE="rtx6000", SIE_BUNDLE="sglang", SIE_WORKER_ID="pod-0.svc"
-    ).names
-    assert names.worker_stream_subjects == ["sie.work.default.rtx6000.sglang.*.pod-0_dot_svc"]
-    assert names.worker_direct_filter == "sie.work.default.rtx6000.sglang.*.pod-0_dot_svc"
-    assert names.worker_stream_name == "WORK_WORKER_pod-0_dot_svc"
-    assert names.worker_consumer_name == "gen-pod-0_dot_svc"
+    spec = _topology(SIE_POOL="default", SIE_MACHINE_PROFILE="rtx6000", SIE_BUNDLE="sglang", SIE_WORKER_ID="pod-0.svc")
+    # The worker-direct stream carries exactly its consumer's filter (ensure_topology).
+    assert spec.worker_filter == "sie.work.default.rtx6000.sglang.*.pod-0_dot_svc"
+    assert spec.worker_stream == "WORK_WORKER_pod-0_dot_svc"
+    assert spec.worker_consumer == "gen-pod-0_dot_svc"
 
 
 def test_tv_s4_pool_names() -> None:
-    names = build(SIE_POOL="l4", SIE_MACHINE_PROFILE="l4-spot", SIE_BUNDLE="default").names
-    assert names.pool_stream_name == "WORK_POOL_l4"
-    assert names.pool_stream_subjects == ["sie.work.l4.*.*.*"]
-    assert names.pool_durable_name == "l4_l4-spot_default"
-    assert names.pool_durable_filter == "sie.work.l4.l4-spot.default.*"
+    spec = _topology(SIE_POOL="l4", SIE_MACHINE_PROFILE="l4-spot", SIE_BUNDLE="default")
+    assert spec.pool_stream == "WORK_POOL_l4"
+    assert wire.pool_stream_subjects(spec.pool) == ["sie.work.l4.*.*.*"]
+    assert spec.pool_durable == "l4_l4-spot_default"
+    assert spec.pool_filter == "sie.work.l4.l4-spot.default.*"
 
 
 def test_tv_s4_health_subject_inserts_worker_id_as_is() -> None:
-    assert build(SIE_WORKER_ID="worker-l4-0").names.health_subject == "sie.health.worker-l4-0"
-    assert build(SIE_WORKER_ID="pod-0.svc").names.health_subject == "sie.health.pod-0.svc"
+    assert wire.health_subject(build(SIE_WORKER_ID="worker-l4-0").worker_id) == "sie.health.worker-l4-0"
+    assert wire.health_subject(build(SIE_WORKER_ID="pod-0.svc").worker_id) == "sie.health.pod-0.svc"
 
 
 def test_config_subject() -> None:
-    assert build(SIE_BUNDLE="sglang").names.config_subject == "sie.config.models.sglang"
+    assert config_subject(build(SIE_BUNDLE="sglang").bundle) == "sie.config.models.sglang"
 
 
 def test_durable_name_normalises_lane_tokens() -> None:
-    names = build(SIE_POOL="eval/l4", SIE_MACHINE_PROFILE="a/b", SIE_BUNDLE="c").names
-    assert names.pool_durable_name == "eval__l4_a__b_c"
-    assert names.pool_durable_filter == "sie.work.eval/l4.a__b.c.*"
-
-
-def test_the_names_are_the_wires_lane_names() -> None:
-    """`Settings.names` is the wire's value for this lane: the rules live with the wire core."""
-    settings = build(SIE_WORKER_ID="pod-0.svc")
-    assert settings.names == wire.LaneNames(
-        pool="default", machine_profile="l4", bundle="default", worker_id="pod-0.svc"
-    )
+    spec = _topology(SIE_POOL="eval/l4", SIE_MACHINE_PROFILE="a/b", SIE_BUNDLE="c")
+    assert spec.pool_durable == "eval__l4_a__b_c"
+    assert spec.pool_filter == "sie.work.eval/l4.a__b.c.*"
 
 
 # --------------------------------------------------------------------------- the dispatcher's settings

@@ -22,6 +22,7 @@ from nats.js import api as js_api
 from nats.js.errors import APIError, NotFoundError, ServiceUnavailableError
 
 from .. import wire
+from ..config.limits import worker_stream_max_age
 from ..errors import TopologyError
 
 if TYPE_CHECKING:
@@ -32,7 +33,6 @@ logger = logging.getLogger(__name__)
 POOL_ACK_WAIT_S = 30.0
 WORKER_ACK_WAIT_S = 300.0
 STREAM_MAX_MSGS = 100_000
-_WORKER_AGE_PER_DELIVERY_S = 300.0
 _LIST_PAGE = 256  # the server's page size for consumer listings
 
 
@@ -96,7 +96,7 @@ class TopologySpec:
     @property
     def worker_max_age_s(self) -> float:
         """Direct work must outlive every redelivery of its consumer (300 s per delivery)."""
-        return max(self.stream_max_age_s, _WORKER_AGE_PER_DELIVERY_S * self.max_deliver)
+        return worker_stream_max_age(self.stream_max_age_s, self.max_deliver)
 
 
 async def establish_topology(

@@ -21,7 +21,7 @@ One module per job, none importing another's private names, none importing `__in
 * `redaction`: secrets out of text.
 
 Names are re-exported here, so `from sie_sidecar.config import X` keeps working for every X it had.
-The NATS names of the lane come from the wire (`Settings.names`, a `wire.LaneNames`).
+The NATS names of the lane are the wire's functions, applied by `bus.topology.TopologySpec`.
 """
 
 from __future__ import annotations

@@ -44,6 +44,12 @@ def tombstone_horizon(stream_max_age_s: int, max_deliver: int) -> float:
     return float(min(max(stream_max_age_s, REDELIVERY_S_PER_DELIVERY * max_deliver), MAX_TOMBSTONE_S))
 
 
+def worker_stream_max_age(stream_max_age_s: float, max_deliver: int) -> float:
+    """§2.2: direct work must outlive every redelivery, max(pool max_age, 300 s x max_deliver): the
+    worker-direct stream's max_age (the topology) and the settings' view of it."""
+    return float(max(stream_max_age_s, WORKER_AGE_PER_DELIVERY_S * max_deliver))
+
+
 def redelivery_envelope(max_deliver: int) -> float:
     """§2.3: 30 s x max_deliver (600 s by default), capped near 30 years: a parked group's deadline."""
     return min(float(REDELIVERY_S_PER_DELIVERY * max_deliver), MAX_REDELIVERY_ENVELOPE_S)

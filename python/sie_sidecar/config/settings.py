@@ -5,7 +5,8 @@ Build it with `Settings.from_env(environ, argv)` (the run flags in `argv`, then 
 `Settings.from_sources(environ, namespace)` (a namespace the CLI parsed after `add_run_arguments`);
 the env reader (`reader.py`) parses and checks every value. What is derived from the fields stays
 here: the §7 horizons, the concurrency limits, the dispatcher's group (`dispatch`), redaction for
-the start-up log. The NATS names of the lane are the wire's (`names`, a `wire.LaneNames`).
+the start-up log. The NATS names of the lane are the wire's functions, which the topology
+(`bus.topology.TopologySpec`) applies: no copy of them here.
 """
 
 from __future__ import annotations
@@ -18,10 +19,9 @@ from typing import Literal
 from urllib.parse import unquote
 
 from ..errors import ConfigError
-from ..wire import LaneNames
 from .flags import DEFAULT_IPC_SOCKET_PATH, DEFAULT_TRUSTED_PRODUCERS, build_run_parser
 from .groups import DEFAULT_ACK_WAIT_S, DeadlineRules, DispatchSettings, SchedulerConfig
-from .limits import MAX_DERIVED_OUTSTANDING, WORKER_AGE_PER_DELIVERY_S, redelivery_envelope, tombstone_horizon
+from .limits import MAX_DERIVED_OUTSTANDING, redelivery_envelope, tombstone_horizon, worker_stream_max_age
 from .otlp import OtelSettings
 from .reader import DebugPeers, EnvReader, IngestMode
 from .redaction import REDACTED, redact_text, redact_url_userinfo, strip_url_userinfo, userinfo_parts
@@ -249,13 +249,6 @@ class Settings:
     # ---------------------------------------------------------------------------- derived (§1.3, §2, §10)
 
     @property
-    def names(self) -> LaneNames:
-        """The NATS names of this worker's lane (§1.3): streams, consumers, filters and subjects."""
-        return LaneNames(
-            pool=self.pool, machine_profile=self.machine_profile, bundle=self.bundle, worker_id=self.worker_id
-        )
-
-    @property
     def tombstone_horizon_s(self) -> float:
         """How long anything about a work item can matter (§7): max(stream max age, 30 s x
         max_deliver), at most 30 days. Request tombstones live this long; deadline leases and
@@ -270,7 +263,7 @@ class Settings:
     @property
     def worker_stream_max_age_s(self) -> int:
         """Direct work must outlive every redelivery: max(pool max_age, 300 s * max_deliver) (§2.2)."""
-        return max(self.stream_max_age_s, WORKER_AGE_PER_DELIVERY_S * self.max_deliver)
+        return int(worker_stream_max_age(self.stream_max_age_s, self.max_deliver))
 
     @property
     def readyz_stale_ms(self) -> int:

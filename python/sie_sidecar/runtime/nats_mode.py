@@ -377,26 +377,18 @@ def pull_consumers(
 ) -> list[PullConsumer]:
     """The worker-direct and the pool consumer (§2), re-issuing credit after a reconnect and
     recording delivery attempts once recording is on."""
-    outstanding = settings.concurrency.pull_outstanding
+    spec = link.spec  # the names the topology was established with
     consumers = [
         PullConsumer(
             link.nc,
-            wire.worker_stream_name(settings.worker_id),
-            wire.worker_consumer_name(settings.worker_id),
+            stream,
+            durable,
             batch=settings.nats_fetch_budget,
             expires_s=settings.nats_pull_expires_s,
-            max_outstanding=outstanding,
+            max_outstanding=settings.concurrency.pull_outstanding,
             writer=writer,
-        ),
-        PullConsumer(
-            link.nc,
-            wire.pool_stream_name(settings.pool),
-            wire.pool_durable_name(settings.pool, settings.machine_profile, settings.bundle),
-            batch=settings.nats_fetch_budget,
-            expires_s=settings.nats_pull_expires_s,
-            max_outstanding=outstanding,
-            writer=writer,
-        ),
+        )
+        for stream, durable in ((spec.worker_stream, spec.worker_consumer), (spec.pool_stream, spec.pool_durable))
     ]
     for consumer in consumers:
         link.events.on_reconnected.append(consumer.on_reconnected)

@@ -21,6 +21,4 @@ else:
     _names = list(wire_impl.__all__)
     globals().update({name: getattr(wire_impl, name) for name in _names})
 
-from .names import LaneNames  # after the names it derives from are bound above
-
-__all__ = [*_names, "USING_NATIVE", "LaneNames"]  # noqa: PLE0604
+__all__ = [*_names, "USING_NATIVE"]  # noqa: PLE0604
