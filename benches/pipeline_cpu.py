@@ -52,7 +52,8 @@ from benches.gateway_items import bench_payload, gateway_texts  # noqa: E402
 from benches.null_backend import null_backend  # noqa: E402
 from sie_sidecar import wire  # noqa: E402
 from sie_sidecar.ipc.client import IpcClient, observe_ipc  # noqa: E402
-from sie_sidecar.otel.tracing import Sampler, SpanBuffer, Tracer  # noqa: E402
+from sie_sidecar.otel.tracer import Tracer  # noqa: E402
+from sie_sidecar.otel.tracing import Sampler, SpanBuffer  # noqa: E402
 from sie_sidecar.pipeline.delivery import Settler  # noqa: E402
 from sie_sidecar.pipeline.dispatcher import Dispatcher, DispatchSettings  # noqa: E402
 from sie_sidecar.pipeline.feed import feed  # noqa: E402

@@ -1,9 +1,10 @@
 # SPDX-License-Identifier: Apache-2.0
 """What tracing adds to one batch's RPC preparation (`pipeline.execution.Execution._call_backend`): the RunBatch body of
 64 loadgen items, each with its own traceparent, written as the dispatcher writes it with tracing off
-(no tracer), on but not sampled (the sampler's one decision), and sampled (links read in place, the
-span's context written into every item, the span finished and handed to the OpenTelemetry SDK's
-batch span processor, as `otel.export.TracePush` attaches it; its exporter drops the spans)."""
+(no tracer), on but not sampled (the sampler's one decision), and sampled (the items' contexts read
+in place by `start_batch`, the span's context written into every item, the span finished and handed
+to the OpenTelemetry SDK's batch span processor, as `otel.export.TracePush` attaches it; its
+exporter drops the spans, so the finished spans reach it as `BatchSpanData`)."""
 
 from __future__ import annotations
 
@@ -16,10 +17,11 @@ from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from pytest_benchmark.fixture import BenchmarkFixture
 
 from sie_sidecar import wire
-from sie_sidecar.ipc.requests import item_traceparents, run_batch_body
+from sie_sidecar.ipc.requests import run_batch_body
 from sie_sidecar.otel.sdk import make_resource
+from sie_sidecar.otel.tracer import Tracer
 from sie_sidecar.otel.traces import SpanPipeline
-from sie_sidecar.otel.tracing import Sampler, SpanBuffer, Tracer
+from sie_sidecar.otel.tracing import Sampler, SpanBuffer
 from sie_sidecar.tools.loadgen import LoadConfig, build_work_item
 from sie_sidecar.wire.workitem import WorkItem, decode_work_item
 
@@ -49,7 +51,8 @@ def _items() -> list[WorkItem]:
         item = build_work_item(
             config, request_id=f"req-{i}", item_index=i, total_items=ITEMS, text_index=i, timestamp=1.7e9 + i
         )
-        item["traceparent"] = f"00-{i + 1:032x}-{i + 1:016x}-01"
+        # Trace ids high in their low 64 bits: the ratio sampler refuses them (the "unsampled" mode).
+        item["traceparent"] = f"00-{i + 1:016x}{'f' * 16}-{i + 1:016x}-01"
         out.append(decode_work_item(msgpack.packb(item)))
     return out
 
@@ -67,11 +70,8 @@ def test_run_batch_with_tracing_64_items(benchmark: BenchmarkFixture, mode: str)
     fetch = [0.0] * ITEMS
 
     def call() -> bytes:  # the dispatcher's lines, in its order
-        span = tracer.start_batch("m", "encode", len(items), ITEMS) if tracer is not None else None
-        trace = None
-        if span is not None:
-            span.link(item_traceparents(items))
-            trace = span.wire_context
+        span = tracer.start_batch("m", "encode", len(items), ITEMS, items) if tracer is not None else None
+        trace = span.wire_context if span is not None else None
         body = run_batch_body("m", "encode", items, "", ITEMS, payload_fetch_ms=fetch, trace=trace)
         if span is not None:
             span.event("ipc.request")
@@ -82,7 +82,7 @@ def test_run_batch_with_tracing_64_items(benchmark: BenchmarkFixture, mode: str)
     body = benchmark(call)
     pipeline.shutdown()
     first = msgpack.unpackb(body)["items"][0]["traceparent"]
-    assert (first == "00-" + "0" * 31 + "1-" + "0" * 15 + "1-01") is (mode != "sampled")
+    assert (first == "00-" + "0" * 15 + "1" + "f" * 16 + "-" + "0" * 15 + "1-01") is (mode != "sampled")
     assert (exporter.spans > 0) is (mode == "sampled")
 
 

@@ -18,7 +18,8 @@ import pytest
 
 from sie_sidecar.otel.export import OtlpThread, TracePush
 from sie_sidecar.otel.target import Target
-from sie_sidecar.otel.tracing import Sampler, SpanBuffer, Tracer
+from sie_sidecar.otel.tracer import Tracer
+from sie_sidecar.otel.tracing import Sampler, SpanBuffer
 
 from .conftest import NatsServer
 from .otlp_receiver import otlp_grpc_receiver

@@ -18,7 +18,8 @@ from sie_sidecar.backend.null import NullAdapter
 from sie_sidecar.backend.server import BackendServer
 from sie_sidecar.otel.export import OtlpThread, TracePush
 from sie_sidecar.otel.target import Target
-from sie_sidecar.otel.tracing import Sampler, SpanBuffer, Tracer, parse_traceparent
+from sie_sidecar.otel.tracer import Tracer
+from sie_sidecar.otel.tracing import Sampler, SpanBuffer, parse_traceparent
 
 from .conftest import NatsServer
 from .otlp_receiver import otlp_receiver

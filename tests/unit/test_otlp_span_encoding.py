@@ -159,3 +159,61 @@ def test_the_http_exporter_sends_the_compiled_bytes_through_its_own_client() -> 
     assert exporter.export(_spans([record])) is SpanExportResult.SUCCESS
     exporter.shutdown()
     assert sent == [_sdk_bytes([record]), b"shutdown"]
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    model=st.text(max_size=12),
+    contexts=st.lists(_traceparents, max_size=6),
+    events=st.lists(st.text(max_size=8), max_size=3),
+    extra=st.lists(st.tuples(st.sampled_from(["sie.ipc.method", "lane", "k"]), st.text(max_size=6)), max_size=3),
+    error=st.none() | st.text(max_size=10),
+)
+def test_the_compiled_tracers_spans_encode_as_the_sdk_reads_them(
+    model: str, contexts: list[str], events: list[str], extra: list[tuple[str, str]], error: str | None
+) -> None:
+    """A compiled `BatchSpan` is its own finished record: the encoder reads it in place and writes
+    what the SDK's encoder writes for the same span read through its Python fields."""
+    from sie_sidecar._native import BatchTracer
+    from sie_sidecar.otel.tracing import Sampler, SpanBuffer
+
+    buffer = SpanBuffer()
+    span = BatchTracer(Sampler("always_on"), buffer, lane="p|l4|b").start_batch(model, "score", 3, 9, contexts)
+    assert span is not None
+    for name in events:
+        span.event(name)
+    for key, value in extra:
+        span.attribute(key, value)
+    span.end(error)
+    (record,) = buffer.take()
+    assert record is span
+    body = native_request([record], RESOURCE, SCOPE)
+    assert body is not None and body == _sdk_bytes([record])  # type: ignore[list-item]
+
+
+def test_the_http_exporter_takes_finished_records_once_bound() -> None:
+    """Bound to a resource and scope (`SpanPipeline` does), the exporter takes the tracer's records
+    as they are; past the size limit it hands the SDK's own path the records wrapped as the SDK's
+    spans, which encodes them and refuses the request as the SDK does."""
+    from sie_sidecar.otel.traces import TakesRecords
+
+    record = SpanRecord(f"{1:032x}", f"{1:016x}", "n", "consumer", 1, 2, (("a", 1),), (), (), None)
+    exporter = http_span_exporter(endpoint="http://127.0.0.1:1/v1/traces", timeout=0.2)
+    assert isinstance(exporter, TakesRecords)
+    exporter.bind(RESOURCE, SCOPE)
+    sent: list[bytes] = []
+
+    class Client:
+        def export(self, body: bytes) -> Any:
+            sent.append(body)
+            return type("Result", (), {"success": True})()
+
+        def shutdown(self) -> None: ...
+
+    exporter._client = Client()  # type: ignore[attr-defined]
+    assert exporter.export([record]) is SpanExportResult.SUCCESS  # type: ignore[list-item]
+    assert sent == [_sdk_bytes([record])]
+    exporter._max_request_size = 10  # type: ignore[attr-defined]  # the SDK's own path, its own limit
+    assert [type(s) for s in exporter.readable([record])] == [BatchSpanData]
+    assert exporter.export([record]) is SpanExportResult.FAILURE  # type: ignore[list-item]  # the SDK refuses it
+    assert len(sent) == 1

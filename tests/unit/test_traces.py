@@ -23,6 +23,7 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from sie_sidecar import wire
 from sie_sidecar._twins.requests import item_traceparents as item_traceparents_py
 from sie_sidecar._twins.requests import write_run_batch_body as write_run_batch_body_py
+from sie_sidecar._twins.tracing import BatchTracer as TwinTracer
 from sie_sidecar.config import Settings
 from sie_sidecar.ipc.requests import item_traceparents, run_batch_body
 from sie_sidecar.otel.sdk import make_resource, span_exporter
@@ -34,7 +35,6 @@ from sie_sidecar.otel.tracing import (
     SpanBuffer,
     SpanContext,
     SpanRecord,
-    Tracer,
     format_traceparent,
     links_of,
     parse_traceparent,
@@ -53,6 +53,19 @@ ENV = {
     "SIE_MACHINE_PROFILE": "l4",
     "HOSTNAME": "pod-0",
 }
+
+#: Both batch tracers: the compiled one (when built) and its twin; the tracer tests run on each.
+TRACERS: list[Any] = [TwinTracer]
+if wire.USING_NATIVE:
+    from sie_sidecar._native import BatchTracer as NativeTracer
+
+    TRACERS.insert(0, NativeTracer)
+
+
+@pytest.fixture(params=TRACERS, ids=lambda cls: "native" if cls is not TwinTracer else "twin")
+def tracer_cls(request: pytest.FixtureRequest) -> Any:
+    return request.param
+
 
 # -------------------------------------------------------------------------------------- traceparent
 
@@ -133,8 +146,8 @@ def test_a_root_batch_span_for_every_sampler(name: str, ratio: float, low_id: bo
     assert sampler.never is (not low_id and not high_id and not name.startswith("parentbased_"))
 
 
-def test_a_ratio_samples_about_its_share() -> None:
-    tracer = Tracer(Sampler("traceidratio", 0.25), SpanBuffer())
+def test_a_ratio_samples_about_its_share(tracer_cls: Any) -> None:
+    tracer = tracer_cls(Sampler("traceidratio", 0.25), SpanBuffer())
     sampled = sum(tracer.start_batch("m", "encode", 1, 1) is not None for _ in range(4000))
     assert 800 < sampled < 1200
 
@@ -284,9 +297,9 @@ def _record(i: int = 0, **kw: Any) -> SpanRecord:
     return SpanRecord(**(base | kw))
 
 
-def test_a_sampled_batch_links_to_its_items_valid_contexts_once_each() -> None:
+def test_a_sampled_batch_links_to_its_items_valid_contexts_once_each(tracer_cls: Any) -> None:
     buffer = SpanBuffer()
-    span = Tracer(Sampler("always_on"), buffer, lane="p|l4|b").start_batch("bge:fast", "encode", 4, 40)
+    span = tracer_cls(Sampler("always_on"), buffer, lane="p|l4|b").start_batch("bge:fast", "encode", 4, 40)
     assert span is not None
     other = f"00-{'1' * 32}-{'2' * 16}-00"
     span.link([VALID, None, "garbage", VALID, other, f"00-{TRACE}-{SPAN}-00"])  # same ids, other flags: once
@@ -312,9 +325,9 @@ def test_a_sampled_batch_links_to_its_items_valid_contexts_once_each() -> None:
     assert record.name == "sidecar.dispatch" and record.start_ns <= record.events[0][1] <= record.end_ns
 
 
-def test_links_are_capped_and_the_rest_counted() -> None:
+def test_links_are_capped_and_the_rest_counted(tracer_cls: Any) -> None:
     buffer = SpanBuffer()
-    span = Tracer(Sampler("always_on"), buffer).start_batch("m", "score", 300, 300)
+    span = tracer_cls(Sampler("always_on"), buffer).start_batch("m", "score", 300, 300)
     assert span is not None
     span.link([format_traceparent(f"{i + 1:032x}", SPAN) for i in range(300)])
     span.end("boom")
@@ -323,9 +336,9 @@ def test_links_are_capped_and_the_rest_counted() -> None:
     assert len(links) == MAX_LINKS and dropped == 300 - MAX_LINKS and record.error == "boom"
 
 
-def test_an_unsampled_batch_is_none() -> None:
-    assert Tracer(Sampler("always_off"), SpanBuffer()).start_batch("m", "encode", 1, 1) is None
-    assert Tracer(Sampler("parentbased_traceidratio", 0.0), SpanBuffer()).start_batch("m", "encode", 1, 1) is None
+def test_an_unsampled_batch_is_none(tracer_cls: Any) -> None:
+    assert tracer_cls(Sampler("always_off"), SpanBuffer()).start_batch("m", "encode", 1, 1) is None
+    assert tracer_cls(Sampler("parentbased_traceidratio", 0.0), SpanBuffer()).start_batch("m", "encode", 1, 1) is None
 
 
 def test_the_buffer_keeps_spans_until_attached_dropping_its_oldest() -> None:
@@ -436,12 +449,14 @@ def test_undecoded_deliveries_give_their_traceparent_in_place() -> None:
     assert item_traceparents(ds) == [VALID, None]
 
 
-def test_a_batch_span_is_parented_on_the_first_valid_inbound_context() -> None:
+def test_a_batch_span_is_parented_on_the_first_valid_inbound_context(tracer_cls: Any) -> None:
     """sidecar-behaviour §5.4: a `sidecar.dispatch` span whose parent is the items' first valid W3C
     context (its trace id, its span id as the parent), the other valid contexts as links."""
     buffer = SpanBuffer()
     other = f"00-{'1' * 32}-{'2' * 16}-01"
-    span = Tracer(Sampler("always_on"), buffer).start_batch("m", "encode", 4, 4, [None, "garbage", VALID, other, VALID])
+    span = tracer_cls(Sampler("always_on"), buffer).start_batch(
+        "m", "encode", 4, 4, [None, "garbage", VALID, other, VALID]
+    )
     assert span is not None
     assert (span.trace_id, span.parent_span_id) == (TRACE, SPAN) and span.span_id != SPAN
     span.end()
@@ -460,9 +475,9 @@ def test_a_batch_span_is_parented_on_the_first_valid_inbound_context() -> None:
         ("always_on", "00", True),
     ],
 )
-def test_parentbased_samplers_follow_the_parent(sampler: str, flags: str, sampled: bool) -> None:
+def test_parentbased_samplers_follow_the_parent(sampler: str, flags: str, sampled: bool, tracer_cls: Any) -> None:
     parent = f"00-{TRACE}-{SPAN}-{flags}"
-    span = Tracer(Sampler(sampler, 0.0 if "ratio" in sampler else 1.0), SpanBuffer()).start_batch(
+    span = tracer_cls(Sampler(sampler, 0.0 if "ratio" in sampler else 1.0), SpanBuffer()).start_batch(
         "m", "encode", 1, 1, [parent]
     )
     assert (span is not None) is sampled
@@ -474,3 +489,103 @@ def test_a_parented_span_is_encoded_with_its_remote_parent() -> None:
     parented, root = request.resource_spans[0].scope_spans[0].spans
     assert parented.parent_span_id.hex() == SPAN and parented.flags == 0x300
     assert root.parent_span_id == b"" and root.flags == 0x100
+
+
+# ------------------------------------------------------------------------- both tracers, one contract
+
+
+def test_a_span_ends_once_and_nothing_changes_it_after(tracer_cls: Any) -> None:
+    buffer = SpanBuffer()
+    span = tracer_cls(Sampler("always_on"), buffer).start_batch("m", "encode", 2, 2)
+    assert span is not None
+    span.attribute("sie.ipc.method", "Encode")
+    span.attribute("lane", "again")  # a repeated key keeps its place, takes the new value
+    span.event("ipc.request")
+    span.end("boom")
+    span.event("late")
+    span.attribute("late", 1)
+    span.end()
+    (record,) = buffer.take()
+    assert [k for k, _ in record.attributes] == [
+        "lane",
+        "operation",
+        "model",
+        "profile",
+        "sie.batch.size",
+        "sie.batch.cost",
+        "sie.ipc.method",
+    ]
+    assert dict(record.attributes)["lane"] == "again" and record.error == "boom"
+    assert [name for name, _ in record.events] == ["ipc.request"] and record.end_ns >= record.start_ns > 0
+    assert len(buffer) == 0
+
+
+def _started(cls: Any, items: Any) -> tuple[str, str, tuple[str, ...]]:
+    buffer = SpanBuffer()
+    span = cls(Sampler("parentbased_always_on"), buffer).start_batch("m", "encode", 9, 9, items)
+    assert span is not None
+    span.end()
+    (record,) = buffer.take()
+    return record.trace_id, record.parent_span_id, record.links
+
+
+def test_both_tracers_read_the_items_contexts_alike() -> None:
+    """`start_batch` takes the batch's items or their contexts; the compiled tracer and the twin
+    pick the same parent (the first valid context) and the same links (the other distinct ones)."""
+    other = f"00-{'1' * 32}-{'2' * 16}-01"
+    items = _items([None, "garbage", VALID, other, VALID, ""])
+    contexts = [None, "garbage", VALID, other, VALID, ""]
+    for cls in TRACERS:
+        assert _started(cls, items) == _started(cls, contexts) == (TRACE, SPAN, ("garbage", other))
+
+
+@pytest.mark.skipif(not wire.USING_NATIVE, reason="LazyDelivery is the extension's")
+def test_the_compiled_tracer_reads_undecoded_deliveries_in_place() -> None:
+    from sie_sidecar._native import BatchTracer
+
+    from .test_lazy_delivery import intake
+
+    other = f"00-{'1' * 32}-{'2' * 16}-01"
+    payloads = [msgpack.packb(BASE | {"item": {"text": "a"}, "traceparent": tp}) for tp in ("x", VALID, other)]
+    ds = intake([*payloads, msgpack.packb(BASE), msgpack.packb(BASE | {"traceparent": None})])
+    assert _started(BatchTracer, ds) == (TRACE, SPAN, ("x", other))
+    assert all(d.wire_item is d for d in ds)  # still undecoded
+    ds[1].item  # noqa: B018  decoded now: read from the WorkItem
+    assert _started(BatchTracer, ds) == (TRACE, SPAN, ("x", other))
+
+
+def test_ids_are_lower_case_hex_and_differ_between_spans(tracer_cls: Any) -> None:
+    tracer = tracer_cls(Sampler("always_on"), SpanBuffer())
+    spans = [tracer.start_batch("m", "encode", 1, 1) for _ in range(200)]
+    ids = {(s.trace_id, s.span_id) for s in spans}
+    assert len(ids) == 200 and len({t for t, _ in ids}) == 200
+    for trace_id, span_id in ids:
+        assert re.fullmatch("[0-9a-f]{32}", trace_id) and re.fullmatch("[0-9a-f]{16}", span_id)
+        assert parse_traceparent(format_traceparent(trace_id, span_id)) is not None
+
+
+def test_the_pipeline_hands_the_processor_records_as_they_are_with_the_sidecars_exporters() -> None:
+    """With the sidecar's exporters, a finished span goes into the SDK's batch processor's queue as
+    it is (no `ReadableSpan` per span on the event loop); any other exporter gets `BatchSpanData`.
+    This fails if an SDK upgrade moves the processor's queue: the slower path would still work."""
+    from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+
+    from sie_sidecar.otel.traces import SpanPipeline
+
+    resource = make_resource({"service.name": "s"})
+    ours = SpanPipeline(span_exporter(Target("http://127.0.0.1:1/v1/traces", "http/protobuf")), resource)
+    emit: object = ours.processor._batch_processor.emit
+    assert ours.takes_records and ours.forward == emit
+    got: list[object] = []
+
+    class Listing(SpanExporter):
+        def export(self, spans: Any) -> SpanExportResult:
+            got.extend(spans)
+            return SpanExportResult.SUCCESS
+
+    theirs = SpanPipeline(Listing(), resource, schedule_delay_s=0.01)
+    assert not theirs.takes_records
+    theirs.forward(_record(1))
+    theirs.shutdown()
+    ours.shutdown()
+    assert [type(s) for s in got] == [BatchSpanData] and got[0].record == _record(1)  # type: ignore[attr-defined]

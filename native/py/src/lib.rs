@@ -26,6 +26,7 @@ mod results;
 mod run_batch;
 mod settle;
 mod slots;
+mod tracing;
 mod workitem;
 
 #[pyo3::pymodule(gil_used = true)]
@@ -100,6 +101,9 @@ mod _native {
 
     #[pymodule_export]
     use crate::otlp::encode_trace_request;
+
+    #[pymodule_export]
+    use crate::tracing::{BatchSpan, BatchTracer};
 
     #[pymodule_export]
     use crate::histogram::Histogram;

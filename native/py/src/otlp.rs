@@ -1,5 +1,5 @@
 //! `encode_trace_request`: finished batch spans (`otel.tracing.SpanRecord`) into one OTLP
-//! `ExportTraceServiceRequest`, encoded by sie-core's `otlp` (the SDK's exporter sends it). The
+//! `ExportTraceServiceRequest` (the compiled tracer's `BatchSpan`s read in place), encoded by sie-core's `otlp` (the SDK's exporter sends it). The
 //! twin is the SDK's own encoder over `otel.traces.BatchSpanData`.
 
 use pyo3::exceptions::{PyTypeError, PyValueError};
@@ -7,6 +7,7 @@ use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyBytes, PyFloat, PyInt, PyString};
 
+use crate::tracing::BatchSpan;
 use sie_core::otlp::{
     encode_request, hex_id, links_of, string_attr, AnyValue, Event, InstrumentationScope, KeyValue,
     Span, Status, Value, FLAG_HAS_IS_REMOTE, FLAG_IS_REMOTE, KIND_CONSUMER, KIND_INTERNAL,
@@ -121,7 +122,12 @@ pub fn encode_trace_request<'py>(
 ) -> PyResult<Bound<'py, PyBytes>> {
     let mut spans = Vec::new();
     for record in records.try_iter()? {
-        spans.push(span_of(&record?)?);
+        let record = record?;
+        // The compiled tracer's spans are read as they are; other records field by field.
+        match record.cast::<BatchSpan>() {
+            Ok(span) => spans.push(span.borrow().to_otlp()),
+            Err(_) => spans.push(span_of(&record)?),
+        }
     }
     let resource = resource.iter().map(|(k, v)| string_attr(k, v)).collect();
     let scope = InstrumentationScope {

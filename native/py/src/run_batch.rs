@@ -406,6 +406,51 @@ pub fn item_traceparents<'py>(
     Ok(out)
 }
 
+/// Each item's own `traceparent` string, handed to `f` where it lies (nothing copied): an element
+/// that is itself a `str` (the tests' and the twins' lists of contexts), an undecoded
+/// `LazyDelivery` read in place, or anything else by attribute. None, nil and non-strings are
+/// skipped. The batch tracer (`tracing.rs`) reads a batch's contexts through this.
+pub(crate) fn for_each_traceparent<'py>(
+    py: Python<'py>,
+    items: &Bound<'py, PyAny>,
+    mut f: impl FnMut(&str),
+) -> PyResult<()> {
+    let name = &names(py)[TRACEPARENT];
+    for obj in items.try_iter()? {
+        let obj = obj?;
+        if obj.is_none() {
+            continue;
+        }
+        if let Ok(s) = obj.cast::<PyString>() {
+            f(s.to_str()?);
+            continue;
+        }
+        if let Ok(lazy) = obj.cast::<LazyDelivery>() {
+            let mut this = lazy.borrow_mut();
+            if let Some(view) = this.in_place(py) {
+                let (off, len) = view.parsed.spans[TRACEPARENT];
+                let value = &view.data()[off as usize..(off + len) as usize];
+                if let Ok(s) = Reader::new(value).read_str("traceparent") {
+                    f(s);
+                }
+                continue;
+            }
+            let item = this.decode(py)?;
+            drop(this);
+            let value = item.bind(py).getattr(name.bind(py))?;
+            if let Ok(s) = value.cast::<PyString>() {
+                f(s.to_str()?);
+            }
+            continue;
+        }
+        let value = obj.getattr(name.bind(py))?;
+        if let Ok(s) = value.cast::<PyString>() {
+            f(s.to_str()?);
+        }
+    }
+    Ok(())
+}
+
 fn str_or_none<'py>(py: Python<'py>, value: Bound<'py, PyAny>) -> Bound<'py, PyAny> {
     if value.cast::<PyString>().is_ok() {
         value

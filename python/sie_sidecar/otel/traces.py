@@ -1,11 +1,14 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Batch spans (`tracing.SpanRecord`) as the OpenTelemetry SDK reads a finished span, and the SDK's
-`BatchSpanProcessor` that batches them to its OTLP span exporter (`OTEL_BSP_*`).
+"""Finished batch spans (`tracing.FinishedSpan`) handed to the SDK's `BatchSpanProcessor`, which
+batches them to its OTLP span exporter (`OTEL_BSP_*`) in its own thread.
 
-A `BatchSpanData` is made on the event loop when a batch's span ends, so it costs only what the
-processor reads there (the span context, for the sampled flag); attributes, events, links and status
-are built when the exporter encodes the span, in the processor's own thread. That is where the
-items' `traceparent`s are parsed into links (`tracing.links_of`), off the batch's path.
+With the sidecar's own exporters (`otel.span_exporters`, which encode the records themselves), each
+finished span goes into the processor's queue as it is: no `ReadableSpan` is built per span on the
+event loop (that was ~30,000 instructions a batch, docs/benchmarks.md "Tracing built by the compiled
+core"). Any other exporter gets a `BatchSpanData` per span, the SDK's `ReadableSpan` of a record;
+the sidecar's exporters build one too where they fall back to the SDK's encoder. Its attributes,
+events, links and status are built when read; the items' `traceparent`s are parsed into links
+there (`tracing.links_of`), off the batch's path.
 
 The parent (the first valid inbound context) and every link are remote contexts; the SDK's encoder
 writes that in the OTLP span and link flags. Only the OTLP thread (`otel.export`) imports this module.
@@ -27,7 +30,7 @@ from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode,
 from opentelemetry.util.types import Attributes
 
 from .metrics import SCOPE
-from .tracing import KIND_CONSUMER, SpanRecord, links_of
+from .tracing import KIND_CONSUMER, FinishedSpan, links_of
 
 _SAMPLED: Final = TraceFlags(TraceFlags.SAMPLED)
 _UNSET: Final = Status(StatusCode.UNSET)
@@ -41,7 +44,7 @@ def _context(trace_id: str, span_id: str, *, remote: bool, flags: TraceFlags = _
 class BatchSpanData(ReadableSpan):
     """One finished batch span, read by the SDK's processor and exporter (see the module docstring)."""
 
-    def __init__(self, record: SpanRecord, resource: Resource, scope: InstrumentationScope) -> None:
+    def __init__(self, record: FinishedSpan, resource: Resource, scope: InstrumentationScope) -> None:
         super().__init__(
             record.name,
             context=_context(record.trace_id, record.span_id, remote=False),
@@ -88,9 +91,28 @@ class BatchSpanData(ReadableSpan):
         return _UNSET if error is None else Status(StatusCode.ERROR, error)
 
 
+class TakesRecords:
+    """An exporter that takes finished records as they are (the sidecar's own, `otel.span_exporters`):
+    `bind` tells it the resource and scope they belong to, and `readable` makes the SDK's spans of
+    them where it falls back to the SDK's encoder."""
+
+    resource: Resource | None = None
+    scope: InstrumentationScope | None = None
+
+    def bind(self, resource: Resource, scope: InstrumentationScope) -> None:
+        self.resource, self.scope = resource, scope
+
+    def readable(self, spans: Sequence[object]) -> list[ReadableSpan]:
+        """`spans` as the SDK's encoder reads them (records wrapped, `ReadableSpan`s as they are)."""
+        resource, scope = self.resource, self.scope
+        if resource is None or scope is None:
+            return [s for s in spans if isinstance(s, ReadableSpan)]
+        return [s if isinstance(s, ReadableSpan) else BatchSpanData(s, resource, scope) for s in spans]  # type: ignore[arg-type]
+
+
 class SpanPipeline:
-    """The SDK's batch span processor over one exporter, and `forward`, which hands it a record
-    (the tracer's buffer calls it on the event loop as each span ends)."""
+    """The SDK's batch span processor over one exporter, and `forward`, which hands it a finished
+    span (the tracer's buffer calls it on the event loop as each span ends)."""
 
     def __init__(
         self,
@@ -112,12 +134,27 @@ class SpanPipeline:
             max_export_batch_size=min(max_export_batch_size, max_queue_size),
             export_timeout_millis=export_timeout_s * 1000.0,
         )
+        #: The processor's queue, which `on_end` puts each sampled span into (SDK 1.45 and later).
+        queue = getattr(self.processor, "_batch_processor", None)
+        emit = getattr(queue, "emit", None)
+        self._emit: Callable[[FinishedSpan], None] | None = None
+        if isinstance(exporter, TakesRecords) and callable(emit):
+            exporter.bind(resource, self._scope)
+            self._emit = emit
 
     @property
-    def forward(self) -> Callable[[SpanRecord], None]:
+    def takes_records(self) -> bool:
+        """Whether finished records go into the processor's queue as they are (see the module docstring)."""
+        return self._emit is not None
+
+    @property
+    def forward(self) -> Callable[[FinishedSpan], None]:
+        if self._emit is not None:
+            # Every batch span is sampled (an unsampled batch has none): `on_end`'s only check.
+            return self._emit
         on_end, resource, scope = self.processor.on_end, self._resource, self._scope
 
-        def forward(record: SpanRecord) -> None:
+        def forward(record: FinishedSpan) -> None:
             on_end(BatchSpanData(record, resource, scope))
 
         return forward
@@ -127,4 +164,4 @@ class SpanPipeline:
         self.processor.shutdown()  # type: ignore[no-untyped-call]  # the SDK leaves it unannotated
 
 
-__all__ = ["BatchSpanData", "SpanPipeline"]
+__all__ = ["BatchSpanData", "SpanPipeline", "TakesRecords"]

@@ -17,7 +17,7 @@ from typing import Any
 
 from ..config.groups import DispatchSettings
 from ..ipc.types import ReadyResponse
-from ..otel.tracing import Tracer
+from ..otel.tracer import Tracer
 from ..payloads import PayloadStore
 from ..sched.lane import ModelLane
 from ..sched.quantum import QuantumController

@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Any
 
 from .. import wire
 from ..errors import NO_RUN_BATCH, ConfigNotAttested, IpcServerError
-from ..ipc.requests import PER_OP_METHOD, item_traceparents, per_op_body, run_batch_body
-from ..otel.tracing import BatchSpan, Tracer
+from ..ipc.requests import PER_OP_METHOD, per_op_body, run_batch_body
+from ..otel.tracer import BatchSpan, Tracer
 from ..sched.lane import BatchReport
 from ..sched.scheduler import Formed
 from ..telemetry import WORK_ITEM_AGE, Registry
@@ -186,7 +186,7 @@ class Execution:
         # unsampled batch's bytes are exactly the untraced ones.
         span = None
         if self.tracer is not None and not self.tracer.never:
-            span = self.tracer.start_batch(model, op, len(items), total_cost, item_traceparents(items))
+            span = self.tracer.start_batch(model, op, len(items), total_cost, items)
         trace = span.wire_context if span is not None else None
         try:
             backend = await self._backend.client_for(model)  # the child the model is placed on

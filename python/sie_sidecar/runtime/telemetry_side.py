@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from ..config import Settings
 from ..ipc.children import BackendChildren
 from ..ipc.client import IpcClient, observe_ipc
-from ..otel.tracing import Tracer
+from ..otel.tracer import Tracer
 from ..payloads import PayloadStore
 from ..pipeline.dispatcher import ConfigState, Dispatcher
 from ..telemetry import ModelCatalog, RecordingSwitch, Registry
