@@ -21,11 +21,10 @@ from opentelemetry.proto.trace.v1 import trace_pb2 as pb
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
 from sie_sidecar import wire
-from sie_sidecar._twins.requests import item_traceparents as item_traceparents_py
 from sie_sidecar._twins.requests import write_run_batch_body as write_run_batch_body_py
 from sie_sidecar._twins.tracing import BatchTracer as TwinTracer
 from sie_sidecar.config import Settings
-from sie_sidecar.ipc.requests import item_traceparents, run_batch_body
+from sie_sidecar.ipc.requests import run_batch_body
 from sie_sidecar.otel.sdk import make_resource, span_exporter
 from sie_sidecar.otel.target import PROTOCOLS, Target
 from sie_sidecar.otel.traces import BatchSpanData
@@ -431,22 +430,8 @@ def test_the_native_writer_and_the_twin_write_the_same_trace_context(
     items = _items(tps)
     twin = write_run_batch_body_py("m", "encode", "", 1, 5, items, trace=trace)
     assert write_run_batch_body("m", "encode", "", 1, 5, items, None, None, None, trace) == twin
-    assert item_traceparents(items) == item_traceparents_py(items) == tps
     body = msgpack.unpackb(run_batch_body("m", "encode", items, "", 1, trace=trace))
     assert [i["traceparent"] for i in body["items"]] == [trace[0] if trace else tp for tp in tps]
-
-
-@pytest.mark.skipif(not wire.USING_NATIVE, reason="LazyDelivery is the extension's")
-def test_undecoded_deliveries_give_their_traceparent_in_place() -> None:
-    from .test_lazy_delivery import intake
-
-    payloads = [msgpack.packb(BASE | {"item": {"text": "a"}, "traceparent": VALID}), msgpack.packb(BASE)]
-    ds = intake(payloads)
-    assert item_traceparents([d.wire_item for d in ds]) == [VALID, None]
-    assert all(d.wire_item is d for d in ds)  # still undecoded
-    assert item_traceparents(ds) == [VALID, None]
-    ds[0].item  # noqa: B018  decoded now: read from the WorkItem
-    assert item_traceparents(ds) == [VALID, None]
 
 
 def test_a_batch_span_is_parented_on_the_first_valid_inbound_context(tracer_cls: Any) -> None:

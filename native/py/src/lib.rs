@@ -85,7 +85,7 @@ mod _native {
     use crate::lazy::{deliveries_of_run, LazyDelivery};
 
     #[pymodule_export]
-    use crate::run_batch::{item_traceparents, write_run_batch_body};
+    use crate::run_batch::write_run_batch_body;
 
     #[pymodule_export]
     use crate::settle::finish_deliveries;

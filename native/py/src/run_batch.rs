@@ -11,7 +11,7 @@
 use pyo3::exceptions::{PyKeyError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
-use pyo3::types::{PyBytes, PyList, PyString};
+use pyo3::types::{PyBytes, PyString};
 
 use sie_core::msgpack::{
     write_array_header, write_bool, write_f64, write_map_header, write_nil, write_opt_str,
@@ -373,39 +373,6 @@ struct Trace {
     state: Option<String>,
 }
 
-/// Each item's own `traceparent` (None when absent, nil or not a string): what a sampled batch's
-/// span links to. An undecoded `LazyDelivery` is read in place, anything else by attribute; the
-/// twin is `ipc.requests.item_traceparents_py`.
-#[pyfunction]
-pub fn item_traceparents<'py>(
-    py: Python<'py>,
-    items: &Bound<'py, PyAny>,
-) -> PyResult<Bound<'py, PyList>> {
-    let out = PyList::empty(py);
-    let name = &names(py)[TRACEPARENT];
-    for obj in items.try_iter()? {
-        let obj = obj?;
-        if let Ok(lazy) = obj.cast::<LazyDelivery>() {
-            let mut this = lazy.borrow_mut();
-            if let Some(view) = this.in_place(py) {
-                let (off, len) = view.parsed.spans[TRACEPARENT];
-                let value = &view.data()[off as usize..(off + len) as usize];
-                match Reader::new(value).read_str("traceparent") {
-                    Ok(s) => out.append(s)?,
-                    Err(_) => out.append(py.None())?,
-                }
-                continue;
-            }
-            let item = this.decode(py)?;
-            drop(this);
-            out.append(str_or_none(py, item.bind(py).getattr(name.bind(py))?))?;
-            continue;
-        }
-        out.append(str_or_none(py, obj.getattr(name.bind(py))?))?;
-    }
-    Ok(out)
-}
-
 /// Each item's own `traceparent` string, handed to `f` where it lies (nothing copied): an element
 /// that is itself a `str` (the tests' and the twins' lists of contexts), an undecoded
 /// `LazyDelivery` read in place, or anything else by attribute. None, nil and non-strings are
@@ -449,14 +416,6 @@ pub(crate) fn for_each_traceparent<'py>(
         }
     }
     Ok(())
-}
-
-fn str_or_none<'py>(py: Python<'py>, value: Bound<'py, PyAny>) -> Bound<'py, PyAny> {
-    if value.cast::<PyString>().is_ok() {
-        value
-    } else {
-        py.None().into_bound(py)
-    }
 }
 
 /// The three ids both the wrapper and the body carry, read once.

@@ -65,7 +65,6 @@ __all__ = [
     "frame_score",
     "frame_sparse",
     "intake_batch",
-    "item_traceparents",
     "nd_sentinel_raw",
     "plan_reply",
     "prepare_audio",
@@ -451,7 +450,6 @@ def write_run_batch_body(
     prepared_audio: Sequence[Mapping[str, Any] | None] | None = None,
     trace: tuple[str, str | None] | None = None,
 ) -> bytes: ...
-def item_traceparents(items: Sequence[Any]) -> list[str | None]: ...
 
 @final
 class PreparedAudio:

@@ -1,6 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Twins of the native RunBatch writer (`ipc.requests`): `_native.write_run_batch_body` and
-`_native.item_traceparents`.
+"""Twin of the native RunBatch writer (`ipc.requests`): `_native.write_run_batch_body`.
 
 `write_run_batch_body` is the writer's spec (dicts + msgpack): it builds each item with the per-op
 item builders of `wire.batch_items`, which the Process*Batch bodies share with or without the
@@ -61,10 +60,4 @@ def write_run_batch_body(  # noqa: PLR0917 (the native writer's signature)
     return bytes(msgpack.packb(body, use_bin_type=True))
 
 
-def item_traceparents(items: Sequence[Any]) -> list[str | None]:
-    """Each item's own `traceparent` (None unless a string); the native one also reads an undecoded
-    `LazyDelivery` in place."""
-    return [tp if isinstance(tp := item.traceparent, str) else None for item in items]
-
-
-__all__ = ["IMPLEMENTATION", "item_traceparents", "write_run_batch_body"]
+__all__ = ["IMPLEMENTATION", "write_run_batch_body"]

@@ -56,9 +56,6 @@ _core = load("requests")
 #: The RunBatch writer: `_native.write_run_batch_body` (one pass, values spliced from each item's
 #: payload), or its twin and spec with the twins (`_twins.requests`: dicts + msgpack).
 _write_run_batch_body: Callable[..., bytes] = _core.write_run_batch_body
-#: What a sampled batch's span links to, read from the items the RunBatch writer takes (`wire_item`)
-#: without decoding them (`_native.item_traceparents`, or `_twins.requests`). Called only for sampled batches.
-item_traceparents: Callable[[Sequence[WorkItem]], list[str | None]] = _core.item_traceparents
 
 
 def run_batch_body(
@@ -120,7 +117,6 @@ __all__ = [
     "PER_OP_METHOD",
     "encode_item",
     "extract_item",
-    "item_traceparents",
     "lora_from_options",
     "lora_key",
     "next_batch_id",
