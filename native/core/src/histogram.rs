@@ -48,6 +48,12 @@ impl Histogram {
         self.bounds.partition_point(|b| *b < value)
     }
 
+    /// Whether bucket `i` is `value`'s (what `bucket_of` would find, NaN included).
+    fn holds(&self, i: usize, value: f64) -> bool {
+        (i == 0 || self.bounds[i - 1] < value)
+            && (i == self.bounds.len() || self.bounds[i] >= value)
+    }
+
     /// `n` observations of one value.
     pub fn record_n(&mut self, value: f64, n: u64) {
         if n == 0 {
@@ -70,8 +76,16 @@ impl Histogram {
     pub fn record_many(&mut self, values: impl IntoIterator<Item = f64>) {
         let mut batch = 0.0;
         let mut n = 0u64;
+        // A batch's values are often equal or close (one pull's arrival time, one batch's ages):
+        // the previous value's bucket is checked before searching the bounds.
+        let mut last = usize::MAX;
         for value in values {
-            let i = self.bucket_of(value);
+            let i = if last != usize::MAX && self.holds(last, value) {
+                last
+            } else {
+                self.bucket_of(value)
+            };
+            last = i;
             self.buckets[i] += 1;
             n += 1;
             batch += value;
@@ -102,6 +116,39 @@ mod tests {
         h.record_n(3.0, 4);
         h.record_n(0.0, 0);
         assert_eq!((h.buckets(), h.count, h.sum), (&[0, 4][..], 4, 12.0));
+    }
+
+    #[test]
+    fn a_batch_lands_where_its_values_land_one_by_one() {
+        // Runs of equal values, neighbours across every bound, the bounds themselves, infinities
+        // and NaN, in many orders: the previous value's bucket is reused only where it is theirs.
+        let bounds = vec![-1.0, 0.0, 0.5, 1.0, 2.0, 4.0];
+        let mut pool: Vec<f64> = vec![f64::NAN, f64::INFINITY, f64::NEG_INFINITY, -2.0, 9.0];
+        for b in &bounds {
+            pool.extend([*b, b - 1e-9, b + 1e-9]);
+        }
+        let mut seed = 7u64;
+        for round in 0..400 {
+            let mut values = Vec::new();
+            for _ in 0..(round % 23) {
+                seed = seed
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                let v = pool[(seed >> 33) as usize % pool.len()];
+                values.extend(std::iter::repeat_n(v, 1 + (seed >> 60) as usize % 3));
+            }
+            let mut batch = Histogram::new(bounds.clone()).unwrap();
+            let mut single = Histogram::new(bounds.clone()).unwrap();
+            batch.record_many(values.iter().copied());
+            for v in &values {
+                single.record_n(*v, 1);
+            }
+            assert_eq!(batch.buckets(), single.buckets(), "{values:?}");
+            assert_eq!(
+                (batch.count, batch.min, batch.max),
+                (single.count, single.min, single.max)
+            );
+        }
     }
 
     #[test]

@@ -11,6 +11,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyList, PyTuple};
 
 use crate::columns::is_settled;
+use crate::histogram::Histogram;
 use crate::lazy::{LazyDelivery, OPERATION};
 
 /// What a delivery's item says about its deadline: (generate, timestamp, deadline or NaN), or
@@ -140,10 +141,16 @@ pub fn deadline_lease_holders<'py>(
     Ok(out)
 }
 
-/// Seconds from each item's gateway timestamp to `now` (`sie.worker.work_item.age`, §5.6), for the
-/// deliveries whose timestamp is > 0 (the others are skipped), never negative.
+/// The work-item ages (`sie.worker.work_item.age`, §5.6) recorded straight into `histogram`: seconds
+/// from each item's gateway timestamp to `now`, never negative, for the deliveries whose timestamp
+/// is > 0 (the others are skipped). Returns how many were recorded. No list of floats is made:
+/// that was ~80 instructions an item (docs/benchmarks.md, "Tracing built by the compiled core").
 #[pyfunction]
-pub fn work_item_ages(deliveries: &Bound<'_, PyList>, now: f64) -> PyResult<Vec<f64>> {
+pub fn record_work_item_ages(
+    histogram: &Bound<'_, Histogram>,
+    deliveries: &Bound<'_, PyList>,
+    now: f64,
+) -> PyResult<usize> {
     let mut ages = Vec::with_capacity(deliveries.len());
     for d in deliveries.iter() {
         if let Some((_, timestamp, _)) = fields_of(&d)? {
@@ -152,5 +159,9 @@ pub fn work_item_ages(deliveries: &Bound<'_, PyList>, now: f64) -> PyResult<Vec<
             }
         }
     }
-    Ok(ages)
+    let n = ages.len();
+    if n > 0 {
+        histogram.borrow_mut().record_values(ages);
+    }
+    Ok(n)
 }

@@ -36,6 +36,13 @@ pub struct Histogram {
     bounds: Py<PyTuple>,
 }
 
+impl Histogram {
+    /// One observation per value, from Rust (`deadlines::record_work_item_ages`).
+    pub(crate) fn record_values(&mut self, values: Vec<f64>) {
+        self.inner.record_many(values);
+    }
+}
+
 #[pymethods]
 impl Histogram {
     #[new]
@@ -109,11 +116,18 @@ impl Histogram {
         Ok(())
     }
 
-    /// One observation of `now - t` per time `t` (a batch's queue times from its enqueue times).
-    fn record_since(&mut self, now: f64, times: &Bound<'_, PyAny>) -> PyResult<()> {
+    /// One observation of `now - t` per time `t` (a batch's queue times from its enqueue times);
+    /// returns the longest (its oldest item's), None for no times. The dispatcher takes its oldest
+    /// item from this instead of a `min()` over the times (~40 instructions an item).
+    fn record_since(&mut self, now: f64, times: &Bound<'_, PyAny>) -> PyResult<Option<f64>> {
         let mut batch = Vec::new();
-        for_each_float(times, |t| batch.push(now - t))?;
+        let mut longest: Option<f64> = None;
+        for_each_float(times, |t| {
+            let waited = now - t;
+            longest = Some(longest.map_or(waited, |l| l.max(waited)));
+            batch.push(waited);
+        })?;
         self.inner.record_many(batch);
-        Ok(())
+        Ok(longest)
     }
 }

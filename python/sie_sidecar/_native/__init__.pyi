@@ -68,6 +68,7 @@ __all__ = [
     "nd_sentinel_raw",
     "plan_reply",
     "prepare_audio",
+    "record_work_item_ages",
     "replay_controller",
     "request_latencies_ms",
     "response_body",
@@ -75,7 +76,6 @@ __all__ = [
     "run_batch_columns",
     "unsettled",
     "wire",
-    "work_item_ages",
     "write_run_batch_body",
 ]
 __version__: Final[str]
@@ -422,7 +422,7 @@ def deadline_split(
 def deadline_lease_holders(
     deliveries: list[Any], now: float, skew_s: float, max_budget_s: float, enforce: bool, cap: float
 ) -> list[Any]: ...
-def work_item_ages(deliveries: list[Any], now: float) -> list[float]: ...
+def record_work_item_ages(histogram: Histogram, deliveries: list[Any], now: float) -> int: ...
 def run_batch_columns(
     deliveries: list[Any], op: str
 ) -> tuple[list[Any], list[float] | None, list[Any] | None, list[Any] | None]: ...
@@ -611,7 +611,7 @@ class Histogram:
     def record(self, value: float) -> None: ...
     def record_n(self, value: float, n: int) -> None: ...
     def record_many(self, values: Iterable[float]) -> None: ...
-    def record_since(self, now: float, times: Iterable[float]) -> None: ...
+    def record_since(self, now: float, times: Iterable[float]) -> float | None: ...
 
 @final
 class BatchTracer:

@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
 """Twins of the native work-deadline functions (`pipeline.deadlines`, sidecar-behaviour §15.3):
-`_native.deadline_split`, `deadline_lease_holders` and `work_item_ages`, one Python loop over a batch
+`_native.deadline_split`, `deadline_lease_holders` and `record_work_item_ages`, one Python loop over a batch
 each (the path with `SIE_SIDECAR_NO_EXTENSIONS=1`, and the oracle of the parity tests). The rules are
 stated in `pipeline.deadlines`."""
 
@@ -88,4 +88,12 @@ def work_item_ages(deliveries: list[Any], now: float) -> list[float]:
     return ages
 
 
-__all__ = ["IMPLEMENTATION", "deadline_lease_holders", "deadline_split", "work_item_ages"]
+def record_work_item_ages(histogram: Any, deliveries: list[Any], now: float) -> int:
+    """`work_item_ages` recorded into `histogram` (its `record_many`); how many were recorded."""
+    ages = work_item_ages(deliveries, now)
+    if ages:
+        histogram.record_many(ages)
+    return len(ages)
+
+
+__all__ = ["IMPLEMENTATION", "deadline_lease_holders", "deadline_split", "record_work_item_ages", "work_item_ages"]

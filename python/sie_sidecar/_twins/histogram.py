@@ -76,9 +76,12 @@ class Histogram:
         self.min = min(self.min, ordered[0])
         self.max = max(self.max, ordered[-1])
 
-    def record_since(self, now: float, times: Iterable[float]) -> None:
-        """One observation of `now - t` per time `t`: a batch's queue times from its enqueue times."""
-        self.record_many(map(now.__sub__, times))
+    def record_since(self, now: float, times: Iterable[float]) -> float | None:
+        """One observation of `now - t` per time `t`: a batch's queue times from its enqueue times.
+        Returns the longest (its oldest item's), None for no times."""
+        waits = [now - t for t in times]
+        self.record_many(waits)
+        return max(waits) if waits else None
 
 
 __all__ = ["IMPLEMENTATION", "Histogram"]

@@ -3,7 +3,7 @@
 the leases that keep held items with a deadline from being redelivered, and the work-item ages.
 
 Python touches a batch here, not an item (law 1): `deadline_split`, `deadline_lease_holders` and
-`work_item_ages` are one native call per batch; `_twins.deadlines` holds their twins (the path with
+`record_work_item_ages` are one native call per batch; `_twins.deadlines` holds their twins (the path with
 `SIE_SIDECAR_NO_EXTENSIONS=1`, and the oracle of the parity tests), chosen by `wire._switch`.
 
 The rules, in one place:
@@ -56,8 +56,9 @@ deadline_split: Callable[[list[Any], float, float, float], Split] = _impl.deadli
 deadline_lease_holders: Callable[[list[Any], float, float, float, bool, float], list[Any]] = (
     _impl.deadline_lease_holders
 )
-#: Seconds from each item's timestamp to `now` (`deliveries`, now), skipping timestamps <= 0.
-work_item_ages: Callable[[list[Any], float], list[float]] = _impl.work_item_ages
+#: The work-item ages (`histogram`, `deliveries`, now) recorded into the histogram: seconds from each
+#: item's timestamp to `now`, skipping timestamps <= 0; returns how many.
+record_work_item_ages: Callable[[Any, list[Any], float], int] = _impl.record_work_item_ages
 
 
 def first_delivery(d: Any) -> bool:
@@ -223,5 +224,5 @@ __all__ = [
     "deadline_split",
     "first_delivery",
     "observe_clock",
-    "work_item_ages",
+    "record_work_item_ages",
 ]

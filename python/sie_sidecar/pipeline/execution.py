@@ -19,10 +19,10 @@ from ..ipc.requests import PER_OP_METHOD, per_op_body, run_batch_body
 from ..otel.tracer import BatchSpan, Tracer
 from ..sched.lane import BatchReport
 from ..sched.scheduler import Formed
-from ..telemetry import WORK_ITEM_AGE, Registry
+from ..telemetry import WORK_ITEM_AGE, Histogram, Registry
 from .columns import config_hashes, request_latencies_ms, run_batch_columns
 from .config_gate import ConfigState
-from .deadlines import work_item_ages
+from .deadlines import record_work_item_ages
 from .delivery import Delivery
 from .lanes import ModelLanes
 from .outcomes import Outcomes
@@ -72,6 +72,14 @@ class Execution:
         self.batch_sizes: Counter[int] = Counter()
         #: Called when the backend refuses a batch as `draining` (the runtime's pull gate stops pulling).
         self.on_draining: Callable[[], None] | None = None
+        #: `sie.worker.work_item.age` by operation, looked up once per registry (not per batch).
+        self._ages: dict[str, tuple[Registry, Histogram]] = {}
+
+    def _age_histogram(self, op: str) -> Histogram:
+        found = self._ages.get(op)
+        if found is None or found[0] is not self._telemetry:
+            found = self._ages[op] = (self._telemetry, self._telemetry.histogram(WORK_ITEM_AGE, (("operation", op),)))
+        return found[1]
 
     async def execute_formed(self, model: str, formed: Formed[Delivery]) -> BatchReport | None:
         """One formed batch: execute it and report what the model's lane learns from (§4.1, §4.6):
@@ -90,7 +98,9 @@ class Execution:
         finished = time.monotonic()
         lane = self._lanes.models[model].lane
         if lane is not None and lane.metrics is not None:
-            oldest = min(formed.enqueued_at, default=started)
+            oldest = formed.oldest_enqueued_at
+            if oldest is None:
+                oldest = min(formed.enqueued_at, default=started)
             lane.metrics.executed(formed.op, len(formed.items), formed.total_cost, started - oldest, finished - oldest)
         reported = outcome.inference_ms
         # One latency per request with a success: from its first item's enqueue to now.
@@ -122,9 +132,7 @@ class Execution:
                 outcome = None
             else:
                 if self._lanes.catalog is not None:  # §5.6: the work-item age, at the execution commit
-                    ages = work_item_ages(ds, time.time())
-                    if ages:
-                        self._telemetry.histogram(WORK_ITEM_AGE, (("operation", op),)).record_many(ages)
+                    record_work_item_ages(self._age_histogram(op), ds, time.time())
                 wait = None
                 if latest is not None:
                     wait = self._s.deadlines.run_batch_timeout_s(self._s.ipc_request_timeout_s, latest, time.time())

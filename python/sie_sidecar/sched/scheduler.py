@@ -97,6 +97,8 @@ class Formed(Generic[T]):
     reason: str
     role: Role
     enqueued_at: list[float] = field(default_factory=list)
+    #: The earliest of `enqueued_at`, when the lane's metrics already found it (None: not known).
+    oldest_enqueued_at: float | None = None
     #: When the keepalive last progress-ACKed this batch's items (None: not yet).
     progressed_at: float | None = None
 
@@ -493,10 +495,13 @@ class ModelScheduler(Generic[T]):
         self._queued.add(-len(items))
         self.pending_cost = max(0, self.pending_cost - taken_cost)
         self._queued_cost.add(-taken_cost)
+        oldest: float | None = None
         if self.metrics is not None:
             former = self._formers.get(key)
             cap = batch.total_cost if former is None else former.max_batch_cost
-            self.metrics.taken(key[0], enqueued_at, batch.total_cost, cap, reason=batch.reason, now=self._clock())
+            now = self._clock()
+            waited = self.metrics.taken(key[0], enqueued_at, batch.total_cost, cap, reason=batch.reason, now=now)
+            oldest = None if waited is None else now - waited
         return Formed(
             op=key[0],
             lora=key[1],
@@ -505,6 +510,7 @@ class ModelScheduler(Generic[T]):
             reason=batch.reason,
             role=role,
             enqueued_at=enqueued_at,
+            oldest_enqueued_at=oldest,
         )
 
     def _alone(self, key: Key, batch: FormedBatch) -> bool:

@@ -88,16 +88,18 @@ class LaneMetrics:
 
     def taken(
         self, operation: str, enqueued_at: Sequence[float], cost: int, cost_cap: int, *, reason: str, now: float
-    ) -> None:
-        """A batch left its former: depth down, each item's queue time, the cost fill under its flush reason."""
+    ) -> float | None:
+        """A batch left its former: depth down, each item's queue time, the cost fill under its flush
+        reason. Returns the longest queue time (None for no items): the dispatcher's oldest item."""
         self._depth.move(operation, self.model, "", -len(enqueued_at))
-        self._instruments(operation).queue_duration.record_since(now, enqueued_at)
+        waited = self._instruments(operation).queue_duration.record_since(now, enqueued_at)
         if cost_cap > 0:
             fill = self._fill.get((operation, reason))  # valid: `_instruments` cleared it on a catalog change
             if fill is None:
                 attrs = (*self.attrs(operation), ("flush.reason", closed(reason, FLUSH_REASONS)))
                 fill = self._fill[(operation, reason)] = self._registry.gauge(BATCH_FILL_RATIO, attrs)
             fill.set(cost / cost_cap)
+        return waited
 
     def left(self, operation: str, n: int) -> None:
         """Items handed back unsent at shutdown leave the queue too."""
