@@ -21,6 +21,7 @@ pub mod jetstream;
 pub mod local_items;
 pub mod msgpack;
 pub mod otlp;
+pub mod otlp_direct;
 pub mod outputs;
 pub mod results;
 

@@ -41,6 +41,22 @@ fn fields_of(d: &Bound<'_, PyAny>) -> PyResult<Option<(bool, f64, f64)>> {
     Ok(Some((generate, timestamp, deadline)))
 }
 
+/// A delivery's gateway timestamp (what `fields_of` reads, without the operation's string), or
+/// `None` for a delivery without an item.
+fn timestamp_of(d: &Bound<'_, PyAny>) -> PyResult<Option<f64>> {
+    let py = d.py();
+    if let Ok(lazy) = d.cast::<LazyDelivery>() {
+        if let Some(view) = lazy.borrow().in_place(py) {
+            return Ok(Some(view.parsed.timestamp));
+        }
+    }
+    let item = d.getattr(intern!(py, "wire_item"))?;
+    if item.is_none() {
+        return Ok(None);
+    }
+    Ok(Some(item.getattr(intern!(py, "timestamp"))?.extract()?))
+}
+
 /// §15.3: a deadline the sidecar may judge by.
 fn usable(timestamp: f64, deadline: f64, max_budget_s: f64) -> bool {
     deadline.is_finite()
@@ -153,7 +169,7 @@ pub fn record_work_item_ages(
 ) -> PyResult<usize> {
     let mut ages = Vec::with_capacity(deliveries.len());
     for d in deliveries.iter() {
-        if let Some((_, timestamp, _)) = fields_of(&d)? {
+        if let Some(timestamp) = timestamp_of(&d)? {
             if timestamp > 0.0 {
                 ages.push((now - timestamp).max(0.0));
             }

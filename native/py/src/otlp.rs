@@ -13,6 +13,7 @@ use sie_core::otlp::{
     Span, Status, Value, FLAG_HAS_IS_REMOTE, FLAG_IS_REMOTE, KIND_CONSUMER, KIND_INTERNAL,
     STATUS_ERROR,
 };
+use sie_core::otlp_direct::encode_spans_request;
 
 fn id<const N: usize>(value: &str, what: &str) -> PyResult<[u8; N]> {
     hex_id::<N>(value).ok_or_else(|| {
@@ -120,9 +121,20 @@ pub fn encode_trace_request<'py>(
     scope_name: String,
     scope_version: String,
 ) -> PyResult<Bound<'py, PyBytes>> {
+    // The compiled tracer's spans (every record, as the sidecar's exporters send them): written
+    // straight from their fields, no messages built.
+    let items: Vec<Bound<'py, PyAny>> = records.try_iter()?.collect::<PyResult<_>>()?;
+    if !items.is_empty() && items.iter().all(|r| r.cast::<BatchSpan>().is_ok()) {
+        let borrowed: Vec<PyRef<'py, BatchSpan>> = items
+            .iter()
+            .map(|r| r.cast::<BatchSpan>().map(|s| s.borrow()))
+            .collect::<Result<_, _>>()?;
+        let fields: Vec<_> = borrowed.iter().map(|s| s.fields()).collect();
+        let body = encode_spans_request(&resource, &scope_name, &scope_version, &fields);
+        return Ok(PyBytes::new(py, &body));
+    }
     let mut spans = Vec::new();
-    for record in records.try_iter()? {
-        let record = record?;
+    for record in items {
         // The compiled tracer's spans are read as they are; other records field by field.
         match record.cast::<BatchSpan>() {
             Ok(span) => spans.push(span.borrow().to_otlp()),

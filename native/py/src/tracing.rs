@@ -26,6 +26,8 @@ use sie_core::otlp::{
     FLAG_HAS_IS_REMOTE, FLAG_IS_REMOTE, KIND_CONSUMER, STATUS_ERROR,
 };
 
+use sie_core::otlp_direct::SpanFields;
+
 use crate::run_batch::for_each_traceparent;
 
 /// sidecar-behaviour §5.4: the batch span's name.
@@ -295,6 +297,23 @@ pub struct BatchSpan {
 }
 
 impl BatchSpan {
+    /// The span's fields as the direct OTLP writer reads them (`sie_core::otlp_direct`).
+    pub fn fields(&self) -> SpanFields<'_> {
+        SpanFields {
+            trace_id: self.trace_id.to_be_bytes(),
+            span_id: self.span_id.to_be_bytes(),
+            parent_span_id: self.parent_span.map(u64::to_be_bytes),
+            name: SPAN_NAME,
+            kind: KIND_CONSUMER,
+            start_time_unix_nano: self.start_ns,
+            end_time_unix_nano: self.end_ns,
+            attributes: &self.attributes,
+            events: &self.events,
+            links: &self.links,
+            error: self.error.as_deref(),
+        }
+    }
+
     /// The span as OTLP writes it (what `otlp::span_of` reads from a Python record).
     pub fn to_otlp(&self) -> Span {
         let (links, dropped_links_count) = links_of(self.links.iter().map(String::as_str));
