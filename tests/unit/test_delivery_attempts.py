@@ -81,3 +81,5 @@ def test_only_the_series_a_batch_touches_exist() -> None:
         (NATS_OPERATIONS, (("operation", "receive"), ("outcome", "success"), ("reason", "first_delivery"))),
     }
     assert registry.value(NATS_OPERATIONS, next(a for n, a in series if n == NATS_OPERATIONS)) == 3
+    first = registry.histogram(NATS_DELIVERY_ATTEMPTS, (("redelivered", "false"),))
+    assert (first.count, first.sum, first.buckets[0]) == (3, 3.0, 3)  # the first-deliveries-only path

@@ -46,8 +46,11 @@ fn fields_of(d: &Bound<'_, PyAny>) -> PyResult<Option<(bool, f64, f64)>> {
 fn timestamp_of(d: &Bound<'_, PyAny>) -> PyResult<Option<f64>> {
     let py = d.py();
     if let Ok(lazy) = d.cast::<LazyDelivery>() {
-        if let Some(view) = lazy.borrow().in_place(py) {
-            return Ok(Some(view.parsed.timestamp));
+        let this = lazy.borrow();
+        if !this.decoded() {
+            if let Some(parsed) = &this.parsed {
+                return Ok(Some(parsed.timestamp)); // read at intake: no view of the buffer needed
+            }
         }
     }
     let item = d.getattr(intern!(py, "wire_item"))?;

@@ -61,6 +61,11 @@ def record_receive(registry: Registry, messages: Sequence[Any]) -> None:
     if found is None or found.registry is not registry:
         found = _instruments = _ReceiveInstruments(registry)
     counts, unknown = _delivery_attempts(messages)
+    if not unknown and len(counts) == 1 and counts[0][0] == 1:  # the usual batch: first deliveries only
+        n = counts[0][1]
+        found.attempts(False).record_n(1.0, n)
+        found.received("first_delivery").add(n)
+        return
     first = 0
     for attempt, n in counts:
         if attempt <= 1:
