@@ -21,7 +21,8 @@ fn id<const N: usize>(value: &str, what: &str) -> PyResult<[u8; N]> {
     })
 }
 
-fn value_of(v: &Bound<'_, PyAny>) -> PyResult<Value> {
+/// A span attribute's value (str, bool, int or float), as OTLP types it.
+pub(crate) fn value_of(v: &Bound<'_, PyAny>) -> PyResult<Value> {
     if v.is_instance_of::<PyBool>() {
         Ok(Value::Bool(v.extract()?))
     } else if v.is_instance_of::<PyInt>() {

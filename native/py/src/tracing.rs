@@ -17,9 +17,9 @@ use std::fmt::Write as _;
 use std::hash::{BuildHasher, Hasher};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use pyo3::exceptions::{PyTypeError, PyValueError};
+use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
-use pyo3::types::{PyBool, PyFloat, PyInt, PyString, PyTuple};
+use pyo3::types::{PyBool, PyFloat, PyString, PyTuple};
 
 use sie_core::otlp::{
     links_of, parse_traceparent, AnyValue, Event, KeyValue, Span, Status, Value,
@@ -28,6 +28,7 @@ use sie_core::otlp::{
 
 use sie_core::otlp_direct::SpanFields;
 
+use crate::otlp::value_of;
 use crate::run_batch::for_each_traceparent;
 
 /// sidecar-behaviour §5.4: the batch span's name.
@@ -104,23 +105,6 @@ fn hex(value: u128, digits: usize) -> String {
 
 fn traceparent(trace_id: u128, span_id: u64, flags: u8) -> String {
     format!("00-{trace_id:032x}-{span_id:016x}-{flags:02x}")
-}
-
-fn value_of(v: &Bound<'_, PyAny>) -> PyResult<Value> {
-    if v.is_instance_of::<PyBool>() {
-        Ok(Value::Bool(v.extract()?))
-    } else if v.is_instance_of::<PyInt>() {
-        Ok(Value::Int(v.extract()?))
-    } else if v.is_instance_of::<PyFloat>() {
-        Ok(Value::Double(v.extract()?))
-    } else if let Ok(s) = v.cast::<PyString>() {
-        Ok(Value::String(s.to_str()?.to_owned()))
-    } else {
-        Err(PyTypeError::new_err(format!(
-            "span attribute values are str, bool, int or float, not {}",
-            v.get_type().name()?
-        )))
-    }
 }
 
 fn value_to_py<'py>(py: Python<'py>, value: &Value) -> PyResult<Bound<'py, PyAny>> {
