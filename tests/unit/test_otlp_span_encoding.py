@@ -217,3 +217,22 @@ def test_the_http_exporter_takes_finished_records_once_bound() -> None:
     assert [type(s) for s in exporter.readable([record])] == [BatchSpanData]
     assert exporter.export([record]) is SpanExportResult.FAILURE  # type: ignore[list-item]  # the SDK refuses it
     assert len(sent) == 1
+
+
+def test_a_request_mixing_compiled_spans_and_records_writes_the_sdks_bytes() -> None:
+    """Compiled spans beside records of another shape go through the message encoder, each span
+    converted from its fields: the same bytes the SDK's encoder writes for both."""
+    from sie_sidecar._native import BatchTracer
+    from sie_sidecar.otel.tracing import Sampler, SpanBuffer
+
+    buffer = SpanBuffer()
+    span = BatchTracer(Sampler("always_on"), buffer).start_batch(
+        "m:fast", "encode", 2, 4, [format_traceparent("a" * 32, "b" * 16)]
+    )
+    assert span is not None
+    span.event("published")
+    span.end("boom")
+    (compiled,) = buffer.take()
+    record = SpanRecord(f"{1:032x}", f"{1:016x}", "n", "consumer", 1, 2, (("a", 1),), (), (), None)
+    body = native_request([compiled, record], RESOURCE, SCOPE)
+    assert body is not None and body == _sdk_bytes([compiled, record])  # type: ignore[list-item]

@@ -8,7 +8,10 @@
 //! "Tracing built by the compiled core"). Here each length is computed once, bottom up, and the
 //! bytes are written into one buffer.
 
-use crate::otlp::{links_of, Link, Value, FLAG_HAS_IS_REMOTE, FLAG_IS_REMOTE, STATUS_ERROR};
+use crate::otlp::{
+    links_of, AnyValue, Event, KeyValue, Link, Span, Status, Value, FLAG_HAS_IS_REMOTE,
+    FLAG_IS_REMOTE, STATUS_ERROR,
+};
 
 /// One batch span's fields, borrowed from where they are kept.
 pub struct SpanFields<'a> {
@@ -25,6 +28,51 @@ pub struct SpanFields<'a> {
     pub links: &'a [String],
     /// None: status unset; else the ERROR status' message.
     pub error: Option<&'a str>,
+}
+
+impl SpanFields<'_> {
+    /// The same span as prost messages, for `otlp::encode_request` (a request mixing these spans
+    /// with records of other shapes, and the tests' reference).
+    pub fn to_span(&self) -> Span {
+        let (links, dropped_links_count) = links_of(self.links.iter().map(String::as_str));
+        Span {
+            trace_id: self.trace_id.to_vec(),
+            span_id: self.span_id.to_vec(),
+            parent_span_id: self.parent_span_id.map_or_else(Vec::new, |p| p.to_vec()),
+            name: self.name.to_owned(),
+            kind: self.kind,
+            start_time_unix_nano: self.start_time_unix_nano,
+            end_time_unix_nano: self.end_time_unix_nano,
+            attributes: self
+                .attributes
+                .iter()
+                .map(|(key, value)| KeyValue {
+                    key: key.clone(),
+                    value: Some(AnyValue {
+                        value: Some(value.clone()),
+                    }),
+                })
+                .collect(),
+            events: self
+                .events
+                .iter()
+                .map(|(name, at)| Event {
+                    time_unix_nano: *at,
+                    name: name.clone(),
+                })
+                .collect(),
+            links,
+            dropped_links_count,
+            status: Some(match self.error {
+                None => Status::default(),
+                Some(message) => Status {
+                    message: message.to_owned(),
+                    code: STATUS_ERROR,
+                },
+            }),
+            flags: flags_of(self),
+        }
+    }
 }
 
 const VARINT: u8 = 0;
@@ -308,51 +356,7 @@ fn string_kv_len(key: &str, value: &str) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::otlp::{
-        encode_request, string_attr, AnyValue, Event, InstrumentationScope, KeyValue, Span, Status,
-        KIND_CONSUMER,
-    };
-
-    fn prost_span(f: &SpanFields<'_>) -> Span {
-        let (links, dropped_links_count) = links_of(f.links.iter().map(String::as_str));
-        Span {
-            trace_id: f.trace_id.to_vec(),
-            span_id: f.span_id.to_vec(),
-            parent_span_id: f.parent_span_id.map_or_else(Vec::new, |p| p.to_vec()),
-            name: f.name.to_owned(),
-            kind: f.kind,
-            start_time_unix_nano: f.start_time_unix_nano,
-            end_time_unix_nano: f.end_time_unix_nano,
-            attributes: f
-                .attributes
-                .iter()
-                .map(|(k, v)| KeyValue {
-                    key: k.clone(),
-                    value: Some(AnyValue {
-                        value: Some(v.clone()),
-                    }),
-                })
-                .collect(),
-            events: f
-                .events
-                .iter()
-                .map(|(name, at)| Event {
-                    time_unix_nano: *at,
-                    name: name.clone(),
-                })
-                .collect(),
-            links,
-            dropped_links_count,
-            status: Some(match f.error {
-                None => Status::default(),
-                Some(m) => Status {
-                    message: m.to_owned(),
-                    code: STATUS_ERROR,
-                },
-            }),
-            flags: flags_of(f),
-        }
-    }
+    use crate::otlp::{encode_request, string_attr, InstrumentationScope, KIND_CONSUMER};
 
     #[test]
     fn the_direct_writer_writes_what_prost_writes() {
@@ -450,7 +454,7 @@ mod tests {
                     name: name.to_owned(),
                     version: version.to_owned(),
                 },
-                fields.iter().map(prost_span).collect(),
+                fields.iter().map(SpanFields::to_span).collect(),
             );
             assert_eq!(
                 encode_spans_request(&resource, name, version, &fields),

@@ -138,7 +138,7 @@ pub fn encode_trace_request<'py>(
     for record in items {
         // The compiled tracer's spans are read as they are; other records field by field.
         match record.cast::<BatchSpan>() {
-            Ok(span) => spans.push(span.borrow().to_otlp()),
+            Ok(span) => spans.push(span.borrow().fields().to_span()),
             Err(_) => spans.push(span_of(&record)?),
         }
     }

@@ -21,10 +21,7 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyFloat, PyString, PyTuple};
 
-use sie_core::otlp::{
-    links_of, parse_traceparent, AnyValue, Event, KeyValue, Span, Status, Value,
-    FLAG_HAS_IS_REMOTE, FLAG_IS_REMOTE, KIND_CONSUMER, STATUS_ERROR,
-};
+use sie_core::otlp::{parse_traceparent, Value, KIND_CONSUMER};
 
 use sie_core::otlp_direct::SpanFields;
 
@@ -105,6 +102,18 @@ fn hex(value: u128, digits: usize) -> String {
 
 fn traceparent(trace_id: u128, span_id: u64, flags: u8) -> String {
     format!("00-{trace_id:032x}-{span_id:016x}-{flags:02x}")
+}
+
+/// The distinct non-empty `traceparent` strings of `items` (the items, or the contexts
+/// themselves), in order.
+fn distinct_contexts(py: Python<'_>, items: &Bound<'_, PyAny>) -> PyResult<Vec<String>> {
+    let mut contexts: Vec<String> = Vec::new();
+    for_each_traceparent(py, items, |s| {
+        if !s.is_empty() && !contexts.iter().any(|c| c == s) {
+            contexts.push(s.to_owned());
+        }
+    })?;
+    Ok(contexts)
 }
 
 fn value_to_py<'py>(py: Python<'py>, value: &Value) -> PyResult<Bound<'py, PyAny>> {
@@ -192,14 +201,10 @@ impl BatchTracer {
         if self.never {
             return Ok(None);
         }
-        let mut contexts: Vec<String> = Vec::new();
-        if let Some(items) = traceparents {
-            for_each_traceparent(py, items, |s| {
-                if !s.is_empty() && !contexts.iter().any(|c| c == s) {
-                    contexts.push(s.to_owned());
-                }
-            })?;
-        }
+        let mut contexts = match traceparents {
+            Some(items) => distinct_contexts(py, items)?,
+            None => Vec::new(),
+        };
         let parent = contexts.iter().enumerate().find_map(|(i, c)| {
             parse_traceparent(c).map(|(trace, span)| (i, trace, span, c.as_bytes()[54]))
         });
@@ -297,56 +302,6 @@ impl BatchSpan {
             error: self.error.as_deref(),
         }
     }
-
-    /// The span as OTLP writes it (what `otlp::span_of` reads from a Python record).
-    pub fn to_otlp(&self) -> Span {
-        let (links, dropped_links_count) = links_of(self.links.iter().map(String::as_str));
-        let attributes = self
-            .attributes
-            .iter()
-            .map(|(key, value)| KeyValue {
-                key: key.clone(),
-                value: Some(AnyValue {
-                    value: Some(value.clone()),
-                }),
-            })
-            .collect();
-        let events = self
-            .events
-            .iter()
-            .map(|(name, at)| Event {
-                time_unix_nano: *at,
-                name: name.clone(),
-            })
-            .collect();
-        Span {
-            trace_id: self.trace_id.to_be_bytes().to_vec(),
-            span_id: self.span_id.to_be_bytes().to_vec(),
-            parent_span_id: self
-                .parent_span
-                .map_or_else(Vec::new, |p| p.to_be_bytes().to_vec()),
-            name: SPAN_NAME.to_owned(),
-            kind: KIND_CONSUMER,
-            start_time_unix_nano: self.start_ns,
-            end_time_unix_nano: self.end_ns,
-            attributes,
-            events,
-            links,
-            dropped_links_count,
-            status: Some(match &self.error {
-                None => Status::default(),
-                Some(message) => Status {
-                    message: message.clone(),
-                    code: STATUS_ERROR,
-                },
-            }),
-            flags: if self.parent_span.is_some() {
-                FLAG_HAS_IS_REMOTE | FLAG_IS_REMOTE
-            } else {
-                FLAG_HAS_IS_REMOTE
-            },
-        }
-    }
 }
 
 #[pymethods]
@@ -429,13 +384,7 @@ impl BatchSpan {
 
     /// Links to these contexts instead (distinct non-empty strings, in order; unparsed).
     fn link(&mut self, py: Python<'_>, traceparents: &Bound<'_, PyAny>) -> PyResult<()> {
-        let mut contexts: Vec<String> = Vec::new();
-        for_each_traceparent(py, traceparents, |s| {
-            if !s.is_empty() && !contexts.iter().any(|c| c == s) {
-                contexts.push(s.to_owned());
-            }
-        })?;
-        self.links = contexts;
+        self.links = distinct_contexts(py, traceparents)?;
         Ok(())
     }
 
