@@ -124,11 +124,16 @@ impl AttemptCounts {
     /// One message's ACK subject, read where it lies (None: it has none).
     pub fn add_bytes(&mut self, subject: Option<&[u8]>) {
         match subject.and_then(|s| self.read(s)) {
-            Some(attempt) => match self.counts.binary_search_by_key(&attempt, |&(a, _)| a) {
-                Ok(i) => self.counts[i].1 += 1,
-                Err(i) => self.counts.insert(i, (attempt, 1)),
-            },
+            Some(attempt) => self.count(attempt),
             None => self.unknown += 1,
+        }
+    }
+
+    /// One more message at `attempt`, the pairs kept ascending.
+    fn count(&mut self, attempt: u64) {
+        match self.counts.binary_search_by_key(&attempt, |&(a, _)| a) {
+            Ok(i) => self.counts[i].1 += 1,
+            Err(i) => self.counts.insert(i, (attempt, 1)),
         }
     }
 
@@ -143,7 +148,17 @@ impl AttemptCounts {
             }
         }
         let found = locate(subject)?;
-        self.shared = Some((subject[..found.field_start].to_vec(), found.v2));
+        let head = &subject[..found.field_start];
+        match &mut self.shared {
+            // The buffer of the previous shared part is reused: a batch mixing consumers does
+            // not allocate per message.
+            Some((kept, v2)) => {
+                kept.clear();
+                kept.extend_from_slice(head);
+                *v2 = found.v2;
+            }
+            None => self.shared = Some((head.to_vec(), found.v2)),
+        }
         Some(found.value)
     }
 
@@ -320,10 +335,7 @@ mod tests {
                 let (counts, unknown) = fresh.finish();
                 for (attempt, n) in counts {
                     for _ in 0..n {
-                        match reference.counts.binary_search_by_key(&attempt, |&(a, _)| a) {
-                            Ok(i) => reference.counts[i].1 += 1,
-                            Err(i) => reference.counts.insert(i, (attempt, 1)),
-                        }
+                        reference.count(attempt);
                     }
                 }
                 reference.unknown += unknown;
