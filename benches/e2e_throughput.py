@@ -743,6 +743,28 @@ def warm_cpu_ms_per_1k(run: ThroughputRun, name: str | None = None) -> float | N
     return (run.cpu_s.get(name, 0.0) - run.cpu_warm_s.get(name, 0.0)) * 1e6 / items
 
 
+#: Processes doing the same work whatever the sidecar's settings: their CPU per item is how fast the
+#: shared machine ran that run (`relative_cpu`).
+REFERENCE = ("nats-server", "backend")
+
+
+def relative_cpu(run: ThroughputRun, since: dict[str, float] | None) -> float | None:
+    """The sidecar's CPU over the reference processes' (nats-server's and the backend's), from the
+    snapshot `since` to the last reply.
+
+    Why: on a shared 2-CPU machine a run's CPU per item moves by up to +-20% with the host, and every
+    process moves together (nats-server's and the backend's by as much as the sidecar's), while those
+    two do the same work whatever the sidecar's settings. Their CPU is the yardstick for the machine's
+    speed in that run: 6-round ABBAs of identical settings agree within ~3% on this share
+    (docs/benchmarks.md, "Telemetry on: what the ABBA measures")."""
+    if since is None:
+        return None
+    reference = sum(run.cpu_s.get(name, 0.0) - since.get(name, 0.0) for name in REFERENCE)
+    if reference <= 0:
+        return None
+    return (run.cpu_s.get("sidecar", 0.0) - since.get("sidecar", 0.0)) / reference
+
+
 def _cpu_text(seconds: float | None) -> str:
     return "-" if seconds is None else f"{seconds:.3f} s"
 

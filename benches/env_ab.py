@@ -31,6 +31,7 @@ from benches.e2e_throughput import (
     _median,
     abba,
     precompile_package,
+    relative_cpu,
     run_with_children,
     steady_cpu_ms_per_1k,
     throughput_round,
@@ -42,11 +43,13 @@ def side_medians(runs: list[tuple[str, ThroughputRun]], side: str) -> dict[str, 
     mine = [run for s, run in runs if s == side]
     cpu = [c for c in (steady_cpu_ms_per_1k(run) for run in mine) if c is not None]
     warm = [c for c in (warm_cpu_ms_per_1k(run) for run in mine) if c is not None]
+    relative = [c for c in (relative_cpu(run, run.cpu_warm_s) for run in mine) if c is not None]
     return {
         "items_per_s": _median([run.items_per_s for run in mine]),
         "steady_items_per_s": _median([run.steady_items_per_s for run in mine if run.steady_items_per_s]),
         "steady_cpu_ms_per_1k": _median(cpu),
         "warm_cpu_ms_per_1k": _median(warm),
+        "warm_relative_cpu": _median(relative),
         "startup_s": _median([run.startup_s for run in mine if run.startup_s is not None]),
     }
 
@@ -75,12 +78,18 @@ async def run_ab(args: argparse.Namespace, procs: Processes) -> dict[str, Any]:
     ratios = {k: medians["B"][k] / medians["A"][k] if medians["A"][k] else None for k in medians["A"]}
     print(f"\nA = {envs['A']}\nB = {envs['B']}\n")
     warm = f"past the first {args.warm_fraction:.0%} of the replies" if args.warm_fraction else "(no warm point)"
-    print(f"| side | items/s | steady items/s | steady sidecar CPU / 1,000 items | the same {warm} | start-up |")
-    print("|---|---|---|---|---|---|")
+    print(
+        f"| side | items/s | steady items/s | steady sidecar CPU / 1,000 items | the same {warm}"
+        " | sidecar CPU / nats-server + backend CPU, the same window | start-up |"
+    )
+    print("|---|---|---|---|---|---|---|")
     for side in "AB":
         m = medians[side]
         cells = f"{m['items_per_s']:,.0f} | {m['steady_items_per_s']:,.0f} | {m['steady_cpu_ms_per_1k']:.2f} ms"
-        print(f"| {side} (median) | {cells} | {m['warm_cpu_ms_per_1k']:.2f} ms | {m['startup_s']:.3f} s |")
+        print(
+            f"| {side} (median) | {cells} | {m['warm_cpu_ms_per_1k']:.2f} ms | {m['warm_relative_cpu']:.4f}"
+            f" | {m['startup_s']:.3f} s |"
+        )
     print("| B/A | " + " | ".join("-" if r is None else f"{r:.3f}x" for r in ratios.values()) + " |")
     for line in problems:
         print(f"  warning: {line}")

@@ -43,6 +43,7 @@ from benches.e2e_throughput import (
     _wait_until,
     abba,
     precompile_package,
+    relative_cpu,
     run_with_children,
     startup_cpu_s,
     steady_cpu_ms_per_1k,
@@ -56,8 +57,6 @@ MODES = ("off", "on")
 EXPORT_INTERVAL_MS = 1000  # default: pushes land inside a ~2 s measured window
 TARGET_RATIO = 1.03  # issue 32: metrics and traces on cost under 3% more steady CPU per item
 TARGET_STARTUP_S = 0.05  # issue 32: and start-up (to the first reply) within 0.05 s
-#: Processes doing the same work in both modes: their CPU per item is how fast the machine ran that run.
-REFERENCE = ("nats-server", "backend")
 
 
 # --- the sink (its own process) ------------------------------------------------------------------------------------
@@ -165,21 +164,6 @@ class ModeRun:
     @property
     def warm_relative(self) -> float | None:
         return relative_cpu(self.run, self.run.cpu_warm_s)
-
-
-def relative_cpu(run: ThroughputRun, since: dict[str, float] | None) -> float | None:
-    """The sidecar's CPU over nats-server's and the backend's, from the snapshot `since` to the last reply.
-
-    Why: on a shared 2-CPU machine a run's CPU per item moves by up to +-20% with the host, and every
-    process moves together (nats-server's and the backend's by as much as the sidecar's), while those
-    two do the same work with telemetry on or off. Their CPU is the yardstick for the machine's speed
-    in that run: the sidecar's share of it varies ~2% between identical runs, against ~15% raw."""
-    if since is None:
-        return None
-    reference = sum(run.cpu_s.get(name, 0.0) - since.get(name, 0.0) for name in REFERENCE)
-    if reference <= 0:
-        return None
-    return (run.cpu_s.get("sidecar", 0.0) - since.get("sidecar", 0.0)) / reference
 
 
 def schedule(rounds: int) -> list[str]:

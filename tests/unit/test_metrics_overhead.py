@@ -11,8 +11,8 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from benches.e2e_throughput import ThroughputRun
-from benches.metrics_overhead import REFERENCE, _spread, relative_cpu, sink_stats
+from benches.e2e_throughput import REFERENCE, ThroughputRun, relative_cpu
+from benches.metrics_overhead import _spread, sink_stats
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.metrics.v1.metrics_pb2 import Metric, NumberDataPoint
