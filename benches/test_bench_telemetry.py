@@ -1,9 +1,10 @@
 # SPDX-License-Identifier: Apache-2.0
 """What metrics-on recording costs one 64-item batch (issue 14): everything the pipeline records per
-batch when `SIE_METRICS_ENABLED` is true (queue depth in and out, each item's queue time, the cost
-fill, batch size/cost, dispatch wait and total, the IPC request count, duration and pool wait), with
-the registry's histograms compiled (`_native.Histogram`, as shipped) and as their twin
-(`_twins.histogram`, what shipped before issue 32), side by side. The e2e figure this is a share of:
+batch when `SIE_METRICS_ENABLED` is true (the cost fill, each item's queue time, batch size/cost,
+dispatch wait and total, the IPC request count, duration and pool wait; queue depth and the
+controller's gauges are read at export, not per batch), with the registry's histograms compiled
+(`_native.Histogram` and `BatchInstruments`, as shipped) and as their twins (`_twins.histogram`),
+side by side. The e2e figure this is a share of:
 the sidecar spends ~13 µs of CPU per item, ~830 µs per 64-item batch (docs/benchmarks.md)."""
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from pytest_benchmark.fixture import BenchmarkFixture
 from sie_sidecar import wire
 from sie_sidecar._twins import histogram as twin_histogram
 from sie_sidecar.telemetry import (
+    BATCH_SIZE,
     IPC_ACQUIRE_DURATION,
     IPC_REQUEST_DURATION,
     IPC_REQUESTS,
@@ -23,6 +25,7 @@ from sie_sidecar.telemetry import (
     QueueDepth,
     Registry,
 )
+from sie_sidecar.telemetry import lane_metrics as lane_metrics_module
 from sie_sidecar.telemetry import (
     registry as registry_module,
 )
@@ -39,6 +42,7 @@ def test_metrics_recording_per_64_item_batch(
 ) -> None:
     if histograms == "twin":
         monkeypatch.setattr(registry_module, "Histogram", twin_histogram.Histogram)
+        monkeypatch.setattr(lane_metrics_module, "BatchInstruments", twin_histogram.BatchInstruments)
     elif not wire.USING_NATIVE:
         pytest.skip("the compiled histogram")
     benchmark.group = f"metrics on: one {ITEMS}-item batch's recording"
@@ -49,16 +53,16 @@ def test_metrics_recording_per_64_item_batch(
     now = 100.02
     ipc_attrs = (("method", "run_batch"), ("outcome", "ok"), ("transport", "pool"))
 
-    def record() -> None:  # the pipeline's calls for one batch, in its order
-        lane.queued("encode", ITEMS)
-        lane.taken("encode", enqueued, ITEMS, ITEMS, reason="full", now=now)
+    def record() -> None:  # the pipeline's work for one batch, in its order
+        lane.fills["encode", "cost_cap"] = ITEMS / ITEMS  # the scheduler takes the batch
         registry.histogram(IPC_ACQUIRE_DURATION, (("transport", "pool"),), DURATION_BOUNDS_S).record(0.00001)
         registry.add(IPC_REQUESTS, 1, ipc_attrs)
         registry.histogram(IPC_REQUEST_DURATION, ipc_attrs, DURATION_BOUNDS_S).record(0.004)
-        lane.executed("encode", ITEMS, ITEMS, 0.013, 0.02)
+        lane.batch("encode").record(enqueued, now, ITEMS, ITEMS, now + 0.001, now + 0.005)
 
     benchmark(record)
     queued = registry.histogram(QUEUE_DURATION, lane.attrs("encode"), DURATION_BOUNDS_S)
     assert queued.count % ITEMS == 0 and queued.count > 0
     assert sum(queued.buckets) == queued.count
-    assert registry.total(QUEUE_DEPTH) == 0  # in and out per round
+    sizes = registry.histogram(BATCH_SIZE, lane.attrs("encode"))
+    assert sizes.count == queued.count // ITEMS and sizes.sum == queued.count

@@ -45,6 +45,7 @@ from sie_sidecar.telemetry import (
     IPC_CHUNK_RESERVED,
     IPC_INFLIGHT,
     IPC_RECONSTRUCTED_SIZE,
+    IPC_REQUESTS,
     IPC_RESPONSE_CHUNKS,
     Registry,
 )
@@ -755,6 +756,24 @@ async def test_transport_error_is_retried_once_with_identical_bytes(sock_path: s
     assert pong.worker_id == "raw"
     assert [index for index, _ in server.requests] == [0, 1]
     assert server.requests[0][1] == server.requests[1][1] == TV_I3_FRAME
+
+
+async def test_a_retried_request_counts_as_success_after_retry_and_the_next_as_success(sock_path: str) -> None:
+    """§13's outcome: the retry is remembered for its own request only, also when the same task
+    makes the next one (the marker is compared, not reset, per request)."""
+
+    def respond(index: int, body: bytes) -> list[bytes] | None:
+        return None if index == 0 else [ping_reply(request_id_of(body))]
+
+    async with RawServer(sock_path, respond), IpcClient(sock_path, pool_size=2) as ipc:
+        ipc.telemetry = telemetry = Registry()
+        await ipc.ping()
+        await ipc.ping()
+    counts = {p.attrs: p.value for p in telemetry.snapshot() if p.name == IPC_REQUESTS}
+    assert counts == {
+        (("method", "ping"), ("outcome", "success_after_retry")): 1,
+        (("method", "ping"), ("outcome", "success")): 1,
+    }
 
 
 async def test_retry_prefers_another_warm_slot(sock_path: str) -> None:

@@ -21,7 +21,7 @@ from sie_sidecar.sched.scheduler import Formed, SchedulerConfig
 from sie_sidecar.telemetry import Registry
 from sie_sidecar.telemetry.catalog import ModelCatalog, QueueDepth
 from sie_sidecar.telemetry.lane_metrics import LaneMetrics
-from sie_sidecar.telemetry.names import ADAPTIVE_P50, QUEUE_DEPTH, STARVATION_RESETS
+from sie_sidecar.telemetry.names import ADAPTIVE_COST, ADAPTIVE_P50, ADAPTIVE_WAIT, QUEUE_DEPTH, STARVATION_RESETS
 
 TARGET_ENV = {"SIE_ADAPTIVE_BATCH_TARGET_P50_MS": "50"}  # explicit target: no calibration phase
 MODEL_ATTRS = (("model", "m"), ("profile", "default"))
@@ -193,13 +193,19 @@ def metrics_in(registry: Registry) -> Callable[[], LaneMetrics]:
 
 
 async def test_the_adaptive_p50_gauges_record_observed_and_target() -> None:
+    """The controller's state is read when a snapshot is taken (what every exporter and `top` do)."""
     registry = Registry()
     lane = lane_for(Executor(latency_ms=20.0), env=TARGET_ENV, metrics=metrics_in(registry))
     observed, target = (*MODEL_ATTRS, ("kind", "observed")), (*MODEL_ATTRS, ("kind", "target"))
     await serve_one_at_a_time(lane, 1, 9)
+    registry.snapshot()
     assert registry.value(ADAPTIVE_P50, target) == 0.05  # seconds
     assert (ADAPTIVE_P50, observed) not in {(i.name, i.attrs) for i in registry}  # no p50 before 10 samples
+    assert registry.value(ADAPTIVE_WAIT, MODEL_ATTRS) == lane.wait_ms / 1000.0
+    assert registry.value(ADAPTIVE_COST, MODEL_ATTRS) == lane.cost_cap
     await serve_one_at_a_time(lane, 1, 1)
+    assert registry.value(ADAPTIVE_P50, observed) == 0  # not read yet
+    registry.snapshot()
     assert registry.value(ADAPTIVE_P50, observed) == 0.02
     await lane.close(0.5)
 
@@ -212,10 +218,14 @@ async def test_a_starvation_reset_through_a_lane_is_counted() -> None:
     env = {**TARGET_ENV, "SIE_ADAPTIVE_BATCH_MIN_COST": "16384"}
     lane = lane_for(Executor(latency_ms=100.0), env=env, metrics=metrics_in(registry))
     await serve_one_at_a_time(lane, 1, 19)
+    registry.snapshot()
     assert registry.value(STARVATION_RESETS, MODEL_ATTRS) == 0
     assert lane.cost_cap == 16384
     await serve_one_at_a_time(lane, 1, 1)
     assert lane.controller.starvation_resets == 1
+    registry.snapshot()
+    assert registry.value(STARVATION_RESETS, MODEL_ATTRS) == 1
+    registry.snapshot()  # counted once, however often it is read
     assert registry.value(STARVATION_RESETS, MODEL_ATTRS) == 1
     assert (lane.cost_cap, lane.wait_ms) == (65_536, 15.0)
     assert lane.scheduler._formers[("encode", "")].max_batch_cost == 65_536

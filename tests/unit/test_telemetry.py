@@ -15,19 +15,26 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from sie_sidecar import wire
+from sie_sidecar._twins.histogram import BatchInstruments as TwinBatchInstruments
 from sie_sidecar._twins.histogram import Histogram as PyHistogram
 from sie_sidecar.bus.health import HealthIdentity, HealthReporter, Saturation
 from sie_sidecar.pipeline.readiness import Readiness
 from sie_sidecar.sched.scheduler import Formed, ModelScheduler, SchedulerConfig
 from sie_sidecar.telemetry import (
+    BATCH_FILL_RATIO,
     GPU_SLOTS,
     INFLIGHT_BATCHES,
     PENDING_COST,
     PENDING_ITEMS,
+    QUEUE_DEPTH,
     SATURATED,
+    ModelCatalog,
+    QueueDepth,
     Registry,
 )
+from sie_sidecar.telemetry.lane_metrics import LaneMetrics
 from sie_sidecar.telemetry.registry import Histogram
+from sie_sidecar.wire.histogram import BatchInstruments as NativeBatchInstruments
 
 # --- the registry ----------------------------------------------------------------------------------
 
@@ -130,6 +137,51 @@ def test_record_since_returns_the_longest_wait(kind: type[PyHistogram]) -> None:
     assert h.buckets == [1, 1, 1] and h.count == 3
 
 
+_batch = st.tuples(
+    st.lists(finite, max_size=70),  # enqueue times
+    finite,  # taken at
+    st.integers(0, 1000),  # items
+    st.integers(0, 10**6),  # cost
+    finite,  # dispatched
+    st.one_of(st.none(), finite),  # answered (None: the backend never did)
+)
+
+
+def _five(kind: type[Any], bounds: tuple[float, ...]) -> list[Any]:
+    return [kind(name, (("k", "v"),), bounds) for name in ("queue", "size", "cost", "wait", "total")]
+
+
+@pytest.mark.skipif(not wire.USING_NATIVE, reason="the compiled instruments")
+@given(batches=st.lists(_batch, max_size=8), bounds=st.lists(finite, max_size=12, unique=True).map(sorted).map(tuple))
+def test_the_compiled_batch_instruments_and_their_twin_agree(
+    batches: list[tuple[Any, ...]], bounds: tuple[float, ...]
+) -> None:
+    """A lane's one call a batch records into its five histograms as the twin does, and returns the
+    same oldest enqueue time."""
+    natives, twins = _five(Histogram, bounds), _five(PyHistogram, bounds)
+    native, twin = NativeBatchInstruments(*natives), TwinBatchInstruments(*twins)
+    for batch in batches:
+        assert native.record(*batch) == twin.record(*batch)
+    for n, t in zip(natives, twins, strict=True):
+        assert (n.buckets, n.count, n.min, n.max) == (t.buckets, t.count, t.min, t.max)
+        assert n.sum == pytest.approx(t.sum, rel=1e-9, abs=1e-6)
+
+
+@pytest.mark.parametrize("kind", [Histogram, PyHistogram])
+def test_batch_instruments_record_queue_times_always_and_the_rest_when_answered(kind: type[PyHistogram]) -> None:
+    bounds = (0.5, 1.0, 2.0, 4.0, 8.0)
+    queue, size, cost, wait, total = hs = _five(kind, bounds)
+    record = (NativeBatchInstruments if kind is Histogram else TwinBatchInstruments)(*hs).record
+    assert record([10.0, 9.0, 9.5], 11.0, 3, 30, 12.0) == 9.0  # refused: queue times only
+    assert queue.count == 3 and queue.sum == pytest.approx(1.0 + 2.0 + 1.5)
+    assert (size.count, cost.count, wait.count, total.count) == (0, 0, 0, 0)
+    assert record([20.0, 19.0], 21.0, 2, 40, 22.0, 24.0) == 19.0  # answered
+    assert queue.count == 5 and (size.sum, cost.sum) == (2.0, 40.0)
+    assert (wait.sum, total.sum) == (3.0, 5.0)  # the oldest item's enqueue -> dispatched, -> answered
+    assert record([], 30.0, 0, 0, 31.0, 32.0) is None  # no items: the waits count from the dispatch
+    assert (wait.max, total.max) == (3.0, 5.0) and (wait.min, total.min) == (0.0, 1.0)
+
+
 @pytest.mark.parametrize("kind", [Histogram, PyHistogram])
 def test_histograms_refuse_bad_bounds_and_values(kind: type[PyHistogram]) -> None:
     with pytest.raises(ValueError, match="h bounds must be strictly increasing"):
@@ -223,6 +275,42 @@ async def test_close_takes_what_is_left_off_the_gauges() -> None:
         while s.in_flight:
             await asyncio.sleep(0.002)
     assert _load(r) == (0, 0, 0)
+
+
+async def test_with_metrics_the_scheduler_notes_each_batch_fill_and_take_time_and_its_depth_is_read() -> None:
+    """Per batch the scheduler only stores (the cost fill by flush reason, the take time on the
+    batch); the queue depth is the scheduler's own count, read when a snapshot is taken."""
+    r = Registry()
+    catalog = ModelCatalog(["m"])
+    metrics = LaneMetrics(r, catalog, QueueDepth(r, catalog, QUEUE_DEPTH), "m")
+    held = Held()
+    now = [100.0]
+    config = SchedulerConfig(pipeline_depth=1, max_batch_requests=4, max_batch_cost=40)
+    s: ModelScheduler[str] = ModelScheduler("m", held, config, telemetry=r, metrics=metrics, clock=lambda: now[0])
+    plain: ModelScheduler[str] = ModelScheduler("p", held, config, telemetry=r)
+    s.submit("encode", "", [f"a{i}" for i in range(10)], [3] * 10)
+    async with asyncio.timeout(5):
+        await held.entered.wait()
+    (first,) = held.batches
+    assert first.taken_at == 100.0 and first.enqueued_at == [100.0] * 4
+    assert metrics.fills == {("encode", first.reason): 12 / 40}
+    encode = (("operation", "encode"), ("model", "m"), ("profile", "default"))
+    assert r.value(QUEUE_DEPTH, encode) == 0  # nothing recorded as items move
+    r.snapshot()
+    assert r.value(QUEUE_DEPTH, encode) == 6
+    fill = (*encode, ("flush.reason", first.reason))
+    assert r.value(BATCH_FILL_RATIO, fill) == 0.3
+    held.release.set()
+    async with asyncio.timeout(5):
+        while not s.idle():
+            await asyncio.sleep(0.002)
+    r.snapshot()
+    assert r.value(QUEUE_DEPTH, encode) == 0  # an operation seen stays on the gauge, at 0
+    plain.submit("encode", "", ["b"], [1])
+    async with asyncio.timeout(5):
+        while not plain.idle():
+            await asyncio.sleep(0.002)
+    assert held.batches[-1].taken_at is None  # metrics off: no clock read, nothing stored
 
 
 # --- the heartbeat's load fields and saturation ---------------------------------------------------

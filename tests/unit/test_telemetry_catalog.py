@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import functools
+
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -118,17 +120,24 @@ def test_attrs_are_cached_until_the_catalog_changes_and_vocabularies_are_closed(
     assert closed("generate", OPERATIONS) == "generate" and closed("x", OPERATIONS) == "other"
 
 
-def test_queue_depth_of_a_removed_pair_migrates_to_other() -> None:
+def test_queue_depth_is_read_at_snapshot_and_a_removed_pair_migrates_to_other() -> None:
     registry = Registry()
-    c, _ = catalog("a", "b")
+    c, _ = catalog("a", "b", "c")
     depth = QueueDepth(registry, c, QUEUE_DEPTH)
-    depth.move("encode", "a", "", 5)
-    depth.move("encode", "b", "", 2)
+    pending = {"a": {"encode": 5}, "b": {"encode": 2}, "c": {"encode": 1}}
+    for model in ("a", "b", "c"):
+        depth.watch(model, functools.partial(pending.__getitem__, model))
     a = (("operation", "encode"), ("model", "a"), ("profile", "default"))
     other = (("operation", "encode"), ("model", "other"), ("profile", "other"))
+    assert registry.value(QUEUE_DEPTH, a) == 0  # nothing recorded as items move
+    registry.snapshot()
     assert registry.value(QUEUE_DEPTH, a) == 5
     c.replace([("b", "default")])
-    depth.move("encode", "a", "", -1)
+    pending["a"]["encode"] = 4
+    registry.snapshot()
     assert registry.value(QUEUE_DEPTH, a) == 0
-    assert registry.value(QUEUE_DEPTH, other) == 4
-    assert registry.total(QUEUE_DEPTH) == 6
+    assert registry.value(QUEUE_DEPTH, other) == 5  # a's 4 and c's 1: collapsed pairs add up
+    assert registry.total(QUEUE_DEPTH) == 7
+    pending["a"] = {}
+    registry.snapshot()
+    assert registry.value(QUEUE_DEPTH, other) == 1

@@ -131,3 +131,75 @@ impl Histogram {
         Ok(longest)
     }
 }
+
+/// A model lane's per-batch histograms for one operation (sidecar-behaviour §13), recorded in one
+/// call a batch: the lane's recording was ~20 Python calls a batch into five histograms, three
+/// gauges and a dict of depths, and cost more CPU than its instructions (docs/benchmarks.md).
+/// The twin is `_twins.histogram.BatchInstruments`.
+#[pyclass(module = "sie_sidecar._native", frozen)]
+pub struct BatchInstruments {
+    queue_duration: Py<Histogram>,
+    size: Py<Histogram>,
+    cost: Py<Histogram>,
+    dispatch_wait: Py<Histogram>,
+    total: Py<Histogram>,
+}
+
+#[pymethods]
+impl BatchInstruments {
+    #[new]
+    fn new(
+        queue_duration: Py<Histogram>,
+        size: Py<Histogram>,
+        cost: Py<Histogram>,
+        dispatch_wait: Py<Histogram>,
+        total: Py<Histogram>,
+    ) -> Self {
+        Self {
+            queue_duration,
+            size,
+            cost,
+            dispatch_wait,
+            total,
+        }
+    }
+
+    /// One formed batch: each item's queue time (`taken_at - t` per enqueue time `t`) and, when
+    /// the backend answered (`answered` is its time), the batch's size and cost and its oldest
+    /// item's enqueue → `dispatched` and → `answered`. Returns the oldest enqueue time (None for no
+    /// items).
+    #[pyo3(signature = (enqueued_at, taken_at, items, cost, dispatched, answered=None))]
+    #[allow(clippy::too_many_arguments)] // positional, one call a batch (as the twin's)
+    fn record(
+        &self,
+        py: Python<'_>,
+        enqueued_at: &Bound<'_, PyAny>,
+        taken_at: f64,
+        items: i64,
+        cost: i64,
+        dispatched: f64,
+        answered: Option<f64>,
+    ) -> PyResult<Option<f64>> {
+        let mut waits = Vec::new();
+        let mut oldest: Option<f64> = None;
+        for_each_float(enqueued_at, |t| {
+            oldest = Some(oldest.map_or(t, |o| o.min(t)));
+            waits.push(taken_at - t);
+        })?;
+        self.queue_duration.borrow_mut(py).inner.record_many(waits);
+        if let Some(answered) = answered {
+            let first = oldest.unwrap_or(dispatched);
+            self.size.borrow_mut(py).inner.record_n(items as f64, 1);
+            self.cost.borrow_mut(py).inner.record_n(cost as f64, 1);
+            self.dispatch_wait
+                .borrow_mut(py)
+                .inner
+                .record_n(dispatched - first, 1);
+            self.total
+                .borrow_mut(py)
+                .inner
+                .record_n(answered - first, 1);
+        }
+        Ok(oldest)
+    }
+}

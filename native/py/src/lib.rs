@@ -106,7 +106,7 @@ mod _native {
     use crate::tracing::{BatchSpan, BatchTracer};
 
     #[pymodule_export]
-    use crate::histogram::Histogram;
+    use crate::histogram::{BatchInstruments, Histogram};
 
     #[pymodule_export]
     use crate::audio::{prepare_audio, PreparedAudio};

@@ -15,6 +15,7 @@ __all__ = [
     "AdaptiveController",
     "AssembledResponse",
     "AudioPrepError",
+    "BatchInstruments",
     "BatchOutcome",
     "BatchSpan",
     "BatchTracer",
@@ -612,6 +613,21 @@ class Histogram:
     def record_n(self, value: float, n: int) -> None: ...
     def record_many(self, values: Iterable[float]) -> None: ...
     def record_since(self, now: float, times: Iterable[float]) -> float | None: ...
+
+@final
+class BatchInstruments:
+    def __new__(
+        cls, queue_duration: Histogram, size: Histogram, cost: Histogram, dispatch_wait: Histogram, total: Histogram
+    ) -> Self: ...
+    def record(
+        self,
+        enqueued_at: Iterable[float],
+        taken_at: float,
+        items: int,
+        cost: int,
+        dispatched: float,
+        answered: float | None = None,
+    ) -> float | None: ...
 
 @final
 class BatchTracer:

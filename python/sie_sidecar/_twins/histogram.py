@@ -84,4 +84,40 @@ class Histogram:
         return max(waits) if waits else None
 
 
-__all__ = ["IMPLEMENTATION", "Histogram"]
+class BatchInstruments:
+    """A model lane's per-batch histograms for one operation, recorded in one call a batch (the
+    twin of `_native.BatchInstruments`)."""
+
+    __slots__ = ("cost", "dispatch_wait", "queue_duration", "size", "total")
+
+    def __init__(
+        self, queue_duration: Histogram, size: Histogram, cost: Histogram, dispatch_wait: Histogram, total: Histogram
+    ) -> None:
+        self.queue_duration, self.size, self.cost = queue_duration, size, cost
+        self.dispatch_wait, self.total = dispatch_wait, total
+
+    def record(  # noqa: PLR0917  (positional, as the compiled one's: one call a batch)
+        self,
+        enqueued_at: Iterable[float],
+        taken_at: float,
+        items: int,
+        cost: int,
+        dispatched: float,
+        answered: float | None = None,
+    ) -> float | None:
+        """Each item's queue time (`taken_at - t`) and, when the backend answered, the batch's size,
+        cost and its oldest item's enqueue → `dispatched` and → `answered`. Returns the oldest
+        enqueue time (None for no items)."""
+        times = list(enqueued_at)
+        self.queue_duration.record_many([taken_at - t for t in times])
+        oldest = min(times) if times else None
+        if answered is not None:
+            first = dispatched if oldest is None else oldest
+            self.size.record(float(items))
+            self.cost.record(float(cost))
+            self.dispatch_wait.record(dispatched - first)
+            self.total.record(answered - first)
+        return oldest
+
+
+__all__ = ["IMPLEMENTATION", "BatchInstruments", "Histogram"]

@@ -28,6 +28,7 @@ from ..telemetry import (
     SIZE_BOUNDS_BYTES,
     Registry,
 )
+from ..telemetry.registry import Counter as RegistryCounter
 from ..wire.types import Reply
 from .outbound import FramedWriter
 
@@ -75,10 +76,16 @@ class Publisher:
         #: Where `sie.worker.result.transport.attempts` and `.result.chunks.published` are recorded
         #: (§13), once per published batch; None: not recorded.
         self.telemetry: Registry | None = None
+        self._attempts: dict[tuple[str, str], tuple[Registry, RegistryCounter]] = {}
 
     def _record(self, mode: str, outcome: str, n: int) -> None:
-        if self.telemetry is not None and n:
-            self.telemetry.add(RESULT_TRANSPORT_ATTEMPTS, n, (("mode", mode), ("outcome", outcome)))
+        telemetry = self.telemetry
+        if telemetry is not None and n:
+            found = self._attempts.get((mode, outcome))
+            if found is None or found[0] is not telemetry:  # once per series and registry, not per batch
+                attrs = (("mode", mode), ("outcome", outcome))
+                found = self._attempts[mode, outcome] = (telemetry, telemetry.counter(RESULT_TRANSPORT_ATTEMPTS, attrs))
+            found[1].value += n
 
     @property
     def framed(self) -> bool:

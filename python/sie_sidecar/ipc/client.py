@@ -60,8 +60,10 @@ if TYPE_CHECKING:
     from types import TracebackType
 
 log = logging.getLogger(__name__)
-#: Set when the request running in this task needed the §1.2 retry (outcome `success_after_retry`).
-_retried: contextvars.ContextVar[bool] = contextvars.ContextVar("ipc_retried", default=False)
+#: Replaced by a new object whenever a request running in this task needs the §1.2 retry: a request
+#: that finds another object here at its end than at its start was retried (`success_after_retry`).
+#: Read, not reset, at each request's start: a `set` per request made a context and a token.
+_retried: contextvars.ContextVar[object | None] = contextvars.ContextVar("ipc_retried", default=None)
 _METHOD_NAMES: dict[str, str] = {}
 
 
@@ -447,23 +449,14 @@ class IpcClient:
             raise IpcTransportError(f"IPC client for {self._path} is closed", transient=False)
         return slot
 
-    async def _timed_acquire(self) -> _Slot:
-        """`_acquire`, timed into `sie.worker.ipc.acquire.duration` (metrics on only)."""
-        started = time.perf_counter()
-        outcome = "error"
-        try:
-            slot = await self._acquire()
-            outcome = "success"
-            return slot
-        finally:
-            telemetry = self.telemetry
-            if telemetry is not None:
-                found = self._acquire_instruments.get(outcome)
-                if found is None or found[0] is not telemetry:  # once per outcome and registry
-                    attrs = (("transport", self.transport), ("outcome", outcome))
-                    found = (telemetry, telemetry.histogram(IPC_ACQUIRE_DURATION, attrs, DURATION_BOUNDS_S))
-                    self._acquire_instruments[outcome] = found
-                found[1].record(time.perf_counter() - started)
+    def _acquire_histogram(self, telemetry: Registry, outcome: str) -> Histogram:
+        """`sie.worker.ipc.acquire.duration` of `outcome` (metrics on only)."""
+        found = self._acquire_instruments.get(outcome)
+        if found is None or found[0] is not telemetry:  # once per outcome and registry
+            attrs = (("transport", self.transport), ("outcome", outcome))
+            found = (telemetry, telemetry.histogram(IPC_ACQUIRE_DURATION, attrs, DURATION_BOUNDS_S))
+            self._acquire_instruments[outcome] = found
+        return found[1]
 
     async def _acquire_other(self, failed: _Slot) -> _Slot:
         """For the retry: another idle slot if there is one, else whichever frees first (maybe
@@ -495,9 +488,10 @@ class IpcClient:
     ) -> T:
         telemetry = self.telemetry  # None (metrics off): no clock, no flag, nothing recorded
         started = 0.0
+        retries: object | None = None
         if telemetry is not None:
             started = time.perf_counter()
-            _retried.set(False)
+            retries = _retried.get()
         outcome = "success"
         try:
             return await self._exchange_once(method, body, timeout_s, decode, attest)
@@ -519,10 +513,10 @@ class IpcClient:
             raise
         finally:
             if telemetry is not None and outcome != "not_sent":
-                if outcome == "success" and _retried.get():
+                if outcome == "success" and _retried.get() is not retries:
                     outcome = "success_after_retry"
                 count, duration = self._request_instruments(telemetry, method, outcome)
-                count.add(1)
+                count.value += 1
                 duration.record(time.perf_counter() - started)
 
     def _request_instruments(self, telemetry: Registry, method: str, outcome: str) -> tuple[Counter, Histogram]:
@@ -545,10 +539,17 @@ class IpcClient:
         """One request over a pool slot, with the §1.2 transport retry on another slot."""
         request_id = f"w-{next(self._ids)}"
         frame = wire.encode_request(method, request_id, body, True)  # FrameTooLarge: nothing written
-        if self.telemetry is None:
+        telemetry = self.telemetry
+        if telemetry is None:
             slot: _Slot | None = await self._acquire()
-        else:
-            slot = await self._timed_acquire()
+        else:  # timed here, not in a wrapping coroutine: one coroutine less per request
+            asked = time.perf_counter()
+            try:
+                slot = await self._acquire()
+            except BaseException:
+                self._acquire_histogram(telemetry, "error").record(time.perf_counter() - asked)
+                raise
+            self._acquire_histogram(telemetry, "success").record(time.perf_counter() - asked)
         try:
             assert slot is not None
             try:
@@ -574,7 +575,7 @@ class IpcClient:
         if not first.retryable:
             detail = f"{method} {request_id} to {self._path}: {first}"
             raise IpcTransportError(detail, transient=False) from first.cause
-        _retried.set(True)
+        _retried.set(object())
         _warn.warning(
             "IPC transport error; retrying once",
             key=method,

@@ -84,7 +84,8 @@ class Execution:
     async def execute_formed(self, model: str, formed: Formed[Delivery]) -> BatchReport | None:
         """One formed batch: execute it and report what the model's lane learns from (§4.1, §4.6):
         the reported `inference_ms`, the call's time, and each succeeded request's latency. With
-        metrics, the batch's size and cost, and its oldest item's enqueue → dispatch and → answer."""
+        metrics, each item's queue time and, when the backend answered, the batch's size and cost
+        and its oldest item's enqueue → dispatch and → answer."""
         started = time.monotonic()
         outcome = await self._execute(
             model,
@@ -93,15 +94,17 @@ class Execution:
             formed.items,
             formed.total_cost,
         )
-        if outcome is None:
-            return None
         finished = time.monotonic()
         lane = self._lanes.models[model].lane
-        if lane is not None and lane.metrics is not None:
-            oldest = formed.oldest_enqueued_at
-            if oldest is None:
-                oldest = min(formed.enqueued_at, default=started)
-            lane.metrics.executed(formed.op, len(formed.items), formed.total_cost, started - oldest, finished - oldest)
+        metrics = lane.metrics if lane is not None else None
+        if metrics is not None:  # one compiled call: queue times, and size, cost, waits when answered
+            taken_at = formed.taken_at if formed.taken_at is not None else started
+            answered = None if outcome is None else finished
+            metrics.batch(formed.op).record(
+                formed.enqueued_at, taken_at, len(formed.items), formed.total_cost, started, answered
+            )
+        if outcome is None:
+            return None
         reported = outcome.inference_ms
         # One latency per request with a success: from its first item's enqueue to now.
         succeeded = outcome.succeeded

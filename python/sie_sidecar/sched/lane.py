@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
 from ..telemetry import Registry
-from ..telemetry.lane_metrics import LaneMetrics
+from ..telemetry.lane_metrics import AdaptiveState, LaneMetrics
 from .controller import EFFICIENCY_WINDOW, LATENCY_MIN_SAMPLES, LATENCY_WINDOW, AdaptiveController, PercentileWindow
 from .scheduler import Formed, Keepalive, ModelScheduler, SchedulerConfig
 from .trace import ControllerTrace
@@ -76,7 +76,7 @@ class ModelLane(Generic[T]):
     ) -> None:
         """`clock`: the scheduler's monotonic clock (arrival times, triggers); tests inject one."""
         self.model = model
-        self.metrics = metrics
+        self.metrics: LaneMetrics | None = None
         self._execute = execute
         self._s = settings
         c = settings.scheduler
@@ -88,7 +88,6 @@ class ModelLane(Generic[T]):
             on_idle=on_idle,
             telemetry=telemetry,
             keepalive=keepalive,
-            metrics=metrics,
         )
         self.controller = AdaptiveController.production(
             c.max_batch_cost, c.max_batch_wait_ms, env=settings.controller_env
@@ -101,12 +100,20 @@ class ModelLane(Generic[T]):
         self.trace: ControllerTrace | None = None
         if settings.controller_trace_dir:
             self.trace = ControllerTrace.open(settings.controller_trace_dir, model, self.controller.config)
+        if metrics is not None:
+            self.attach_metrics(metrics)
 
     def attach_metrics(self, metrics: LaneMetrics) -> None:
-        """Record into `metrics` from now on (a lane made before recording was turned on)."""
+        """Record into `metrics` from now on (at construction, or for a lane made before recording
+        was turned on): the scheduler's depth and this lane's controller are read at snapshot time."""
         if self.metrics is None:
             self.metrics = metrics
             self.scheduler.attach_metrics(metrics)
+            metrics.watch_controller(self.adaptive_state)
+
+    def adaptive_state(self) -> AdaptiveState:
+        """The controller's current wait (ms), cost cap, observed and target p50 (ms; None: none yet)."""
+        return self.wait_ms, self.cost_cap, self.latency.p50(), self.controller.target_p50_ms
 
     # -- what the backend said about itself ------------------------------------------------------------
 
@@ -158,13 +165,7 @@ class ModelLane(Generic[T]):
             resets = ctl.starvation_resets
             wait_ms, cost = ctl.step(p50, fill, len(formed.items), report.finished)
             if self.metrics is not None:
-                self.metrics.adapted(
-                    wait_ms,
-                    cost,
-                    p50_ms=p50,
-                    target_p50_ms=ctl.target_p50_ms,
-                    resets=ctl.starvation_resets - resets,
-                )
+                self.metrics.resets += ctl.starvation_resets - resets
             if self.trace is not None:
                 self.trace.step(report.finished, p50, fill, len(formed.items), wait_ms=wait_ms, batch_cost=cost)
             if cost != self.cost_cap or wait_ms != self.wait_ms:

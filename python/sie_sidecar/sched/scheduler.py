@@ -97,8 +97,8 @@ class Formed(Generic[T]):
     reason: str
     role: Role
     enqueued_at: list[float] = field(default_factory=list)
-    #: The earliest of `enqueued_at`, when the lane's metrics already found it (None: not known).
-    oldest_enqueued_at: float | None = None
+    #: When the batch left its former (metrics on only: each item's queue time ends here).
+    taken_at: float | None = None
     #: When the keepalive last progress-ACKed this batch's items (None: not yet).
     progressed_at: float | None = None
 
@@ -126,7 +126,8 @@ class ModelScheduler(Generic[T]):
     ) -> None:
         """`telemetry`: the worker's registry; every scheduler moves the same three gauges (queued
         items, their cost, batches in flight) by deltas, once per group or batch. `metrics` (when
-        enabled): the model's §13 queue instruments, recorded per group and per batch."""
+        enabled): the model's §13 queue instruments: it reads this scheduler's depth at snapshot
+        time, and the scheduler writes each batch's cost fill and take time."""
         self.model = model
         self.config = config or SchedulerConfig()
         self._dispatch = dispatch
@@ -168,7 +169,9 @@ class ModelScheduler(Generic[T]):
         self._queued = registry.gauge(PENDING_ITEMS)
         self._queued_cost = registry.gauge(PENDING_COST)
         self._inflight_gauge = registry.gauge(INFLIGHT_BATCHES)
-        self.metrics = metrics
+        self.metrics: LaneMetrics | None = None
+        if metrics is not None:
+            self.attach_metrics(metrics)
         #: Formed batches by flush reason (telemetry and tests).
         self.flushes: dict[str, int] = {}
         #: Batches held for the device (just-in-time dispatch), and those sent because it was about to free.
@@ -179,15 +182,11 @@ class ModelScheduler(Generic[T]):
         self.progress_acks = 0
 
     def attach_metrics(self, metrics: LaneMetrics) -> None:
-        """Start recording into `metrics` mid-run (recording turned on at the first state read,
-        telemetry/switch.py): the items queued now are counted in first, so the depth gauge, which
-        moves by deltas, never goes below zero when they leave."""
+        """Record into `metrics` from now on (at construction, or mid-run when recording is turned on
+        at the first state read, telemetry/switch.py); the depth is read, so what is queued now counts."""
         if self.metrics is not None:
             return
-        for key, queue in self._aged.items():
-            metrics.queued(key[0], len(queue))
-        for key, former in self._formers.items():
-            metrics.queued(key[0], len(former))
+        metrics.watch_queue(self.pending_by_operation)
         self.metrics = metrics
 
     # -- state ---------------------------------------------------------------------------------------
@@ -203,6 +202,15 @@ class ModelScheduler(Generic[T]):
     def idle(self) -> bool:
         """Nothing pending and nothing running."""
         return not self._items and not self._in_flight
+
+    def pending_by_operation(self) -> dict[str, int]:
+        """Items queued here per operation (every LoRA, aged ones included; 0 for an operation seen
+        but empty now): the depth gauge's reading."""
+        pending: dict[str, int] = {}
+        for groups in (self._formers, self._aged):
+            for (op, _), queued in groups.items():
+                pending[op] = pending.get(op, 0) + len(queued)
+        return pending
 
     def pending_for(self, op: str, lora: str = "") -> int:
         former = self._formers.get((op, lora))
@@ -264,8 +272,6 @@ class ModelScheduler(Generic[T]):
         added = sum(costs)
         self.pending_cost += added
         self._queued_cost.add(added)
-        if self.metrics is not None:
-            self.metrics.queued(op, len(ids))
         self._new_item.set()
         if self._loop_task is None:
             self._loop_task = asyncio.create_task(self._run(), name=f"scheduler:{self.model}")
@@ -495,13 +501,14 @@ class ModelScheduler(Generic[T]):
         self._queued.add(-len(items))
         self.pending_cost = max(0, self.pending_cost - taken_cost)
         self._queued_cost.add(-taken_cost)
-        oldest: float | None = None
-        if self.metrics is not None:
+        taken_at: float | None = None
+        metrics = self.metrics
+        if metrics is not None:
             former = self._formers.get(key)
             cap = batch.total_cost if former is None else former.max_batch_cost
-            now = self._clock()
-            waited = self.metrics.taken(key[0], enqueued_at, batch.total_cost, cap, reason=batch.reason, now=now)
-            oldest = None if waited is None else now - waited
+            if cap > 0:
+                metrics.fills[key[0], batch.reason] = batch.total_cost / cap
+            taken_at = self._clock()
         return Formed(
             op=key[0],
             lora=key[1],
@@ -510,7 +517,7 @@ class ModelScheduler(Generic[T]):
             reason=batch.reason,
             role=role,
             enqueued_at=enqueued_at,
-            oldest_enqueued_at=oldest,
+            taken_at=taken_at,
         )
 
     def _alone(self, key: Key, batch: FormedBatch) -> bool:
@@ -521,7 +528,7 @@ class ModelScheduler(Generic[T]):
         costs = [self._costs.get(i, 1) for i in batch.ids]
         whole = self._take(key, batch, role)
         return [
-            Formed(key[0], key[1], [item], cost, batch.reason, role if n == 0 else "drain", [at])
+            Formed(key[0], key[1], [item], cost, batch.reason, role if n == 0 else "drain", [at], whole.taken_at)
             for n, (item, at, cost) in enumerate(zip(whole.items, whole.enqueued_at, costs, strict=True))
         ]
 
@@ -590,6 +597,7 @@ class ModelScheduler(Generic[T]):
                                 batch.reason,
                                 "drain",
                                 [f.enqueued_at[0] for f in rest],
+                                single.taken_at,
                             ),
                             holds_slot=False,
                         )
@@ -726,9 +734,6 @@ class ModelScheduler(Generic[T]):
         self._aged_count = 0
         groups += [(key, former.drain_all()) for key, former in self._formers.items()]
         left = [i for _, ids in groups for i in ids]
-        if self.metrics is not None:
-            for key, ids in groups:
-                self.metrics.left(key[0], len(ids))
         self._queued.add(-len(left))
         left_cost = sum(self._costs.pop(i, 0) for i in left)
         self.pending_cost = max(0, self.pending_cost - left_cost)

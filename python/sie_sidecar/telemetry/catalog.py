@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Final
 
 from .registry import Attrs, Gauge, Registry
@@ -185,35 +185,35 @@ class ModelCatalog:
 
 
 class QueueDepth:
-    """`sie.worker.queue.depth` by (operation, model, profile): raw depths are kept per label, so
-    when a pair leaves the catalog its depth migrates to `(other, other)` at the next move."""
+    """`sie.worker.queue.depth` by (operation, model, profile), read from each model's scheduler when
+    a snapshot is taken (an asynchronous gauge): nothing is recorded as groups queue and batches
+    leave, and the depth of a pair that left the catalog shows under `(other, other)` at the next
+    snapshot. Models whose pairs collapse to the same attributes add up."""
 
     def __init__(self, registry: Registry, catalog: ModelCatalog, name: str) -> None:
-        self._registry, self._catalog, self._name = registry, catalog, name
-        self._raw: dict[tuple[str, str, str], int] = {}
-        self._gauges: dict[tuple[str, str, str], Gauge] = {}
-        self._version = catalog.version
+        self._catalog, self._name = catalog, name
+        self._sources: dict[str, Callable[[], Mapping[str, int]]] = {}
+        self._shown: dict[Attrs, Gauge] = {}
+        registry.observe(self._observe)
 
-    def move(self, operation: str, model: str, profile: str, delta: int) -> None:
-        """One group queued (+n) or one batch taken (-n)."""
-        if self._version != self._catalog.version:
-            self._rebuild()
-        key = (operation, model, profile)
-        self._raw[key] = self._raw.get(key, 0) + delta
-        gauge = self._gauges.get(key)
-        if gauge is None:
-            gauge = self._gauges[key] = self._registry.gauge(self._name, self._catalog.attrs(*key))
-        gauge.add(delta)
+    def watch(self, model: str, pending: Callable[[], Mapping[str, int]]) -> None:
+        """`pending()`: the model's items queued per operation, now."""
+        self._sources[model] = pending
 
-    def _rebuild(self) -> None:
-        """The catalog changed: every resolved gauge is recomputed from the raw depths."""
-        self._version = self._catalog.version
-        for gauge in self._gauges.values():
-            gauge.set(0)
-        self._gauges.clear()
-        for key, depth in self._raw.items():
-            gauge = self._gauges[key] = self._registry.gauge(self._name, self._catalog.attrs(*key))
-            gauge.add(depth)
+    def _observe(self, registry: Registry) -> None:
+        totals: dict[Attrs, int] = {}
+        for model, pending in self._sources.items():
+            for operation, n in pending().items():
+                attrs = self._catalog.attrs(operation, model)
+                totals[attrs] = totals.get(attrs, 0) + n
+        for attrs, shown in self._shown.items():
+            if attrs not in totals:
+                shown.set(0)
+        for attrs, n in totals.items():
+            gauge = self._shown.get(attrs)
+            if gauge is None:
+                gauge = self._shown[attrs] = registry.gauge(self._name, attrs)
+            gauge.set(n)
 
 
 __all__ = [

@@ -1,11 +1,18 @@
 # SPDX-License-Identifier: Apache-2.0
-"""One model lane's §13 instruments, recorded once per group or batch where the decision is made.
+"""One model lane's §13 instruments: what needs every batch is recorded in one call a batch, what
+is a current value is read when a snapshot is taken.
 
-The scheduler calls `queued` when a group joins a former and `taken` when a batch leaves it (queue
-depth, queue duration, fill ratio by flush reason); the dispatcher calls `executed` when the
-backend answered (batch size and cost, dispatch wait and total); the lane calls
-`adapted` after each controller step (adaptive gauges, starvation resets). A lane without metrics
-(disabled) has `None` and calls nothing, so the disabled path costs one attribute test per batch.
+The dispatcher calls `batch(operation).record(...)` once a formed batch is done, a compiled call
+(`wire.histogram.BatchInstruments`) that records each item's queue time and, when the backend
+answered, the batch's size and cost, dispatch wait and total. The scheduler writes the cost fill
+of each batch it takes into `fills` and the lane adds its starvation recoveries to `resets`: plain
+stores, no call. Queue depth, the fill ratios and the adaptive controller's limits are gauges read
+at snapshot time from the scheduler and the lane (`watch_queue`, `watch_controller`), as the
+registry's observers. A lane without metrics (disabled) has `None` and calls nothing, so the
+disabled path costs one attribute test per batch.
+
+Why so few calls: recording ~20 Python calls a batch into gauges, dicts and histograms cost the
+sidecar ~3x its instructions' share of CPU (docs/benchmarks.md, "Telemetry on").
 
 The profile attribute comes from the model id (`model:profile`, resolved by the catalog); items'
 own `profile_id` fields are not read, which would cost a decode per item.
@@ -13,9 +20,9 @@ own `profile_id` fields are not read, which would cost a decode per item.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
 
+from ..wire.histogram import BatchInstruments
 from .catalog import FLUSH_REASONS, OTHER, ModelCatalog, QueueDepth, closed
 from .names import (
     ADAPTIVE_COST,
@@ -29,16 +36,11 @@ from .names import (
     REQUEST_BATCH_TOTAL,
     STARVATION_RESETS,
 )
-from .registry import DURATION_BOUNDS_S, Attrs, Gauge, Histogram, Registry
+from .registry import DURATION_BOUNDS_S, Attrs, Registry
 
-
-@dataclass(frozen=True, slots=True)
-class _BatchInstruments:
-    queue_duration: Histogram
-    size: Histogram
-    cost: Histogram
-    dispatch_wait: Histogram
-    total: Histogram
+#: The adaptive controller's current (wait ms, cost cap, observed p50 ms, target p50 ms); a p50 is
+#: None until it has one.
+AdaptiveState = tuple[float, int, float | None, float | None]
 
 
 class LaneMetrics:
@@ -51,9 +53,14 @@ class LaneMetrics:
         self.model = model
         self._version = -1
         self._attrs: dict[str, Attrs] = {}
-        self._batch: dict[str, _BatchInstruments] = {}
-        self._fill: dict[tuple[str, str], Gauge] = {}
-        self._adaptive: tuple[int, Gauge, Gauge, dict[str, Gauge], Attrs] | None = None
+        self._batch: dict[str, BatchInstruments] = {}
+        #: The last batch's cost fill (cost / cost cap) per (operation, flush reason), written by the
+        #: scheduler as it takes a batch; exported as `sie.worker.batch.fill_ratio`.
+        self.fills: dict[tuple[str, str], float] = {}
+        #: Starvation recoveries the lane made since the last snapshot (the lane adds to it).
+        self.resets = 0
+        self._controller: Callable[[], AdaptiveState] | None = None
+        registry.observe(self._observe)
 
     def attrs(self, operation: str) -> Attrs:
         """(operation, model, profile), re-resolved when the catalog changed."""
@@ -61,85 +68,52 @@ class LaneMetrics:
             self._version = self._catalog.version
             self._attrs.clear()
             self._batch.clear()
-            self._fill.clear()
         found = self._attrs.get(operation)
         if found is None:
             found = self._attrs[operation] = self._catalog.attrs(operation, self.model)
         return found
 
-    def _instruments(self, operation: str) -> _BatchInstruments:
-        """The per-batch histograms of `operation`, looked up once per catalog version (five
-        registry lookups per batch were half of the recording's cost)."""
+    def batch(self, operation: str) -> BatchInstruments:
+        """The per-batch histograms of `operation`, looked up once per catalog version."""
         attrs = self.attrs(operation)  # first: it clears the cache when the catalog changed
         found = self._batch.get(operation)
         if found is None:
             registry = self._registry
-            found = self._batch[operation] = _BatchInstruments(
-                queue_duration=registry.histogram(QUEUE_DURATION, attrs, DURATION_BOUNDS_S),
-                size=registry.histogram(BATCH_SIZE, attrs),
-                cost=registry.histogram(BATCH_COST, attrs),
-                dispatch_wait=registry.histogram(DISPATCH_WAIT, attrs, DURATION_BOUNDS_S),
-                total=registry.histogram(REQUEST_BATCH_TOTAL, attrs, DURATION_BOUNDS_S),
+            found = self._batch[operation] = BatchInstruments(
+                registry.histogram(QUEUE_DURATION, attrs, DURATION_BOUNDS_S),
+                registry.histogram(BATCH_SIZE, attrs),
+                registry.histogram(BATCH_COST, attrs),
+                registry.histogram(DISPATCH_WAIT, attrs, DURATION_BOUNDS_S),
+                registry.histogram(REQUEST_BATCH_TOTAL, attrs, DURATION_BOUNDS_S),
             )
         return found
 
-    def queued(self, operation: str, n: int) -> None:
-        self._depth.move(operation, self.model, "", n)
+    def watch_queue(self, pending: Callable[[], Mapping[str, int]]) -> None:
+        """The scheduler's items pending per operation, read for `sie.worker.queue.depth`."""
+        self._depth.watch(self.model, pending)
 
-    def taken(
-        self, operation: str, enqueued_at: Sequence[float], cost: int, cost_cap: int, *, reason: str, now: float
-    ) -> float | None:
-        """A batch left its former: depth down, each item's queue time, the cost fill under its flush
-        reason. Returns the longest queue time (None for no items): the dispatcher's oldest item."""
-        self._depth.move(operation, self.model, "", -len(enqueued_at))
-        waited = self._instruments(operation).queue_duration.record_since(now, enqueued_at)
-        if cost_cap > 0:
-            fill = self._fill.get((operation, reason))  # valid: `_instruments` cleared it on a catalog change
-            if fill is None:
-                attrs = (*self.attrs(operation), ("flush.reason", closed(reason, FLUSH_REASONS)))
-                fill = self._fill[(operation, reason)] = self._registry.gauge(BATCH_FILL_RATIO, attrs)
-            fill.set(cost / cost_cap)
-        return waited
+    def watch_controller(self, state: Callable[[], AdaptiveState]) -> None:
+        """The lane's adaptive controller state, read for the adaptive gauges."""
+        self._controller = state
 
-    def left(self, operation: str, n: int) -> None:
-        """Items handed back unsent at shutdown leave the queue too."""
-        self._depth.move(operation, self.model, "", -n)
-
-    def executed(self, operation: str, items: int, cost: int, dispatch_wait_s: float, total_s: float) -> None:
-        """The backend answered a batch: its size and cost; its oldest item's enqueue → dispatch
-        (`request_batch.dispatch_wait`) and enqueue → answer (`request_batch.total`)."""
-        instruments = self._instruments(operation)
-        instruments.size.record(items)
-        instruments.cost.record(cost)
-        instruments.dispatch_wait.record(dispatch_wait_s)
-        instruments.total.record(total_s)
-
-    def adapted(
-        self, wait_ms: float, cost: int, *, p50_ms: float | None, target_p50_ms: float | None, resets: int
-    ) -> None:
-        """The adaptive controller stepped: its wait, cost cap, observed / target p50, and the
-        starvation recoveries (`resets`: how many this step made)."""
-        found = self._adaptive
-        if found is None or found[0] != self._catalog.version:  # looked up once per catalog version
-            attrs = self.attrs(OTHER)[1:]
-            found = self._adaptive = (
-                self._catalog.version,
-                self._registry.gauge(ADAPTIVE_WAIT, attrs),
-                self._registry.gauge(ADAPTIVE_COST, attrs),
-                {},
-                attrs,
-            )
-        _, wait, cost_cap, p50, attrs = found
-        wait.set(wait_ms / 1000.0)
-        cost_cap.set(cost)
+    def _observe(self, registry: Registry) -> None:
+        """Snapshot time: the fill ratios, the controller's limits and p50s, the recoveries counted."""
+        for (operation, reason), fill in list(self.fills.items()):
+            attrs = (*self.attrs(operation), ("flush.reason", closed(reason, FLUSH_REASONS)))
+            registry.gauge(BATCH_FILL_RATIO, attrs).set(fill)
+        if self._controller is None:
+            return
+        attrs = self.attrs(OTHER)[1:]
+        wait_ms, cost, p50_ms, target_p50_ms = self._controller()
+        registry.gauge(ADAPTIVE_WAIT, attrs).set(wait_ms / 1000.0)
+        registry.gauge(ADAPTIVE_COST, attrs).set(cost)
         for kind, value in (("observed", p50_ms), ("target", target_p50_ms)):
             if value is not None:  # a p50 gauge exists from its first value on
-                gauge = p50.get(kind)
-                if gauge is None:
-                    gauge = p50[kind] = self._registry.gauge(ADAPTIVE_P50, (*attrs, ("kind", kind)))
-                gauge.set(value / 1000.0)
+                registry.gauge(ADAPTIVE_P50, (*attrs, ("kind", kind))).set(value / 1000.0)
+        resets, self.resets = self.resets, 0
+        counter = registry.counter(STARVATION_RESETS, attrs)  # exists from the start, at 0
         if resets > 0:
-            self._registry.counter(STARVATION_RESETS, attrs).add(resets)
+            counter.add(resets)
 
 
-__all__ = ["LaneMetrics"]
+__all__ = ["AdaptiveState", "LaneMetrics"]

@@ -1,6 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The telemetry registry's histogram, compiled (`_native.Histogram`, sie-core `histogram`) unless
-this process runs the twins (`_twins.histogram`): one switch for it, as for the wire core."""
+"""The telemetry registry's histogram (`_native.Histogram`, sie-core `histogram`) and a lane's
+per-batch set of them (`BatchInstruments`), compiled unless this process runs the twins
+(`_twins.histogram`): one switch for them, as for the wire core."""
 
 from __future__ import annotations
 
@@ -9,8 +10,10 @@ from typing import TYPE_CHECKING
 from ._switch import load
 
 if TYPE_CHECKING:
-    from .._native import Histogram
+    from .._native import BatchInstruments, Histogram
 else:
-    Histogram = load("histogram").Histogram
+    _impl = load("histogram")
+    Histogram = _impl.Histogram
+    BatchInstruments = _impl.BatchInstruments
 
-__all__ = ["Histogram"]
+__all__ = ["BatchInstruments", "Histogram"]
