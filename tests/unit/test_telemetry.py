@@ -171,7 +171,8 @@ def test_the_compiled_batch_instruments_and_their_twin_agree(
 def test_batch_instruments_record_queue_times_always_and_the_rest_when_answered(kind: type[PyHistogram]) -> None:
     bounds = (0.5, 1.0, 2.0, 4.0, 8.0)
     queue, size, cost, wait, total = hs = _five(kind, bounds)
-    record = (NativeBatchInstruments if kind is Histogram else TwinBatchInstruments)(*hs).record
+    instruments: Any = NativeBatchInstruments if kind is not PyHistogram else TwinBatchInstruments
+    record = instruments(*hs).record
     assert record([10.0, 9.0, 9.5], 11.0, 3, 30, 12.0) == 9.0  # refused: queue times only
     assert queue.count == 3 and queue.sum == pytest.approx(1.0 + 2.0 + 1.5)
     assert (size.count, cost.count, wait.count, total.count) == (0, 0, 0, 0)

@@ -86,11 +86,19 @@ def _grpc_options(target: Target) -> dict[str, Any]:
 
 
 def _http_session(target: Target) -> Any:
-    """The exporter's requests session. requests lets `REQUESTS_CA_BUNDLE` / `CURL_CA_BUNDLE` replace
-    a session's CA bundle at each request (set in many images, it silently beat
-    `OTEL_EXPORTER_OTLP_CERTIFICATE`, tests/integration/test_otlp_env.py); here the configured
+    """The exporter's requests session: `otel.http_session`'s light one (one kept-alive
+    `http.client` connection) unless a proxy or `.netrc` from the environment applies to the
+    endpoint; then requests' own. requests lets `REQUESTS_CA_BUNDLE` / `CURL_CA_BUNDLE` replace a
+    session's CA bundle at each request (set in many images, it silently beat
+    `OTEL_EXPORTER_OTLP_CERTIFICATE`, tests/integration/test_otlp_env.py); in both the configured
     certificate wins, and the rest of the environment (proxies) applies as before."""
     import requests
+
+    from .http_session import light_session
+
+    light = light_session(target.endpoint)
+    if light is not None:
+        return light
 
     class OtlpSession(requests.Session):
         def merge_environment_settings(
