@@ -113,3 +113,32 @@ def test_the_sink_keeps_bodies_and_decodes_them_when_asked_for_its_counts() -> N
     finally:
         sink.terminate()
         sink.wait(timeout=10)
+
+
+def test_the_paired_bench_reads_a_process_group_s_cpu_in_nanoseconds_over_all_its_threads() -> None:
+    """`paired_ab.group_cpu_ns`: a child spinning in two live threads is counted whole, to well
+    under a clock tick's 10 ms, and a group that does not exist reads 0. (A thread that has exited
+    is not counted: the bench reads the sidecars, whose threads live as long as they do.)"""
+    from benches.paired_ab import group_cpu_ns
+
+    spin = (
+        "import threading, time\n"
+        "def burn():\n"
+        "    end = time.thread_time() + 0.15\n"
+        "    while time.thread_time() < end: pass\n"
+        "    time.sleep(30)\n"
+        "threading.Thread(target=burn, daemon=True).start(); burn()\n"
+    )
+    child = subprocess.Popen([sys.executable, "-c", spin], start_new_session=True)
+    try:
+        deadline = time.monotonic() + 20
+        while group_cpu_ns(child.pid) < 300_000_000 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        used = group_cpu_ns(child.pid)
+        assert 300_000_000 <= used < 600_000_000  # both threads' 0.15 s, plus the interpreter's start
+        time.sleep(0.1)
+        assert group_cpu_ns(child.pid) - used < 5_000_000  # asleep: the reading holds still
+    finally:
+        child.kill()
+        child.wait()
+    assert group_cpu_ns(child.pid) == 0
