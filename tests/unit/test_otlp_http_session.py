@@ -6,73 +6,20 @@ connection, and requests' own session wherever the environment's proxy or `.netr
 from __future__ import annotations
 
 import socket
-import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 import requests
+from benches.raw_http import OK, RawHttpServer
 
 from sie_sidecar.otel.http_session import LightSession, default_ca_bundle, light_session
 
-OK = b"HTTP/1.1 200 OK\r\nContent-Type: application/x-protobuf\r\nContent-Length: 2\r\n\r\nok"
-
-
-class RawServer:
-    """Accepts connections one at a time; `answer(request)` gives each request's raw response
-    (None: close without one). Records every request and how many connections it saw."""
-
-    def __init__(self, answer: Callable[[bytes], bytes | None]) -> None:
-        self._answer = answer
-        self._listener = socket.create_server(("127.0.0.1", 0))
-        self.port = self._listener.getsockname()[1]
-        self.requests: list[bytes] = []
-        self.connections = 0
-        threading.Thread(target=self._serve, daemon=True).start()
-
-    def _serve(self) -> None:
-        while True:
-            try:
-                conn, _ = self._listener.accept()
-            except OSError:
-                return
-            self.connections += 1
-            with conn:
-                buffered = b""
-                while True:
-                    while b"\r\n\r\n" not in buffered:
-                        chunk = conn.recv(65536)
-                        if not chunk:
-                            break
-                        buffered += chunk
-                    if b"\r\n\r\n" not in buffered:
-                        break
-                    head, _, rest = buffered.partition(b"\r\n\r\n")
-                    length = next(
-                        (
-                            int(line.split(b":")[1])
-                            for line in head.split(b"\r\n")
-                            if line.lower().startswith(b"content-length")
-                        ),
-                        0,
-                    )
-                    while len(rest) < length:
-                        rest += conn.recv(65536)
-                    self.requests.append(head + b"\r\n\r\n" + rest[:length])
-                    buffered = rest[length:]
-                    reply = self._answer(head)
-                    if reply is None:
-                        break
-                    conn.sendall(reply)
-
-    def close(self) -> None:
-        self._listener.close()
-
 
 @contextmanager
-def raw_server(answer: Callable[[bytes], bytes | None]) -> Iterator[RawServer]:
-    server = RawServer(answer)
+def raw_server(answer: Callable[[bytes], bytes | None]) -> Iterator[RawHttpServer]:
+    server = RawHttpServer(answer)
     try:
         yield server
     finally:
