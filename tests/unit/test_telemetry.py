@@ -108,7 +108,6 @@ _ops = st.lists(
         st.tuples(st.just("record"), finite),
         st.tuples(st.just("record_n"), finite, st.integers(-2, 5)),
         st.tuples(st.just("record_many"), st.lists(finite, max_size=70)),
-        st.tuples(st.just("record_since"), finite, st.lists(finite, max_size=70)),
     ),
     max_size=12,
 )
@@ -122,19 +121,10 @@ def test_the_compiled_histogram_and_its_twin_agree(ops: list[tuple[Any, ...]], b
     native, twin = Histogram("h", (("k", "v"),), bounds), PyHistogram("h", (("k", "v"),), bounds)
     assert not isinstance(native, PyHistogram)  # the compiled one
     for op, *args in ops:
-        assert getattr(native, op)(*args) == getattr(twin, op)(*args)  # record_since: the longest wait
+        assert getattr(native, op)(*args) == getattr(twin, op)(*args)
     assert (native.name, native.attrs, native.kind, native.bounds) == (twin.name, twin.attrs, twin.kind, twin.bounds)
     assert (native.buckets, native.count, native.min, native.max) == (twin.buckets, twin.count, twin.min, twin.max)
     assert native.sum == pytest.approx(twin.sum, rel=1e-9, abs=1e-6)
-
-
-@pytest.mark.parametrize("kind", [Histogram, PyHistogram])
-def test_record_since_returns_the_longest_wait(kind: type[PyHistogram]) -> None:
-    """What the dispatcher takes as its batch's oldest item (`now - longest`), instead of a `min()`."""
-    h = kind("h", (), (1.0, 5.0))
-    assert h.record_since(10.0, [9.5, 3.0, 7.0]) == 7.0
-    assert h.record_since(10.0, []) is None
-    assert h.buckets == [1, 1, 1] and h.count == 3
 
 
 _batch = st.tuples(

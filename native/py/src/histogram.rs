@@ -115,21 +115,6 @@ impl Histogram {
         self.inner.record_many(batch);
         Ok(())
     }
-
-    /// One observation of `now - t` per time `t` (a batch's queue times from its enqueue times);
-    /// returns the longest (its oldest item's), None for no times. The dispatcher takes its oldest
-    /// item from this instead of a `min()` over the times (~40 instructions an item).
-    fn record_since(&mut self, now: f64, times: &Bound<'_, PyAny>) -> PyResult<Option<f64>> {
-        let mut batch = Vec::new();
-        let mut longest: Option<f64> = None;
-        for_each_float(times, |t| {
-            let waited = now - t;
-            longest = Some(longest.map_or(waited, |l| l.max(waited)));
-            batch.push(waited);
-        })?;
-        self.inner.record_many(batch);
-        Ok(longest)
-    }
 }
 
 /// A model lane's per-batch histograms for one operation (sidecar-behaviour §13), recorded in one

@@ -76,13 +76,6 @@ class Histogram:
         self.min = min(self.min, ordered[0])
         self.max = max(self.max, ordered[-1])
 
-    def record_since(self, now: float, times: Iterable[float]) -> float | None:
-        """One observation of `now - t` per time `t`: a batch's queue times from its enqueue times.
-        Returns the longest (its oldest item's), None for no times."""
-        waits = [now - t for t in times]
-        self.record_many(waits)
-        return max(waits) if waits else None
-
 
 class BatchInstruments:
     """A model lane's per-batch histograms for one operation, recorded in one call a batch (the
