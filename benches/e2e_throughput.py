@@ -37,7 +37,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Iterator, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from types import FrameType
@@ -124,19 +124,26 @@ class Processes:
             self.stop(child)
 
 
-def _groups_cpu_s(pgids: set[int]) -> dict[int, float]:
-    """User + system CPU seconds of every live process in each of `pgids` (process groups), in one pass
-    over /proc (~2 ms here): cheap enough to take inside a reply callback."""
-    ticks = os.sysconf("SC_CLK_TCK")
-    totals = dict.fromkeys(pgids, 0)
+def group_stats(pgids: set[int]) -> Iterator[tuple[int, Path, list[str]]]:
+    """(process group, /proc/<pid>, the stat fields after the command) of every live process in
+    `pgids`, in one pass over /proc: fields[2] is the group, [11] and [12] utime and stime in ticks."""
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
             fields = stat.read_text().rpartition(")")[2].split()
         except OSError:
             continue
-        pgid = int(fields[2])  # fields after the command: state, ppid, pgrp, ..., utime (12), stime (13)
-        if pgid in totals:
-            totals[pgid] += int(fields[11]) + int(fields[12])
+        pgid = int(fields[2])
+        if pgid in pgids:
+            yield pgid, stat.parent, fields
+
+
+def _groups_cpu_s(pgids: set[int]) -> dict[int, float]:
+    """User + system CPU seconds of every live process in each of `pgids` (process groups), in one pass
+    over /proc (~2 ms here): cheap enough to take inside a reply callback."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    totals = dict.fromkeys(pgids, 0)
+    for pgid, _, fields in group_stats(pgids):
+        totals[pgid] += int(fields[11]) + int(fields[12])
     return {pgid: total / ticks for pgid, total in totals.items()}
 
 

@@ -43,6 +43,7 @@ from benches.e2e_throughput import (
     ReplyCollector,
     _key_value,
     abba,
+    group_stats,
     precompile_package,
     preload,
     run_with_children,
@@ -58,15 +59,16 @@ from sie_sidecar.tools.loadgen import LoadConfig
 def group_cpu_ns(leader: int) -> int:
     """CPU nanoseconds of every live thread of every process in `leader`'s process group."""
     total = 0
-    for stat in Path("/proc").glob("[0-9]*/stat"):
+    for _, proc, _ in group_stats({leader}):
         try:
-            pgid = int(stat.read_text().rpartition(")")[2].split()[2])
-            if pgid != leader:
-                continue
-            for task in (stat.parent / "task").iterdir():
-                total += int((task / "schedstat").read_text().split()[0])
-        except (OSError, ValueError, IndexError):
+            tasks = list((proc / "task").iterdir())
+        except OSError:  # the process ended meanwhile
             continue
+        for task in tasks:
+            try:
+                total += int((task / "schedstat").read_text().split()[0])
+            except (OSError, ValueError, IndexError):  # the thread ended meanwhile
+                continue
     return total
 
 
