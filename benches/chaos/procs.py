@@ -116,6 +116,14 @@ class Proc:
         self.kill()  # stragglers of the group, and the leader if it ignored SIGTERM
         return self.returncode
 
+    def this_start_log(self) -> str:
+        """What the process wrote since its latest start (the text after the last start marker)."""
+        try:
+            text = self.log.read_text(errors="replace")
+        except OSError:
+            return ""
+        return text.rpartition(f"===== start {self.starts} at ")[2] if self.starts else ""
+
     def tail(self, lines: int = 20) -> str:
         try:
             return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
