@@ -25,6 +25,9 @@ from .config_service import running_config_service
 from .conftest import NatsServer
 from .stack import MODEL, Stack, running_stack, work_item
 
+#: A second model the backend serves: its group never holds the pinned items of MODEL.
+OTHER_MODEL = "org/other-model"
+
 pytestmark = pytest.mark.timeout(90)
 
 SUBJECT = "sie.config.models.default"
@@ -199,8 +202,13 @@ async def test_unsupported_models_are_committed_with_the_hash_and_reach_health(
 async def test_quarantined_work_waits_until_reconciliation_succeeds(nats_server: NatsServer, tmp_path: Path) -> None:
     """A write the backend answers with another hash leaves the old hash advertised: work pinned to
     the new hash is NAKed and never executed, until the reconciler's export makes backend and control
-    plane agree; then every pinned item is answered exactly once, stamped with the hash it ran under."""
-    adapter = NullAdapter(dim=8, preloaded_models=[MODEL])
+    plane agree; then every pinned item is answered exactly once, stamped with the hash it ran under.
+    Legacy work is served meanwhile: before the pinned items arrive, and beside them for another model.
+
+    Not beside them for the same model: the group pre-check NAKs a model's whole group when any hash
+    is refused (§4.2), so a legacy item fetched with pinned ones goes back with them, at the same
+    delay, and may meet them again (a fetch that took all six at once, under load, failed this test)."""
+    adapter = NullAdapter(dim=8, preloaded_models=[MODEL, OTHER_MODEL])
     async with running_config_service() as service:
         service.write("org/a", "sie_id: org/a")  # epoch 1: the backend never hears of it
         service.fail_status = 503  # the reconciler cannot repair anything yet
@@ -214,9 +222,11 @@ async def test_quarantined_work_waits_until_reconciliation_succeeds(nats_server:
             new_hash = service.bundle_hash()
             assert await notify(stack, service.notification(MODEL)) == "hash_mismatch"
             assert adapter.configs.bundle_config_hash != new_hash
-            ids = [await stack.publish(work_item(text=f"pinned {n}", bundle_config_hash=new_hash)) for n in range(5)]
             legacy = await stack.publish(work_item(text="legacy"))
             await stack.wait_for(lambda: len(stack.results_for(legacy)) == 1)
+            ids = [await stack.publish(work_item(text=f"pinned {n}", bundle_config_hash=new_hash)) for n in range(5)]
+            other = await stack.publish(work_item(model=OTHER_MODEL, text="legacy, another model"))
+            await stack.wait_for(lambda: len(stack.results_for(other)) == 1)
             await asyncio.sleep(1.0)  # several NAK rounds (0.2 s here)
             assert all(not stack.results_for(i) for i in ids)
             assert adapter.items_on_wrong_hash == 0
