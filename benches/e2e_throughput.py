@@ -87,6 +87,30 @@ class Child:
     killed: bool = False
 
 
+#: `pin_sidecar`: the CPUs of the sidecar (the child named "sidecar") and of every other process.
+_PINNED: dict[str, frozenset[int]] = {}
+
+
+def pin_sidecar() -> tuple[frozenset[int], frozenset[int]]:
+    """Give the sidecar the last CPU to itself and everything else (nats-server, the backend, the
+    OTLP sink, this process) the others, for children started from now on: its CPU per item then
+    does not move with how the four processes happen to share the cores (a pod's sidecar has its
+    own CPU limit too). Returns (the sidecar's CPUs, the others')."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        raise SystemExit("--pin needs at least two CPUs")
+    sidecar, rest = frozenset(cpus[-1:]), frozenset(cpus[:-1])
+    _PINNED.update(sidecar=sidecar, rest=rest)
+    os.sched_setaffinity(0, rest)
+    return sidecar, rest
+
+
+def _affinity(name: str) -> frozenset[int] | None:
+    if not _PINNED:
+        return None
+    return _PINNED["sidecar"] if name == "sidecar" else _PINNED["rest"]
+
+
 class Processes:
     """Children in their own process groups; stopped newest first with SIGTERM, then SIGKILL, always."""
 
@@ -94,10 +118,23 @@ class Processes:
         self.children: list[Child] = []
 
     def start(self, name: str, argv: list[str], env: dict[str, str], log: Path) -> Child:
-        with log.open("wb") as out:
-            proc = subprocess.Popen(
-                argv, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
-            )
+        cpus = _affinity(name)
+        mine = os.sched_getaffinity(0)
+        if cpus is not None:  # a child inherits its parent thread's CPU set, and every thread it starts its own
+            os.sched_setaffinity(0, cpus)
+        try:
+            with log.open("wb") as out:
+                proc = subprocess.Popen(
+                    argv,
+                    env=env,
+                    stdin=subprocess.DEVNULL,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
+        finally:
+            if cpus is not None:
+                os.sched_setaffinity(0, mine)
         child = Child(name, proc, log)
         self.children.append(child)
         return child

@@ -30,6 +30,7 @@ from benches.e2e_throughput import (
     _key_value,
     _median,
     abba,
+    pin_sidecar,
     precompile_package,
     relative_cpu,
     run_with_children,
@@ -114,6 +115,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--items", type=int, default=50_000, help="preloaded encode items per run (default 50000)")
     parser.add_argument("--rounds", type=int, default=3, help="rounds of {A, B} runs, ABBA (default 3)")
     parser.add_argument("--work", choices=("gateway", "loadgen"), default="gateway", help="WorkItems' shape")
+    parser.add_argument(
+        "--pin", action="store_true", help="the sidecar alone on the last CPU, every other process on the rest"
+    )
     parser.add_argument("--a", metavar="KEY=VALUE", type=_key_value, action="append", default=[], help="A's env")
     parser.add_argument("--b", metavar="KEY=VALUE", type=_key_value, action="append", default=[], help="B's env")
     parser.add_argument("--phase-timeout-s", type=float, default=120.0, help="give up on a run after this long")
@@ -135,6 +139,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.pin:
+        sidecar, rest = pin_sidecar()
+        print(f"pinned: the sidecar on CPU {sorted(sidecar)}, every other process on {sorted(rest)}", flush=True)
     result = run_with_children(lambda procs: run_ab(args, procs), args.json)
     return 0 if not result["problems"] else 1
 

@@ -4,6 +4,7 @@ sink that decodes between runs (a real sink process, real HTTP)."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -11,6 +12,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from benches import e2e_throughput as e2e
 from benches.e2e_throughput import REFERENCE, ThroughputRun, relative_cpu
 from benches.metrics_overhead import _spread, sink_stats
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
@@ -142,3 +144,25 @@ def test_the_paired_bench_reads_a_process_group_s_cpu_in_nanoseconds_over_all_it
         child.kill()
         child.wait()
     assert group_cpu_ns(child.pid) == 0
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="pinning needs two CPUs")
+def test_pinning_gives_the_sidecar_the_last_cpu_and_every_other_process_the_rest(tmp_path: Path) -> None:
+    mine = os.sched_getaffinity(0)
+    procs = e2e.Processes()
+    # A thread the child starts: every thread of the sidecar (its export threads) runs on its CPU.
+    code = "import os, threading; threading.Thread(target=lambda: print(sorted(os.sched_getaffinity(0)))).start()"
+    try:
+        sidecar, rest = e2e.pin_sidecar()
+        assert sidecar == {max(mine)}
+        assert rest == mine - sidecar
+        assert os.sched_getaffinity(0) == rest  # the bench itself is one of the others
+        for name in ("sidecar", "nats-server"):
+            child = procs.start(name, [sys.executable, "-c", code], dict(os.environ), tmp_path / f"{name}.log")
+            assert child.proc.wait(timeout=30) == 0
+        assert (tmp_path / "sidecar.log").read_text().strip() == str(sorted(sidecar))
+        assert (tmp_path / "nats-server.log").read_text().strip() == str(sorted(rest))
+    finally:
+        e2e._PINNED.clear()
+        os.sched_setaffinity(0, mine)
+        procs.stop_all()
