@@ -266,6 +266,23 @@ mod tests {
     }
 
     #[test]
+    fn dots_are_counted_as_a_byte_walk_counts_them() {
+        let mut seed = 11u64;
+        for len in 0..40 {
+            for _ in 0..50 {
+                let bytes: Vec<u8> = (0..len)
+                    .map(|_| {
+                        seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                        [b'.', b'1', b'a', 0, 0xae, b'$'][(seed >> 33) as usize % 6]
+                    })
+                    .collect();
+                let want = bytes.iter().filter(|&&b| b == b'.').count();
+                assert_eq!(count_dots(&bytes), want, "{bytes:?}");
+            }
+        }
+    }
+
+    #[test]
     fn the_dot_mask_marks_exactly_the_dots() {
         for b in 0..=255u8 {
             for at in 0..8 {
