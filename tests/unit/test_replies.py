@@ -307,7 +307,18 @@ def test_a_response_framed_in_place_matches_decode_then_frame(batch: Any, acks: 
 
 
 @pytest.mark.parametrize(
-    "case", ["nak_retry", "f16", "raw_output", "bytes_as_array", "truncated", "missing_outcomes", "other_item"]
+    "case",
+    [
+        "nak_retry",
+        "f16",
+        "raw_output",
+        "bytes_as_array",
+        "truncated",
+        "missing_outcomes",
+        "other_item",
+        "bad_utf8_key_in_an_outcome",
+        "bad_utf8_key_in_the_response",
+    ],
 )
 def test_a_response_the_general_path_must_decide_is_not_framed_in_place(impl: ModuleType, case: str) -> None:
     ds = [D(work_item(0)), D(work_item(1))]
@@ -323,17 +334,35 @@ def test_a_response_the_general_path_must_decide_is_not_framed_in_place(impl: Mo
         maps[0] = maps[0] | {"result_msgpack": [0x81, 0xA1, 0x78, 0x01]}
     elif case == "other_item":
         maps[1] = success(7)
+    elif case == "bad_utf8_key_in_an_outcome":
+        maps[1] = maps[1] | {"zzzz": 1}
+    elif case == "bad_utf8_key_in_the_response":
+        extra["zzzz"] = 1
     raw = _response(maps, **extra)
+    if case.startswith("bad_utf8_key"):  # an unknown key the framer skips, but not valid UTF-8
+        raw = raw.replace(b"\xa4zzzz", b"\xa4\xff\xfe\xfd\xfc")
     if case == "truncated":
         raw = raw[:-3]
     elif case == "missing_outcomes":
         raw = msgpack.packb({"batched_f16_multivectors": []})
     args = {"worker_id": "w-1", "current_hash": None, "now": NOW, "max_payload": MAX_PAYLOAD}
     got = impl.frame_batch_response(raw, ds, **args)
-    if case == "bytes_as_array" and impl is load_impl("py"):
-        assert got is not None  # the twin decodes first: an array of byte values is a valid form
+    if case in ("bytes_as_array", "bad_utf8_key_in_the_response") and impl is load_impl("py"):
+        # The twin decodes first: an array of byte values is a valid form, and the decoder
+        # ignores an unknown top-level key whatever its bytes (the compiled framer leaves it to it).
+        assert got is not None
         return
     assert got is None
+
+
+def test_unknown_keys_are_skipped_where_the_response_is_framed_in_place(impl: ModuleType) -> None:
+    ds = [D(work_item(0)), D(work_item(1))]
+    maps = [success(0) | {"newer_field": {"a": [1, "é"]}}, success(1)]
+    args = {"worker_id": "w-1", "current_hash": None, "now": NOW, "max_payload": MAX_PAYLOAD}
+    got = impl.frame_batch_response(_response(maps, newer_top_level="x"), ds, **args)
+    plain = impl.frame_batch_response(_response([success(0), success(1)]), ds, **args)
+    assert got is not None and plain is not None
+    assert got.replies.buffer == plain.replies.buffer
 
 
 @given(batch=batches(), acks=st.booleans(), reply=st.sampled_from(["_INBOX.c.7", "_INBOX.confirm.123456"]))

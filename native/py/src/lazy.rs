@@ -17,6 +17,7 @@ use pyo3::types::{PyBytes, PyList, PyString, PyType};
 
 use sie_core::msgpack::{Reader, Token, MAX_DEPTH};
 
+use crate::text::{text, valid_utf8};
 use crate::workitem::{decode_work_item, json_shape_violation, SPAN_COUNT};
 
 /// The str fields kept as spans, by index.
@@ -55,7 +56,7 @@ impl Parsed {
         let (off, len) = self.strs[field];
         let bytes = &data[off as usize..(off + len) as usize];
         // `parse` checked every str field it recorded with from_utf8; an empty span is "".
-        std::str::from_utf8(bytes).unwrap_or("")
+        text(bytes).unwrap_or("")
     }
 
     /// The operation of a plain item (encode or score, no options, no offloaded payload).
@@ -142,7 +143,7 @@ fn walk(r: &mut Reader<'_>, depth: usize) -> Option<()> {
     }
     match r.next_token().ok()? {
         Token::Str(s) => {
-            std::str::from_utf8(s).ok()?;
+            valid_utf8(s).then_some(())?;
         }
         Token::Ext(..) => return None,
         Token::Array(n) => {
@@ -189,14 +190,14 @@ pub fn parse(bytes: &[u8]) -> Option<Parsed> {
             return None; // a non-str key: the decoder converts (or refuses) it
         };
         let Some((field, bit)) = field_of(key) else {
-            std::str::from_utf8(key).ok()?;
+            valid_utf8(key).then_some(())?;
             walk(&mut r, 0)?;
             continue;
         };
         let start = r.position();
         let token = r.next_token().ok()?;
         let str_at = |p: &mut Parsed, slot: usize, s: &[u8]| -> Option<()> {
-            std::str::from_utf8(s).ok()?;
+            valid_utf8(s).then_some(())?;
             if slot != usize::MAX {
                 p.strs[slot] = (offset_in(bytes, s), s.len() as u32);
             }
@@ -509,7 +510,7 @@ impl LazyDelivery {
         let buffer = self.buffer.bind(py);
         let (off, len) = origin.reply;
         let bytes: &[u8] = buffer.as_bytes();
-        let reply = std::str::from_utf8(&bytes[off as usize..(off + len) as usize]).unwrap_or("");
+        let reply = text(&bytes[off as usize..(off + len) as usize]).unwrap_or("");
         let cls = origin.msg_cls.bind(py);
         let msg = cls.call_method1("__new__", (cls,))?;
         let dict = msg.getattr("__dict__")?;

@@ -26,6 +26,7 @@ mod results;
 mod run_batch;
 mod settle;
 mod slots;
+mod text;
 mod tracing;
 mod workitem;
 

@@ -17,6 +17,7 @@ use sie_core::results::{encode_work_result, Units, WorkResultRef, UNIT_KEYS};
 use crate::buffers::with_bytes;
 use crate::envelopes::{unit_counts, ItemOutcome};
 use crate::lazy::{self, InPlace, LazyDelivery};
+use crate::text::{text, valid_utf8};
 
 /// `units` of an outcome as the optional counts of the WorkResult (a key absent from the dict: None).
 pub fn read_units(units: Option<&Bound<'_, PyDict>>) -> PyResult<Option<Units>> {
@@ -158,7 +159,7 @@ impl<'py> AckSubject<'py> {
             Self::Str(s) => s.to_str(),
             Self::Span(buffer, start, end) => {
                 let bytes: &[u8] = buffer.as_bytes();
-                std::str::from_utf8(&bytes[*start..*end]).map_err(|_| {
+                text(&bytes[*start..*end]).ok_or_else(|| {
                     pyo3::exceptions::PyValueError::new_err("ACK subject is not UTF-8")
                 })
             }
@@ -551,7 +552,8 @@ fn view_at<'a>(r: &mut Reader<'a>) -> Option<OutcomeView<'a>> {
         has_raw_output: false,
     };
     for _ in 0..n {
-        match utf8_key(r)? {
+        let key = r.read_key().ok()?;
+        match key {
             b"work_item_id" => work_item_id = Some(r.read_str("work_item_id").ok()?),
             b"request_id" => request_id = Some(r.read_str("request_id").ok()?),
             b"item_index" => item_index = Some(r.read_uint("item_index").ok()?),
@@ -588,6 +590,7 @@ fn view_at<'a>(r: &mut Reader<'a>) -> Option<OutcomeView<'a>> {
             }
             b"units" => v.units = unit_counts(r).ok()?,
             _ => {
+                utf8_key(key)?;
                 r.skip_value().ok()?;
             }
         }
@@ -601,11 +604,12 @@ fn view_at<'a>(r: &mut Reader<'a>) -> Option<OutcomeView<'a>> {
     Some(v)
 }
 
-/// A map key that is valid UTF-8 (anything else: the general path decides what it means).
-fn utf8_key<'a>(r: &mut Reader<'a>) -> Option<&'a [u8]> {
-    let key = r.read_key().ok()?;
-    std::str::from_utf8(key).ok()?;
-    Some(key)
+/// `Some` for a key that is valid UTF-8 (anything else: the general path decides what it means).
+/// Only a key matched against no known name is checked: a known name is ASCII, so bytes equal to
+/// it are valid as they are. Checking every key was ~13 UTF-8 validations an item, ~1,300
+/// instructions (docs/benchmarks.md).
+fn utf8_key(key: &[u8]) -> Option<()> {
+    valid_utf8(key).then_some(())
 }
 
 /// The outcomes of a BatchOutcome in place, or `None` when the general path must decide (no
@@ -615,7 +619,8 @@ fn views_of(bytes: &[u8]) -> Option<Vec<OutcomeView<'_>>> {
     let n = r.read_map_len("BatchOutcome").ok()?;
     let mut views = None;
     for _ in 0..n {
-        match utf8_key(&mut r)? {
+        let key = r.read_key().ok()?;
+        match key {
             b"outcomes" => {
                 let Token::Array(count) = r.next_token().ok()? else {
                     return None;
@@ -631,6 +636,7 @@ fn views_of(bytes: &[u8]) -> Option<Vec<OutcomeView<'_>>> {
                 _ => return None,
             },
             _ => {
+                utf8_key(key)?;
                 r.skip_value().ok()?;
             }
         }
