@@ -12,7 +12,8 @@ from cpython.dict cimport PyDict_GetItemWithError
 from cpython.object cimport PyObject
 from cpython.unicode cimport PyUnicode_DecodeUTF8
 from libc.stdlib cimport free, realloc
-from libc.string cimport memcmp
+from libc.stdint cimport uint64_t
+from libc.string cimport memchr, memcmp, memcpy
 
 # The longest control line nats-py accepts (its MAX_CONTROL_LINE_SIZE).
 cdef Py_ssize_t _MAX_CONTROL_LINE = 4096
@@ -32,6 +33,16 @@ cdef inline Py_ssize_t _token_end(const char* s, Py_ssize_t i, Py_ssize_t end) n
     while i < end and not _is_space(s[i]):
         i += 1
     return i
+
+
+cdef inline Py_ssize_t _token_end_no_tabs(const char* s, Py_ssize_t i, Py_ssize_t end) nogil:
+    """`_token_end` in a line known to hold no tab: the next space, found by memchr (a subject and
+    a reply subject are ~130 bytes a message, walked a byte at a time before)."""
+    cdef const char* at
+    if i >= end:
+        return end
+    at = <const char*>memchr(s + i, c' ', end - i)
+    return end if at is NULL else at - s
 
 
 cdef inline long long _parse_uint(const char* s, Py_ssize_t a, Py_ssize_t b) nogil:
@@ -69,10 +80,18 @@ cdef inline void _put_u32(unsigned char* at, Py_ssize_t v) nogil:
 
 
 cdef inline bint _ascii(const char* s, Py_ssize_t n) nogil:
-    cdef Py_ssize_t i
-    for i in range(n):
+    """No byte with its high bit set, eight bytes a step."""
+    cdef Py_ssize_t i = 0
+    cdef uint64_t word
+    while i + 8 <= n:
+        memcpy(&word, s + i, 8)
+        if word & 0x8080808080808080ULL:
+            return False
+        i += 8
+    while i < n:
         if <unsigned char>s[i] >= 0x80:
             return False
+        i += 1
     return True
 
 
@@ -95,6 +114,7 @@ def scan_direct_msgs(bytearray buf not None, dict direct not None, object client
     """
     cdef Py_ssize_t n = PyByteArray_GET_SIZE(buf)
     cdef Py_ssize_t pos = 0, line_end, i, t0, t1, t2, t3, t4, t5, body, frame_end, limit
+    cdef const char* at
     cdef Py_ssize_t count = 0, nbytes = 0
     cdef long long sid, size, run_sid = -1
     cdef const char* s
@@ -122,28 +142,46 @@ def scan_direct_msgs(bytearray buf not None, dict direct not None, object client
             if not (s[pos] == c'M' and s[pos + 1] == c'S' and s[pos + 2] == c'G' and _is_space(s[pos + 3])):
                 break
             limit = min(n, pos + _MAX_CONTROL_LINE)
+            # The line ends at its first CR when an LF follows it (memchr: the line is ~150 bytes,
+            # and walking it a byte at a time, twice, was ~1,800 instructions a message).
             line_end = -1
-            i = pos + 4
-            while i + 1 < limit:
-                if s[i] == c'\r' and s[i + 1] == c'\n':
-                    line_end = i
+            at = <const char*>memchr(s + pos + 4, c'\r', limit - pos - 4)
+            if at is not NULL and at + 1 < s + limit and at[1] == c'\n':
+                line_end = at - s
+            elif at is not NULL and at + 1 < s + limit:
+                # A stray CR: the line, if it is complete, holds it and is nats-py's to refuse.
+                i = at - s
+                while i + 1 < limit:
+                    if s[i] == c'\r' and s[i + 1] == c'\n':
+                        line_end = i
+                        break
+                    i += 1
+                if line_end >= 0:
                     break
-                i += 1
             if line_end < 0:
                 partial = limit == n  # the control line itself is still arriving
                 break
-            i = pos + 4
-            while i < line_end and s[i] != c'\r' and s[i] != c'\n' and s[i] != c'\f' and s[i] != c'\v':
-                i += 1
-            if i < line_end:
-                break  # stray line-breaking whitespace inside the line: nats-py's parser decides
+            # No CR before `line_end` (it is the first); nor LF, FF or VT: nats-py's parser decides.
+            if (
+                memchr(s + pos + 4, c'\n', line_end - pos - 4) is not NULL
+                or memchr(s + pos + 4, c'\f', line_end - pos - 4) is not NULL
+                or memchr(s + pos + 4, c'\v', line_end - pos - 4) is not NULL
+            ):
+                break
             # MSG <subject> <sid> [reply] <size>
             t0 = _skip_space(s, pos + 4, line_end)
-            t1 = _token_end(s, t0, line_end)
-            t2 = _skip_space(s, t1, line_end)
-            t3 = _token_end(s, t2, line_end)
-            t4 = _skip_space(s, t3, line_end)
-            t5 = _token_end(s, t4, line_end)
+            if memchr(s + pos + 4, c'\t', line_end - pos - 4) is NULL:
+                t1 = _token_end_no_tabs(s, t0, line_end)
+                t2 = _skip_space(s, t1, line_end)
+                t3 = _token_end_no_tabs(s, t2, line_end)
+                t4 = _skip_space(s, t3, line_end)
+                t5 = _token_end_no_tabs(s, t4, line_end)
+            else:
+                t1 = _token_end(s, t0, line_end)
+                t2 = _skip_space(s, t1, line_end)
+                t3 = _token_end(s, t2, line_end)
+                t4 = _skip_space(s, t3, line_end)
+                t5 = _token_end(s, t4, line_end)
             i = _skip_space(s, t5, line_end)
             if t1 == t0 or t3 == t2 or t5 == t4:
                 break

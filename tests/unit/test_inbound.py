@@ -71,6 +71,23 @@ def test_a_msg_without_a_reply_subject_is_left_to_nats_py(name: str) -> None:
 
 
 @pytest.mark.parametrize("name", sorted(SCANNERS))
+@pytest.mark.parametrize(
+    "line",
+    [
+        b"MSG _INBOX.a 7 $JS.ACK.x.y 1",
+        b"MSG\t_INBOX.a\t7\t$JS.ACK.x.y\t1",  # tabs separate tokens too, as nats-py reads them
+        b"MSG  _INBOX.a \t 7\t\t$JS.ACK.x.y  1 ",
+        b"MSG _INBOX.a 7 $JS.ACK.x.y\t1",
+    ],
+)
+def test_tokens_are_separated_by_any_run_of_spaces_and_tabs(name: str, line: bytes) -> None:
+    data = line + b"\r\na\r\n"
+    (consumed, count, _, partial, _), msgs = run(SCANNERS[name], data)
+    assert (consumed, count, partial) == (len(data), 1, False)
+    assert msgs == [("_INBOX.a", "$JS.ACK.x.y", b"a", 7)]
+
+
+@pytest.mark.parametrize("name", sorted(SCANNERS))
 def test_each_run_of_one_subscription_is_one_call(name: str) -> None:
     """Consecutive frames of a subscription arrive as one list; a change of subscription starts a run."""
     calls: list[tuple[int, list[bytes]]] = []
@@ -114,6 +131,13 @@ def test_messages_are_nats_msgs_with_their_defaults() -> None:
         (b"MSG _INBOX.a x r 1\r\nx\r\n", False),
         (b"MSG \xff 7 r 1\r\nx\r\n", False),  # a subject that is not UTF-8
         (b"MSG _INBOX.a 7 \xff 1\r\nx\r\n", False),  # a reply subject that is not UTF-8
+        # Line-breaking whitespace inside the control line: nats-py's parser decides.
+        (b"MSG _INBOX.a 7 r\r 1\r\nx\r\n", False),
+        (b"MSG _INBOX.a 7 r\n 1\r\nx\r\n", False),
+        (b"MSG _INBOX.a 7 r\x0c 1\r\nx\r\n", False),
+        (b"MSG _INBOX.a 7 r\x0b 1\r\nx\r\n", False),
+        (b"MSG _INBOX.a 7 r\r 1", True),  # a stray CR, and the line still arriving
+        (b"MSG _INBOX.a 7 r 1\r", True),  # its CR in, its LF not yet
     ],
 )
 def test_nothing_is_consumed_that_is_not_a_complete_direct_frame(name: str, data: bytes, partial: bool) -> None:
