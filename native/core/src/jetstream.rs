@@ -272,7 +272,9 @@ mod tests {
             for _ in 0..50 {
                 let bytes: Vec<u8> = (0..len)
                     .map(|_| {
-                        seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                        seed = seed
+                            .wrapping_mul(6364136223846793005)
+                            .wrapping_add(1442695040888963407);
                         [b'.', b'1', b'a', 0, 0xae, b'$'][(seed >> 33) as usize % 6]
                     })
                     .collect();
