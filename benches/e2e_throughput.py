@@ -105,6 +105,33 @@ def pin_sidecar() -> tuple[frozenset[int], frozenset[int]]:
     return sidecar, rest
 
 
+def add_pin_option(parser: argparse.ArgumentParser) -> None:
+    """`--pin` (`pin_if_asked`), for the benches that compare the sidecar's CPU per item."""
+    parser.add_argument(
+        "--pin", action="store_true", help="the sidecar alone on the last CPU, every other process on the rest"
+    )
+
+
+def pin_if_asked(args: argparse.Namespace) -> None:
+    """`pin_sidecar` when `--pin` was given, saying so."""
+    if args.pin:
+        sidecar, rest = pin_sidecar()
+        print(f"pinned: the sidecar on CPU {sorted(sidecar)}, every other process on {sorted(rest)}", flush=True)
+
+
+def add_ab_env_options(parser: argparse.ArgumentParser) -> None:
+    """`--a`, `--b` (each side's environment) and `--sidecar-env` (both sides'), as KEY=VALUE pairs;
+    `ab_envs` makes them dicts once parsed."""
+    parser.add_argument("--a", metavar="KEY=VALUE", type=_key_value, action="append", default=[], help="A's env")
+    parser.add_argument("--b", metavar="KEY=VALUE", type=_key_value, action="append", default=[], help="B's env")
+    parser.add_argument("--sidecar-env", metavar="KEY=VALUE", type=_key_value, action="append", default=[])
+
+
+def ab_envs(args: argparse.Namespace) -> None:
+    """`add_ab_env_options`' pairs as dicts, in place."""
+    args.a, args.b, args.sidecar_env = dict(args.a), dict(args.b), dict(args.sidecar_env)
+
+
 def _affinity(name: str) -> frozenset[int] | None:
     if not _PINNED:
         return None
@@ -119,8 +146,9 @@ class Processes:
 
     def start(self, name: str, argv: list[str], env: dict[str, str], log: Path) -> Child:
         cpus = _affinity(name)
-        mine = os.sched_getaffinity(0)
+        mine = None
         if cpus is not None:  # a child inherits its parent thread's CPU set, and every thread it starts its own
+            mine = os.sched_getaffinity(0)
             os.sched_setaffinity(0, cpus)
         try:
             with log.open("wb") as out:
@@ -133,7 +161,7 @@ class Processes:
                     start_new_session=True,
                 )
         finally:
-            if cpus is not None:
+            if mine is not None:
                 os.sched_setaffinity(0, mine)
         child = Child(name, proc, log)
         self.children.append(child)

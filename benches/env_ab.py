@@ -27,10 +27,12 @@ from benches.e2e_throughput import (
     Processes,
     ThroughputRun,
     _busy_cpus,
-    _key_value,
     _median,
+    ab_envs,
     abba,
-    pin_sidecar,
+    add_ab_env_options,
+    add_pin_option,
+    pin_if_asked,
     precompile_package,
     relative_cpu,
     run_with_children,
@@ -60,7 +62,7 @@ async def run_ab(args: argparse.Namespace, procs: Processes) -> dict[str, Any]:
     if not args.no_precompile and precompile_package() != 0:
         print("warning: some sie_sidecar modules did not compile", flush=True)
     busy_before = _busy_cpus()
-    envs = {"A": {**args.sidecar_env, **dict(args.a)}, "B": {**args.sidecar_env, **dict(args.b)}}
+    envs = {"A": {**args.sidecar_env, **args.a}, "B": {**args.sidecar_env, **args.b}}
     runs: list[tuple[str, ThroughputRun]] = []
     problems: list[str] = []
     for index, side in enumerate(abba(args.rounds, ("A", "B")), start=1):
@@ -115,11 +117,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--items", type=int, default=50_000, help="preloaded encode items per run (default 50000)")
     parser.add_argument("--rounds", type=int, default=3, help="rounds of {A, B} runs, ABBA (default 3)")
     parser.add_argument("--work", choices=("gateway", "loadgen"), default="gateway", help="WorkItems' shape")
-    parser.add_argument(
-        "--pin", action="store_true", help="the sidecar alone on the last CPU, every other process on the rest"
-    )
-    parser.add_argument("--a", metavar="KEY=VALUE", type=_key_value, action="append", default=[], help="A's env")
-    parser.add_argument("--b", metavar="KEY=VALUE", type=_key_value, action="append", default=[], help="B's env")
+    add_pin_option(parser)
+    add_ab_env_options(parser)
     parser.add_argument("--phase-timeout-s", type=float, default=120.0, help="give up on a run after this long")
     parser.add_argument(
         "--warm-fraction",
@@ -129,19 +128,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--json", metavar="PATH", help="write the raw numbers as JSON to PATH")
     parser.add_argument("--no-precompile", action="store_true", help="leave the bytecode unwritten")
-    parser.add_argument("--sidecar-env", metavar="KEY=VALUE", type=_key_value, action="append", default=[])
     args = parser.parse_args(argv)
     if args.items < 1 or args.rounds < 1:
         parser.error("--items and --rounds must be >= 1")
-    args.sidecar_env = dict(args.sidecar_env)
+    ab_envs(args)
     return args
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    if args.pin:
-        sidecar, rest = pin_sidecar()
-        print(f"pinned: the sidecar on CPU {sorted(sidecar)}, every other process on {sorted(rest)}", flush=True)
+    pin_if_asked(args)
     result = run_with_children(lambda procs: run_ab(args, procs), args.json)
     return 0 if not result["problems"] else 1
 

@@ -42,7 +42,8 @@ from benches.e2e_throughput import (
     _tail,
     _wait_until,
     abba,
-    pin_sidecar,
+    add_pin_option,
+    pin_if_asked,
     precompile_package,
     relative_cpu,
     run_with_children,
@@ -438,9 +439,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--items", type=int, default=50_000, help="preloaded encode items per run (default 50000)")
     parser.add_argument("--rounds", type=int, default=3, help="rounds of {off, on} runs, ABBA (default 3)")
     parser.add_argument("--work", choices=("gateway", "loadgen"), default="gateway", help="WorkItems' shape")
-    parser.add_argument(
-        "--pin", action="store_true", help="the sidecar alone on the last CPU, every other process on the rest"
-    )
+    add_pin_option(parser)
     parser.add_argument("--phase-timeout-s", type=float, default=120.0, help="give up on a run after this long")
     parser.add_argument(
         "--export-interval-ms",
@@ -483,9 +482,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.sink is not None:
         serve_sink(args.sink)
         return 0
-    if args.pin:
-        sidecar, rest = pin_sidecar()
-        print(f"pinned: the sidecar on CPU {sorted(sidecar)}, every other process on {sorted(rest)}", flush=True)
+    pin_if_asked(args)
     result = run_with_children(lambda procs: run_bench(args, procs), args.json)
     return 0 if not result["summary"]["problems"] else 1
 

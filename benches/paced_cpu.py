@@ -33,8 +33,9 @@ if __package__ in (None, ""):  # run as a script: make `benches.*` importable li
 from benches.e2e_throughput import (
     MODEL,
     Processes,
-    _key_value,
+    ab_envs,
     abba,
+    add_ab_env_options,
     run_with_children,
     start_consumer,
     start_environment,
@@ -110,14 +111,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--window-start-s", type=float, default=3.0, help="the window opens this long into the load")
     parser.add_argument("--settle-s", type=float, default=1.5, help="sidecar start to load start")
     parser.add_argument("--rounds", type=int, default=6, help="rounds of {A, B}, ABBA (default 6)")
-    parser.add_argument("--a", metavar="KEY=VALUE", type=_key_value, action="append", default=[], help="A's env")
-    parser.add_argument("--b", metavar="KEY=VALUE", type=_key_value, action="append", default=[], help="B's env")
-    parser.add_argument("--sidecar-env", metavar="KEY=VALUE", type=_key_value, action="append", default=[])
+    add_ab_env_options(parser)
     parser.add_argument("--json", metavar="PATH")
     args = parser.parse_args(argv)
     if args.seconds - 1.0 <= args.window_start_s or args.rate <= 0 or args.rounds < 1:
         parser.error("--seconds must leave a window past --window-start-s; --rate > 0; --rounds >= 1")
-    args.a, args.b, args.sidecar_env = dict(args.a), dict(args.b), dict(args.sidecar_env)
+    ab_envs(args)
     return args
 
 

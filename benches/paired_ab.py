@@ -41,8 +41,9 @@ from benches.e2e_throughput import (
     Environment,
     Processes,
     ReplyCollector,
-    _key_value,
+    ab_envs,
     abba,
+    add_ab_env_options,
     group_stats,
     precompile_package,
     preload,
@@ -217,15 +218,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--items", type=int, default=60_000, help="preloaded WorkItems per side per round")
     parser.add_argument("--rounds", type=int, default=8, help="rounds (the start order alternates ABBA)")
     parser.add_argument("--warm-fraction", type=float, default=0.25, help="the window opens when both have this share")
-    parser.add_argument("--a", metavar="KEY=VALUE", type=_key_value, action="append", default=[], help="A's env")
-    parser.add_argument("--b", metavar="KEY=VALUE", type=_key_value, action="append", default=[], help="B's env")
-    parser.add_argument("--sidecar-env", metavar="KEY=VALUE", type=_key_value, action="append", default=[])
+    add_ab_env_options(parser)
     parser.add_argument("--phase-timeout-s", type=float, default=180.0)
     parser.add_argument("--json", metavar="PATH")
     args = parser.parse_args(argv)
     if not 0 < args.warm_fraction < 1 or args.items < 100 or args.rounds < 1:
         parser.error("--warm-fraction in (0, 1), --items >= 100, --rounds >= 1")
-    args.a, args.b, args.sidecar_env = dict(args.a), dict(args.b), dict(args.sidecar_env)
+    ab_envs(args)
     return args
 
 
