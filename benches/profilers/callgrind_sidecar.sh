@@ -8,7 +8,9 @@
 #   VG_OUT=/tmp/off.4000 python benches/e2e_throughput.py --items 4000 --rounds 1 --half-load-s 0 \
 #       --phase-timeout-s 600 --py-spy benches/profilers/callgrind_sidecar.sh
 #   callgrind_annotate /tmp/off.4000 | head
+# VG_OPTS adds callgrind options, e.g. VG_OPTS=--cache-sim=yes for simulated cache misses per function.
 set -euo pipefail
 while [ "$1" != "--" ]; do shift; done
 shift
-exec valgrind --tool=callgrind --callgrind-out-file="${VG_OUT:-/tmp/sidecar.callgrind}" "$@"
+# shellcheck disable=SC2086 # VG_OPTS is a list of options
+exec valgrind --tool=callgrind ${VG_OPTS:-} --callgrind-out-file="${VG_OUT:-/tmp/sidecar.callgrind}" "$@"

@@ -581,3 +581,45 @@ def test_the_request_body_is_what_json_dumps_writes(expires_s: float) -> None:
         expected = json.dumps({"batch": want, **consumer._request_extra}, separators=(",", ":")).encode()
         assert consumer._request_body(want) == expected
         assert json.loads(consumer._request_body(want))["batch"] == want
+
+
+@pytest.mark.parametrize("direct", [True, False], ids=["direct", "callback"])
+async def test_receive_telemetry_is_recorded_as_deliveries_arrive(nc: Client, direct: bool) -> None:
+    """§13's receive counts and delivery attempts are read when a run arrives (its ACK subjects
+    still in the CPU's caches), before any batch is taken, and reach the registry at export; a
+    redelivery counts as one."""
+    js = nc.jetstream()
+    await ensure_topology(js, SPEC)
+    await _publish(nc, 12)
+    await _wait_stored(js, 12)
+    registry = Registry()
+    first = (("operation", "receive"), ("outcome", "success"), ("reason", "first_delivery"))
+    again = (("operation", "receive"), ("outcome", "success"), ("reason", "redelivery"))
+    consumer = PullConsumer(
+        nc, SPEC.pool_stream, SPEC.pool_durable, batch=16, expires_s=1.0, max_outstanding=16, direct=direct
+    )
+    consumer.telemetry = registry  # before start: the first run may arrive while start() awaits
+    observe_pulls(registry, [consumer])
+
+    def received(reason: tuple[tuple[str, str], ...]) -> float:
+        registry.snapshot()  # the observers run at export
+        return registry.value(NATS_OPERATIONS, reason)
+
+    await consumer.start()
+    try:
+        await _eventually(lambda: _async_true(consumer.stats.messages >= 12))
+        assert received(first) == 12  # nothing taken yet
+        batch = await consumer.next_batch(16, 0)
+        assert len(batch) == 12 and received(first) == 12  # not counted again
+        await batch[0].nak()
+        for msg in batch[1:]:
+            await msg.ack()
+        consumer.settled(len(batch))
+        await _eventually(lambda: _async_true(consumer.stats.messages >= 13))
+        assert received(again) == 1 and received(first) == 12
+        (back,) = await consumer.next_batch(16, 0)
+        assert back.metadata.num_delivered == 2
+        await back.ack()
+        consumer.settled(1)
+    finally:
+        await consumer.stop()

@@ -1,6 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Delivery attempts read from JetStream ACK subjects: the native core and its twin agree, and the
-per-batch recording counts first deliveries and redeliveries (sidecar-behaviour §13)."""
+"""Delivery attempts read from JetStream ACK subjects: the native core and its twin agree, a tally
+takes what its runs read, and the recording counts first deliveries and redeliveries
+(sidecar-behaviour §13)."""
 
 from __future__ import annotations
 
@@ -54,6 +55,22 @@ subjects = st.one_of(
 def test_native_and_twin_agree(replies: list[str | None]) -> None:
     messages = [Msg(r) for r in replies]
     assert _native.delivery_attempts(messages) == _twin.delivery_attempts(messages)
+
+
+@given(st.lists(st.lists(subjects, max_size=8), max_size=5), st.integers(0, 5))
+def test_a_tally_takes_what_its_runs_read_since_the_last_take(runs: list[list[str | None]], take_after: int) -> None:
+    """A consumer tallies each run as it arrives and the export takes the sum: the same counts as
+    reading every delivery at once, native and twin alike, and nothing twice."""
+    for tally in (_native.AttemptTally(), _twin.AttemptTally()):
+        before = [Msg(r) for run in runs[:take_after] for r in run]
+        after = [Msg(r) for run in runs[take_after:] for r in run]
+        for run in runs[:take_after]:
+            tally.add([Msg(r) for r in run])
+        assert tally.take() == _native.delivery_attempts(before)
+        for run in runs[take_after:]:
+            tally.add([Msg(r) for r in run])
+        assert tally.take() == _native.delivery_attempts(after)
+        assert tally.take() == ([], 0)
 
 
 def test_a_batch_records_attempts_and_receive_reasons() -> None:

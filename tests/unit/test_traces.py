@@ -505,6 +505,45 @@ def test_a_span_ends_once_and_nothing_changes_it_after(tracer_cls: Any) -> None:
     assert len(buffer) == 0
 
 
+def test_spans_of_one_model_and_operation_keep_their_attributes_apart(tracer_cls: Any) -> None:
+    """The compiled tracer shares a (model, operation)'s attributes between its spans: setting one
+    of them again on a span changes that span alone, in place."""
+    buffer = SpanBuffer()
+    tracer = tracer_cls(Sampler("always_on"), buffer, lane="l4")
+    first = tracer.start_batch("org/m:fast", "encode", 3, 30)
+    second = tracer.start_batch("org/m:fast", "encode", 4, 40)
+    other = tracer.start_batch("org/m", "score", 5, 50)
+    assert first is not None and second is not None and other is not None
+    first.attribute("model", "renamed")
+    first.attribute("sie.batch.cost", 31)
+    first.event("a custom moment")
+    for span in (first, second, other):
+        span.event("published")
+        span.end()
+    a, b, c = buffer.take()
+    expected_keys = ["lane", "operation", "model", "profile", "sie.batch.size", "sie.batch.cost"]
+    assert [k for k, _ in a.attributes] == expected_keys
+    assert dict(a.attributes) == {
+        "lane": "l4",
+        "operation": "encode",
+        "model": "renamed",
+        "profile": "fast",
+        "sie.batch.size": 3,
+        "sie.batch.cost": 31,
+    }
+    assert dict(b.attributes) == {
+        "lane": "l4",
+        "operation": "encode",
+        "model": "org/m",
+        "profile": "fast",
+        "sie.batch.size": 4,
+        "sie.batch.cost": 40,
+    }
+    assert dict(c.attributes)["operation"] == "score" and dict(c.attributes)["profile"] == "default"
+    assert [name for name, _ in a.events] == ["a custom moment", "published"]
+    assert [name for name, _ in b.events] == ["published"]
+
+
 def _started(cls: Any, items: Any) -> tuple[str, str, tuple[str, ...]]:
     buffer = SpanBuffer()
     span = cls(Sampler("parentbased_always_on"), buffer).start_batch("m", "encode", 9, 9, items)

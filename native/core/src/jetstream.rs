@@ -91,7 +91,11 @@ fn count_dots(bytes: &[u8]) -> usize {
     let mut n = 0usize;
     for chunk in chunks.by_ref() {
         if let Ok(word) = <[u8; 8]>::try_from(chunk) {
-            n += dot_mask(u64::from_le_bytes(word)).count_ones() as usize;
+            // One high bit per dot byte: shifted to the low bits, a multiply sums the eight bytes
+            // into the top one (at most 8, no carry), 3 instructions against a software popcount's
+            // ~12 on the baseline x86-64 target.
+            n += ((dot_mask(u64::from_le_bytes(word)) >> 7).wrapping_mul(0x0101_0101_0101_0101)
+                >> 56) as usize;
         }
     }
     n + chunks.remainder().iter().filter(|&&b| b == b'.').count()
@@ -164,6 +168,14 @@ impl AttemptCounts {
 
     pub fn finish(self) -> (Vec<(u64, u64)>, u64) {
         (self.counts, self.unknown)
+    }
+
+    /// What was counted so far, the counts starting again from zero (the shared part is kept).
+    pub fn take(&mut self) -> (Vec<(u64, u64)>, u64) {
+        (
+            std::mem::take(&mut self.counts),
+            std::mem::replace(&mut self.unknown, 0),
+        )
     }
 }
 
@@ -263,6 +275,21 @@ mod tests {
             counts.add_bytes(subject.map(str::as_bytes));
         }
         assert_eq!(counts.finish(), (vec![(1, 1), (2, 2)], 2));
+    }
+
+    #[test]
+    fn a_take_returns_what_was_counted_since_the_last_and_starts_again() {
+        let mut counts = AttemptCounts::default();
+        counts.add_bytes(Some(b"$JS.ACK.S.c.2.1.1.1.0"));
+        counts.add_bytes(None);
+        assert_eq!(counts.take(), (vec![(2, 1)], 1));
+        assert_eq!(counts.take(), (vec![], 0));
+        // The shared part read before the take still reads the next subjects right.
+        counts.add_bytes(Some(b"$JS.ACK.S.c.3.2.2.1.0"));
+        counts.add_bytes(Some(b"$JS.ACK.S.c.x.2.2.1.0"));
+        counts.add_bytes(Some(b"$JS.ACK.S.c.4.3.3.1.0.extra"));
+        counts.add_bytes(Some(b"$JS.ACK.S.c.3.4.4.1.0"));
+        assert_eq!(counts.take(), (vec![(3, 2)], 2));
     }
 
     #[test]

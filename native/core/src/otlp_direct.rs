@@ -8,6 +8,8 @@
 //! "Tracing built by the compiled core"). Here each length is computed once, bottom up, and the
 //! bytes are written into one buffer.
 
+use std::borrow::Cow;
+
 use crate::otlp::{
     links_of, AnyValue, Event, KeyValue, Link, Span, Status, Value, FLAG_HAS_IS_REMOTE,
     FLAG_IS_REMOTE, STATUS_ERROR,
@@ -22,15 +24,40 @@ pub struct SpanFields<'a> {
     pub kind: i32,
     pub start_time_unix_nano: u64,
     pub end_time_unix_nano: u64,
+    /// The attributes every span of its lane, operation and model shares (kept once, not per span).
     pub attributes: &'a [(String, Value)],
-    pub events: &'a [(String, u64)],
+    /// `sie.batch.size` and `sie.batch.cost`, written as Int attributes after `attributes`.
+    pub batch: Option<(i64, i64)>,
+    /// Attributes set on this span alone, written last.
+    pub more_attributes: &'a [(String, Value)],
+    /// Event names are mostly the fixed ones (`ipc.request`, `published`): borrowed, not allocated.
+    pub events: &'a [(Cow<'static, str>, u64)],
     /// The items' `traceparent` strings (parsed, deduplicated and capped as `links_of` does).
     pub links: &'a [String],
     /// None: status unset; else the ERROR status' message.
     pub error: Option<&'a str>,
 }
 
+/// The attribute keys of `SpanFields::batch`.
+pub const BATCH_SIZE_KEY: &str = "sie.batch.size";
+pub const BATCH_COST_KEY: &str = "sie.batch.cost";
+
 impl SpanFields<'_> {
+    /// Every attribute in its written order: the shared ones, the batch's size and cost, then this
+    /// span's own.
+    pub fn for_each_attribute(&self, mut f: impl FnMut(&str, &Value)) {
+        for (key, value) in self.attributes {
+            f(key, value);
+        }
+        if let Some((size, cost)) = self.batch {
+            f(BATCH_SIZE_KEY, &Value::Int(size));
+            f(BATCH_COST_KEY, &Value::Int(cost));
+        }
+        for (key, value) in self.more_attributes {
+            f(key, value);
+        }
+    }
+
     /// The same span as prost messages, for `otlp::encode_request` (a request mixing these spans
     /// with records of other shapes, and the tests' reference).
     pub fn to_span(&self) -> Span {
@@ -43,22 +70,24 @@ impl SpanFields<'_> {
             kind: self.kind,
             start_time_unix_nano: self.start_time_unix_nano,
             end_time_unix_nano: self.end_time_unix_nano,
-            attributes: self
-                .attributes
-                .iter()
-                .map(|(key, value)| KeyValue {
-                    key: key.clone(),
-                    value: Some(AnyValue {
-                        value: Some(value.clone()),
-                    }),
-                })
-                .collect(),
+            attributes: {
+                let mut kvs = Vec::new();
+                self.for_each_attribute(|key, value| {
+                    kvs.push(KeyValue {
+                        key: key.to_owned(),
+                        value: Some(AnyValue {
+                            value: Some(value.clone()),
+                        }),
+                    });
+                });
+                kvs
+            },
             events: self
                 .events
                 .iter()
                 .map(|(name, at)| Event {
                     time_unix_nano: *at,
-                    name: name.clone(),
+                    name: name.to_string(),
                 })
                 .collect(),
             links,
@@ -245,9 +274,7 @@ fn span_len(span: &SpanFields<'_>, links: &[Link], dropped: u32) -> usize {
         + int_len(6, i64::from(span.kind))
         + fixed64_len(7, span.start_time_unix_nano)
         + fixed64_len(8, span.end_time_unix_nano);
-    for (key, value) in span.attributes {
-        n += delimited_len(9, key_value_len(key, value));
-    }
+    span.for_each_attribute(|key, value| n += delimited_len(9, key_value_len(key, value)));
     for (name, at) in span.events {
         n += delimited_len(11, event_len(name, *at));
     }
@@ -276,9 +303,7 @@ fn put_span(out: &mut Vec<u8>, span: &SpanFields<'_>, links: &[Link], dropped: u
     put_int(out, 6, i64::from(span.kind));
     put_fixed64(out, 7, span.start_time_unix_nano);
     put_fixed64(out, 8, span.end_time_unix_nano);
-    for (key, value) in span.attributes {
-        put_key_value(out, 9, key, value);
-    }
+    span.for_each_attribute(|key, value| put_key_value(out, 9, key, value));
     for (name, at) in span.events {
         put_delimited_header(out, 11, event_len(name, *at));
         put_fixed64(out, 1, *at);
@@ -395,13 +420,13 @@ mod tests {
                         (key, values[(next() as usize) % values.len()].clone())
                     })
                     .collect();
-                let events: Vec<(String, u64)> = (0..next() % 4)
+                let events: Vec<(Cow<'static, str>, u64)> = (0..next() % 4)
                     .map(|i| {
                         (
-                            if i == 1 {
-                                String::new()
-                            } else {
-                                format!("e{i}")
+                            match i {
+                                1 => Cow::Borrowed(""),
+                                2 => Cow::Borrowed("published"),
+                                _ => Cow::Owned(format!("e{i}")),
                             },
                             next() % 3 * next(),
                         )
@@ -410,11 +435,13 @@ mod tests {
                 let links: Vec<String> = (0..next() % 150)
                     .map(|_| contexts[(next() as usize) % contexts.len()].clone())
                     .collect();
-                owned.push((s, attributes, events, links));
+                let split = (next() as usize) % (attributes.len() + 1);
+                let batch = (next() % 2 == 0).then(|| (next() as i64, -((next() % 5) as i64)));
+                owned.push((s, attributes, split, batch, events, links));
             }
             let fields: Vec<SpanFields<'_>> = owned
                 .iter()
-                .map(|(s, attributes, events, links)| SpanFields {
+                .map(|(s, attributes, split, batch, events, links)| SpanFields {
                     trace_id: [(*s as u8) + 1; 16],
                     span_id: [7; 8],
                     parent_span_id: if s % 2 == 0 { None } else { Some([3; 8]) },
@@ -430,7 +457,9 @@ mod tests {
                     } else {
                         u64::MAX - round as u64
                     },
-                    attributes,
+                    attributes: &attributes[..*split],
+                    batch: *batch,
+                    more_attributes: &attributes[*split..],
                     events,
                     links,
                     error: match round % 3 {

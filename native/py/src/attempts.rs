@@ -15,9 +15,46 @@ use crate::lazy::LazyDelivery;
 /// most of this call's ~16 µs per 64-message batch.
 #[pyfunction]
 pub fn delivery_attempts(messages: &Bound<'_, PyAny>) -> PyResult<(Vec<(u64, u64)>, u64)> {
+    let mut counts = AttemptCounts::default();
+    count_into(&mut counts, messages)?;
+    Ok(counts.finish())
+}
+
+/// A pull consumer's delivery attempts, counted as each run of deliveries arrives and taken when
+/// the metrics are exported (`bus.attempts.observe_pulls`).
+///
+/// Why: read when a batch was taken, the ACK subjects had left the CPU's caches (the consumer
+/// buffers up to its outstanding cap), ~4 cache misses an item and the largest single cost of
+/// metrics on; recorded per run into the registry from Python, the calls cost as much again
+/// (docs/benchmarks.md, issue 32's eighth session). Here a run costs one call and nothing else.
+#[pyclass(module = "sie_sidecar._native", name = "AttemptTally")]
+#[derive(Default)]
+pub struct AttemptTally {
+    counts: AttemptCounts,
+}
+
+#[pymethods]
+impl AttemptTally {
+    #[new]
+    fn new() -> Self {
+        Self::default()
+    }
+
+    /// Count `messages`' delivery attempts, as `delivery_attempts` reads them.
+    fn add(&mut self, messages: &Bound<'_, PyAny>) -> PyResult<()> {
+        count_into(&mut self.counts, messages)
+    }
+
+    /// `delivery_attempts`' pair for everything added since the last `take`; the tally starts
+    /// again from zero.
+    fn take(&mut self) -> (Vec<(u64, u64)>, u64) {
+        self.counts.take()
+    }
+}
+
+fn count_into(counts: &mut AttemptCounts, messages: &Bound<'_, PyAny>) -> PyResult<()> {
     let py = messages.py();
     let k_reply = intern!(py, "reply");
-    let mut counts = AttemptCounts::default();
     for m in messages.try_iter()? {
         let m = m?;
         if let Ok(lazy) = m.cast::<LazyDelivery>() {
@@ -36,5 +73,5 @@ pub fn delivery_attempts(messages: &Bound<'_, PyAny>) -> PyResult<(Vec<(u64, u64
             Err(_) => counts.add_bytes(None),
         }
     }
-    Ok(counts.finish())
+    Ok(())
 }

@@ -28,8 +28,8 @@ pub fn config_hashes<'py>(
         let d = d?;
         if let Ok(lazy) = d.cast::<LazyDelivery>() {
             let this = lazy.borrow();
-            if let Some(view) = this.in_place(py) {
-                let hash = view.parsed.str(view.data(), BUNDLE_CONFIG_HASH);
+            if let Some((data, parsed)) = this.in_place_ref(py) {
+                let hash = parsed.str(data, BUNDLE_CONFIG_HASH);
                 if !hash.is_empty() && !in_place.iter().any(|h| h.as_slice() == hash.as_bytes()) {
                     let value = PyString::new(py, hash);
                     in_place.push(hash.as_bytes().to_vec());

@@ -20,9 +20,8 @@ fn fields_of(d: &Bound<'_, PyAny>) -> PyResult<Option<(bool, f64, f64)>> {
     let py = d.py();
     if let Ok(lazy) = d.cast::<LazyDelivery>() {
         let this = lazy.borrow();
-        if let Some(view) = this.in_place(py) {
-            let p = &view.parsed;
-            let generate = p.str(view.data(), OPERATION) == "generate";
+        if let Some((data, p)) = this.in_place_ref(py) {
+            let generate = p.str(data, OPERATION) == "generate";
             return Ok(Some((generate, p.timestamp, p.deadline)));
         }
     }

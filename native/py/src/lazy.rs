@@ -440,6 +440,19 @@ impl LazyDelivery {
         })
     }
 
+    /// `in_place`, borrowed from the delivery: the payload's bytes and its parse, neither copied
+    /// (for a caller that holds the borrow while it reads; `in_place` copies the ~180-byte parse
+    /// and takes a reference to the buffer, per item).
+    pub fn in_place_ref<'a>(&'a self, py: Python<'a>) -> Option<(&'a [u8], &'a Parsed)> {
+        if self.item.is_some() {
+            return None;
+        }
+        let parsed = self.parsed.as_ref()?;
+        let (off, len) = self.payload;
+        let bytes: &'a [u8] = self.buffer.bind(py).as_bytes();
+        Some((&bytes[off as usize..(off + len) as usize], parsed))
+    }
+
     pub fn decoded(&self) -> bool {
         self.item.is_some()
     }
@@ -559,8 +572,8 @@ impl LazyDelivery {
     /// The item's `bundle_config_hash` (the config barrier reads only this).
     #[getter]
     fn bundle_config_hash(&mut self, py: Python<'_>) -> PyResult<Py<PyAny>> {
-        if let Some(view) = self.in_place(py) {
-            let hash = view.parsed.str(view.data(), BUNDLE_CONFIG_HASH);
+        if let Some((data, parsed)) = self.in_place_ref(py) {
+            let hash = parsed.str(data, BUNDLE_CONFIG_HASH);
             return Ok(PyString::new(py, hash).into_any().unbind());
         }
         Ok(self
@@ -571,8 +584,8 @@ impl LazyDelivery {
     }
 
     fn __repr__(&self, py: Python<'_>) -> String {
-        let id = match self.in_place(py) {
-            Some(view) => view.parsed.str(view.data(), WORK_ITEM_ID).to_owned(),
+        let id = match self.in_place_ref(py) {
+            Some((data, parsed)) => parsed.str(data, WORK_ITEM_ID).to_owned(),
             None => "?".to_owned(),
         };
         format!(

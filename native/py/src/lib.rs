@@ -80,7 +80,7 @@ mod _native {
     use crate::intake::intake_batch;
 
     #[pymodule_export]
-    use crate::attempts::delivery_attempts;
+    use crate::attempts::{delivery_attempts, AttemptTally};
 
     #[pymodule_export]
     use crate::lazy::{deliveries_of_run, LazyDelivery};

@@ -395,10 +395,10 @@ pub(crate) fn for_each_traceparent<'py>(
             continue;
         }
         if let Ok(lazy) = obj.cast::<LazyDelivery>() {
-            let mut this = lazy.borrow_mut();
-            if let Some(view) = this.in_place(py) {
-                let (off, len) = view.parsed.spans[TRACEPARENT];
-                let value = &view.data()[off as usize..(off + len) as usize];
+            let this = lazy.borrow();
+            if let Some((data, parsed)) = this.in_place_ref(py) {
+                let (off, len) = parsed.spans[TRACEPARENT];
+                let value = &data[off as usize..(off + len) as usize];
                 // Absent or nil (most items): skipped before the reader, whose refusal would
                 // format an error message (a malloc and a free per item, ~130 instructions).
                 if value.is_empty() || value == [NIL] {
@@ -409,8 +409,8 @@ pub(crate) fn for_each_traceparent<'py>(
                 }
                 continue;
             }
-            let item = this.decode(py)?;
             drop(this);
+            let item = lazy.borrow_mut().decode(py)?;
             let value = item.bind(py).getattr(name.bind(py))?;
             if let Ok(s) = value.cast::<PyString>() {
                 f(s.to_str()?);
@@ -504,11 +504,9 @@ pub fn write_run_batch_body<'py>(
         };
         let p = prepared.as_ref().map(|v| &v[i]).filter(|p| !p.is_none());
         if let Ok(lazy) = obj.cast::<LazyDelivery>() {
-            if let Some(view) = lazy.borrow().in_place(py) {
-                let values = InPayload {
-                    data: view.data(),
-                    parsed: &view.parsed,
-                };
+            let this = lazy.borrow();
+            if let Some((data, parsed)) = this.in_place_ref(py) {
+                let values = InPayload { data, parsed };
                 write_item(&values, &mut out, kind, op, ms, p, trace.as_ref())?;
                 continue;
             }

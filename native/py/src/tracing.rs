@@ -12,9 +12,10 @@
 //! from a per-tracer wyrand generator seeded from the OS (std's `RandomState`), the time and the
 //! pid: a forked child must make its own tracer (the sidecar never forks after start-up).
 
+use std::borrow::Cow;
 use std::collections::hash_map::RandomState;
-use std::fmt::Write as _;
 use std::hash::{BuildHasher, Hasher};
+use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use pyo3::exceptions::PyValueError;
@@ -23,7 +24,7 @@ use pyo3::types::{PyBool, PyFloat, PyString, PyTuple};
 
 use sie_core::otlp::{parse_traceparent, Value, KIND_CONSUMER};
 
-use sie_core::otlp_direct::SpanFields;
+use sie_core::otlp_direct::{SpanFields, BATCH_COST_KEY, BATCH_SIZE_KEY};
 
 use crate::otlp::value_of;
 use crate::run_batch::for_each_traceparent;
@@ -94,15 +95,56 @@ impl Root {
     }
 }
 
-fn hex(value: u128, digits: usize) -> String {
-    let mut s = String::with_capacity(digits);
-    let _ = write!(s, "{value:0digits$x}");
-    s
+const HEX_DIGITS: &[u8; 16] = b"0123456789abcdef";
+
+/// The low `out.len()` hex digits of `value`, lowercase, zero-padded (`core::fmt` took ~3,500
+/// instructions for a traceparent, written once a traced batch).
+fn put_hex(out: &mut [u8], mut value: u128) {
+    for digit in out.iter_mut().rev() {
+        *digit = HEX_DIGITS[(value & 0xf) as usize];
+        value >>= 4;
+    }
 }
 
-fn traceparent(trace_id: u128, span_id: u64, flags: u8) -> String {
-    format!("00-{trace_id:032x}-{span_id:016x}-{flags:02x}")
+fn hex(value: u128, digits: usize) -> String {
+    let mut out = vec![0u8; digits];
+    put_hex(&mut out, value);
+    String::from_utf8(out).unwrap_or_default()
 }
+
+/// `00-{trace_id:032x}-{span_id:016x}-{flags:02x}`, the W3C form.
+fn traceparent_bytes(trace_id: u128, span_id: u64, flags: u8) -> [u8; 55] {
+    let mut out = *b"00-00000000000000000000000000000000-0000000000000000-00";
+    put_hex(&mut out[3..35], trace_id);
+    put_hex(&mut out[36..52], u128::from(span_id));
+    put_hex(&mut out[53..55], u128::from(flags));
+    out
+}
+
+#[cfg(test)]
+fn traceparent(trace_id: u128, span_id: u64, flags: u8) -> String {
+    String::from_utf8(traceparent_bytes(trace_id, span_id, flags).to_vec()).unwrap_or_default()
+}
+
+/// The event names the dispatcher stamps, borrowed instead of allocated per span.
+const KNOWN_EVENTS: [&str; 3] = ["ipc.request", "ipc.response", "published"];
+
+fn event_name(name: &str) -> Cow<'static, str> {
+    KNOWN_EVENTS
+        .iter()
+        .find(|known| **known == name)
+        .map_or_else(
+            || Cow::Owned(name.to_owned()),
+            |known| Cow::Borrowed(*known),
+        )
+}
+
+/// The attributes every span of one (model, operation) shares: lane, operation, model, profile.
+type SharedAttributes = Arc<[(String, Value)]>;
+
+/// At most this many (model, operation) pairs keep their shared attributes; past it each span
+/// builds its own (a sidecar serves a handful of models).
+const MAX_SHARED: usize = 256;
 
 /// The distinct non-empty `traceparent` strings of `items` (the items, or the contexts
 /// themselves), in order.
@@ -137,6 +179,45 @@ pub struct BatchTracer {
     parent_based: bool,
     never: bool,
     ids: Ids,
+    /// (model as given, operation) → the spans' shared attributes, built on first use.
+    shared: Vec<(String, String, SharedAttributes)>,
+}
+
+impl BatchTracer {
+    fn shared_attributes(&mut self, model: &str, operation: &str) -> SharedAttributes {
+        if let Some((_, _, found)) = self
+            .shared
+            .iter()
+            .find(|(m, o, _)| m == model && o == operation)
+        {
+            return Arc::clone(found);
+        }
+        let (base, profile) = match model.split_once(':') {
+            Some((base, profile)) => (
+                base,
+                if profile.is_empty() {
+                    "default"
+                } else {
+                    profile
+                },
+            ),
+            None => (model, "default"),
+        };
+        let attributes: SharedAttributes = Arc::from(vec![
+            ("lane".to_owned(), Value::String(self.lane.clone())),
+            ("operation".to_owned(), Value::String(operation.to_owned())),
+            ("model".to_owned(), Value::String(base.to_owned())),
+            ("profile".to_owned(), Value::String(profile.to_owned())),
+        ]);
+        if self.shared.len() < MAX_SHARED {
+            self.shared.push((
+                model.to_owned(),
+                operation.to_owned(),
+                Arc::clone(&attributes),
+            ));
+        }
+        attributes
+    }
 }
 
 #[pymethods]
@@ -165,6 +246,7 @@ impl BatchTracer {
             parent_based,
             never,
             ids: Ids::seeded(),
+            shared: Vec::new(),
         })
     }
 
@@ -232,33 +314,16 @@ impl BatchTracer {
                 (trace_id, Some(u64::from_be_bytes(span)))
             }
         };
-        let (base, profile) = match model.split_once(':') {
-            Some((base, profile)) => (
-                base,
-                if profile.is_empty() {
-                    "default"
-                } else {
-                    profile
-                },
-            ),
-            None => (model, "default"),
-        };
-        let attributes = vec![
-            ("lane".to_owned(), Value::String(self.lane.clone())),
-            ("operation".to_owned(), Value::String(operation.to_owned())),
-            ("model".to_owned(), Value::String(base.to_owned())),
-            ("profile".to_owned(), Value::String(profile.to_owned())),
-            ("sie.batch.size".to_owned(), Value::Int(size)),
-            ("sie.batch.cost".to_owned(), Value::Int(cost)),
-        ];
         Ok(Some(BatchSpan {
             trace_id,
             span_id: self.ids.span_id(),
             parent_span,
             start_ns: now_ns(),
             end_ns: 0,
-            attributes,
-            events: Vec::new(),
+            shared: self.shared_attributes(model, operation),
+            batch: Some((size, cost)),
+            attributes: Vec::new(),
+            events: Vec::with_capacity(KNOWN_EVENTS.len()),
             links: contexts,
             error: None,
             sink: Some(self.sink.clone_ref(py)),
@@ -277,8 +342,13 @@ pub struct BatchSpan {
     parent_span: Option<u64>,
     start_ns: u64,
     end_ns: u64,
+    /// Lane, operation, model and profile, shared with the other spans of the same pair; then
+    /// the batch's size and cost; then what `attribute` set (`SpanFields`' order). A span holds
+    /// no string of its own unless `attribute` or an unknown event name gives it one.
+    shared: SharedAttributes,
+    batch: Option<(i64, i64)>,
     attributes: Vec<(String, Value)>,
-    events: Vec<(String, u64)>,
+    events: Vec<(Cow<'static, str>, u64)>,
     links: Vec<String>,
     error: Option<String>,
     /// Where the span goes when it ends; None once it has.
@@ -296,7 +366,9 @@ impl BatchSpan {
             kind: KIND_CONSUMER,
             start_time_unix_nano: self.start_ns,
             end_time_unix_nano: self.end_ns,
-            attributes: &self.attributes,
+            attributes: &self.shared,
+            batch: self.batch,
+            more_attributes: &self.attributes,
             events: &self.events,
             links: &self.links,
             error: self.error.as_deref(),
@@ -346,11 +418,19 @@ impl BatchSpan {
 
     #[getter]
     fn attributes<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
-        let pairs = self
-            .attributes
-            .iter()
-            .map(|(k, v)| PyTuple::new(py, [PyString::new(py, k).into_any(), value_to_py(py, v)?]))
-            .collect::<PyResult<Vec<_>>>()?;
+        let mut pairs = Vec::new();
+        let mut failed = None;
+        self.fields().for_each_attribute(|k, v| {
+            match value_to_py(py, v)
+                .and_then(|v| PyTuple::new(py, [PyString::new(py, k).into_any(), v]))
+            {
+                Ok(pair) => pairs.push(pair),
+                Err(e) => failed = failed.take().or(Some(e)),
+            }
+        });
+        if let Some(e) = failed {
+            return Err(e);
+        }
         PyTuple::new(py, pairs)
     }
 
@@ -359,7 +439,7 @@ impl BatchSpan {
         let pairs = self
             .events
             .iter()
-            .map(|(name, at)| (name.as_str(), *at).into_pyobject(py))
+            .map(|(name, at)| (name.as_ref(), *at).into_pyobject(py))
             .collect::<PyResult<Vec<_>>>()?;
         PyTuple::new(py, pairs)
     }
@@ -378,8 +458,11 @@ impl BatchSpan {
 
     /// (traceparent, tracestate) for the backend: this span, sampled; no tracestate.
     #[getter]
-    fn wire_context(&self) -> (String, Option<String>) {
-        (traceparent(self.trace_id, self.span_id, SAMPLED), None)
+    fn wire_context<'py>(&self, py: Python<'py>) -> (Bound<'py, PyString>, Option<String>) {
+        let context = traceparent_bytes(self.trace_id, self.span_id, SAMPLED);
+        // Hex digits and dashes only: ASCII, so the str is made from the bytes as they are.
+        let text = std::str::from_utf8(&context).unwrap_or_default();
+        (PyString::new(py, text), None)
     }
 
     /// Links to these contexts instead (distinct non-empty strings, in order; unparsed).
@@ -389,9 +472,9 @@ impl BatchSpan {
     }
 
     /// A named moment of the batch (`ipc.request`, `published`...), stamped now.
-    fn event(&mut self, name: String) {
+    fn event(&mut self, name: &str) {
         if self.sink.is_some() {
-            self.events.push((name, now_ns()));
+            self.events.push((event_name(name), now_ns()));
         }
     }
 
@@ -400,6 +483,17 @@ impl BatchSpan {
         let value = value_of(value)?;
         if self.sink.is_none() {
             return Ok(());
+        }
+        let shared_key = self.shared.iter().any(|(k, _)| *k == key)
+            || (self.batch.is_some() && (key == BATCH_SIZE_KEY || key == BATCH_COST_KEY));
+        if shared_key {
+            // Set again: this span takes its own copy of every attribute, in order.
+            let mut own: Vec<(String, Value)> = Vec::new();
+            self.fields()
+                .for_each_attribute(|k, v| own.push((k.to_owned(), v.clone())));
+            self.shared = Arc::from(Vec::new());
+            self.batch = None;
+            self.attributes = own;
         }
         match self.attributes.iter_mut().find(|(k, _)| *k == key) {
             Some(pair) => pair.1 = value,
@@ -455,6 +549,40 @@ mod tests {
         assert!(!root.sampled(u128::from(u64::MAX)));
         assert!(Root::Ratio(1 << 64).sampled(u128::MAX));
         assert!(!Root::Ratio(0).sampled(0));
+    }
+
+    #[test]
+    fn hex_digits_match_core_fmt() {
+        let mut ids = Ids(42);
+        for round in 0..2_000u32 {
+            let trace_id = match round {
+                0 => 0,
+                1 => u128::MAX,
+                _ => ids.trace_id() >> (round % 128),
+            };
+            let span_id = ids.next_u64() >> (round % 64);
+            let flags = (round % 256) as u8;
+            assert_eq!(
+                traceparent(trace_id, span_id, flags),
+                format!("00-{trace_id:032x}-{span_id:016x}-{flags:02x}")
+            );
+            assert_eq!(hex(trace_id, 32), format!("{trace_id:032x}"));
+            assert_eq!(hex(u128::from(span_id), 16), format!("{span_id:016x}"));
+        }
+    }
+
+    #[test]
+    fn known_event_names_are_borrowed_and_others_kept() {
+        assert!(matches!(
+            event_name("published"),
+            Cow::Borrowed("published")
+        ));
+        assert!(matches!(
+            event_name("ipc.request"),
+            Cow::Borrowed("ipc.request")
+        ));
+        assert!(matches!(event_name("ipc.requestX"), Cow::Owned(ref s) if s == "ipc.requestX"));
+        assert!(matches!(event_name(""), Cow::Owned(ref s) if s.is_empty()));
     }
 
     #[test]

@@ -14,6 +14,7 @@ __all__ = [
     "PRODUCTION_LIMITS",
     "AdaptiveController",
     "AssembledResponse",
+    "AttemptTally",
     "AudioPrepError",
     "BatchInstruments",
     "BatchOutcome",
@@ -401,6 +402,14 @@ def deliveries_of_run(
     item_cls: type[Any],
 ) -> list[LazyDelivery]: ...
 def delivery_attempts(messages: Iterable[Any]) -> tuple[list[tuple[int, int]], int]: ...
+
+class AttemptTally:
+    """Delivery attempts counted run by run as deliveries arrive, taken at export."""
+
+    def __init__(self) -> None: ...
+    def add(self, messages: Iterable[Any]) -> None: ...
+    def take(self) -> tuple[list[tuple[int, int]], int]: ...
+
 def check_local_items(
     items: Buffer,
     *,

@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Twin of `_native.delivery_attempts`: a pulled batch's JetStream delivery counts, read from each
-message's ACK subject (`reply`), grouped as `(attempt, messages)` ascending, plus how many messages
-had no ACK subject."""
+"""Twins of `_native.delivery_attempts` and `_native.AttemptTally`: JetStream delivery counts, read
+from each message's ACK subject (`reply`), grouped as `(attempt, messages)` ascending, plus how many
+messages had no ACK subject."""
 
 from __future__ import annotations
 
@@ -43,4 +43,22 @@ def delivery_attempts(messages: Iterable[Any]) -> tuple[list[tuple[int, int]], i
     return sorted(counts.items()), unknown
 
 
-__all__ = ["IMPLEMENTATION", "delivered_count", "delivery_attempts"]
+class AttemptTally:
+    """Delivery attempts counted run by run (`add`) and taken at export (`take`)."""
+
+    def __init__(self) -> None:
+        self._counts: Counter[int] = Counter()
+        self._unknown = 0
+
+    def add(self, messages: Iterable[Any]) -> None:
+        counts, unknown = delivery_attempts(messages)
+        self._counts.update(dict(counts))
+        self._unknown += unknown
+
+    def take(self) -> tuple[list[tuple[int, int]], int]:
+        taken = sorted(self._counts.items()), self._unknown
+        self._counts, self._unknown = Counter(), 0
+        return taken
+
+
+__all__ = ["IMPLEMENTATION", "AttemptTally", "delivered_count", "delivery_attempts"]

@@ -1,7 +1,9 @@
 # SPDX-License-Identifier: Apache-2.0
-"""What a pulled batch says about redelivery (sidecar-behaviour §13): `sie.worker.nats.delivery.attempts`
-by `redelivered`, and `sie.worker.nats.operations{operation=receive}` with reason `first_delivery` or
-`redelivery`, recorded once per batch from counts the native core reads out of the ACK subjects."""
+"""What the deliveries say about redelivery (sidecar-behaviour §13): `sie.worker.nats.delivery.attempts`
+by `redelivered`, and `sie.worker.nats.operations{operation=receive}` with reason `first_delivery`,
+`redelivery` or `metadata_unavailable`. A pull consumer counts each run of deliveries as it arrives
+(`AttemptTally`, in the native core: the ACK subjects are still in the CPU's caches then), and the
+counts go into the registry when it is exported (`observe_pulls`): nothing is recorded per batch."""
 
 from __future__ import annotations
 
@@ -14,7 +16,10 @@ from ..wire._switch import load
 if TYPE_CHECKING:
     from .pull import PullConsumer
 
-_delivery_attempts = load("attempts").delivery_attempts
+_attempts = load("attempts")
+_delivery_attempts = _attempts.delivery_attempts
+#: A consumer's tally of delivery attempts (`_native.AttemptTally`, or its twin).
+AttemptTally: Any = _attempts.AttemptTally
 #: Attempts 1 to 20 (the default max_deliver) each get a bucket, then doubling.
 ATTEMPT_BOUNDS: Final = (*(float(n) for n in range(1, 21)), 40.0, 80.0, 160.0)
 _FIRST: Final = (("redelivered", "false"),)
@@ -55,23 +60,24 @@ _instruments: _ReceiveInstruments | None = None
 
 
 def record_receive(registry: Registry, messages: Sequence[Any]) -> None:
-    """One pulled batch: its delivery attempts, and how many were first deliveries or redeliveries."""
+    """Some deliveries: their delivery attempts, and how many were first deliveries or redeliveries."""
+    counts, unknown = _delivery_attempts(messages)
+    record_counts(registry, counts, unknown)
+
+
+def record_counts(registry: Registry, counts: Sequence[tuple[int, int]], unknown: int) -> None:
+    """`delivery_attempts`' pair (or a tally's) into the registry."""
     global _instruments  # noqa: PLW0603  one process-wide cache, replaced when the registry changes
     found = _instruments
     if found is None or found.registry is not registry:
         found = _instruments = _ReceiveInstruments(registry)
-    counts, unknown = _delivery_attempts(messages)
-    if not unknown and len(counts) == 1 and counts[0][0] == 1:  # the usual batch: first deliveries only
-        n = counts[0][1]
-        found.attempts(False).record_n(1.0, n)
-        found.received("first_delivery").add(n)
-        return
-    first = 0
+    first = again = 0
     for attempt, n in counts:
         if attempt <= 1:
             first += n
+        else:
+            again += n
         found.attempts(attempt > 1).record_n(float(attempt), n)
-    again = len(messages) - first - unknown
     for reason, n in (("first_delivery", first), ("redelivery", again), ("metadata_unavailable", unknown)):
         if n:
             found.received(reason).add(n)
@@ -81,12 +87,17 @@ def observe_pulls(registry: Registry, consumers: Sequence[PullConsumer]) -> None
     """`nats.operations{operation=fetch}`: the pull requests the consumers sent (and those that
     failed to send); `{operation=stream, reason=stream_ended}`: pulls the server ended with a status
     other than a plain expiry (409 and the like), after which the pull is rebuilt (§5.1 step 3).
-    Exported from the consumers' own counts instead of recorded twice."""
+    Exported from the consumers' own counts instead of recorded twice. And the delivery attempts
+    and receive counts each consumer tallied since the last export (`record_counts`)."""
     sent = (("operation", "fetch"), ("outcome", "success"), ("reason", "none"))
     failed = (("operation", "fetch"), ("outcome", "error"), ("reason", "transport"))
     ended = (("operation", "stream"), ("outcome", "error"), ("reason", "stream_ended"))
 
     def observe(registry: Registry) -> None:
+        for consumer in consumers:
+            counts, unknown = consumer.take_attempts()
+            if counts or unknown:
+                record_counts(registry, counts, unknown)
         registry.counter(NATS_OPERATIONS, sent).catch_up(sum(c.stats.requests for c in consumers))
         registry.counter(NATS_OPERATIONS, failed).catch_up(sum(c.stats.request_errors for c in consumers))
         registry.counter(NATS_OPERATIONS, ended).catch_up(
@@ -96,4 +107,4 @@ def observe_pulls(registry: Registry, consumers: Sequence[PullConsumer]) -> None
     registry.observe(observe)
 
 
-__all__ = ["ATTEMPT_BOUNDS", "observe_pulls", "record_receive"]
+__all__ = ["ATTEMPT_BOUNDS", "AttemptTally", "observe_pulls", "record_counts", "record_receive"]

@@ -39,7 +39,7 @@ from nats.js import api as js_api
 
 from ..logs import Throttled
 from ..telemetry import Registry
-from .attempts import record_receive
+from .attempts import AttemptTally
 from .direct import DirectQueue as _DirectQueue
 from .direct import direct_delivery_supported
 from .inbound import FastInbound
@@ -109,7 +109,7 @@ class PullConsumer:
             # The server answers 400 "heartbeat value too large" above half the expiry.
             raise ValueError("heartbeat_s must be in (0, expires_s / 2]")
         self._nc = nc
-        #: Buffered messages that wake `_next_batch`: 1, or while it coalesces, what fills its batch.
+        #: Buffered messages that wake `next_batch`: 1, or while it coalesces, what fills its batch.
         self._wake_at = 1
         #: The connection's framed writer: pull requests go straight to the socket through it while
         #: nothing is queued (no flusher wake-up per request); None: `nc.publish`.
@@ -156,10 +156,16 @@ class PullConsumer:
         self._seen_reconnects = 0
         self._status_streak = 0
         self.stats = PullStats()
-        #: Where each pulled batch's delivery attempts are recorded (§13); None: not (metrics off).
+        #: Set (metrics on): each received run's delivery attempts are tallied, for `take_attempts` (§13).
         self.telemetry: Registry | None = None
+        self._attempts = AttemptTally()
 
     # -- public API ---------------------------------------------------------------------------------------
+
+    def take_attempts(self) -> tuple[list[tuple[int, int]], int]:
+        """The delivery attempts tallied since the last call (`_native.delivery_attempts`' pair)."""
+        taken: tuple[list[tuple[int, int]], int] = self._attempts.take()
+        return taken
 
     @property
     def unsettled(self) -> int:
@@ -270,15 +276,6 @@ class PullConsumer:
         )
 
     async def next_batch(
-        self, max_messages: int, quantum_s: float, stop_early: Callable[[], bool] | None = None
-    ) -> list[Msg]:
-        """`_next_batch`, and the batch's receive telemetry (§13) when `telemetry` is set."""
-        batch = await self._next_batch(max_messages, quantum_s, stop_early)
-        if self.telemetry is not None and batch:
-            record_receive(self.telemetry, batch)
-        return batch
-
-    async def _next_batch(
         self, max_messages: int, quantum_s: float, stop_early: Callable[[], bool] | None = None
     ) -> list[Msg]:
         """Wait for one message, then coalesce more until `max_messages` or `quantum_s` has passed (§5.1 step 4).
@@ -476,6 +473,10 @@ class PullConsumer:
         self._unsettled += n
         self._high_water = max(self._high_water, self._unsettled)
         self.stats.messages += n
+        if self.telemetry is not None:
+            # Read as the run arrives, while its ACK subjects are still in the CPU's caches (read
+            # when a batch was taken, they came from memory); one native call, nothing else.
+            self._attempts.add(msgs)
         self._buffer.extend(msgs)
         if len(self._buffer) >= self._wake_at:
             self._data.set()

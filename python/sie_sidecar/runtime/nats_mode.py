@@ -395,7 +395,7 @@ def pull_consumers(
 
     def attach_pulls() -> None:
         for consumer in consumers:
-            consumer.telemetry = telemetry  # delivery attempts, per pulled batch (§13)
+            consumer.telemetry = telemetry  # delivery attempts, tallied per run, taken at export (§13)
         observe_pulls(telemetry, consumers)
 
     recording.when_on(attach_pulls)
