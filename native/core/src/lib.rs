@@ -8,6 +8,7 @@
 //! * [`chunks`]: IpcResponseChunkV1 reassembly under a process-wide budget;
 //! * [`results`]: WorkResult encoding and ResultChunkV1 planning and reassembly;
 //! * [`otlp`]: OTLP trace export requests for the batch spans (prost);
+//! * [`otlp_metrics`]: the OTLP metrics export request, written from the registry's points;
 //! * [`outputs`]: result framing (msgpack-numpy sentinels, dense/sparse/multivector/score).
 #![forbid(unsafe_code)]
 
@@ -22,6 +23,7 @@ pub mod local_items;
 pub mod msgpack;
 pub mod otlp;
 pub mod otlp_direct;
+pub mod otlp_metrics;
 pub mod outputs;
 pub mod results;
 

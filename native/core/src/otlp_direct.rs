@@ -104,9 +104,9 @@ impl SpanFields<'_> {
     }
 }
 
-const VARINT: u8 = 0;
-const FIXED64: u8 = 1;
-const LEN: u8 = 2;
+pub(crate) const VARINT: u8 = 0;
+pub(crate) const FIXED64: u8 = 1;
+pub(crate) const LEN: u8 = 2;
 const FIXED32: u8 = 5;
 
 fn varint_len(mut v: u64) -> usize {
@@ -118,7 +118,7 @@ fn varint_len(mut v: u64) -> usize {
     n
 }
 
-fn put_varint(out: &mut Vec<u8>, mut v: u64) {
+pub(crate) fn put_varint(out: &mut Vec<u8>, mut v: u64) {
     while v >= 0x80 {
         out.push((v as u8) | 0x80);
         v >>= 7;
@@ -130,7 +130,7 @@ fn key_len(tag: u32) -> usize {
     varint_len(u64::from(tag) << 3)
 }
 
-fn put_key(out: &mut Vec<u8>, tag: u32, wire: u8) {
+pub(crate) fn put_key(out: &mut Vec<u8>, tag: u32, wire: u8) {
     put_varint(out, (u64::from(tag) << 3) | u64::from(wire));
 }
 
@@ -139,7 +139,7 @@ fn delimited_len(tag: u32, len: usize) -> usize {
     key_len(tag) + varint_len(len as u64) + len
 }
 
-fn put_delimited_header(out: &mut Vec<u8>, tag: u32, len: usize) {
+pub(crate) fn put_delimited_header(out: &mut Vec<u8>, tag: u32, len: usize) {
     put_key(out, tag, LEN);
     put_varint(out, len as u64);
 }

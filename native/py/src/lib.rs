@@ -101,7 +101,7 @@ mod _native {
     use crate::local_items::check_local_items;
 
     #[pymodule_export]
-    use crate::otlp::encode_trace_request;
+    use crate::otlp::{encode_metrics_request, encode_trace_request};
 
     #[pymodule_export]
     use crate::tracing::{BatchSpan, BatchTracer};

@@ -5,7 +5,7 @@
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::intern;
 use pyo3::prelude::*;
-use pyo3::types::{PyBool, PyBytes, PyFloat, PyInt, PyString};
+use pyo3::types::{PyBool, PyBytes, PyDict, PyFloat, PyInt, PyString};
 
 use crate::tracing::BatchSpan;
 use sie_core::otlp::{
@@ -14,6 +14,10 @@ use sie_core::otlp::{
     STATUS_ERROR,
 };
 use sie_core::otlp_direct::encode_spans_request;
+use sie_core::otlp_metrics::{
+    encode_metrics_request as encode_metrics_request_bytes, HistogramPoint, Metric, MetricData,
+    NumberPoint,
+};
 
 fn id<const N: usize>(value: &str, what: &str) -> PyResult<[u8; N]> {
     hex_id::<N>(value).ok_or_else(|| {
@@ -148,5 +152,158 @@ pub fn encode_trace_request<'py>(
         version: scope_version,
     };
     let body = encode_request(resource, scope, spans);
+    Ok(PyBytes::new(py, &body))
+}
+
+/// A point's attributes: a dict of str to str, in its order.
+fn string_attributes(attributes: &Bound<'_, PyAny>) -> PyResult<Vec<(String, String)>> {
+    let dict = attributes.cast::<PyDict>()?;
+    dict.iter()
+        .map(
+            |(k, v)| match (k.cast::<PyString>(), v.cast::<PyString>()) {
+                (Ok(k), Ok(v)) => Ok((k.to_str()?.to_owned(), v.to_str()?.to_owned())),
+                _ => Err(PyTypeError::new_err(
+                    "metric attributes are str keys and str values",
+                )),
+            },
+        )
+        .collect()
+}
+
+type OwnedNumber = (Vec<(String, String)>, u64, u64, f64);
+type OwnedHistogram = (
+    Vec<(String, String)>,
+    u64,
+    u64,
+    u64,
+    f64,
+    Vec<u64>,
+    Vec<f64>,
+    Option<f64>,
+    Option<f64>,
+);
+
+/// A histogram point as Python passes it (its attributes read apart, by `string_attributes`).
+type HistogramTuple<'py> = (
+    Bound<'py, PyAny>,
+    u64,
+    u64,
+    u64,
+    f64,
+    Vec<u64>,
+    Vec<f64>,
+    Option<f64>,
+    Option<f64>,
+);
+
+enum OwnedData {
+    Numbers(Vec<OwnedNumber>),
+    Histograms(Vec<OwnedHistogram>),
+}
+
+fn borrowed(attributes: &[(String, String)]) -> Vec<(&str, &str)> {
+    attributes
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.as_str()))
+        .collect()
+}
+
+/// The metrics export request for `metrics` as `otel.metrics.MetricsBridge.shapes` makes them:
+/// `(name, unit, kind, temporality, points)`, kind `gauge`, `counter` (a monotonic sum) or
+/// `histogram`; a number point `(attributes, start_ns, time_ns, value)`, a histogram point
+/// `(attributes, start_ns, time_ns, count, sum, bucket_counts, bounds, min, max)`; attributes a
+/// dict of str to str. TypeError for anything else (the caller falls back to the SDK's encoder).
+#[pyfunction]
+pub fn encode_metrics_request<'py>(
+    py: Python<'py>,
+    resource: Vec<(String, String)>,
+    scope_name: &str,
+    scope_version: &str,
+    metrics: &Bound<'py, PyAny>,
+) -> PyResult<Bound<'py, PyBytes>> {
+    let mut owned: Vec<(String, String, String, i32, OwnedData)> = Vec::new();
+    for metric in metrics.try_iter()? {
+        let (name, unit, kind, temporality, points): (
+            String,
+            String,
+            String,
+            i32,
+            Bound<'py, PyAny>,
+        ) = metric?.extract()?;
+        let data = if kind == "histogram" {
+            let mut out = Vec::new();
+            for p in points.try_iter()? {
+                let p = p?;
+                let attributes = string_attributes(&p.get_item(0)?)?;
+                let (_, start, time, count, sum, buckets, bounds, min, max): HistogramTuple<'py> =
+                    p.extract()?;
+                out.push((
+                    attributes, start, time, count, sum, buckets, bounds, min, max,
+                ));
+            }
+            OwnedData::Histograms(out)
+        } else if kind == "gauge" || kind == "counter" {
+            let mut out = Vec::new();
+            for p in points.try_iter()? {
+                let p = p?;
+                let attributes = string_attributes(&p.get_item(0)?)?;
+                let (_, start, time, value): (Bound<'py, PyAny>, u64, u64, f64) = p.extract()?;
+                out.push((attributes, start, time, value));
+            }
+            OwnedData::Numbers(out)
+        } else {
+            return Err(PyValueError::new_err(format!(
+                "unknown metric kind {kind:?}"
+            )));
+        };
+        owned.push((name, unit, kind, temporality, data));
+    }
+    let metrics: Vec<Metric<'_>> = owned
+        .iter()
+        .map(|(name, unit, kind, temporality, data)| {
+            let data = match data {
+                OwnedData::Histograms(points) => MetricData::Histogram {
+                    points: points
+                        .iter()
+                        .map(|p| HistogramPoint {
+                            attributes: borrowed(&p.0),
+                            start_time_unix_nano: p.1,
+                            time_unix_nano: p.2,
+                            count: p.3,
+                            sum: p.4,
+                            bucket_counts: p.5.clone(),
+                            explicit_bounds: p.6.clone(),
+                            min: p.7,
+                            max: p.8,
+                        })
+                        .collect(),
+                    temporality: *temporality,
+                },
+                OwnedData::Numbers(points) => {
+                    let points = points
+                        .iter()
+                        .map(|p| NumberPoint {
+                            attributes: borrowed(&p.0),
+                            start_time_unix_nano: p.1,
+                            time_unix_nano: p.2,
+                            value: p.3,
+                        })
+                        .collect();
+                    if kind == "gauge" {
+                        MetricData::Gauge(points)
+                    } else {
+                        MetricData::Sum {
+                            points,
+                            temporality: *temporality,
+                            monotonic: true,
+                        }
+                    }
+                }
+            };
+            Metric { name, unit, data }
+        })
+        .collect();
+    let resource = borrowed(&resource);
+    let body = encode_metrics_request_bytes(&resource, scope_name, scope_version, &metrics);
     Ok(PyBytes::new(py, &body))
 }

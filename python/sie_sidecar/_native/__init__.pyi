@@ -52,6 +52,7 @@ __all__ = [
     "deliveries_of_run",
     "delivery_attempts",
     "encode_frame",
+    "encode_metrics_request",
     "encode_request",
     "encode_response_frames",
     "encode_result_chunk",
@@ -403,6 +404,7 @@ def deliveries_of_run(
 ) -> list[LazyDelivery]: ...
 def delivery_attempts(messages: Iterable[Any]) -> tuple[list[tuple[int, int]], int]: ...
 
+@final
 class AttemptTally:
     """Delivery attempts counted run by run as deliveries arrive, taken at export."""
 
@@ -683,4 +685,7 @@ class BatchSpan:
 
 def encode_trace_request(
     records: Iterable[Any], resource: Sequence[tuple[str, str]], scope_name: str, scope_version: str
+) -> bytes: ...
+def encode_metrics_request(
+    resource: Sequence[tuple[str, str]], scope_name: str, scope_version: str, metrics: Iterable[Any]
 ) -> bytes: ...

@@ -19,7 +19,7 @@ whole: one metric has one temporality). Gauges are gauges in every mode.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Final, cast
+from typing import Any, Final, cast
 
 from opentelemetry.sdk.metrics.export import (
     AggregationTemporality,
@@ -39,6 +39,7 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
 from ..telemetry import INSTRUMENTS, Attrs, Point
+from ..wire.otlp import metrics_request_encoder
 
 #: §13: the unit of every instrument (names not listed there are exported without one).
 UNITS: Final[Mapping[str, str]] = {name: unit for name, (_, unit, _) in INSTRUMENTS.items()}
@@ -46,12 +47,8 @@ UNITS: Final[Mapping[str, str]] = {name: unit for name, (_, unit, _) in INSTRUME
 SCOPE: Final = "sie_sidecar"
 _CUMULATIVE: Final = AggregationTemporality.CUMULATIVE
 _DELTA: Final = AggregationTemporality.DELTA
-
-
-def _bound(value: float | None) -> float:
-    """A histogram's min or max; None (no value recorded, or a delta, whose extremes the registry
-    does not keep) leaves the field unset: the SDK's encoder passes it to protobuf as is."""
-    return cast(float, value)
+#: One metric as `MetricsBridge.shapes` gives it: (name, kind, delta, points).
+Shape = tuple[str, str, bool, list[tuple[Any, ...]]]
 
 
 class MetricsBridge:
@@ -71,10 +68,40 @@ class MetricsBridge:
         self._previous: dict[tuple[str, Attrs], Point] = {}
         self._previous_ns = start_ns
 
+    @property
+    def resource(self) -> Resource:
+        return self._resource
+
+    @property
+    def scope(self) -> InstrumentationScope:
+        return self._scope
+
     def data(self, points: Sequence[Point], now_ns: int) -> MetricsData:
         """One `MetricsData` carrying every point, one metric per instrument name (in the order
         names first appear)."""
-        by_name: dict[str, list[NumberDataPoint | HistogramDataPoint]] = {}
+        return self.data_of(self.shapes(points, now_ns))
+
+    def data_of(self, shapes: Sequence[Shape]) -> MetricsData:
+        """`shapes` as the SDK's `MetricsData`. A histogram's min or max of None (no value recorded,
+        or a delta, whose extremes the registry does not keep) leaves the field unset: the SDK's
+        encoder passes it to protobuf as is."""
+        metrics = []
+        for name, kind, delta, raw in shapes:
+            data_points: list[NumberDataPoint | HistogramDataPoint]
+            if kind == "histogram":
+                data_points = [HistogramDataPoint(*p) for p in raw]
+            else:
+                data_points = [NumberDataPoint(*p) for p in raw]
+            metrics.append(self._metric(name, kind, delta, data_points))
+        scope_metrics = ScopeMetrics(self._scope, metrics, "")
+        return MetricsData([ResourceMetrics(self._resource, [scope_metrics], "")])
+
+    def shapes(self, points: Sequence[Point], now_ns: int) -> list[Shape]:
+        """Every point as the export carries it, one `(name, kind, delta, points)` per instrument
+        name (in the order names first appear); a number point `(attributes, start_ns, time_ns,
+        value)`, a histogram point `(attributes, start_ns, time_ns, count, sum, bucket_counts,
+        bounds, min, max)`. In delta modes this is the export: the previous points are replaced."""
+        by_name: dict[str, list[tuple[Any, ...]]] = {}
         shapes: dict[str, tuple[str, bool]] = {}
         previous = self._previous
         mode = self._temporality
@@ -86,7 +113,7 @@ class MetricsBridge:
             attributes = {"lane": self._lane, **dict(point.attrs)}
             start = self._previous_ns if delta else self._start_ns
             before = previous.get((point.name, point.attrs)) if delta else None
-            data_point: NumberDataPoint | HistogramDataPoint
+            data_point: tuple[Any, ...]
             if point.kind == "histogram":
                 count, total, buckets = point.count, point.value, point.buckets
                 low, high = point.min, point.max
@@ -95,19 +122,36 @@ class MetricsBridge:
                     if before is not None:
                         count, total = count - before.count, total - before.value
                         buckets = tuple(b - a for a, b in zip(before.buckets, buckets, strict=True))
-                data_point = HistogramDataPoint(
-                    attributes, start, now_ns, count, float(total), buckets, point.bounds, _bound(low), _bound(high)
-                )
+                data_point = (attributes, start, now_ns, count, float(total), buckets, point.bounds, low, high)
             else:
                 value = point.value - before.value if before is not None else point.value
-                data_point = NumberDataPoint(attributes, 0 if point.kind == "gauge" else start, now_ns, float(value))
+                data_point = (attributes, 0 if point.kind == "gauge" else start, now_ns, float(value))
             by_name.setdefault(point.name, []).append(data_point)
         if mode != "cumulative":
             self._previous = {(p.name, p.attrs): p for p in points}
             self._previous_ns = now_ns
-        metrics = [self._metric(name, *shapes[name], data_points) for name, data_points in by_name.items()]
-        scope_metrics = ScopeMetrics(self._scope, metrics, "")
-        return MetricsData([ResourceMetrics(self._resource, [scope_metrics], "")])
+        return [(name, *shapes[name], data_points) for name, data_points in by_name.items()]
+
+    def request_of(self, shapes: Sequence[Shape]) -> bytes | None:
+        """The export request's bytes, compiled-encoded: the message the SDK's encoder makes of
+        `data_of(shapes)`. None where it cannot be (the twins, an attribute that is not a str):
+        then `data_of` is the way."""
+        encode = metrics_request_encoder()
+        resource = list(self._resource.attributes.items())
+        if encode is None or not all(isinstance(value, str) for _, value in resource):
+            return None
+        metrics = [
+            (name, UNITS.get(name, ""), kind, int(_DELTA if delta else _CUMULATIVE), raw)
+            for name, kind, delta, raw in shapes
+        ]
+        try:
+            return encode(resource, self._scope.name, self._scope.version or "", metrics)  # type: ignore[arg-type]
+        except (
+            TypeError,
+            ValueError,
+            OverflowError,
+        ):  # e.g. a count that went down: the SDK's encoder refuses and logs
+            return None
 
     @staticmethod
     def _metric(name: str, kind: str, delta: bool, data_points: list[NumberDataPoint | HistogramDataPoint]) -> Metric:
@@ -123,6 +167,14 @@ class MetricsBridge:
         return Metric(name, "", UNITS.get(name, ""), data)
 
 
+class TakesRequests:
+    """A metric exporter that sends an already encoded request (`otel.sdk`'s OTLP/HTTP one):
+    `export_request` returns None where it cannot, and the SDK's encoder is used instead."""
+
+    def export_request(self, body: bytes) -> MetricExportResult | None:
+        raise NotImplementedError
+
+
 class MetricsSender:
     """One bridge and the SDK exporter it feeds: `send` is one export (called in the OTLP thread)."""
 
@@ -131,11 +183,19 @@ class MetricsSender:
         self.exporter = exporter
 
     def send(self, points: Sequence[Point], now_ns: int) -> bool:
-        """Export one snapshot; False when the receiver did not take it (the SDK has logged why)."""
-        return self.exporter.export(self.bridge.data(points, now_ns)) is MetricExportResult.SUCCESS
+        """Export one snapshot; False when the receiver did not take it (the SDK has logged why).
+        An exporter that takes encoded requests (`TakesRequests`) gets the compiled encoding."""
+        shapes = self.bridge.shapes(points, now_ns)
+        if isinstance(self.exporter, TakesRequests):
+            body = self.bridge.request_of(shapes)
+            if body is not None:
+                result = self.exporter.export_request(body)
+                if result is not None:
+                    return result is MetricExportResult.SUCCESS
+        return self.exporter.export(self.bridge.data_of(shapes)) is MetricExportResult.SUCCESS
 
     def shutdown(self) -> None:
         self.exporter.shutdown()
 
 
-__all__ = ["SCOPE", "UNITS", "MetricsBridge", "MetricsSender"]
+__all__ = ["SCOPE", "UNITS", "MetricsBridge", "MetricsSender", "Shape", "TakesRequests"]

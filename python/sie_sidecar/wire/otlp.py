@@ -1,9 +1,11 @@
 # SPDX-License-Identifier: Apache-2.0
-"""OTLP trace export requests for the batch spans, encoded by the compiled core (sie-core `otlp`).
+"""OTLP export requests encoded by the compiled core: the batch spans' (sie-core `otlp`) and the
+registry's metrics (sie-core `otlp_metrics`).
 
-The twin is the OpenTelemetry SDK's own encoder (`otel.span_exporters` falls back to it): with
-`SIE_SIDECAR_NO_EXTENSIONS=1`, or for spans that are not the sidecar's batch spans, the exporters
-encode as the SDK does. Both write the same message (tests/unit/test_otlp_span_encoding.py).
+The twin is the OpenTelemetry SDK's own encoder (`otel.span_exporters` and `otel.metrics` fall
+back to it): with `SIE_SIDECAR_NO_EXTENSIONS=1`, for spans that are not the sidecar's batch spans,
+or for the gRPC metric exporter, the exporters encode as the SDK does. Both write the same message
+(tests/unit/test_otlp_span_encoding.py, tests/unit/test_otlp_metrics_encoding.py).
 """
 
 from __future__ import annotations
@@ -17,6 +19,10 @@ from ._switch import USING_NATIVE
 TraceRequestEncoder = Callable[[Sequence[Any], list[tuple[str, str]], str, str], bytes]
 
 
+#: (resource attributes, scope name, scope version, `MetricsBridge.shapes`) -> the request's bytes.
+MetricsRequestEncoder = Callable[[list[tuple[str, str]], str, str, Sequence[Any]], bytes]
+
+
 def trace_request_encoder() -> TraceRequestEncoder | None:
     """The compiled encoder, or None where this process runs the twins."""
     if not USING_NATIVE:
@@ -26,4 +32,13 @@ def trace_request_encoder() -> TraceRequestEncoder | None:
     return encode_trace_request
 
 
-__all__ = ["TraceRequestEncoder", "trace_request_encoder"]
+def metrics_request_encoder() -> MetricsRequestEncoder | None:
+    """The compiled encoder, or None where this process runs the twins."""
+    if not USING_NATIVE:
+        return None
+    from .._native import encode_metrics_request
+
+    return encode_metrics_request
+
+
+__all__ = ["MetricsRequestEncoder", "TraceRequestEncoder", "metrics_request_encoder", "trace_request_encoder"]
