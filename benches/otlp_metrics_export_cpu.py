@@ -39,6 +39,7 @@ def wait_for_port(port: int, timeout_s: float) -> None:
 
 
 def registry() -> Registry:
+    """42 series as a running sidecar holds them: 20 histograms, 15 counters, 7 gauges."""
     r = Registry()
     for i in range(20):
         attrs = (("operation", "encode"), ("model", f"org/model-{i % 3}"), ("profile", "default"))

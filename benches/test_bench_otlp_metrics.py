@@ -12,24 +12,9 @@ from opentelemetry.exporter.otlp.proto.common._internal.metrics_encoder import e
 from opentelemetry.sdk.resources import Resource
 from pytest_benchmark.fixture import BenchmarkFixture
 
+from benches.otlp_metrics_export_cpu import registry
 from sie_sidecar import wire
 from sie_sidecar.otel.metrics import MetricsBridge
-from sie_sidecar.telemetry import Point, Registry
-from sie_sidecar.telemetry.registry import DURATION_BOUNDS_S
-
-
-def _snapshot() -> list[Point]:
-    r = Registry()
-    for i in range(20):
-        attrs = (("operation", "encode"), ("model", f"org/model-{i % 3}"), ("profile", "default"))
-        h = r.histogram(f"sie.worker.h{i}", attrs, DURATION_BOUNDS_S)
-        for v in range(100):
-            h.record(v * 0.001)
-    for i in range(15):
-        r.counter(f"sie.worker.c{i}", (("outcome", "success"), ("reason", "none"))).add(5)
-    for i in range(7):
-        r.gauge(f"sie.worker.g{i}", ()).set(3)
-    return r.snapshot()
 
 
 @pytest.mark.parametrize("encoder", ["sdk", "compiled"])
@@ -38,7 +23,7 @@ def test_one_metrics_export_encoded(benchmark: BenchmarkFixture, encoder: str) -
         pytest.skip("the compiled encoder")
     benchmark.group = "OTLP metrics: one export of 42 series, snapshot to request bytes"
     bridge = MetricsBridge(Resource({"service.name": "sie-sidecar"}), lane="l4", version="0.1.0", start_ns=1)
-    points = _snapshot()
+    points = registry().snapshot()
 
     def sdk() -> bytes:
         return bytes(encode_metrics(bridge.data(points, 2)).SerializeToString())

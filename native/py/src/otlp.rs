@@ -171,8 +171,10 @@ fn string_attributes(attributes: &Bound<'_, PyAny>) -> PyResult<Vec<(String, Str
 }
 
 type OwnedNumber = (Vec<(String, String)>, u64, u64, f64);
-type OwnedHistogram = (
-    Vec<(String, String)>,
+/// A histogram point's fields: `A` its attributes, then start, time, count, sum, bucket counts,
+/// bounds, min and max.
+type HistogramFields<A> = (
+    A,
     u64,
     u64,
     u64,
@@ -182,19 +184,10 @@ type OwnedHistogram = (
     Option<f64>,
     Option<f64>,
 );
+type OwnedHistogram = HistogramFields<Vec<(String, String)>>;
 
 /// A histogram point as Python passes it (its attributes read apart, by `string_attributes`).
-type HistogramTuple<'py> = (
-    Bound<'py, PyAny>,
-    u64,
-    u64,
-    u64,
-    f64,
-    Vec<u64>,
-    Vec<f64>,
-    Option<f64>,
-    Option<f64>,
-);
+type HistogramTuple<'py> = HistogramFields<Bound<'py, PyAny>>;
 
 enum OwnedData {
     Numbers(Vec<OwnedNumber>),
