@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from sie_sidecar import _native
-from sie_sidecar.bus.attempts import record_receive
+from sie_sidecar.bus.attempts import AttemptTally, record_counts
 from sie_sidecar.telemetry import NATS_DELIVERY_ATTEMPTS, NATS_OPERATIONS, Registry
 from sie_sidecar.wire._switch import twin
 
@@ -71,6 +71,13 @@ def test_a_tally_takes_what_its_runs_read_since_the_last_take(runs: list[list[st
             tally.add([Msg(r) for r in run])
         assert tally.take() == _native.delivery_attempts(after)
         assert tally.take() == ([], 0)
+
+
+def record_receive(registry: Registry, messages: list[Msg]) -> None:
+    """The runtime's path: a consumer's tally takes the run, the export records what it took."""
+    tally = AttemptTally()
+    tally.add(messages)
+    record_counts(registry, *tally.take())
 
 
 def test_a_batch_records_attempts_and_receive_reasons() -> None:

@@ -113,3 +113,10 @@ def test_the_http_exporter_sends_the_compiled_request_and_grpc_the_sdks() -> Non
         http.shutdown()
         grpc.shutdown()
     assert http.export_request(b"") is None  # shut down: the SDK's own path says so and logs
+
+
+def test_a_resource_attribute_that_is_not_a_str_goes_to_the_sdks_encoder() -> None:
+    bridge = MetricsBridge(Resource({"service.name": "s", "pid": 7}), lane="l4", start_ns=1)
+    shapes = bridge.shapes([Point("sie.worker.c", "counter", (), 1.0)], 2_000)
+    assert bridge.request_of(shapes) is None
+    assert encode_metrics(bridge.data_of(shapes)).resource_metrics

@@ -13,8 +13,8 @@ use crate::otlp_direct::{put_delimited_header, put_key, put_varint, FIXED64, LEN
 
 /// One number point: a gauge's (no start time) or a sum's.
 #[derive(Debug, Clone, PartialEq)]
-pub struct NumberPoint<'a> {
-    pub attributes: Vec<(&'a str, &'a str)>,
+pub struct NumberPoint {
+    pub attributes: Vec<(String, String)>,
     pub start_time_unix_nano: u64,
     pub time_unix_nano: u64,
     pub value: f64,
@@ -22,8 +22,8 @@ pub struct NumberPoint<'a> {
 
 /// One explicit-bucket histogram point.
 #[derive(Debug, Clone, PartialEq)]
-pub struct HistogramPoint<'a> {
-    pub attributes: Vec<(&'a str, &'a str)>,
+pub struct HistogramPoint {
+    pub attributes: Vec<(String, String)>,
     pub start_time_unix_nano: u64,
     pub time_unix_nano: u64,
     pub count: u64,
@@ -36,24 +36,24 @@ pub struct HistogramPoint<'a> {
 
 /// A metric's data, as the bridge makes it: counters are monotonic sums.
 #[derive(Debug, Clone, PartialEq)]
-pub enum MetricData<'a> {
-    Gauge(Vec<NumberPoint<'a>>),
+pub enum MetricData {
+    Gauge(Vec<NumberPoint>),
     Sum {
-        points: Vec<NumberPoint<'a>>,
+        points: Vec<NumberPoint>,
         temporality: i32,
         monotonic: bool,
     },
     Histogram {
-        points: Vec<HistogramPoint<'a>>,
+        points: Vec<HistogramPoint>,
         temporality: i32,
     },
 }
 
 #[derive(Debug, Clone, PartialEq)]
-pub struct Metric<'a> {
-    pub name: &'a str,
-    pub unit: &'a str,
-    pub data: MetricData<'a>,
+pub struct Metric {
+    pub name: String,
+    pub unit: String,
+    pub data: MetricData,
 }
 
 fn put_str(out: &mut Vec<u8>, tag: u32, s: &str) {
@@ -114,7 +114,7 @@ fn put_packed_fixed64(out: &mut Vec<u8>, tag: u32, values: impl ExactSizeIterato
     }
 }
 
-fn put_number_point(out: &mut Vec<u8>, point: &NumberPoint<'_>) {
+fn put_number_point(out: &mut Vec<u8>, point: &NumberPoint) {
     put_fixed64(out, 2, point.start_time_unix_nano);
     put_fixed64(out, 3, point.time_unix_nano);
     put_double(out, 4, point.value);
@@ -123,7 +123,7 @@ fn put_number_point(out: &mut Vec<u8>, point: &NumberPoint<'_>) {
     }
 }
 
-fn put_histogram_point(out: &mut Vec<u8>, point: &HistogramPoint<'_>) {
+fn put_histogram_point(out: &mut Vec<u8>, point: &HistogramPoint) {
     put_fixed64(out, 2, point.start_time_unix_nano);
     put_fixed64(out, 3, point.time_unix_nano);
     put_fixed64(out, 4, point.count);
@@ -145,9 +145,9 @@ fn put_histogram_point(out: &mut Vec<u8>, point: &HistogramPoint<'_>) {
     }
 }
 
-fn put_metric(out: &mut Vec<u8>, metric: &Metric<'_>) {
-    put_str(out, 1, metric.name);
-    put_str(out, 3, metric.unit);
+fn put_metric(out: &mut Vec<u8>, metric: &Metric) {
+    put_str(out, 1, &metric.name);
+    put_str(out, 3, &metric.unit);
     match &metric.data {
         MetricData::Gauge(points) => put_message(out, 5, |gauge| {
             for point in points {
@@ -183,10 +183,10 @@ fn put_metric(out: &mut Vec<u8>, metric: &Metric<'_>) {
 /// One `ExportMetricsServiceRequest`: one resource (string attributes, in order), one
 /// instrumentation scope, `metrics` in order.
 pub fn encode_metrics_request(
-    resource: &[(&str, &str)],
+    resource: &[(String, String)],
     scope_name: &str,
     scope_version: &str,
-    metrics: &[Metric<'_>],
+    metrics: &[Metric],
 ) -> Vec<u8> {
     let mut out = Vec::new();
     put_message(&mut out, 1, |resource_metrics| {
@@ -222,11 +222,11 @@ mod tests {
     #[test]
     fn a_sum_point_is_written_field_by_field() {
         let metric = Metric {
-            name: "n",
-            unit: "1",
+            name: "n".to_owned(),
+            unit: "1".to_owned(),
             data: MetricData::Sum {
                 points: vec![NumberPoint {
-                    attributes: vec![("k", "v")],
+                    attributes: vec![("k".to_owned(), "v".to_owned())],
                     start_time_unix_nano: 1,
                     time_unix_nano: 2,
                     value: 0.0,

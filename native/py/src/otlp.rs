@@ -170,11 +170,10 @@ fn string_attributes(attributes: &Bound<'_, PyAny>) -> PyResult<Vec<(String, Str
         .collect()
 }
 
-type OwnedNumber = (Vec<(String, String)>, u64, u64, f64);
-/// A histogram point's fields: `A` its attributes, then start, time, count, sum, bucket counts,
-/// bounds, min and max.
-type HistogramFields<A> = (
-    A,
+/// A histogram point as Python passes it: attributes (read apart, by `string_attributes`), then
+/// start, time, count, sum, bucket counts, bounds, min and max.
+type HistogramTuple<'py> = (
+    Bound<'py, PyAny>,
     u64,
     u64,
     u64,
@@ -184,21 +183,31 @@ type HistogramFields<A> = (
     Option<f64>,
     Option<f64>,
 );
-type OwnedHistogram = HistogramFields<Vec<(String, String)>>;
 
-/// A histogram point as Python passes it (its attributes read apart, by `string_attributes`).
-type HistogramTuple<'py> = HistogramFields<Bound<'py, PyAny>>;
-
-enum OwnedData {
-    Numbers(Vec<OwnedNumber>),
-    Histograms(Vec<OwnedHistogram>),
+fn number_point(p: &Bound<'_, PyAny>) -> PyResult<NumberPoint> {
+    let (attributes, start, time, value): (Bound<'_, PyAny>, u64, u64, f64) = p.extract()?;
+    Ok(NumberPoint {
+        attributes: string_attributes(&attributes)?,
+        start_time_unix_nano: start,
+        time_unix_nano: time,
+        value,
+    })
 }
 
-fn borrowed(attributes: &[(String, String)]) -> Vec<(&str, &str)> {
-    attributes
-        .iter()
-        .map(|(k, v)| (k.as_str(), v.as_str()))
-        .collect()
+fn histogram_point(p: &Bound<'_, PyAny>) -> PyResult<HistogramPoint> {
+    let (attributes, start, time, count, sum, bucket_counts, explicit_bounds, min, max): HistogramTuple<'_> =
+        p.extract()?;
+    Ok(HistogramPoint {
+        attributes: string_attributes(&attributes)?,
+        start_time_unix_nano: start,
+        time_unix_nano: time,
+        count,
+        sum,
+        bucket_counts,
+        explicit_bounds,
+        min,
+        max,
+    })
 }
 
 /// The metrics export request for `metrics` as `otel.metrics.MetricsBridge.shapes` makes them:
@@ -214,7 +223,7 @@ pub fn encode_metrics_request<'py>(
     scope_version: &str,
     metrics: &Bound<'py, PyAny>,
 ) -> PyResult<Bound<'py, PyBytes>> {
-    let mut owned: Vec<(String, String, String, i32, OwnedData)> = Vec::new();
+    let mut out: Vec<Metric> = Vec::new();
     for metric in metrics.try_iter()? {
         let (name, unit, kind, temporality, points): (
             String,
@@ -223,80 +232,37 @@ pub fn encode_metrics_request<'py>(
             i32,
             Bound<'py, PyAny>,
         ) = metric?.extract()?;
-        let data = if kind == "histogram" {
-            let mut out = Vec::new();
-            for p in points.try_iter()? {
-                let p = p?;
-                let attributes = string_attributes(&p.get_item(0)?)?;
-                let (_, start, time, count, sum, buckets, bounds, min, max): HistogramTuple<'py> =
-                    p.extract()?;
-                out.push((
-                    attributes, start, time, count, sum, buckets, bounds, min, max,
-                ));
-            }
-            OwnedData::Histograms(out)
-        } else if kind == "gauge" || kind == "counter" {
-            let mut out = Vec::new();
-            for p in points.try_iter()? {
-                let p = p?;
-                let attributes = string_attributes(&p.get_item(0)?)?;
-                let (_, start, time, value): (Bound<'py, PyAny>, u64, u64, f64) = p.extract()?;
-                out.push((attributes, start, time, value));
-            }
-            OwnedData::Numbers(out)
-        } else {
-            return Err(PyValueError::new_err(format!(
-                "unknown metric kind {kind:?}"
-            )));
-        };
-        owned.push((name, unit, kind, temporality, data));
-    }
-    let metrics: Vec<Metric<'_>> = owned
-        .iter()
-        .map(|(name, unit, kind, temporality, data)| {
-            let data = match data {
-                OwnedData::Histograms(points) => MetricData::Histogram {
-                    points: points
-                        .iter()
-                        .map(|p| HistogramPoint {
-                            attributes: borrowed(&p.0),
-                            start_time_unix_nano: p.1,
-                            time_unix_nano: p.2,
-                            count: p.3,
-                            sum: p.4,
-                            bucket_counts: p.5.clone(),
-                            explicit_bounds: p.6.clone(),
-                            min: p.7,
-                            max: p.8,
-                        })
-                        .collect(),
-                    temporality: *temporality,
-                },
-                OwnedData::Numbers(points) => {
-                    let points = points
-                        .iter()
-                        .map(|p| NumberPoint {
-                            attributes: borrowed(&p.0),
-                            start_time_unix_nano: p.1,
-                            time_unix_nano: p.2,
-                            value: p.3,
-                        })
-                        .collect();
-                    if kind == "gauge" {
-                        MetricData::Gauge(points)
-                    } else {
-                        MetricData::Sum {
-                            points,
-                            temporality: *temporality,
-                            monotonic: true,
-                        }
+        let data = match kind.as_str() {
+            "histogram" => MetricData::Histogram {
+                points: points
+                    .try_iter()?
+                    .map(|p| histogram_point(&p?))
+                    .collect::<PyResult<_>>()?,
+                temporality,
+            },
+            "gauge" | "counter" => {
+                let points = points
+                    .try_iter()?
+                    .map(|p| number_point(&p?))
+                    .collect::<PyResult<_>>()?;
+                if kind == "gauge" {
+                    MetricData::Gauge(points)
+                } else {
+                    MetricData::Sum {
+                        points,
+                        temporality,
+                        monotonic: true,
                     }
                 }
-            };
-            Metric { name, unit, data }
-        })
-        .collect();
-    let resource = borrowed(&resource);
-    let body = encode_metrics_request_bytes(&resource, scope_name, scope_version, &metrics);
+            }
+            _ => {
+                return Err(PyValueError::new_err(format!(
+                    "unknown metric kind {kind:?}"
+                )))
+            }
+        };
+        out.push(Metric { name, unit, data });
+    }
+    let body = encode_metrics_request_bytes(&resource, scope_name, scope_version, &out);
     Ok(PyBytes::new(py, &body))
 }

@@ -28,6 +28,7 @@ use sie_core::otlp_direct::{SpanFields, BATCH_COST_KEY, BATCH_SIZE_KEY};
 
 use crate::otlp::value_of;
 use crate::run_batch::for_each_traceparent;
+use crate::text::text;
 
 /// sidecar-behaviour §5.4: the batch span's name.
 const SPAN_NAME: &str = "sidecar.dispatch";
@@ -356,6 +357,14 @@ pub struct BatchSpan {
 }
 
 impl BatchSpan {
+    /// Every attribute, in `SpanFields`' order, as owned pairs.
+    fn own_attributes(&self) -> Vec<(String, Value)> {
+        let mut own = Vec::new();
+        self.fields()
+            .for_each_attribute(|k, v| own.push((k.to_owned(), v.clone())));
+        own
+    }
+
     /// The span's fields as the direct OTLP writer reads them (`sie_core::otlp_direct`).
     pub fn fields(&self) -> SpanFields<'_> {
         SpanFields {
@@ -418,19 +427,11 @@ impl BatchSpan {
 
     #[getter]
     fn attributes<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
-        let mut pairs = Vec::new();
-        let mut failed = None;
-        self.fields().for_each_attribute(|k, v| {
-            match value_to_py(py, v)
-                .and_then(|v| PyTuple::new(py, [PyString::new(py, k).into_any(), v]))
-            {
-                Ok(pair) => pairs.push(pair),
-                Err(e) => failed = failed.take().or(Some(e)),
-            }
-        });
-        if let Some(e) = failed {
-            return Err(e);
-        }
+        let pairs = self
+            .own_attributes()
+            .iter()
+            .map(|(k, v)| PyTuple::new(py, [PyString::new(py, k).into_any(), value_to_py(py, v)?]))
+            .collect::<PyResult<Vec<_>>>()?;
         PyTuple::new(py, pairs)
     }
 
@@ -460,9 +461,8 @@ impl BatchSpan {
     #[getter]
     fn wire_context<'py>(&self, py: Python<'py>) -> (Bound<'py, PyString>, Option<String>) {
         let context = traceparent_bytes(self.trace_id, self.span_id, SAMPLED);
-        // Hex digits and dashes only: ASCII, so the str is made from the bytes as they are.
-        let text = std::str::from_utf8(&context).unwrap_or_default();
-        (PyString::new(py, text), None)
+        // Hex digits and dashes only: ASCII, read as it is.
+        (PyString::new(py, text(&context).unwrap_or_default()), None)
     }
 
     /// Links to these contexts instead (distinct non-empty strings, in order; unparsed).
@@ -488,12 +488,9 @@ impl BatchSpan {
             || (self.batch.is_some() && (key == BATCH_SIZE_KEY || key == BATCH_COST_KEY));
         if shared_key {
             // Set again: this span takes its own copy of every attribute, in order.
-            let mut own: Vec<(String, Value)> = Vec::new();
-            self.fields()
-                .for_each_attribute(|k, v| own.push((k.to_owned(), v.clone())));
+            self.attributes = self.own_attributes();
             self.shared = Arc::from(Vec::new());
             self.batch = None;
-            self.attributes = own;
         }
         match self.attributes.iter_mut().find(|(k, _)| *k == key) {
             Some(pair) => pair.1 = value,

@@ -16,10 +16,8 @@ from ..wire._switch import load
 if TYPE_CHECKING:
     from .pull import PullConsumer
 
-_attempts = load("attempts")
-_delivery_attempts = _attempts.delivery_attempts
 #: A consumer's tally of delivery attempts (`_native.AttemptTally`, or its twin).
-AttemptTally: Any = _attempts.AttemptTally
+AttemptTally: Any = load("attempts").AttemptTally
 #: Attempts 1 to 20 (the default max_deliver) each get a bucket, then doubling.
 ATTEMPT_BOUNDS: Final = (*(float(n) for n in range(1, 21)), 40.0, 80.0, 160.0)
 _FIRST: Final = (("redelivered", "false"),)
@@ -57,12 +55,6 @@ class _ReceiveInstruments:
 
 
 _instruments: _ReceiveInstruments | None = None
-
-
-def record_receive(registry: Registry, messages: Sequence[Any]) -> None:
-    """Some deliveries: their delivery attempts, and how many were first deliveries or redeliveries."""
-    counts, unknown = _delivery_attempts(messages)
-    record_counts(registry, counts, unknown)
 
 
 def record_counts(registry: Registry, counts: Sequence[tuple[int, int]], unknown: int) -> None:
@@ -107,4 +99,4 @@ def observe_pulls(registry: Registry, consumers: Sequence[PullConsumer]) -> None
     registry.observe(observe)
 
 
-__all__ = ["ATTEMPT_BOUNDS", "AttemptTally", "observe_pulls", "record_counts", "record_receive"]
+__all__ = ["ATTEMPT_BOUNDS", "AttemptTally", "observe_pulls", "record_counts"]

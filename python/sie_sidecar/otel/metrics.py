@@ -67,14 +67,9 @@ class MetricsBridge:
         self._start_ns = start_ns
         self._previous: dict[tuple[str, Attrs], Point] = {}
         self._previous_ns = start_ns
-
-    @property
-    def resource(self) -> Resource:
-        return self._resource
-
-    @property
-    def scope(self) -> InstrumentationScope:
-        return self._scope
+        #: The resource's attributes as the compiled encoder takes them; None: one is not a str.
+        attributes = list(resource.attributes.items())
+        self._str_resource = attributes if all(isinstance(v, str) for _, v in attributes) else None
 
     def data(self, points: Sequence[Point], now_ns: int) -> MetricsData:
         """One `MetricsData` carrying every point, one metric per instrument name (in the order
@@ -137,8 +132,8 @@ class MetricsBridge:
         `data_of(shapes)`. None where it cannot be (the twins, an attribute that is not a str):
         then `data_of` is the way."""
         encode = metrics_request_encoder()
-        resource = list(self._resource.attributes.items())
-        if encode is None or not all(isinstance(value, str) for _, value in resource):
+        resource = self._str_resource
+        if encode is None or resource is None:
             return None
         metrics = [
             (name, UNITS.get(name, ""), kind, int(_DELTA if delta else _CUMULATIVE), raw)
