@@ -120,3 +120,13 @@ def test_a_resource_attribute_that_is_not_a_str_goes_to_the_sdks_encoder() -> No
     shapes = bridge.shapes([Point("sie.worker.c", "counter", (), 1.0)], 2_000)
     assert bridge.request_of(shapes) is None
     assert encode_metrics(bridge.data_of(shapes)).resource_metrics
+
+
+def test_a_delta_that_goes_negative_goes_to_the_sdks_encoder_unsent() -> None:
+    """A histogram whose counts went down (a registry's never do) makes a negative delta count:
+    the compiled encoder refuses it instead of writing a wrapped-around fixed64."""
+    bridge, _ = _bridges("delta")
+    before = Point("sie.worker.h", "histogram", (), 3.0, 3, (1, 1, 1, 0, 0), BOUNDS)
+    after = Point("sie.worker.h", "histogram", (), 1.0, 1, (1, 0, 0, 0, 0), BOUNDS)
+    bridge.shapes([before], 1_500)
+    assert bridge.request_of(bridge.shapes([after], 2_000)) is None
