@@ -71,19 +71,22 @@ class Proc:
                 os.killpg(self.popen.pid, sig)
 
     def wait_stopped(self, timeout_s: float = 1.0) -> bool:
-        """After SIGSTOP: until the kernel shows the process stopped (`T` in /proc/PID/stat). The
-        signal takes effect a moment after `kill` returns, long enough for a server on another CPU
-        to answer one more request; where /proc is missing, False at once."""
+        """After SIGSTOP: until the kernel shows every thread stopped (`T` in /proc/PID/task/*/stat).
+        The signal takes effect a moment after `kill` returns (one thread takes it and stops the
+        others), long enough for a server thread on another CPU to answer one more request; where
+        /proc is missing, False at once."""
         if self.popen is None:
             return False
         deadline = time.monotonic() + timeout_s
-        stat = Path(f"/proc/{self.popen.pid}/stat")
+        tasks = Path(f"/proc/{self.popen.pid}/task")
         while True:
             try:
-                state = stat.read_text().rpartition(")")[2].split()[0]
+                states = [stat.read_text().rpartition(")")[2].split()[0] for stat in tasks.glob("*/stat")]
             except (OSError, IndexError):
+                states = []
+            if not states and not tasks.exists():
                 return False
-            if state in ("T", "t"):
+            if states and all(state in ("T", "t") for state in states):
                 return True
             if time.monotonic() > deadline:
                 return False

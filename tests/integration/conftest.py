@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import logging
 import shutil
+import signal
 import subprocess
 import tempfile
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
@@ -22,6 +23,18 @@ logger = logging.getLogger(__name__)
 
 _STOP_TIMEOUT_S = 5.0
 _READY_TIMEOUT_S = 10.0
+_FREEZE_TIMEOUT_S = 5.0
+
+
+def all_threads_stopped(pid: int) -> bool:
+    """Whether every thread of `pid` is in group stop (`T` in /proc/PID/task/TID/stat). `kill`
+    returns before the stop: one thread takes SIGSTOP and stops the others, so on a busy machine a
+    server thread on another CPU can answer a PING after `kill` returned (a flaky freeze)."""
+    states = []
+    for stat in Path(f"/proc/{pid}/task").glob("*/stat"):
+        with contextlib.suppress(OSError):  # a thread that exited meanwhile
+            states.append(stat.read_text().rpartition(")")[2].split()[0])
+    return bool(states) and all(state in ("T", "t") for state in states)
 
 
 class NatsServer:
@@ -107,6 +120,24 @@ class NatsServer:
         except subprocess.TimeoutExpired:
             proc.kill()
             await asyncio.to_thread(proc.wait, _STOP_TIMEOUT_S)
+
+    async def freeze(self) -> None:
+        """SIGSTOP, returning once every thread has stopped (the socket stays open; nothing answers)."""
+        proc = self._proc
+        assert proc is not None and proc.poll() is None, "nats-server is not running"
+        proc.send_signal(signal.SIGSTOP)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + _FREEZE_TIMEOUT_S
+        while not all_threads_stopped(proc.pid):
+            if loop.time() > deadline:
+                raise RuntimeError(f"nats-server {proc.pid} did not stop on SIGSTOP")
+            await asyncio.sleep(0.001)
+
+    def thaw(self) -> None:
+        """SIGCONT after `freeze` (a no-op once the server is gone)."""
+        proc = self._proc
+        if proc is not None and proc.poll() is None:
+            proc.send_signal(signal.SIGCONT)
 
     def kill_now(self) -> None:
         """Synchronous last resort for teardown paths that cannot await."""

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
-import signal
 
 import pytest
 from nats.aio.client import Client as NatsClient
@@ -54,9 +52,7 @@ async def test_a_frozen_server_is_left_for_another_url(
     assert url is not None
     frozen = next(s for s in servers if s.port == url.port)
     other = next(s for s in servers if s is not frozen)
-    pid = frozen.pid
-    assert pid is not None
-    os.kill(pid, signal.SIGSTOP)
+    await frozen.freeze()
     try:
         loop = asyncio.get_running_loop()
         began = loop.time()
@@ -69,5 +65,5 @@ async def test_a_frozen_server_is_left_for_another_url(
         lines = [r for r in caplog.records if r.getMessage().startswith("NATS reconnected")]
         assert [getattr(r, "server", None) for r in lines] == [other.url]  # the line names the new server
     finally:
-        os.kill(pid, signal.SIGCONT)
+        frozen.thaw()
         await close(nc, events)

@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
-import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -154,18 +152,16 @@ async def test_a_frozen_nats_server_bounds_the_health_tombstones_and_the_sidecar
     neither tombstone can be flushed: both are given up at their bounds, 2 s apart, and the sidecar
     still exits. (The publisher cannot outlast the 2 s wait: its own flush is bounded at 2 s.)"""
     stack = await start_stack(nats_server, tmp_path, env=FAST_PULLS)
-    pid = nats_server.pid
-    assert pid is not None
     try:
         wid = await stack.publish(work_item(text="served before the freeze"))
         await stack.wait_for(lambda: len(stack.results_for(wid)) == 1)
         await stack.settled_pool()
         caplog.set_level(logging.WARNING, logger="sie_sidecar.bus.health")
-        os.kill(pid, signal.SIGSTOP)
+        await nats_server.freeze()
         try:
             code, took = await _stop_timed(stack)
         finally:
-            os.kill(pid, signal.SIGCONT)
+            nats_server.thaw()
     finally:
         await stack.close()  # the sidecar has exited; this closes the backend and the test's client
     assert code == 0
