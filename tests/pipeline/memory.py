@@ -150,6 +150,8 @@ class MemoryPipeline:
     adapter: NullAdapter
     #: The dispatcher's shutdown event (what SIGTERM sets).
     stop: asyncio.Event
+    #: The dispatcher's IPC client (to the backend, or to the proxy at `ipc_socket`).
+    ipc: IpcClient
 
     def send(self, messages: Sequence[MemoryMessage]) -> None:
         for m in messages:
@@ -208,7 +210,7 @@ async def memory_pipeline(
         feed(source, dispatcher.handle, budget=64, inflight=2, stop=stop, tasks=tasks, quantum=quantum)
     )
     try:
-        yield MemoryPipeline(source, sink, acks, dispatcher, settler, adapter, stop)
+        yield MemoryPipeline(source, sink, acks, dispatcher, settler, adapter, stop, ipc)
     finally:
         stop.set()
         source.stop()

@@ -75,11 +75,10 @@ class Execution:
         #: `sie.worker.work_item.age` by operation, looked up once per registry (not per batch).
         self._ages: dict[str, tuple[Registry, Histogram]] = {}
 
-    def _age_histogram(self, op: str) -> Histogram:
-        found = self._ages.get(op)
-        if found is None or found[0] is not self._telemetry:
-            found = self._ages[op] = (self._telemetry, self._telemetry.histogram(WORK_ITEM_AGE, (("operation", op),)))
-        return found[1]
+    def _age_histogram(self, op: str) -> tuple[Registry, Histogram]:
+        """`sie.worker.work_item.age` of `op`, made and kept in `_ages` (read inline; this on a miss)."""
+        found = self._ages[op] = (self._telemetry, self._telemetry.histogram(WORK_ITEM_AGE, (("operation", op),)))
+        return found
 
     async def execute_formed(self, model: str, formed: Formed[Delivery]) -> BatchReport | None:
         """One formed batch: execute it and report what the model's lane learns from (§4.1, §4.6):
@@ -100,9 +99,10 @@ class Execution:
         if metrics is not None:  # one compiled call: queue times, and size, cost, waits when answered
             taken_at = formed.taken_at if formed.taken_at is not None else started
             answered = None if outcome is None else finished
-            metrics.batch(formed.op).record(
-                formed.enqueued_at, taken_at, len(formed.items), formed.total_cost, started, answered
-            )
+            instruments = metrics.batches.get(formed.op)  # inline; the method on a miss
+            if instruments is None or metrics.resolved_version != metrics.catalog.version:
+                instruments = metrics.batch(formed.op)
+            instruments.record(formed.enqueued_at, taken_at, len(formed.items), formed.total_cost, started, answered)
         if outcome is None:
             return None
         reported = outcome.inference_ms
@@ -135,7 +135,10 @@ class Execution:
                 outcome = None
             else:
                 if self._lanes.catalog is not None:  # §5.6: the work-item age, at the execution commit
-                    record_work_item_ages(self._age_histogram(op), ds, time.time())
+                    ages = self._ages.get(op)
+                    if ages is None or ages[0] is not self._telemetry:
+                        ages = self._age_histogram(op)
+                    record_work_item_ages(ages[1], ds, time.time())
                 wait = None
                 if latest is not None:
                     wait = self._s.deadlines.run_batch_timeout_s(self._s.ipc_request_timeout_s, latest, time.time())

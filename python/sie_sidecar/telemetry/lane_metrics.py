@@ -48,12 +48,15 @@ class LaneMetrics:
 
     def __init__(self, registry: Registry, catalog: ModelCatalog, depth: QueueDepth, model: str) -> None:
         self._registry = registry
-        self._catalog = catalog
         self._depth = depth
         self.model = model
-        self._version = -1
+        #: The catalog version `attrs` and `batches` were resolved at (the dispatcher compares it
+        #: with `catalog.version` inline before it reads `batches`).
+        self.resolved_version = -1
+        self.catalog = catalog
         self._attrs: dict[str, Attrs] = {}
-        self._batch: dict[str, BatchInstruments] = {}
+        #: `batch(operation)`'s instruments by operation, valid while `resolved_version` is current.
+        self.batches: dict[str, BatchInstruments] = {}
         #: The last batch's cost fill (cost / cost cap) per (operation, flush reason), written by the
         #: scheduler as it takes a batch; exported as `sie.worker.batch.fill_ratio`.
         self.fills: dict[tuple[str, str], float] = {}
@@ -64,22 +67,24 @@ class LaneMetrics:
 
     def attrs(self, operation: str) -> Attrs:
         """(operation, model, profile), re-resolved when the catalog changed."""
-        if self._version != self._catalog.version:
-            self._version = self._catalog.version
+        if self.resolved_version != self.catalog.version:
+            self.resolved_version = self.catalog.version
             self._attrs.clear()
-            self._batch.clear()
+            self.batches.clear()
         found = self._attrs.get(operation)
         if found is None:
-            found = self._attrs[operation] = self._catalog.attrs(operation, self.model)
+            found = self._attrs[operation] = self.catalog.attrs(operation, self.model)
         return found
 
     def batch(self, operation: str) -> BatchInstruments:
-        """The per-batch histograms of `operation`, looked up once per catalog version."""
+        """The per-batch histograms of `operation`, looked up once per catalog version. The
+        dispatcher reads `batches` inline first and calls this on a miss or a newer catalog: a call
+        a batch to a function run nowhere else costs its cold code and frame (docs/benchmarks.md)."""
         attrs = self.attrs(operation)  # first: it clears the cache when the catalog changed
-        found = self._batch.get(operation)
+        found = self.batches.get(operation)
         if found is None:
             registry = self._registry
-            found = self._batch[operation] = BatchInstruments(
+            found = self.batches[operation] = BatchInstruments(
                 registry.histogram(QUEUE_DURATION, attrs, DURATION_BOUNDS_S),
                 registry.histogram(BATCH_SIZE, attrs),
                 registry.histogram(BATCH_COST, attrs),
