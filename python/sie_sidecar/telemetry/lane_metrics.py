@@ -2,7 +2,8 @@
 """One model lane's §13 instruments: what needs every batch is recorded in one call a batch, what
 is a current value is read when a snapshot is taken.
 
-The dispatcher calls `batch(operation).record(...)` once a formed batch is done, a compiled call
+The dispatcher reads `batches[operation]` (`batch(operation)` on a miss or a newer catalog) and
+calls its `record(...)` once a formed batch is done, a compiled call
 (`wire.histogram.BatchInstruments`) that records each item's queue time and, when the backend
 answered, the batch's size and cost, dispatch wait and total. The scheduler writes the cost fill
 of each batch it takes into `fills` and the lane adds its starvation recoveries to `resets`: plain
