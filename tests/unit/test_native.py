@@ -171,6 +171,46 @@ def test_environment_switch_selects_the_implementation(env: str, expected: str) 
     assert out.stdout.strip() == expected
 
 
+#: Imports every twin module first, each in a fresh package state (pure Python under the twin switch),
+#: and prints the ones that fail to import.
+_EACH_TWIN_FIRST = """
+import importlib, pathlib, sys
+import sie_sidecar._twins as twins
+root = pathlib.Path(twins.__path__[0])
+names = sorted(
+    "sie_sidecar._twins." + ".".join(p.relative_to(root).with_suffix("").parts).removesuffix(".__init__")
+    for p in root.rglob("*.py")
+)
+failed = []
+for name in names:
+    for loaded in [m for m in sys.modules if m == "sie_sidecar" or m.startswith("sie_sidecar.")]:
+        del sys.modules[loaded]
+    try:
+        importlib.import_module(name)
+    except Exception as exc:
+        failed.append(f"{name}: {exc!r}")
+print(len(names))
+print("\\n".join(failed))
+"""
+
+
+@pytest.mark.parametrize("env", ["1", ""], ids=["twins", "native"])
+def test_any_twin_module_imports_first(env: str) -> None:
+    """A twin imported before anything else (a test, the replay tool) loads under either switch: the
+    twin wire's modules import `sie_sidecar.wire`'s constants, whose package chooses the twin wire
+    at import, so `_twins` loads the wire facade before any twin of it starts."""
+    out = subprocess.run(
+        [sys.executable, "-c", _EACH_TWIN_FIRST],
+        env={**os.environ, "SIE_SIDECAR_NO_EXTENSIONS": env},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    count, _, failed = out.stdout.partition("\n")
+    assert int(count) >= 20  # every twin module was tried
+    assert failed.strip() == ""
+
+
 def test_cython_module_is_registered_under_its_qualified_name() -> None:
     import sie_sidecar._native.wire as cy
     from sie_sidecar import _native
