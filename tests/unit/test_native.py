@@ -158,17 +158,16 @@ def test_framed_batch_items_are_views_of_one_buffer(native: ModuleType) -> None:
     assert second_at - first_at == batch.offsets[1]
 
 
+def _python_under_switch(code: str, switch: str) -> str:
+    """What `code` prints in a fresh interpreter with `SIE_SIDECAR_NO_EXTENSIONS=switch`."""
+    env = {**os.environ, "SIE_SIDECAR_NO_EXTENSIONS": switch}
+    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
+
+
 @pytest.mark.parametrize(("env", "expected"), [("1", "python"), ("", "native"), ("0", "native")])
 def test_environment_switch_selects_the_implementation(env: str, expected: str) -> None:
-    code = "from sie_sidecar import wire; print(wire.IMPLEMENTATION)"
-    out = subprocess.run(
-        [sys.executable, "-c", code],
-        env={**os.environ, "SIE_SIDECAR_NO_EXTENSIONS": env},
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    assert out.stdout.strip() == expected
+    out = _python_under_switch("from sie_sidecar import wire; print(wire.IMPLEMENTATION)", env)
+    assert out.strip() == expected
 
 
 #: Imports every twin module first, each in a fresh package state (pure Python under the twin switch),
@@ -199,14 +198,7 @@ def test_any_twin_module_imports_first(env: str) -> None:
     """A twin imported before anything else (a test, the replay tool) loads under either switch: the
     twin wire's modules import `sie_sidecar.wire`'s constants, whose package chooses the twin wire
     at import, so `_twins` loads the wire facade before any twin of it starts."""
-    out = subprocess.run(
-        [sys.executable, "-c", _EACH_TWIN_FIRST],
-        env={**os.environ, "SIE_SIDECAR_NO_EXTENSIONS": env},
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    count, _, failed = out.stdout.partition("\n")
+    count, _, failed = _python_under_switch(_EACH_TWIN_FIRST, env).partition("\n")
     assert int(count) >= 20  # every twin module was tried
     assert failed.strip() == ""
 
