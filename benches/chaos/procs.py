@@ -22,6 +22,20 @@ STOP_GRACE_S = 15.0
 _LIVE: set[Proc] = set()
 
 
+def threads_stopped(pid: int) -> bool | None:
+    """Whether every thread of `pid` is in group stop (`T` in /proc/PID/task/TID/stat); None where
+    /proc has no such process. `kill` returns before the stop: one thread takes SIGSTOP and stops
+    the others, long enough for a server thread on another CPU to answer one more request."""
+    tasks = Path(f"/proc/{pid}/task")
+    states = []
+    for stat in tasks.glob("*/stat"):
+        with contextlib.suppress(OSError, IndexError):  # a thread that exited meanwhile
+            states.append(stat.read_text().rpartition(")")[2].split()[0])
+    if not states:
+        return None if not tasks.exists() else False
+    return all(state in ("T", "t") for state in states)
+
+
 class Proc:
     """One command that can be started, signalled, stopped and started again (same argv, env and log)."""
 
@@ -71,22 +85,16 @@ class Proc:
                 os.killpg(self.popen.pid, sig)
 
     def wait_stopped(self, timeout_s: float = 1.0) -> bool:
-        """After SIGSTOP: until the kernel shows every thread stopped (`T` in /proc/PID/task/*/stat).
-        The signal takes effect a moment after `kill` returns (one thread takes it and stops the
-        others), long enough for a server thread on another CPU to answer one more request; where
-        /proc is missing, False at once."""
+        """After SIGSTOP: until the kernel shows every thread stopped (`threads_stopped`); where /proc
+        has no such process, False at once."""
         if self.popen is None:
             return False
         deadline = time.monotonic() + timeout_s
-        tasks = Path(f"/proc/{self.popen.pid}/task")
         while True:
-            try:
-                states = [stat.read_text().rpartition(")")[2].split()[0] for stat in tasks.glob("*/stat")]
-            except (OSError, IndexError):
-                states = []
-            if not states and not tasks.exists():
+            stopped = threads_stopped(self.popen.pid)
+            if stopped is None:
                 return False
-            if states and all(state in ("T", "t") for state in states):
+            if stopped:
                 return True
             if time.monotonic() > deadline:
                 return False
@@ -151,4 +159,4 @@ def install_cleanup() -> None:
         signal.signal(sig, _on_signal)
 
 
-__all__ = ["STOP_GRACE_S", "Proc", "install_cleanup", "kill_all"]
+__all__ = ["STOP_GRACE_S", "Proc", "install_cleanup", "kill_all", "threads_stopped"]

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import nats
 import pytest
+from benches.chaos.procs import threads_stopped
 from nats.aio.client import Client
 
 from sie_sidecar.tools.localhost import find_nats_server, free_port
@@ -24,17 +25,6 @@ logger = logging.getLogger(__name__)
 _STOP_TIMEOUT_S = 5.0
 _READY_TIMEOUT_S = 10.0
 _FREEZE_TIMEOUT_S = 5.0
-
-
-def all_threads_stopped(pid: int) -> bool:
-    """Whether every thread of `pid` is in group stop (`T` in /proc/PID/task/TID/stat). `kill`
-    returns before the stop: one thread takes SIGSTOP and stops the others, so on a busy machine a
-    server thread on another CPU can answer a PING after `kill` returned (a flaky freeze)."""
-    states = []
-    for stat in Path(f"/proc/{pid}/task").glob("*/stat"):
-        with contextlib.suppress(OSError):  # a thread that exited meanwhile
-            states.append(stat.read_text().rpartition(")")[2].split()[0])
-    return bool(states) and all(state in ("T", "t") for state in states)
 
 
 class NatsServer:
@@ -128,7 +118,7 @@ class NatsServer:
         proc.send_signal(signal.SIGSTOP)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + _FREEZE_TIMEOUT_S
-        while not all_threads_stopped(proc.pid):
+        while not threads_stopped(proc.pid):
             if loop.time() > deadline:
                 raise RuntimeError(f"nats-server {proc.pid} did not stop on SIGSTOP")
             await asyncio.sleep(0.001)
