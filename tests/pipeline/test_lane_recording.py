@@ -19,14 +19,6 @@ NAMED = (("operation", "encode"), ("model", "org/model-a"), ("profile", "default
 ENCODE = (("operation", "encode"),)
 
 
-def _count(registry: Registry, name: str, attrs: tuple[tuple[str, str], ...]) -> int:
-    """How many values a histogram of `registry` holds (0: it does not exist)."""
-    for instrument in registry:
-        if instrument.name == name and instrument.attrs == attrs:
-            return int(getattr(instrument, "count", 0))
-    return 0
-
-
 async def _serve(p: MemoryPipeline, prefix: str, n: int) -> list[MemoryMessage]:
     messages = [_msg(_item(f"{prefix}{i}")) for i in range(n)]
     p.send(messages)
@@ -42,15 +34,15 @@ async def test_a_catalog_change_moves_the_next_batch_to_the_new_attributes(tmp_p
         p.dispatcher.record_with(catalog)
         await _serve(p, "a", 5)
         assert registry.value(BATCH_SIZE, OTHER) == 5  # the batch sizes' sum: every item, once
-        assert _count(registry, QUEUE_DURATION, OTHER) == 5
+        assert registry.histogram(QUEUE_DURATION, OTHER).count == 5
         assert registry.value(BATCH_SIZE, NAMED) == 0
 
         catalog.extend("org/model-a")  # a live config commit
         await _serve(p, "b", 7)
         assert registry.value(BATCH_SIZE, NAMED) == 7  # the very next batches, under the new pair
-        assert _count(registry, QUEUE_DURATION, NAMED) == 7
+        assert registry.histogram(QUEUE_DURATION, NAMED).count == 7
         assert registry.value(BATCH_SIZE, OTHER) == 5  # nothing more under the old one
-        assert _count(registry, WORK_ITEM_AGE, ENCODE) == 12  # one age an item, by operation only
+        assert registry.histogram(WORK_ITEM_AGE, ENCODE).count == 12  # one age an item, by operation only
 
 
 async def test_the_ipc_client_records_each_request_and_its_wait_for_a_slot(tmp_path: Path) -> None:
@@ -65,9 +57,9 @@ async def test_the_ipc_client_records_each_request_and_its_wait_for_a_slot(tmp_p
         served = first.value(IPC_REQUESTS, run_batch_ok)
         assert served >= 1
         waited = (("transport", client.transport), ("outcome", "success"))
-        assert _count(first, IPC_ACQUIRE_DURATION, waited) >= served
+        assert first.histogram(IPC_ACQUIRE_DURATION, waited).count >= served
         client.telemetry = second
         await _serve(p, "b", 3)
         assert second.value(IPC_REQUESTS, run_batch_ok) >= 1
-        assert _count(second, IPC_ACQUIRE_DURATION, waited) >= second.value(IPC_REQUESTS, run_batch_ok)
+        assert second.histogram(IPC_ACQUIRE_DURATION, waited).count >= second.value(IPC_REQUESTS, run_batch_ok)
         assert first.value(IPC_REQUESTS, run_batch_ok) == served  # nothing more in the old registry

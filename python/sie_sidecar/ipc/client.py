@@ -552,10 +552,11 @@ class IpcClient:
             except BaseException:
                 self._acquire_histogram(telemetry, "error").record(time.perf_counter() - asked)
                 raise
-            waited = self._acquire_instruments.get("success")  # inline, as `_request`'s lookup
-            if waited is None or waited[0] is not telemetry:
-                waited = (telemetry, self._acquire_histogram(telemetry, "success"))
-            waited[1].record(time.perf_counter() - asked)
+            found = self._acquire_instruments.get("success")  # inline, as `_request`'s lookup
+            waited = found[1] if found is not None and found[0] is telemetry else None
+            if waited is None:
+                waited = self._acquire_histogram(telemetry, "success")
+            waited.record(time.perf_counter() - asked)
         try:
             assert slot is not None
             try:
