@@ -5,6 +5,7 @@ what its Python twin gives, for deliveries still read in place, decoded ones (ed
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import msgpack
@@ -39,15 +40,16 @@ class Msg:
     async def in_progress(self) -> None: ...
 
 
-def _payload(n: int, config_hash: str) -> bytes:
-    return bytes(msgpack.packb({**BASE, "work_item_id": f"r{n}.0", "bundle_config_hash": config_hash}))
+def _payload(n: int, config_hash: str, **fields: Any) -> bytes:
+    return bytes(msgpack.packb({**BASE, "work_item_id": f"r{n}.0", "bundle_config_hash": config_hash, **fields}))
 
 
-def _deliveries(plan: list[tuple[str, int, float, bool]]) -> list[Any]:
-    """One delivery per (kind, hash index, fetch ms, tokens) of `plan`, made fresh each call."""
+def _deliveries(plan: list[tuple[str, int, float, bool]], **fields: Any) -> list[Any]:
+    """One delivery per (kind, hash index, fetch ms, tokens) of `plan`, made fresh each call; `fields`
+    are set in every WorkItem."""
     out: list[Any] = []
     for n, (kind, h, ms, tokens) in enumerate(plan):
-        payload = _payload(n, HASHES[h])
+        payload = _payload(n, HASHES[h], **fields)
         if kind == "dataclass":
             d: Any = Delivery(msg=Msg(n), worker_direct=False, item=decode_work_item(payload))
         else:
@@ -94,6 +96,37 @@ def test_run_batch_columns_match_the_twin(plan: list[tuple[str, int, float, bool
     assert [type(i).__name__ for i in got[0]] == [type(i).__name__ for i in want[0]]
     assert [wire_item_id(i) for i in got[0]] == [wire_item_id(i) for i in want[0]]
     assert got[1:] == want[1:]
+
+
+def _implementations() -> list[Any]:
+    """`run_batch_columns` of the extension (where built) and of the twin."""
+    found: list[Any] = [pytest.param(run_batch_columns_py, id="twin")]
+    if wire.USING_NATIVE:
+        from sie_sidecar._native import run_batch_columns
+
+        found.append(pytest.param(run_batch_columns, id="native"))
+    return found
+
+
+@pytest.mark.parametrize("columns", _implementations())
+@pytest.mark.parametrize("kind", KINDS)
+def test_the_columns_call_records_each_items_work_item_age_now(columns: Any, kind: str) -> None:
+    """With metrics on the ages are recorded by the call that reads the items (§5.6, issue 32), at
+    the wall clock of that call, and the columns are the same as without."""
+    from sie_sidecar.telemetry import Registry
+
+    histogram = Registry().histogram("age", (), (1.0, 2e9))
+    plan = [(kind, 0, 0.0, False)] * 3
+    timestamp = 1.5  # every item is about 56 years old
+    ds = _deliveries(plan, timestamp=timestamp)
+    before = time.time()
+    got = columns(ds, "score", histogram)
+    after = time.time()
+    assert histogram.count == 3 and list(histogram.buckets) == [0, 3, 0]
+    assert 3 * (before - timestamp) <= histogram.sum <= 3 * (after - timestamp)
+    plain = columns(_deliveries(plan, timestamp=timestamp), "score", None)
+    assert [wire_item_id(i) for i in got[0]] == [wire_item_id(i) for i in plain[0]] and got[1:] == plain[1:]
+    assert histogram.count == 3  # None: nothing recorded
 
 
 def wire_item_id(item: Any) -> str:

@@ -355,6 +355,39 @@ def test_the_buffer_keeps_spans_until_attached_dropping_its_oldest() -> None:
     assert len(buffer) == 1 and forwarded[-1] == 1006
 
 
+class CountingBuffer(SpanBuffer):
+    """A buffer that counts the spans that went through its `add`."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.added = 0
+
+    def add(self, span: Any) -> None:
+        self.added += 1
+        super().add(span)
+
+
+def test_an_ended_span_goes_straight_to_where_the_buffer_forwards(tracer_cls: Any) -> None:
+    """Attached, a span that ends is handed to the processor by the tracer itself, not through the
+    buffer's `add` (one Python frame a batch, issue 32); detached, it is kept again, even a span
+    started while the buffer was attached."""
+    buffer = CountingBuffer()
+    tracer = tracer_cls(Sampler("always_on"), buffer)
+    kept = tracer.start_batch("m", "encode", 1, 1)
+    kept.end()
+    assert (buffer.added, len(buffer)) == (1, 1)
+    forwarded: list[Any] = []
+    buffer.attach(forwarded.append)
+    assert buffer.added == 1 and len(forwarded) == 1 and len(buffer) == 0
+    span = tracer.start_batch("m", "encode", 2, 2)
+    running = tracer.start_batch("m", "encode", 3, 3)
+    span.end()
+    assert buffer.added == 1 and len(forwarded) == 2 and forwarded[-1].span_id == span.span_id
+    buffer.detach()
+    running.end()
+    assert (buffer.added, len(buffer), len(forwarded)) == (2, 1, 2)
+
+
 def _encode(records: list[SpanRecord], resource: dict[str, str], version: str = "") -> ExportTraceServiceRequest:
     """The records as the SDK's exporter sends them: `BatchSpanData`, encoded by the SDK's encoder."""
     scope = InstrumentationScope("sie_sidecar", version)

@@ -12,6 +12,8 @@ use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::{PyList, PyString, PyTuple};
 
+use crate::deadlines::{record_work_item_ages, unix_now_s};
+use crate::histogram::Histogram;
 use crate::lazy::{LazyDelivery, BUNDLE_CONFIG_HASH};
 
 /// The distinct non-empty `bundle_config_hash` values of the deliveries' items, in first-seen
@@ -87,12 +89,21 @@ pub fn unsettled<'py>(deliveries: &Bound<'py, PyList>) -> PyResult<Bound<'py, Py
 /// prepared_audio)`. `items`: each delivery's `wire_item` that is not None. The other three have
 /// one entry per delivery, or are None when every entry would be 0.0 / None (the writer reads None
 /// as exactly that); tokens only for `encode`, audio only for `extract`.
+///
+/// With `ages` (metrics on), each item's work-item age at this moment (§5.6, the execution commit)
+/// is recorded into it as `record_work_item_ages` does: in this call, not in one more a batch with
+/// its own clock read (docs/benchmarks.md, issue 32).
 #[pyfunction]
+#[pyo3(signature = (deliveries, op, ages = None))]
 pub fn run_batch_columns<'py>(
     py: Python<'py>,
     deliveries: &Bound<'py, PyList>,
     op: &str,
+    ages: Option<&Bound<'py, Histogram>>,
 ) -> PyResult<Bound<'py, PyTuple>> {
+    if let Some(ages) = ages {
+        record_work_item_ages(ages, deliveries, unix_now_s())?;
+    }
     let n = deliveries.len();
     let items = PyList::empty(py);
     let mut fetch_ms: Vec<f64> = Vec::with_capacity(n);

@@ -19,6 +19,7 @@ use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use pyo3::exceptions::PyValueError;
+use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyFloat, PyString, PyTuple};
 
@@ -172,9 +173,8 @@ fn value_to_py<'py>(py: Python<'py>, value: &Value) -> PyResult<Bound<'py, PyAny
 #[pyclass(module = "sie_sidecar._native", name = "BatchTracer")]
 pub struct BatchTracer {
     sampler: Py<PyAny>,
+    /// Where each span goes as it ends: its `forward` when set, else its `add`.
     buffer: Py<PyAny>,
-    /// `buffer.add`, where each span goes as it ends.
-    sink: Py<PyAny>,
     lane: String,
     root: Root,
     parent_based: bool,
@@ -238,10 +238,10 @@ impl BatchTracer {
             _ => return Err(PyValueError::new_err(format!("unknown sampler {name:?}"))),
         };
         let never = !parent_based && matches!(root, Root::Off | Root::Ratio(0));
+        buffer.getattr("add")?; // a buffer that cannot keep a span is refused here, not at a span's end
         Ok(BatchTracer {
             sampler: sampler.clone().unbind(),
             buffer: buffer.clone().unbind(),
-            sink: buffer.getattr("add")?.unbind(),
             lane,
             root,
             parent_based,
@@ -327,7 +327,7 @@ impl BatchTracer {
             events: Vec::with_capacity(KNOWN_EVENTS.len()),
             links: contexts,
             error: None,
-            sink: Some(self.sink.clone_ref(py)),
+            sink: Some(self.buffer.clone_ref(py)),
         }))
     }
 }
@@ -352,7 +352,7 @@ pub struct BatchSpan {
     events: Vec<(Cow<'static, str>, u64)>,
     links: Vec<String>,
     error: Option<String>,
-    /// Where the span goes when it ends; None once it has.
+    /// The tracer's buffer, where the span goes when it ends; None once it has.
     sink: Option<Py<PyAny>>,
 }
 
@@ -512,7 +512,15 @@ impl BatchSpan {
             this.error = error;
             sink
         };
-        sink.bind(slf.py()).call1((slf,))?;
+        // Straight to where the buffer forwards (the SDK's processor once it is loaded): the
+        // buffer's `add` would be one Python frame a batch more. A buffer without `forward`, or
+        // not attached, keeps the span through `add`.
+        let py = slf.py();
+        let buffer = sink.bind(py);
+        match buffer.getattr(intern!(py, "forward")) {
+            Ok(forward) if !forward.is_none() => forward.call1((slf,))?,
+            _ => buffer.call_method1(intern!(py, "add"), (slf,))?,
+        };
         Ok(())
     }
 

@@ -5,8 +5,11 @@ path with `SIE_SIDECAR_NO_EXTENSIONS=1`, and the oracle of the parity tests)."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable, Sequence
 from typing import Any
+
+from .deadlines import record_work_item_ages
 
 IMPLEMENTATION = "py"
 
@@ -33,11 +36,14 @@ def unsettled(deliveries: list[Any]) -> list[Any]:
 
 
 def run_batch_columns(
-    deliveries: list[Any], op: str
+    deliveries: list[Any], op: str, ages: Any | None = None
 ) -> tuple[list[Any], list[float] | None, list[Any] | None, list[Any] | None]:
     """`(items, payload_fetch_ms, prepared_tokens, prepared_audio)` for the RunBatch writer: every
     `wire_item` that is not None; the other three one entry per delivery, or None when each entry
-    would be 0.0 / None (the writer reads None as exactly that); tokens for encode, audio for extract."""
+    would be 0.0 / None (the writer reads None as exactly that); tokens for encode, audio for extract.
+    With `ages` (a histogram), each item's work-item age now is recorded into it first (§5.6)."""
+    if ages is not None:
+        record_work_item_ages(ages, deliveries, time.time())
     items = [item for item in (d.wire_item for d in deliveries) if item is not None]
     fetch_ms = [float(d.payload_fetch_ms) for d in deliveries]
     tokens = [d.prepared_tokens for d in deliveries] if op == "encode" else []

@@ -108,7 +108,9 @@ class BatchSpan:
         if self._ended:
             return
         self._ended = True
-        self._buffer.add(
+        buffer = self._buffer  # straight to where the buffer forwards, as the compiled span does
+        sink = getattr(buffer, "forward", None) or buffer.add
+        sink(
             SpanRecord(
                 self.trace_id,
                 self.span_id,

@@ -122,13 +122,15 @@ class SpanBuffer:
         self.capacity = max(1, capacity)
         self._spans: deque[FinishedSpan] = deque(maxlen=self.capacity)
         self.dropped = 0
-        self._forward: Callable[[FinishedSpan], None] | None = None
+        #: Where each span goes as it ends while attached (None: kept here). The tracers read it
+        #: when a span ends and call it themselves: `add` is then no Python frame a batch.
+        self.forward: Callable[[FinishedSpan], None] | None = None
 
     def __len__(self) -> int:
         return len(self._spans)
 
     def add(self, span: FinishedSpan) -> None:
-        forward = self._forward
+        forward = self.forward
         if forward is not None:
             forward(span)
             return
@@ -147,11 +149,11 @@ class SpanBuffer:
         """From now on each span goes to `forward` as it ends; the kept ones go first, in order."""
         for span in self.take():
             forward(span)
-        self._forward = forward
+        self.forward = forward
 
     def detach(self) -> None:
         """Keep spans here again (the processor is shutting down)."""
-        self._forward = None
+        self.forward = None
 
 
 __all__ = [

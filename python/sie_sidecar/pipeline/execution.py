@@ -22,7 +22,6 @@ from ..sched.scheduler import Formed
 from ..telemetry import WORK_ITEM_AGE, Histogram, Registry
 from .columns import config_hashes, request_latencies_ms, run_batch_columns
 from .config_gate import ConfigState
-from .deadlines import record_work_item_ages
 from .delivery import Delivery
 from .lanes import ModelLanes
 from .outcomes import Outcomes
@@ -134,16 +133,17 @@ class Execution:
                 refused: BaseException | None = None
                 outcome = None
             else:
+                ages: Histogram | None = None
                 if self._lanes.catalog is not None:  # §5.6: the work-item age, at the execution commit
-                    ages = self._ages.get(op)
-                    if ages is None or ages[0] is not self._telemetry:
-                        ages = self._age_histogram(op)
-                    record_work_item_ages(ages[1], ds, time.time())
+                    found = self._ages.get(op)
+                    if found is None or found[0] is not self._telemetry:
+                        found = self._age_histogram(op)
+                    ages = found[1]  # recorded by `run_batch_columns`, in the call that reads the items
                 wait = None
                 if latest is not None:
                     wait = self._s.deadlines.run_batch_timeout_s(self._s.ipc_request_timeout_s, latest, time.time())
                 outcome, refused, span = await self._call_backend(
-                    model, op, lora, ds, total_cost, pinned=pinned, timeout_s=wait
+                    model, op, lora, ds, total_cost, pinned=pinned, timeout_s=wait, ages=ages
                 )
         if outcome is None:
             if isinstance(refused, IpcServerError):
@@ -187,14 +187,16 @@ class Execution:
         *,
         pinned: bool = False,
         timeout_s: float | None = None,
+        ages: Histogram | None = None,
     ) -> tuple[Any, BaseException | None, BatchSpan | None]:
         """One batch RPC (RunBatch, or the per-op method for a backend without it): the outcome, or
         None and what refused it (None: the config gate); and, for a sampled batch that got an
         answer, its span, still open (the caller ends it once the replies are published). Runs
         inside the execution barrier. A batch with hash-pinned items goes only to a child whose
-        last Ping attests the advertised config."""
+        last Ping attests the advertised config. `ages`: where each item's work-item age is
+        recorded now (metrics on)."""
         # The RunBatch writer reads undecoded items in place (`wire_item`); every one has an item.
-        items, fetch_ms, prepared, audio = run_batch_columns(ds, op)
+        items, fetch_ms, prepared, audio = run_batch_columns(ds, op, ages)
         # A sampled batch's span is parented on its items' first valid context and links to the
         # others (§5.4); its context is the one every RunBatchItem carries to the backend. An
         # unsampled batch's bytes are exactly the untraced ones.
