@@ -29,6 +29,7 @@ import time
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
+from itertools import repeat
 from typing import Any
 
 from nats.aio.client import Client
@@ -757,7 +758,9 @@ class PullConsumer:
             taken = list(buf)
             buf.clear()
             return taken
-        return [buf.popleft() for _ in range(n)]
+        # `popleft` called n times from C (~20% less than a comprehension, four bytecodes a message; the
+        # opcode census in docs/benchmarks.md, issue 32).
+        return list(map(deque.popleft, repeat(buf, n)))
 
     def _reconnects(self) -> int:
         return int(self._nc.stats.get("reconnects", 0))
