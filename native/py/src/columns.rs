@@ -12,7 +12,8 @@ use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::{PyList, PyString, PyTuple};
 
-use crate::deadlines::{record_work_item_ages, unix_now_s};
+use crate::clock::unix_now_s;
+use crate::deadlines::record_work_item_ages;
 use crate::histogram::Histogram;
 use crate::lazy::{LazyDelivery, BUNDLE_CONFIG_HASH};
 

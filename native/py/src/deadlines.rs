@@ -6,8 +6,6 @@
 //! 0 ≤ deadline − timestamp ≤ the max budget; anything else is ignored (counted, never judged).
 //! `generate` items are never judged (§4.4). An item is *expired* when deadline + skew < now.
 
-use std::time::{SystemTime, UNIX_EPOCH};
-
 use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::{PyList, PyTuple};
@@ -159,13 +157,6 @@ pub fn deadline_lease_holders<'py>(
         }
     }
     Ok(out)
-}
-
-/// The wall clock in seconds since the epoch, as Python's `time.time()` reads it.
-pub fn unix_now_s() -> f64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0.0, |d| d.as_secs_f64())
 }
 
 /// The work-item ages (`sie.worker.work_item.age`, §5.6) recorded straight into `histogram`: seconds

@@ -6,6 +6,7 @@ mod attempts;
 mod audio;
 mod batcher;
 mod buffers;
+mod clock;
 mod columns;
 mod controller;
 mod convert;

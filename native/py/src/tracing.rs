@@ -16,7 +16,6 @@ use std::borrow::Cow;
 use std::collections::hash_map::RandomState;
 use std::hash::{BuildHasher, Hasher};
 use std::sync::Arc;
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use pyo3::exceptions::PyValueError;
 use pyo3::intern;
@@ -27,6 +26,7 @@ use sie_core::otlp::{parse_traceparent, Value, KIND_CONSUMER};
 
 use sie_core::otlp_direct::{SpanFields, BATCH_COST_KEY, BATCH_SIZE_KEY};
 
+use crate::clock::unix_now_ns;
 use crate::otlp::value_of;
 use crate::run_batch::for_each_traceparent;
 use crate::text::text;
@@ -36,19 +36,13 @@ const SPAN_NAME: &str = "sidecar.dispatch";
 /// `otel.tracing.SAMPLED`: the flags of the context the backend is given.
 const SAMPLED: u8 = 0x01;
 
-fn now_ns() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
-}
-
 /// wyrand: 64 bits a call, good enough for ids and the ratio samplers' draws (not for secrets).
 struct Ids(u64);
 
 impl Ids {
     fn seeded() -> Self {
         let mut h = RandomState::new().build_hasher();
-        h.write_u64(now_ns());
+        h.write_u64(unix_now_ns());
         h.write_u32(std::process::id());
         Ids(h.finish())
     }
@@ -319,7 +313,7 @@ impl BatchTracer {
             trace_id,
             span_id: self.ids.span_id(),
             parent_span,
-            start_ns: now_ns(),
+            start_ns: unix_now_ns(),
             end_ns: 0,
             shared: self.shared_attributes(model, operation),
             batch: Some((size, cost)),
@@ -474,7 +468,7 @@ impl BatchSpan {
     /// A named moment of the batch (`ipc.request`, `published`...), stamped now.
     fn event(&mut self, name: &str) {
         if self.sink.is_some() {
-            self.events.push((event_name(name), now_ns()));
+            self.events.push((event_name(name), unix_now_ns()));
         }
     }
 
@@ -508,7 +502,7 @@ impl BatchSpan {
             let Some(sink) = this.sink.take() else {
                 return Ok(());
             };
-            this.end_ns = now_ns();
+            this.end_ns = unix_now_ns();
             this.error = error;
             sink
         };
