@@ -157,22 +157,40 @@ pub unsafe fn fill_readonly(
     Ok(())
 }
 
+/// Memory a `SharedBytes` can view: a `Vec`, or a read block that the socket is still writing
+/// past the viewed range (so only the viewed range is ever borrowed).
+pub trait Backing: Send + Sync {
+    fn range(&self, start: usize, end: usize) -> &[u8];
+}
+
+impl Backing for Vec<u8> {
+    fn range(&self, start: usize, end: usize) -> &[u8] {
+        &self[start..end]
+    }
+}
+
+impl Backing for crate::read_blocks::Block {
+    fn range(&self, start: usize, end: usize) -> &[u8] {
+        self.slice(start, end)
+    }
+}
+
 /// Rust-owned bytes exposed read-only through the buffer protocol. Several views can share one
 /// allocation (all bodies of one socket read share one block).
 #[pyclass(frozen, module = "sie_sidecar._native")]
 pub struct SharedBytes {
-    data: Arc<Vec<u8>>,
+    data: Arc<dyn Backing>,
     start: usize,
     end: usize,
 }
 
 impl SharedBytes {
-    pub fn new(data: Arc<Vec<u8>>, start: usize, end: usize) -> Self {
+    pub fn new(data: Arc<dyn Backing>, start: usize, end: usize) -> Self {
         Self { data, start, end }
     }
 
     pub fn as_slice(&self) -> &[u8] {
-        &self.data[self.start..self.end]
+        self.data.range(self.start, self.end)
     }
 }
 
@@ -204,12 +222,13 @@ impl SharedBytes {
 }
 
 /// A read-only memoryview of `data[start..end]`.
-pub fn shared_view(
+pub fn shared_view<B: Backing + 'static>(
     py: Python<'_>,
-    data: Arc<Vec<u8>>,
+    data: Arc<B>,
     start: usize,
     end: usize,
 ) -> PyResult<Py<PyAny>> {
+    let data: Arc<dyn Backing> = data;
     let owner = Bound::new(py, SharedBytes::new(data, start, end))?;
     Ok(PyMemoryView::from(owner.as_any())?.into_any().unbind())
 }

@@ -1,16 +1,20 @@
 //! `FrameSplitter`, `encode_frame` and `encode_request` for Python.
 
+use std::ffi::c_int;
 use std::sync::Arc;
 
+use pyo3::exceptions::PyValueError;
+use pyo3::ffi;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList};
 
 use sie_core::frame::{self, Body};
 use sie_core::ipc;
-use sie_core::msgpack::SliceWriter;
+use sie_core::msgpack::{Out, SliceWriter};
 
-use crate::buffers::{shared_view, with_bytes};
+use crate::buffers::{new_bytes, shared_view, with_bytes};
 use crate::errors;
+use crate::read_blocks::{Block, BlockReader, ReadError, BLOCK_SIZE};
 
 /// Incremental IPC frame splitter: feed it socket reads, get complete bodies back.
 #[pyclass(module = "sie_sidecar._native")]
@@ -77,6 +81,114 @@ impl FrameSplitter {
     }
 }
 
+/// Reads one connection's byte stream into blocks of its own (`read_window` for the socket read,
+/// then `window_filled`), and hands out each complete frame body as a read-only memoryview of the
+/// block it arrived in: the kernel's copy is the only one (see `read_blocks`). For an
+/// `asyncio.BufferedProtocol`: `get_buffer` returns `read_window()`.
+#[pyclass(module = "sie_sidecar._native")]
+pub struct FrameReader {
+    inner: BlockReader,
+    scratch: Vec<(usize, usize)>,
+}
+
+#[pymethods]
+impl FrameReader {
+    #[new]
+    #[pyo3(signature = (max_body = frame::MAX_FRAME, block_size = BLOCK_SIZE))]
+    fn new(max_body: usize, block_size: usize) -> Self {
+        Self {
+            inner: BlockReader::new(max_body, block_size),
+            scratch: Vec::new(),
+        }
+    }
+
+    /// A writable buffer for the next read (pass its filled length to `window_filled`).
+    fn read_window(&mut self) -> PyResult<ReadWindow> {
+        let (block, start, len) = self.inner.window().map_err(read_error)?;
+        Ok(ReadWindow { block, start, len })
+    }
+
+    /// `nbytes` were read into the last window; returns the bodies completed, in order.
+    fn window_filled<'py>(
+        &mut self,
+        py: Python<'py>,
+        nbytes: usize,
+    ) -> PyResult<Bound<'py, PyList>> {
+        let Self { inner, scratch } = self;
+        scratch.clear();
+        inner.filled(nbytes, scratch).map_err(read_error)?;
+        let out = PyList::empty(py);
+        for &(start, end) in scratch.iter() {
+            out.append(shared_view(py, Arc::clone(inner.block()), start, end)?)?;
+        }
+        Ok(out)
+    }
+
+    /// Bytes read but not yet part of a returned body.
+    #[getter]
+    fn buffered(&self) -> usize {
+        self.inner.buffered()
+    }
+}
+
+fn read_error(err: ReadError) -> PyErr {
+    match err {
+        ReadError::TooLarge(e) => errors::frame_too_large(e),
+        ReadError::NoWindow => {
+            PyValueError::new_err("window_filled() called without a read_window() before it")
+        }
+        ReadError::Overfilled { filled, window } => PyValueError::new_err(format!(
+            "window_filled({filled}) is more than the {window} byte window"
+        )),
+    }
+}
+
+/// The writable region of a `FrameReader` block that one socket read may fill.
+#[pyclass(frozen, module = "sie_sidecar._native")]
+pub struct ReadWindow {
+    block: Arc<Block>,
+    start: usize,
+    len: usize,
+}
+
+#[pymethods]
+impl ReadWindow {
+    /// # Safety
+    /// Called by CPython with a valid `view`; the memory is kept alive by the view's reference
+    /// to `slf`, and no frame view covers it (the reader hands out only bytes before the window).
+    unsafe fn __getbuffer__(
+        slf: Bound<'_, Self>,
+        view: *mut ffi::Py_buffer,
+        flags: c_int,
+    ) -> PyResult<()> {
+        let this = slf.get();
+        let ptr = this.block.window_ptr(this.start, this.len);
+        // SAFETY: `ptr..ptr+len` is in bounds of the block, which `slf` keeps alive.
+        let rc = unsafe {
+            ffi::PyBuffer_FillInfo(
+                view,
+                slf.as_ptr(),
+                ptr.cast::<std::ffi::c_void>(),
+                this.len as ffi::Py_ssize_t,
+                0,
+                flags,
+            )
+        };
+        if rc != 0 {
+            return Err(PyErr::fetch(slf.py()));
+        }
+        Ok(())
+    }
+
+    /// # Safety
+    /// Nothing to release: the memory lives as long as the object.
+    unsafe fn __releasebuffer__(&self, _view: *mut ffi::Py_buffer) {}
+
+    fn __len__(&self) -> usize {
+        self.len
+    }
+}
+
 /// Prefix `body` with its 4-byte big-endian length; `FrameTooLarge` over 32 MiB.
 #[pyfunction]
 pub fn encode_frame<'py>(
@@ -85,9 +197,9 @@ pub fn encode_frame<'py>(
 ) -> PyResult<Bound<'py, PyBytes>> {
     with_bytes(body, |b| {
         frame::check_len(b.len()).map_err(errors::frame_too_large)?;
-        PyBytes::new_with(py, frame::HEADER_LEN + b.len(), |out| {
-            out[..frame::HEADER_LEN].copy_from_slice(&(b.len() as u32).to_be_bytes());
-            out[frame::HEADER_LEN..].copy_from_slice(b);
+        new_bytes(py, frame::HEADER_LEN + b.len(), |out| {
+            out.extend_from_slice(&(b.len() as u32).to_be_bytes());
+            out.extend_from_slice(b);
             Ok(())
         })
     })
@@ -105,15 +217,9 @@ pub fn encode_request<'py>(
 ) -> PyResult<Bound<'py, PyBytes>> {
     with_bytes(body, |b| {
         let len = ipc::request_len(method, request_id, b.len()).map_err(errors::frame_too_large)?;
-        PyBytes::new_with(py, frame::HEADER_LEN + len, |out| {
-            ipc::write_request(
-                &mut SliceWriter::new(out),
-                len,
-                method,
-                request_id,
-                b,
-                accepts_chunks,
-            );
+        // Written once, not zero-filled first (a 64-item RunBatch request is ~30 KB).
+        new_bytes(py, frame::HEADER_LEN + len, |out| {
+            ipc::write_request(out, len, method, request_id, b, accepts_chunks);
             Ok(())
         })
     })

@@ -22,6 +22,7 @@ mod local_items;
 mod otlp;
 mod outputs;
 mod pack;
+mod read_blocks;
 mod replies;
 mod results;
 mod run_batch;
@@ -36,7 +37,10 @@ mod _native {
     use pyo3::prelude::*;
 
     #[pymodule_export]
-    use crate::framing::{encode_frame, encode_request, encode_response_frames, FrameSplitter};
+    use crate::framing::{
+        encode_frame, encode_request, encode_response_frames, FrameReader, FrameSplitter,
+        ReadWindow,
+    };
 
     #[pymodule_export]
     use crate::envelopes::{

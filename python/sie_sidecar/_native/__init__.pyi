@@ -24,6 +24,7 @@ __all__ = [
     "Batcher",
     "ChunkLimits",
     "FormedBatch",
+    "FrameReader",
     "FrameSplitter",
     "FramedBatch",
     "FramedReplies",
@@ -35,6 +36,7 @@ __all__ = [
     "LazyDelivery",
     "PercentileWindow",
     "PreparedAudio",
+    "ReadWindow",
     "ReplyPlan",
     "ResponseBudget",
     "ResponseEnvelope",
@@ -91,6 +93,20 @@ class SharedBytes:
     def __release_buffer__(self, buffer: memoryview, /) -> None: ...
     def __len__(self) -> int: ...
     def __bytes__(self) -> bytes: ...
+
+@final
+class ReadWindow:
+    def __buffer__(self, flags: int, /) -> memoryview: ...
+    def __release_buffer__(self, buffer: memoryview, /) -> None: ...
+    def __len__(self) -> int: ...
+
+@final
+class FrameReader:
+    def __new__(cls, max_body: int = ..., block_size: int = ...) -> Self: ...
+    def read_window(self) -> ReadWindow: ...
+    def window_filled(self, nbytes: int) -> list[memoryview]: ...
+    @property
+    def buffered(self) -> int: ...
 
 @final
 class FrameSplitter:

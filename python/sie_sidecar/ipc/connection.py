@@ -1,24 +1,29 @@
 # SPDX-License-Identifier: Apache-2.0
-"""One IPC connection on a bare `asyncio.BufferedProtocol`: the socket is read into one reusable buffer
-and split into frames as the bytes arrive (issue 30).
+"""One IPC connection on a bare `asyncio.BufferedProtocol`: the socket is read straight into the
+blocks of a native `FrameReader`, and each complete frame is a view of the block it arrived in
+(issue 30; the blocks, issue 32).
 
 Why not asyncio streams: a `StreamReader` copies every read into its own buffer, `read()` copies it out
 again as `bytes`, and each read is a coroutine wake-up. A 64-item RunBatch response (~120 KB) took four
-copies and several wake-ups. Here the kernel writes into the connection's read buffer, the native
-`FrameSplitter` copies each body once into the frame it returns (the only copy in user space), and the
-waiting request wakes once per complete frame.
+copies and several wake-ups. Here the kernel writes into the reader's block and nothing copies a body
+again (with the pure-Python twin, one copy out of its read buffer), and the waiting request wakes once
+per complete frame.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections import deque
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 from .. import wire
+from ..wire.limits import MAX_FRAME
 
-#: The reusable read buffer's size: a 64-item response arrives in one or two reads, and four pool
-#: connections hold 1 MiB between them.
+if TYPE_CHECKING:
+    from typing_extensions import Buffer
+
+#: A read block's size: a 64-item response arrives in one or two reads. A connection keeps at most
+#: five blocks (its current one and four spares) beyond those its frames still pin.
 READ_BUFFER: Final = 256 << 10
 
 
@@ -30,8 +35,7 @@ class FrameConnection(asyncio.BufferedProtocol):
 
     def __init__(self, max_body: int | None = None) -> None:
         self.transport: asyncio.Transport | None = None
-        self._splitter = wire.FrameSplitter() if max_body is None else wire.FrameSplitter(max_body)
-        self._buffer = memoryview(bytearray(READ_BUFFER))
+        self._reader = wire.FrameReader(MAX_FRAME if max_body is None else max_body, READ_BUFFER)
         self._frames: deque[memoryview] = deque()
         self._waiter: asyncio.Future[None] | None = None
         self._end: BaseException | None = None  # why no more frames will come (None: still open)
@@ -46,12 +50,12 @@ class FrameConnection(asyncio.BufferedProtocol):
         assert isinstance(transport, asyncio.Transport)
         self.transport = transport
 
-    def get_buffer(self, sizehint: int) -> memoryview:
-        return self._buffer
+    def get_buffer(self, sizehint: int) -> Buffer:
+        return self._reader.read_window()
 
     def buffer_updated(self, nbytes: int) -> None:
         try:
-            frames = self._splitter.feed(self._buffer[:nbytes])
+            frames = self._reader.window_filled(nbytes)
         except Exception as exc:  # FrameTooLarge or a malformed header: this stream is out of step
             self._finish(exc)
             if self.transport is not None:

@@ -19,7 +19,7 @@ from .envelopes import (
     encode_request,
     response_body,
 )
-from .framing import FrameSplitter, encode_frame
+from .framing import FrameReader, FrameSplitter, encode_frame
 from .ipc_chunks import (
     PRODUCTION_LIMITS,
     AssembledResponse,
@@ -83,6 +83,7 @@ __all__ = [
     "BatchTombstones",
     "BatchedF16Multivector",
     "ChunkLimits",
+    "FrameReader",
     "FrameSplitter",
     "FramedReplies",
     "FramedResponse",

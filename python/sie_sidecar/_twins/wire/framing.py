@@ -118,6 +118,40 @@ class FrameSplitter:
         return out
 
 
+class FrameReader:
+    """Twin of the compiled `FrameReader`: the same calls over one reusable read buffer, fed to a
+    `FrameSplitter` (so each body is copied out once; only the compiled reader reads into blocks
+    that the bodies are views of)."""
+
+    __slots__ = ("_buffer", "_splitter", "_window")
+
+    def __init__(self, max_body: int = MAX_FRAME, block_size: int = 256 << 10) -> None:
+        self._splitter = FrameSplitter(max_body)
+        self._buffer = memoryview(bytearray(max(block_size, 2 * _HEADER)))
+        self._window = False
+
+    @property
+    def buffered(self) -> int:
+        """Bytes read but not yet part of a returned body."""
+        return self._splitter.buffered
+
+    def read_window(self) -> memoryview:
+        """A writable buffer for the next read (pass its filled length to `window_filled`)."""
+        if self._splitter._closed:
+            raise FrameTooLarge("frame reader closed after an oversized frame (stream desynchronised)")
+        self._window = True
+        return self._buffer
+
+    def window_filled(self, nbytes: int) -> list[memoryview]:
+        """`nbytes` were read into the last window; returns the bodies completed, in order."""
+        if not self._window:
+            raise ValueError("window_filled() called without a read_window() before it")
+        self._window = False
+        if nbytes > len(self._buffer):
+            raise ValueError(f"window_filled({nbytes}) is more than the {len(self._buffer)} byte window")
+        return self._splitter.feed(self._buffer[:nbytes])
+
+
 def encode_frame(body: Buffer) -> bytes:
     """Prefix a body with its 4-byte big-endian length; refuses bodies over the 32 MiB ceiling."""
     view = _as_bytes_view(body)
@@ -126,4 +160,4 @@ def encode_frame(body: Buffer) -> bytes:
     return b"".join((len(view).to_bytes(_HEADER, "big"), view))
 
 
-__all__ = ["FrameSplitter", "encode_frame"]
+__all__ = ["FrameReader", "FrameSplitter", "encode_frame"]
