@@ -7,7 +7,7 @@
 # sie_sidecar.bus.inbound.scan_direct_msgs_py.
 
 from cpython.bytearray cimport PyByteArray_AS_STRING, PyByteArray_GET_SIZE
-from cpython.bytes cimport PyBytes_FromStringAndSize
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
 from cpython.dict cimport PyDict_GetItemWithError
 from cpython.object cimport PyObject
 from cpython.unicode cimport PyUnicode_DecodeUTF8
@@ -95,8 +95,12 @@ cdef inline bint _ascii(const char* s, Py_ssize_t n) nogil:
     return True
 
 
-def scan_direct_msgs(bytearray buf not None, dict direct not None, object client, object msg_cls, object make_run=None):
-    """Deliver the complete direct MSG frames at the head of `buf`, a run at a time.
+def scan_direct_msgs(object buf not None, dict direct not None, object client, object msg_cls, object make_run=None,
+                     Py_ssize_t start=0):
+    """Deliver the complete direct MSG frames of `buf` from `start` on, a run at a time.
+
+    `buf` is nats-py's read buffer (a bytearray), or a read itself (`bytes`, immutable): then a
+    run is not copied: `make_run` gets `buf` whole, and the spans are offsets in it.
 
     With `make_run` (`_native.deliveries_of_run`), a run is not made into `Msg` objects: its bytes
     are copied once, and `make_run(run, spans, subjects, sid, client, msg_cls)` makes what is
@@ -107,13 +111,18 @@ def scan_direct_msgs(bytearray buf not None, dict direct not None, object client
     run, not per message). Only JetStream deliveries take this path: a MSG without a reply subject
     stops the scan like any frame this does not own.
 
-    Returns (bytes consumed, messages, payload bytes, stopped_mid_frame, error): the caller deletes the
-    consumed prefix; `stopped_mid_frame` is True when the head is a direct frame still arriving (wait
+    Returns (where the scan stopped, messages, payload bytes, stopped_mid_frame, error): the caller
+    deletes (or keeps) what lies before that; `stopped_mid_frame` is True when the head is a direct frame still arriving (wait
     for more bytes rather than hand it to the slow parser); `error` is an exception a delivery
     callback raised (the scan stops after that run, which counts as consumed).
     """
-    cdef Py_ssize_t n = PyByteArray_GET_SIZE(buf)
-    cdef Py_ssize_t pos = 0, line_end, i, t0, t1, t2, t3, t4, t5, body, frame_end, limit
+    cdef bint fixed = type(buf) is bytes
+    if not fixed and type(buf) is not bytearray:
+        raise TypeError(f"scan_direct_msgs needs a bytearray or bytes, not {type(buf).__name__}")
+    cdef Py_ssize_t n = PyBytes_GET_SIZE(buf) if fixed else PyByteArray_GET_SIZE(buf)
+    if start < 0 or start > n:
+        raise ValueError(f"start {start} is outside the buffer of {n} bytes")
+    cdef Py_ssize_t pos = start, line_end, i, t0, t1, t2, t3, t4, t5, body, frame_end, limit
     cdef const char* at
     cdef Py_ssize_t count = 0, nbytes = 0
     cdef long long sid, size, run_sid = -1
@@ -129,13 +138,18 @@ def scan_direct_msgs(bytearray buf not None, dict direct not None, object client
     cdef object error = None
     # The run being gathered for `make_run`: where it starts and ends in `buf`, its frames' spans.
     cdef Py_ssize_t run_start = 0, run_end = 0, run_count = 0, span_cap = 0
+    # What the spans are offsets from: the run's start in a copy of it, 0 in `buf` itself.
+    cdef Py_ssize_t base = 0
     cdef unsigned char* spans = NULL
     cdef unsigned char* grown
     cdef list subjects = None
     try:
         while pos < n:
-            s = PyByteArray_AS_STRING(buf)
-            n = PyByteArray_GET_SIZE(buf)
+            if not fixed:  # a callback may have resized the bytearray
+                s = PyByteArray_AS_STRING(buf)
+                n = PyByteArray_GET_SIZE(buf)
+            else:
+                s = PyBytes_AS_STRING(buf)
             if n - pos < 4:
                 partial = s[pos] == c'M'
                 break
@@ -219,7 +233,7 @@ def scan_direct_msgs(bytearray buf not None, dict direct not None, object client
                 try:
                     if make_run is not None:
                         run = make_run(
-                            PyBytes_FromStringAndSize(s + run_start, run_end - run_start),
+                            buf if fixed else PyBytes_FromStringAndSize(s + run_start, run_end - run_start),
                             PyBytes_FromStringAndSize(<char*>spans, run_count * 16),
                             subjects, run_sid, client, msg_cls,
                         )
@@ -232,6 +246,7 @@ def scan_direct_msgs(bytearray buf not None, dict direct not None, object client
             if run_count == 0:
                 run, run_sid, run_deliver = [], sid, deliver
                 run_start = pos
+                base = 0 if fixed else run_start
                 subjects = []
             if make_run is None:
                 payload = PyBytes_FromStringAndSize(s + body, <Py_ssize_t>size)
@@ -243,9 +258,9 @@ def scan_direct_msgs(bytearray buf not None, dict direct not None, object client
                     if grown is NULL:
                         raise MemoryError()
                     spans = grown
-                _put_u32(spans + run_count * 16, t4 - run_start)
+                _put_u32(spans + run_count * 16, t4 - base)
                 _put_u32(spans + run_count * 16 + 4, t5 - t4)
-                _put_u32(spans + run_count * 16 + 8, body - run_start)
+                _put_u32(spans + run_count * 16 + 8, body - base)
                 _put_u32(spans + run_count * 16 + 12, <Py_ssize_t>size)
                 subjects.append(subject)
             run_count += 1
@@ -257,9 +272,9 @@ def scan_direct_msgs(bytearray buf not None, dict direct not None, object client
         if run_count:
             try:
                 if make_run is not None:
-                    s = PyByteArray_AS_STRING(buf)
+                    s = PyBytes_AS_STRING(buf) if fixed else PyByteArray_AS_STRING(buf)
                     run = make_run(
-                        PyBytes_FromStringAndSize(s + run_start, run_end - run_start),
+                        buf if fixed else PyBytes_FromStringAndSize(s + run_start, run_end - run_start),
                         PyBytes_FromStringAndSize(<char*>spans, run_count * 16),
                         subjects, run_sid, client, msg_cls,
                     )

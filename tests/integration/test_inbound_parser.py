@@ -95,6 +95,30 @@ async def test_a_status_with_headers_between_deliveries_is_handed_over_alone(cli
     assert others[0].headers == {"Status": "503"}
 
 
+@pytest.mark.parametrize(
+    ("cut", "in_place"),
+    [
+        (10, 3),  # inside the first frame's control line: completed from the next read's head
+        (120, 3),  # inside the second frame's payload: the first in place, then the last two
+        (0, 4),  # one read: all four in place
+    ],
+)
+async def test_a_read_is_scanned_in_place_once_the_cut_frame_is_complete(
+    client: Client, cut: int, in_place: int
+) -> None:
+    """Only the frame a read cut goes through nats-py's buffer; the others are read where they lie."""
+    fast, direct, _, _ = await _setup(client)
+    payloads = [bytes([65 + i]) * 50 for i in range(4)]
+    stream = b"".join(map(_direct, payloads))
+    assert len(_direct(payloads[0])) < 120 < 2 * len(_direct(payloads[0]))
+    for piece in (stream[:cut], stream[cut:]):
+        if piece:
+            await client._ps.parse(piece)
+    assert direct == payloads
+    assert (fast.messages, fast.in_place) == (4, in_place)
+    assert client._ps.buf == bytearray()
+
+
 def test_first_frame_end_reads_frames_as_nats_py_does() -> None:
     frame = _other(9, b"xyz")
     assert first_frame_end(bytearray(frame + b"PING\r\n")) == len(frame)
@@ -134,3 +158,4 @@ async def test_streams_cut_anywhere_lose_and_reorder_nothing(client: Client) -> 
     assert direct == want_direct
     await _until(lambda: len(others) == want_others)
     assert fast.messages == len(want_direct)
+    assert 0 < fast.in_place < fast.messages  # both ways were taken: in place, and through the buffer

@@ -26,11 +26,30 @@ def _with_deliveries(scanner: Any) -> Any:
     return lambda buf, direct, client, msg_cls: scanner(buf, direct, client, msg_cls, MAKE_RUN)
 
 
+#: Bytes before `start` in a read: the scan must neither read them nor count them.
+READ_PREFIX = b"MSG _INBOX.a 7 $JS.ACK.before.start 1\r\nx\r\n"
+
+
+def _in_a_read(scanner: Any, make_run: Any = None) -> Any:
+    """The scanner over a read itself (`bytes`, from `start`), as `bus.inbound` scans one in place;
+    where it stopped is given back relative to `start`."""
+
+    def scan(buf: bytearray, direct: Any, client: Any, msg_cls: Any) -> Any:
+        consumed, *rest = scanner(READ_PREFIX + bytes(buf), direct, client, msg_cls, make_run, len(READ_PREFIX))
+        return (consumed - len(READ_PREFIX), *rest)
+
+    return scan
+
+
 SCANNERS = {
     "native": scan_direct_msgs,
     "py": scan_direct_msgs_py,
     "native-deliveries": _with_deliveries(scan_direct_msgs),
     "py-deliveries": _with_deliveries(scan_direct_msgs_py),
+    "native-read": _in_a_read(scan_direct_msgs),
+    "py-read": _in_a_read(scan_direct_msgs_py),
+    "native-read-deliveries": _in_a_read(scan_direct_msgs, MAKE_RUN),
+    "py-read-deliveries": _in_a_read(scan_direct_msgs_py, MAKE_RUN),
 }
 DIRECT_SIDS = (3, 7)
 
@@ -221,3 +240,39 @@ def test_deliveries_of_run_refuses_spans_outside_the_run() -> None:
         deliveries_of_run(b"abc", struct.pack("<4I", 0, 2, 2, 5), ["s"], 1, None, Msg, item_cls=WorkItem)
     with pytest.raises(ValueError, match="four u32"):
         deliveries_of_run(b"abc", b"\x00" * 8, ["s"], 1, None, Msg, item_cls=WorkItem)
+
+
+@pytest.mark.parametrize("scanner", [scan_direct_msgs, scan_direct_msgs_py], ids=["native", "py"])
+def test_a_read_is_handed_over_whole_not_copied_and_a_buffer_run_is_copied(scanner: Any) -> None:
+    """In a read (`bytes`) every run is the read itself, its spans offsets in it; in nats-py's
+    buffer (a bytearray, which changes) a run is a copy of its frames, its spans offsets in that."""
+    frames = [(3, b"a"), (3, b"bc"), (7, b"d")]
+    data = b"".join(b"MSG _INBOX.x %d $JS.ACK.y.%d %d\r\n%s\r\n" % (sid, i, len(p), p) for i, (sid, p) in enumerate(frames))
+    handed: list[tuple[bytes, bytes]] = []
+
+    def make_run(run: bytes, spans: bytes, *args: Any) -> list[LazyDelivery]:
+        handed.append((run, spans))
+        return MAKE_RUN(run, spans, *args)
+
+    got: list[LazyDelivery] = []
+    read = READ_PREFIX + data
+    consumed, count, *_ = scanner(read, dict.fromkeys(DIRECT_SIDS, got.extend), None, Msg, make_run, len(READ_PREFIX))
+    assert (consumed, count) == (len(read), 3)
+    assert [run is read for run, _ in handed] == [True, True]
+    assert [bytes(d.msg.data) for d in got] == [b"a", b"bc", b"d"]
+    assert [d.msg.reply for d in got] == ["$JS.ACK.y.0", "$JS.ACK.y.1", "$JS.ACK.y.2"]
+
+    handed.clear()
+    scanner(bytearray(data), dict.fromkeys(DIRECT_SIDS, got.extend), None, Msg, make_run, 0)
+    second = data.rindex(b"MSG")  # where the run of sid 7 begins
+    assert [run for run, _ in handed] == [data[:second], data[second:]]
+
+
+@pytest.mark.parametrize("scanner", [scan_direct_msgs, scan_direct_msgs_py], ids=["native", "py"])
+def test_a_start_outside_the_buffer_or_another_type_is_refused(scanner: Any) -> None:
+    with pytest.raises(ValueError, match="outside"):
+        scanner(b"abc", {}, None, Msg, None, 4)
+    with pytest.raises(ValueError, match="outside"):
+        scanner(bytearray(b"abc"), {}, None, Msg, None, -1)
+    with pytest.raises(TypeError, match="bytearray or bytes"):
+        scanner(memoryview(b"abc"), {}, None, Msg, None, 0)

@@ -70,9 +70,10 @@ class BatchTombstones:
     def __len__(self) -> int: ...
 
 def scan_direct_msgs(
-    buf: bytearray,
+    buf: bytearray | bytes,
     direct: dict[int, Callable[[Any], None]],
     client: Any,
     msg_cls: Any,
     make_run: Callable[..., list[Any]] | None = None,
+    start: int = 0,
 ) -> tuple[int, int, int, bool, BaseException | None]: ...

@@ -31,19 +31,26 @@ def _new_msg(msg_cls: Any, client: Any, subject: str, reply: str, payload: bytes
     return msg
 
 
-def scan_direct_msgs(
-    buf: bytearray,
+def scan_direct_msgs(  # noqa: PLR0917
+    buf: bytearray | bytes,
     direct: dict[int, DeliverRun],
     client: Any,
     msg_cls: Any,
     make_run: Callable[..., list[Any]] | None = None,
+    start: int = 0,
 ) -> ScanResult:
     """Pure-Python twin of the Cython scanner (same results; used by the parity tests).
 
     With `make_run`, a run is handed to it as the Cython scanner hands it: the run's bytes, four
     little-endian u32 per frame (reply offset and length, payload offset and length, in the run)
-    and the frames' subjects; what it returns is delivered."""
-    pos = count = nbytes = 0
+    and the frames' subjects; what it returns is delivered. A `bytes` buffer is handed over whole
+    (not copied), the offsets then in it. The scan begins at `start`."""
+    fixed = type(buf) is bytes
+    if not fixed and type(buf) is not bytearray:
+        raise TypeError(f"scan_direct_msgs needs a bytearray or bytes, not {type(buf).__name__}")
+    if start < 0 or start > len(buf):
+        raise ValueError(f"start {start} is outside the buffer of {len(buf)} bytes")
+    pos, count, nbytes = start, 0, 0
     run: list[Any] | None = None
     run_sid = -1
     run_deliver: DeliverRun | None = None
@@ -59,7 +66,8 @@ def scan_direct_msgs(
                 run_deliver(run)
             else:
                 packed = struct.pack(f"<{len(spans)}I", *spans)
-                run_deliver(make_run(bytes(buf[run_start:run_end]), packed, subjects, run_sid, client, msg_cls))
+                whole = buf if fixed else bytes(buf[run_start:run_end])
+                run_deliver(make_run(whole, packed, subjects, run_sid, client, msg_cls))
         except BaseException as exc:  # mirrors the Cython scanner: report, stop after this run
             return exc
         return None
@@ -104,7 +112,8 @@ def scan_direct_msgs(
             run, run_sid, run_deliver = [], sid, deliver
             run_start, spans, subjects = pos, [], []
         run.append(_new_msg(msg_cls, client, subject, reply, payload, sid))
-        spans += (pos + m.start(3) - run_start, m.end(3) - m.start(3), body - run_start, size)
+        base = 0 if fixed else run_start
+        spans += (pos + m.start(3) - base, m.end(3) - m.start(3), body - base, size)
         subjects.append(subject)
         run_end = frame_end
         pos, count, nbytes = frame_end, count + 1, nbytes + size

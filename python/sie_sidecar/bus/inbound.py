@@ -6,10 +6,15 @@ a queue put): several µs a message, which is the largest per-message cost left 
 parser installed here first hands the complete `MSG` frames of *registered* subscriptions at the
 head of the buffer to `scan_direct_msgs` (Cython: one C loop, the consumer's callback called
 synchronously once per run of frames), and leaves everything else to nats-py's own parser,
-unchanged. A run is not made into nats-py `Msg` objects: its bytes are copied once and the native
-core makes one `LazyDelivery` per frame (subject, ACK subject and payload as spans of the run, the
-WorkItem read in place); the `Msg` is built only if a per-message path (a NAK, a progress ACK)
-asks for it. With the pure-Python twin selected, frames become `Msg` objects as before.
+unchanged. A run is not made into nats-py `Msg` objects: the native core makes one `LazyDelivery`
+per frame (subject, ACK subject and payload as spans of the run, the WorkItem read in place); the
+`Msg` is built only if a per-message path (a NAK, a progress ACK) asks for it. With the pure-Python
+twin selected, frames become `Msg` objects as before.
+
+A read is scanned where it lies (issue 32): once the frame the last read cut is completed from its
+head, its frames are runs of the read itself, copied neither into nats-py's buffer nor into a run
+of their own. Only what the scan leaves (another subscription's frame, a frame still arriving)
+joins the buffer, and a buffer's run is copied once.
 
 It relies on nats-py internals (`Client._ps`, `Parser.buf` / `state`, `AWAITING_CONTROL_LINE`):
 `FastInbound.install` checks them and returns `None` when they changed, and
@@ -36,6 +41,8 @@ DeliverRun = Callable[[list[Any]], None]
 ScanResult = tuple[int, int, int, bool, BaseException | None]
 
 _CRLF = b"\r\n"
+#: The longest control line nats-py accepts (its MAX_CONTROL_LINE_SIZE).
+_MAX_LINE = 4096
 #: nats-py's one-line frames, in the order its parser tries them.
 _LINE_FRAMES = tuple(
     getattr(nats_parser, name)
@@ -43,7 +50,9 @@ _LINE_FRAMES = tuple(
     if hasattr(nats_parser, name)
 )
 
-Scanner = Callable[[bytearray, dict[int, DeliverRun], Any, Any, Callable[..., list[Any]] | None], ScanResult]
+Scanner = Callable[
+    [bytearray | bytes, dict[int, DeliverRun], Any, Any, Callable[..., list[Any]] | None, int], ScanResult
+]
 
 #: The compiled core, or the pure-Python twin with `SIE_SIDECAR_NO_EXTENSIONS=1` (`_twins.inbound`).
 _core = load("inbound")
@@ -82,12 +91,69 @@ class _FastParser(nats_parser.Parser):
 
     async def parse(self, data: bytes = b"") -> None:
         buf = self.buf
+        if data and self._direct and type(data) is bytes:
+            start = self._completes_partial(buf, data)
+            if start is not None:
+                await self._parse_read(buf, data, start)
+                return
         if data:
             buf.extend(data)
+        await self._parse_buffer(buf)
+
+    def _completes_partial(self, buf: bytearray, data: bytes) -> int | None:
+        """How many bytes at the head of `data` complete the frame `buf` was left holding (0 when
+        it holds none), or None when that is not known here (then `data` joins `buf` whole)."""
+        if not buf:
+            return 0
+        if self.state != nats_parser.AWAITING_CONTROL_LINE or not buf.startswith(b"MSG"):
+            return None
+        line_end = buf.find(_CRLF, 0, _MAX_LINE)
+        if line_end >= 0:
+            m = nats_parser.MSG_RE.match(buf, 0, line_end + len(_CRLF))
+        else:  # the control line itself was cut: its end is in `data` (joined: under 4 KB)
+            cut = data.find(_CRLF, 0, _MAX_LINE)
+            m = None if cut < 0 else nats_parser.MSG_RE.match(bytes(buf) + data[: cut + len(_CRLF)])
+        if m is None:
+            return None
+        need = m.end() + int(m.group(5)) + len(_CRLF) - len(buf)
+        return need if 0 < need <= len(data) else None
+
+    async def _parse_read(self, buf: bytearray, data: bytes, start: int) -> None:
+        """Parse a read whose first `start` bytes complete the frame in `buf`: that frame through
+        `buf`, then the rest in place. The scanner hands a run `data` itself, so the deliveries'
+        bytes are the read's and are copied neither into `buf` nor into a run of their own; what
+        the scan leaves (another subscription's frame, a frame still arriving) joins `buf`."""
+        view = memoryview(data)
+        if start:
+            buf.extend(view[:start])
+            await self._parse_buffer(buf)
+            if self.buf is not buf:
+                return  # reset meanwhile (a reconnect): the read belongs to the old connection
+            if buf or self.state != nats_parser.AWAITING_CONTROL_LINE:
+                buf.extend(view[start:])
+                await self._parse_buffer(buf)
+                return
+        consumed, count, nbytes, partial, error = scan_direct_msgs(data, self._direct, self.nc, Msg, make_run, start)
+        if count:
+            stats = self.nc.stats
+            stats["in_msgs"] += count
+            stats["in_bytes"] += nbytes
+            self._fast.messages += count
+            self._fast.in_place += count
+        if consumed < len(data):
+            buf.extend(view[consumed:])
+        if error is not None:
+            raise error
+        if partial or not buf:
+            return
+        await self._parse_buffer(buf)
+
+    async def _parse_buffer(self, buf: bytearray) -> None:
+        """The frames in `buf`: direct runs through the scanner, anything else by nats-py."""
         direct = self._direct
         while direct and buf:
             if self.state == nats_parser.AWAITING_CONTROL_LINE:
-                consumed, count, nbytes, partial, error = scan_direct_msgs(buf, direct, self.nc, Msg, make_run)
+                consumed, count, nbytes, partial, error = scan_direct_msgs(buf, direct, self.nc, Msg, make_run, 0)
                 if consumed:
                     del buf[:consumed]
                     stats = self.nc.stats
@@ -110,12 +176,18 @@ class _FastParser(nats_parser.Parser):
             # made the sidecar's CPU per item 1.3-1.8x).
             if end is None or end >= len(buf):
                 break
-            rest = buf[end:]
-            del buf[end:]
+            # nats-py gets that one frame in a buffer of its own (a copy of the frame, ~100 bytes)
+            # while the frames behind it stay put: moving them out and back in copied the rest of
+            # the read twice, ~17 KB a handover and several a batch (docs/benchmarks.md, issue 32).
+            one = buf[:end]
+            del buf[:end]  # a prefix: CPython only moves the bytearray's start
+            self.buf = one
             await super().parse(b"")
-            if self.buf is not buf:
+            if self.buf is not one:
                 return  # reset meanwhile (a reconnect): what was left belongs to the old connection
-            buf.extend(rest)
+            if one:
+                buf[:0] = one  # not all taken (nats-py stopped inside it): it stays first
+            self.buf = buf
             self._fast.handed_over += 1
         if buf:
             await super().parse(b"")
@@ -128,6 +200,7 @@ class FastInbound:
         self._parser = parser
         self.messages = 0  # delivered through the fast path (telemetry and tests)
         self.handed_over = 0  # other frames nats-py parsed alone, the fast path resuming after each
+        self.in_place = 0  # of `messages`, those read in place in a read (not copied into a buffer)
 
     @classmethod
     def install(cls, nc: Any) -> FastInbound | None:
