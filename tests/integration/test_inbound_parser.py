@@ -82,6 +82,7 @@ async def test_the_fast_path_resumes_after_a_frame_of_another_subscription(clien
     await client._ps.parse(data)
     assert direct == [b"a", b"b", b"c", b"d", b"e", b"f"]
     assert fast.messages == 6 and fast.handed_over == 1  # before: 3 and the other three slowly
+    assert fast.in_place == 6  # the scan resumed in the read itself after the other frame
     await _until(lambda: len(others) == 1)
     assert others[0].subject == "_INBOX.answers.7" and others[0].data == b""
     assert client._ps.buf == bytearray() and client._ps.state == nats_parser.AWAITING_CONTROL_LINE

@@ -64,13 +64,13 @@ make_run: Callable[..., list[Any]] | None = (
 )
 
 
-def first_frame_end(buf: bytearray) -> int | None:
+def first_frame_end(buf: bytearray | memoryview) -> int | None:
     """Where the first complete frame of `buf` ends, read as nats-py's parser reads it (its own
     patterns); None when it is not complete yet or not one nats-py knows (then nats-py takes all)."""
-    if buf.startswith(b"MSG"):
+    if buf[:3] == b"MSG":
         m = nats_parser.MSG_RE.match(buf)
         end = None if m is None else m.end() + int(m.group(5)) + 2
-    elif buf.startswith(b"HMSG"):
+    elif buf[:4] == b"HMSG":
         m = nats_parser.HMSG_RE.match(buf)
         end = None if m is None else m.end() + int(m.group(6)) + 2
     else:
@@ -121,32 +121,58 @@ class _FastParser(nats_parser.Parser):
     async def _parse_read(self, buf: bytearray, data: bytes, start: int) -> None:
         """Parse a read whose first `start` bytes complete the frame in `buf`: that frame through
         `buf`, then the rest in place. The scanner hands a run `data` itself, so the deliveries'
-        bytes are the read's and are copied neither into `buf` nor into a run of their own; what
-        the scan leaves (another subscription's frame, a frame still arriving) joins `buf`."""
+        bytes are the read's and are copied neither into `buf` nor into a run of their own. A frame
+        of another subscription goes to nats-py alone and the scan resumes after it; only what is
+        left when the scan cannot go on (a frame still arriving, one not known) joins `buf`."""
         view = memoryview(data)
         if start:
             buf.extend(view[:start])
             await self._parse_buffer(buf)
             if self.buf is not buf:
                 return  # reset meanwhile (a reconnect): the read belongs to the old connection
-            if buf or self.state != nats_parser.AWAITING_CONTROL_LINE:
-                buf.extend(view[start:])
-                await self._parse_buffer(buf)
+        pos, partial = start, False
+        while not buf and self.state == nats_parser.AWAITING_CONTROL_LINE and self._direct:
+            consumed, count, nbytes, partial, error = scan_direct_msgs(data, self._direct, self.nc, Msg, make_run, pos)
+            if count:
+                stats = self.nc.stats
+                stats["in_msgs"] += count
+                stats["in_bytes"] += nbytes
+                self._fast.messages += count
+                self._fast.in_place += count
+            pos = consumed
+            if error is not None:
+                buf.extend(view[pos:])
+                raise error
+            if partial or pos == len(data):
+                break
+            # A frame the scan does not own (an ACK's answer, a status): nats-py parses it alone,
+            # and the scan resumes in the read after it (else the rest of the read, ~30 KB, would
+            # be copied into the buffer for it).
+            end = first_frame_end(view[pos:])
+            if end is None or pos + end >= len(data):
+                break  # not known, or the read's last frame: nats-py takes the rest from the buffer
+            if not await self._parse_alone(bytearray(view[pos : pos + end])):
                 return
-        consumed, count, nbytes, partial, error = scan_direct_msgs(data, self._direct, self.nc, Msg, make_run, start)
-        if count:
-            stats = self.nc.stats
-            stats["in_msgs"] += count
-            stats["in_bytes"] += nbytes
-            self._fast.messages += count
-            self._fast.in_place += count
-        if consumed < len(data):
-            buf.extend(view[consumed:])
-        if error is not None:
-            raise error
-        if partial or not buf:
-            return
-        await self._parse_buffer(buf)
+            pos += end
+        if pos < len(data):
+            buf.extend(view[pos:])
+        if buf and not partial and self.buf is buf:  # partial: a direct frame still arriving
+            await self._parse_buffer(buf)
+
+    async def _parse_alone(self, one: bytearray) -> bool:
+        """nats-py parses the frame `one` in a buffer of its own while the frames behind it stay
+        where they are; what it leaves of `one` goes first in the buffer. False when the parser was
+        reset meanwhile (a reconnect: what was left belongs to the old connection)."""
+        buf = self.buf
+        self.buf = one
+        await super().parse(b"")
+        if self.buf is not one:
+            return False
+        if one:
+            buf[:0] = one  # not all taken (nats-py stopped inside it): it stays first
+        self.buf = buf
+        self._fast.handed_over += 1
+        return True
 
     async def _parse_buffer(self, buf: bytearray) -> None:
         """The frames in `buf`: direct runs through the scanner, anything else by nats-py."""
@@ -176,19 +202,12 @@ class _FastParser(nats_parser.Parser):
             # made the sidecar's CPU per item 1.3-1.8x).
             if end is None or end >= len(buf):
                 break
-            # nats-py gets that one frame in a buffer of its own (a copy of the frame, ~100 bytes)
-            # while the frames behind it stay put: moving them out and back in copied the rest of
-            # the read twice, ~17 KB a handover and several a batch (docs/benchmarks.md, issue 32).
+            # That one frame goes alone (a copy of it, ~100 bytes): moving the frames behind it
+            # out and back in copied the rest of the read twice, ~17 KB a handover (issue 32).
             one = buf[:end]
             del buf[:end]  # a prefix: CPython only moves the bytearray's start
-            self.buf = one
-            await super().parse(b"")
-            if self.buf is not one:
-                return  # reset meanwhile (a reconnect): what was left belongs to the old connection
-            if one:
-                buf[:0] = one  # not all taken (nats-py stopped inside it): it stays first
-            self.buf = buf
-            self._fast.handed_over += 1
+            if not await self._parse_alone(one):
+                return
         if buf:
             await super().parse(b"")
 
