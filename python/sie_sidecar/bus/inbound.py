@@ -33,6 +33,7 @@ from nats.protocol import parser as nats_parser
 
 from ..wire._switch import USING_NATIVE, load
 from ..wire.workitem import WorkItem
+from .reads import ReadsAsTheyCame
 
 log = logging.getLogger(__name__)
 
@@ -67,10 +68,11 @@ make_run: Callable[..., list[Any]] | None = (
 def first_frame_end(buf: bytearray | memoryview) -> int | None:
     """Where the first complete frame of `buf` ends, read as nats-py's parser reads it (its own
     patterns); None when it is not complete yet or not one nats-py knows (then nats-py takes all)."""
-    if buf[:3] == b"MSG":
+    head = bytes(buf[:4])
+    if head.startswith(b"MSG"):
         m = nats_parser.MSG_RE.match(buf)
         end = None if m is None else m.end() + int(m.group(5)) + 2
-    elif buf[:4] == b"HMSG":
+    elif head == b"HMSG":
         m = nats_parser.HMSG_RE.match(buf)
         end = None if m is None else m.end() + int(m.group(6)) + 2
     else:
@@ -88,8 +90,13 @@ class _FastParser(nats_parser.Parser):
 
     _direct: dict[int, DeliverRun]
     _fast: FastInbound
+    _reader: object  # the connection's StreamReader last seen (adopted, or left as it was)
 
     async def parse(self, data: bytes = b"") -> None:
+        reader = getattr(self.nc._transport, "_io_reader", None)
+        if reader is not self._reader:  # a new connection: its reads are handed over as they came
+            self._reader = reader
+            ReadsAsTheyCame.adopt(reader)
         buf = self.buf
         if data and self._direct and type(data) is bytes:
             start = self._completes_partial(buf, data)
@@ -243,6 +250,7 @@ class FastInbound:
         ps.__class__ = _FastParser
         fast_ps: _FastParser = ps  # type: ignore[assignment]
         fast_ps._direct = {}
+        fast_ps._reader = None
         fast = cls(fast_ps)
         fast_ps._fast = fast
         nc._sie_fast_inbound = fast
