@@ -129,6 +129,19 @@ impl FrameReader {
     fn buffered(&self) -> usize {
         self.inner.buffered()
     }
+
+    /// `{"windows", "moves", "moved_bytes", "blocks_made"}`: reads offered, frames in progress
+    /// moved to another block (and the bytes that copied), blocks allocated.
+    #[getter]
+    fn stats(&self) -> std::collections::HashMap<&'static str, u64> {
+        let s = self.inner.stats();
+        std::collections::HashMap::from([
+            ("windows", s.windows),
+            ("moves", s.moves),
+            ("moved_bytes", s.moved_bytes),
+            ("blocks_made", s.blocks_made),
+        ])
+    }
 }
 
 fn read_error(err: ReadError) -> PyErr {

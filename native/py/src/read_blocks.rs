@@ -93,6 +93,17 @@ pub struct BlockReader {
     window: Option<usize>,
     spare: Vec<Arc<Block>>,
     failed: Option<FrameTooLarge>,
+    stats: ReaderStats,
+}
+
+/// What a reader did, for tests and the operator's view: how often the frame in progress had to
+/// move (and how many bytes that copied) and how many blocks were made.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct ReaderStats {
+    pub windows: u64,
+    pub moves: u64,
+    pub moved_bytes: u64,
+    pub blocks_made: u64,
 }
 
 impl BlockReader {
@@ -107,7 +118,15 @@ impl BlockReader {
             window: None,
             spare: Vec::new(),
             failed: None,
+            stats: ReaderStats {
+                blocks_made: 1,
+                ..ReaderStats::default()
+            },
         }
+    }
+
+    pub fn stats(&self) -> ReaderStats {
+        self.stats
     }
 
     /// Bytes read but not yet part of a returned frame.
@@ -125,6 +144,7 @@ impl BlockReader {
             return Err(ReadError::TooLarge(err));
         }
         self.make_room();
+        self.stats.windows += 1;
         let len = self.block.cap - self.filled;
         debug_assert!(len > 0);
         self.window = Some(len);
@@ -188,6 +208,10 @@ impl BlockReader {
     /// Move the bytes of the frame in progress to the start of a block of at least `want` bytes.
     fn move_pending(&mut self, want: usize) {
         let pending = self.filled - self.parsed;
+        if pending > 0 {
+            self.stats.moves += 1;
+            self.stats.moved_bytes += pending as u64;
+        }
         if Arc::strong_count(&self.block) == 1 && self.block.cap >= want {
             let base = self.block.ptr.as_ptr();
             // SAFETY: no view of the block exists (its Arc is unique), both ranges are in bounds,
@@ -200,7 +224,10 @@ impl BlockReader {
                 .position(|b| Arc::strong_count(b) == 1 && b.cap >= want)
             {
                 Some(i) => self.spare.swap_remove(i),
-                None => Arc::new(Block::new(want)),
+                None => {
+                    self.stats.blocks_made += 1;
+                    Arc::new(Block::new(want))
+                }
             };
             // SAFETY: `next` is unique (a new block, or a spare nothing else refers to), the
             // source range is complete bytes of the current block, and the two blocks differ.
