@@ -247,7 +247,9 @@ def test_a_read_is_handed_over_whole_not_copied_and_a_buffer_run_is_copied(scann
     """In a read (`bytes`) every run is the read itself, its spans offsets in it; in nats-py's
     buffer (a bytearray, which changes) a run is a copy of its frames, its spans offsets in that."""
     frames = [(3, b"a"), (3, b"bc"), (7, b"d")]
-    data = b"".join(b"MSG _INBOX.x %d $JS.ACK.y.%d %d\r\n%s\r\n" % (sid, i, len(p), p) for i, (sid, p) in enumerate(frames))
+    data = b"".join(
+        b"MSG _INBOX.x %d $JS.ACK.y.%d %d\r\n%s\r\n" % (sid, i, len(p), p) for i, (sid, p) in enumerate(frames)
+    )
     handed: list[tuple[bytes, bytes]] = []
 
     def make_run(run: bytes, spans: bytes, *args: Any) -> list[LazyDelivery]:
