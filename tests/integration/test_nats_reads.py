@@ -113,3 +113,17 @@ async def test_a_reader_someone_waits_on_is_left_alone() -> None:
     reader.feed_data(b" then")
     reader.feed_eof()
     assert [await reader.read(1), await reader.read(1), await reader.read(1)] == [b"held", b" then", b""]
+
+
+async def test_no_reader_is_adopted_before_its_handshake_is_over(client: Client) -> None:
+    """A reconnect reads its handshake lines through StreamReader's own buffer: a read parsed while
+    the client is not connected (the old read loop, racing) leaves the new reader as it is."""
+    assert FastInbound.install(client) is not None
+    client._status = Client.RECONNECTING
+    try:
+        await client._ps.parse(b"PONG\r\n")
+        assert type(client._transport._io_reader) is asyncio.StreamReader  # type: ignore[union-attr]
+    finally:
+        client._status = Client.CONNECTED
+    await client.flush()
+    assert type(client._transport._io_reader) is ReadsAsTheyCame  # type: ignore[union-attr]

@@ -94,7 +94,9 @@ class _FastParser(nats_parser.Parser):
 
     async def parse(self, data: bytes = b"") -> None:
         reader = getattr(self.nc._transport, "_io_reader", None)
-        if reader is not self._reader:  # a new connection: its reads are handed over as they came
+        if reader is not self._reader and self.nc.is_connected:
+            # A new connection, its handshake over (it reads lines through StreamReader's buffer):
+            # from now on its reads are handed over as they came.
             self._reader = reader
             ReadsAsTheyCame.adopt(reader)
         buf = self.buf
