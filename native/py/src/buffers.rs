@@ -140,14 +140,41 @@ pub unsafe fn fill_readonly(
     view: *mut ffi::Py_buffer,
     flags: c_int,
 ) -> PyResult<()> {
+    // SAFETY: guaranteed by the caller (see above); the memory is only read through the view.
+    unsafe {
+        fill_buffer(
+            owner,
+            bytes.as_ptr().cast_mut(),
+            bytes.len(),
+            true,
+            view,
+            flags,
+        )
+    }
+}
+
+/// Fill a `Py_buffer` over `len` bytes at `ptr`, owned by `owner`; writable unless `readonly`.
+///
+/// # Safety
+/// `view` must be the pointer CPython passed to `__getbuffer__`; `ptr..ptr+len` must stay valid
+/// for as long as `owner` lives (the view keeps a reference to `owner`) and, when writable, be
+/// memory nothing else reads or writes while the view may write it.
+pub unsafe fn fill_buffer(
+    owner: &Bound<'_, PyAny>,
+    ptr: *mut u8,
+    len: usize,
+    readonly: bool,
+    view: *mut ffi::Py_buffer,
+    flags: c_int,
+) -> PyResult<()> {
     // SAFETY: guaranteed by the caller (see above).
     let rc = unsafe {
         ffi::PyBuffer_FillInfo(
             view,
             owner.as_ptr(),
-            bytes.as_ptr() as *mut std::ffi::c_void,
-            bytes.len() as ffi::Py_ssize_t,
-            1,
+            ptr.cast::<std::ffi::c_void>(),
+            len as ffi::Py_ssize_t,
+            c_int::from(readonly),
             flags,
         )
     };

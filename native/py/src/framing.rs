@@ -12,7 +12,7 @@ use sie_core::frame::{self, Body};
 use sie_core::ipc;
 use sie_core::msgpack::{Out, SliceWriter};
 
-use crate::buffers::{new_bytes, shared_view, with_bytes};
+use crate::buffers::{fill_buffer, new_bytes, shared_view, with_bytes};
 use crate::errors;
 use crate::read_blocks::{Block, BlockReader, ReadError, BLOCK_SIZE};
 
@@ -176,21 +176,9 @@ impl ReadWindow {
     ) -> PyResult<()> {
         let this = slf.get();
         let ptr = this.block.window_ptr(this.start, this.len);
-        // SAFETY: `ptr..ptr+len` is in bounds of the block, which `slf` keeps alive.
-        let rc = unsafe {
-            ffi::PyBuffer_FillInfo(
-                view,
-                slf.as_ptr(),
-                ptr.cast::<std::ffi::c_void>(),
-                this.len as ffi::Py_ssize_t,
-                0,
-                flags,
-            )
-        };
-        if rc != 0 {
-            return Err(PyErr::fetch(slf.py()));
-        }
-        Ok(())
+        // SAFETY: `ptr..ptr+len` is in bounds of the block, which `slf` keeps alive, and only the
+        // read this window is for writes it (see `read_blocks`).
+        unsafe { fill_buffer(slf.as_any(), ptr, this.len, false, view, flags) }
     }
 
     /// # Safety
