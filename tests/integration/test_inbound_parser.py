@@ -120,6 +120,28 @@ async def test_a_read_is_scanned_in_place_once_the_cut_frame_is_complete(
     assert client._ps.buf == bytearray()
 
 
+async def test_a_failing_delivery_of_the_completed_frame_keeps_the_rest_of_the_read(client: Client) -> None:
+    """The frame a read completed is delivered through the buffer; when its callback raises, the
+    frames behind it in the read stay in the buffer, as they do when a run scanned in place fails."""
+    fast, direct, _, _ = await _setup(client)
+    calls = 0
+
+    def deliver(run: list[Any]) -> None:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            raise RuntimeError("consumer failed")
+        direct.extend(_payload(d) for d in run)
+
+    fast.register(DIRECT_SID, deliver)
+    stream = b"".join(map(_direct, (b"one", b"two", b"three")))
+    await client._ps.parse(stream[:10])
+    with pytest.raises(RuntimeError, match="consumer failed"):
+        await client._ps.parse(stream[10:])
+    await client._ps.parse(b"")
+    assert direct == [b"two", b"three"]
+
+
 def test_first_frame_end_reads_frames_as_nats_py_does() -> None:
     frame = _other(9, b"xyz")
     assert first_frame_end(bytearray(frame + b"PING\r\n")) == len(frame)

@@ -139,3 +139,17 @@ def test_held_bodies_make_new_blocks_but_only_the_cut_frame_moves() -> None:
     # ~4 bodies a block: each cut frame moved its received part once, to a block of its own.
     assert 8 <= stats["blocks_made"] <= 12 and stats["moves"] == stats["blocks_made"] - 1
     assert stats["moved_bytes"] < stats["moves"] * 1004
+
+
+def test_a_filled_window_can_not_be_exported_again() -> None:
+    """Its bytes may be frames now: a late writer gets no buffer over them."""
+    from sie_sidecar.wire._native_api import FrameReader
+
+    reader = FrameReader(1 << 20, 4096)
+    window = reader.read_window()
+    memoryview(window)[:9] = frame(b"hello")
+    (body,) = reader.window_filled(9)
+    with pytest.raises(BufferError, match="filled already"):
+        memoryview(window)
+    assert bytes(body) == b"hello"
+    assert len(memoryview(reader.read_window())) == 4096 - 9  # the next window is fine

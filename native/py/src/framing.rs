@@ -1,9 +1,10 @@
 //! `FrameSplitter`, `encode_frame` and `encode_request` for Python.
 
 use std::ffi::c_int;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use pyo3::exceptions::PyValueError;
+use pyo3::exceptions::{PyBufferError, PyValueError};
 use pyo3::ffi;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList};
@@ -89,6 +90,8 @@ impl FrameSplitter {
 pub struct FrameReader {
     inner: BlockReader,
     scratch: Vec<(usize, usize)>,
+    /// Bumped by each `window_filled`: a window handed out before it can no longer be exported.
+    fills: Arc<AtomicU64>,
 }
 
 #[pymethods]
@@ -99,13 +102,20 @@ impl FrameReader {
         Self {
             inner: BlockReader::new(max_body, block_size),
             scratch: Vec::new(),
+            fills: Arc::new(AtomicU64::new(0)),
         }
     }
 
     /// A writable buffer for the next read (pass its filled length to `window_filled`).
     fn read_window(&mut self) -> PyResult<ReadWindow> {
         let (block, start, len) = self.inner.window().map_err(read_error)?;
-        Ok(ReadWindow { block, start, len })
+        Ok(ReadWindow {
+            block,
+            start,
+            len,
+            issued: self.fills.load(Ordering::Relaxed),
+            fills: Arc::clone(&self.fills),
+        })
     }
 
     /// `nbytes` were read into the last window; returns the bodies completed, in order.
@@ -114,9 +124,14 @@ impl FrameReader {
         py: Python<'py>,
         nbytes: usize,
     ) -> PyResult<Bound<'py, PyList>> {
-        let Self { inner, scratch } = self;
+        let Self {
+            inner,
+            scratch,
+            fills,
+        } = self;
         scratch.clear();
         inner.filled(nbytes, scratch).map_err(read_error)?;
+        fills.fetch_add(1, Ordering::Relaxed);
         let out = PyList::empty(py);
         for &(start, end) in scratch.iter() {
             out.append(shared_view(py, Arc::clone(inner.block()), start, end)?)?;
@@ -162,6 +177,9 @@ pub struct ReadWindow {
     block: Arc<Block>,
     start: usize,
     len: usize,
+    /// The reader's fill count when this window was handed out.
+    issued: u64,
+    fills: Arc<AtomicU64>,
 }
 
 #[pymethods]
@@ -175,6 +193,12 @@ impl ReadWindow {
         flags: c_int,
     ) -> PyResult<()> {
         let this = slf.get();
+        if this.fills.load(Ordering::Relaxed) != this.issued {
+            // Its bytes may be frames now: a late writer must not change them.
+            return Err(PyBufferError::new_err(
+                "this read window was filled already",
+            ));
+        }
         let ptr = this.block.window_ptr(this.start, this.len);
         // SAFETY: `ptr..ptr+len` is in bounds of the block, which `slf` keeps alive, and only the
         // read this window is for writes it (see `read_blocks`).

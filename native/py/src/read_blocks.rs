@@ -8,7 +8,8 @@
 //! A block is written only where no view can see: at and after `filled`, or anywhere once no
 //! view of it is left (its `Arc` is unique). A frame still arriving when its block runs out of
 //! room moves (its received part only) to a block with room, which is a spare whose views are all
-//! gone when there is one. A frame larger than a block gets a block of its own, made to measure.
+//! gone when there is one. A frame larger than a block gets a block of its own, made to measure,
+//! and the read after it goes to a regular block again.
 
 use std::ptr::NonNull;
 use std::sync::Arc;
@@ -189,6 +190,12 @@ impl BlockReader {
     /// window (a quarter block).
     fn make_room(&mut self) {
         let pending = self.filled - self.parsed;
+        if pending == 0 && self.block.cap != self.block_size {
+            // A block made to measure for one large frame: back to a regular one, else up to
+            // `max_body` would stay in use for the life of the connection.
+            self.move_pending(self.block_size);
+            return;
+        }
         if pending == 0 && Arc::strong_count(&self.block) == 1 {
             // No view of this block is left: start again at its (warm) beginning.
             self.parsed = 0;
@@ -212,7 +219,10 @@ impl BlockReader {
             self.stats.moves += 1;
             self.stats.moved_bytes += pending as u64;
         }
-        if Arc::strong_count(&self.block) == 1 && self.block.cap >= want {
+        // In place only when no view is left, and into a regular block or for a frame that
+        // needs a large one (a large block is not kept for regular frames).
+        let fits = self.block.cap == self.block_size || want > self.block_size;
+        if Arc::strong_count(&self.block) == 1 && self.block.cap >= want && fits {
             let base = self.block.ptr.as_ptr();
             // SAFETY: no view of the block exists (its Arc is unique), both ranges are in bounds,
             // and `ptr::copy` allows overlap.
@@ -367,6 +377,22 @@ mod tests {
         assert_eq!(views.len(), 1);
         assert_eq!(views[0].0.capacity(), HEADER_LEN + body.len());
         assert_eq!(views[0].0.slice(views[0].1, views[0].2), &body[..]);
+    }
+
+    #[test]
+    fn a_block_made_for_a_large_frame_is_let_go_once_its_frame_is() {
+        let mut r = BlockReader::new(1 << 20, 1024);
+        let views = read_all(&mut r, &frame(&[5u8; 50_000]), &[usize::MAX]);
+        assert_eq!(views[0].0.capacity(), 50_004);
+        drop(views);
+        let (block, start, len) = r.window().unwrap();
+        assert_eq!((block.capacity(), start, len), (1024, 0, 1024));
+        r.window = None;
+        drop(block);
+        // And the same while the large frame is still held.
+        let views = read_all(&mut r, &frame(&[6u8; 50_000]), &[usize::MAX]);
+        assert_eq!(r.window().unwrap().0.capacity(), 1024);
+        assert_eq!(views[0].0.slice(views[0].1, views[0].2), &[6u8; 50_000][..]);
     }
 
     #[test]

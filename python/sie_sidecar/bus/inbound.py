@@ -136,7 +136,12 @@ class _FastParser(nats_parser.Parser):
         view = memoryview(data)
         if start:
             buf.extend(view[:start])
-            await self._parse_buffer(buf)
+            try:
+                await self._parse_buffer(buf)
+            except BaseException:
+                if self.buf is buf:
+                    buf.extend(view[start:])  # kept, as the scan below keeps what follows an error
+                raise
             if self.buf is not buf:
                 return  # reset meanwhile (a reconnect): the read belongs to the old connection
         pos, partial = start, False
