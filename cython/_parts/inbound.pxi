@@ -103,7 +103,7 @@ def scan_direct_msgs(object buf not None, dict direct not None, object client, o
     run is not copied: `make_run` gets `buf` whole, and the spans are offsets in it.
 
     With `make_run` (`_native.deliveries_of_run`), a run is not made into `Msg` objects: its bytes
-    are copied once, and `make_run(run, spans, subjects, sid, client, msg_cls)` makes what is
+    (from a bytearray) are copied once, and `make_run(run, spans, subjects, sid, client, msg_cls)` makes what is
     delivered (one native delivery per frame, the payload read in place); `spans` holds four
     little-endian u32 per frame (reply offset and length, payload offset and length, in `run`).
 
@@ -112,9 +112,9 @@ def scan_direct_msgs(object buf not None, dict direct not None, object client, o
     stops the scan like any frame this does not own.
 
     Returns (where the scan stopped, messages, payload bytes, stopped_mid_frame, error): the caller
-    deletes (or keeps) what lies before that; `stopped_mid_frame` is True when the head is a direct frame still arriving (wait
-    for more bytes rather than hand it to the slow parser); `error` is an exception a delivery
-    callback raised (the scan stops after that run, which counts as consumed).
+    deletes (or keeps) what lies before that; `stopped_mid_frame` is True when the head is a direct
+    frame still arriving (wait for more bytes rather than hand it to the slow parser); `error` is an
+    exception a delivery callback raised (the scan stops after that run, which counts as consumed).
     """
     cdef bint fixed = type(buf) is bytes
     if not fixed and type(buf) is not bytearray:
@@ -143,13 +143,13 @@ def scan_direct_msgs(object buf not None, dict direct not None, object client, o
     cdef unsigned char* spans = NULL
     cdef unsigned char* grown
     cdef list subjects = None
+    if fixed:
+        s = PyBytes_AS_STRING(buf)
     try:
         while pos < n:
             if not fixed:  # a callback may have resized the bytearray
                 s = PyByteArray_AS_STRING(buf)
                 n = PyByteArray_GET_SIZE(buf)
-            else:
-                s = PyBytes_AS_STRING(buf)
             if n - pos < 4:
                 partial = s[pos] == c'M'
                 break
@@ -272,7 +272,8 @@ def scan_direct_msgs(object buf not None, dict direct not None, object client, o
         if run_count:
             try:
                 if make_run is not None:
-                    s = PyBytes_AS_STRING(buf) if fixed else PyByteArray_AS_STRING(buf)
+                    if not fixed:
+                        s = PyByteArray_AS_STRING(buf)
                     run = make_run(
                         buf if fixed else PyBytes_FromStringAndSize(s + run_start, run_end - run_start),
                         PyBytes_FromStringAndSize(<char*>spans, run_count * 16),

@@ -99,15 +99,13 @@ impl FrameSplitter {
                 break;
             }
             self.header_len = 0;
-            let declared = u32::from_be_bytes(self.header) as usize;
-            if declared > self.max_body {
-                let err = FrameTooLarge {
-                    declared: declared as u64,
-                    limit: self.max_body,
-                };
-                self.failed = Some(err);
-                return Err(err);
-            }
+            let declared = match declared_len(self.header, self.max_body) {
+                Ok(len) => len,
+                Err(err) => {
+                    self.failed = Some(err);
+                    return Err(err);
+                }
+            };
             if input.len() - pos >= declared {
                 out.push(Body::InInput {
                     start: pos,
@@ -124,6 +122,18 @@ impl FrameSplitter {
         }
         Ok(())
     }
+}
+
+/// The body length a frame header declares; `FrameTooLarge` over `max_body`.
+pub fn declared_len(header: [u8; HEADER_LEN], max_body: usize) -> Result<usize, FrameTooLarge> {
+    let declared = u32::from_be_bytes(header) as usize;
+    if declared > max_body {
+        return Err(FrameTooLarge {
+            declared: declared as u64,
+            limit: max_body,
+        });
+    }
+    Ok(declared)
 }
 
 /// Prefix `body` with its length, refusing bodies over `MAX_FRAME` before writing anything.

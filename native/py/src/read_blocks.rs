@@ -14,7 +14,7 @@
 use std::ptr::NonNull;
 use std::sync::Arc;
 
-use sie_core::frame::{FrameTooLarge, HEADER_LEN};
+use sie_core::frame::{declared_len, FrameTooLarge, HEADER_LEN};
 
 /// Bytes a block holds; a 64-item response and the start of the next fit in one.
 pub const BLOCK_SIZE: usize = 256 << 10;
@@ -161,15 +161,13 @@ impl BlockReader {
         }
         self.filled += n;
         while self.filled - self.parsed >= HEADER_LEN {
-            let declared = self.declared_at(self.parsed);
-            if declared > self.max_body {
-                let err = FrameTooLarge {
-                    declared: declared as u64,
-                    limit: self.max_body,
-                };
-                self.failed = Some(err);
-                return Err(ReadError::TooLarge(err));
-            }
+            let declared = match declared_len(self.header_at(self.parsed), self.max_body) {
+                Ok(len) => len,
+                Err(err) => {
+                    self.failed = Some(err);
+                    return Err(ReadError::TooLarge(err));
+                }
+            };
             let start = self.parsed + HEADER_LEN;
             if self.filled - start < declared {
                 break;
@@ -180,10 +178,10 @@ impl BlockReader {
         Ok(())
     }
 
-    fn declared_at(&self, at: usize) -> usize {
+    fn header_at(&self, at: usize) -> [u8; HEADER_LEN] {
         let mut header = [0u8; HEADER_LEN];
         header.copy_from_slice(self.block.slice(at, at + HEADER_LEN));
-        u32::from_be_bytes(header) as usize
+        header
     }
 
     /// Make the room the next read needs: the rest of the frame in progress, else a useful
@@ -202,7 +200,11 @@ impl BlockReader {
             self.filled = 0;
         }
         let room = self.block.cap - self.filled;
-        let total = (pending >= HEADER_LEN).then(|| HEADER_LEN + self.declared_at(self.parsed));
+        // The header was checked against `max_body` when it was read (`filled`).
+        let total = (pending >= HEADER_LEN)
+            .then(|| declared_len(self.header_at(self.parsed), self.max_body).ok())
+            .flatten()
+            .map(|len| HEADER_LEN + len);
         let enough = match total {
             Some(total) => room >= total - pending,
             None => room >= (self.block_size / 4).max(HEADER_LEN),
