@@ -37,6 +37,7 @@ from sie_sidecar.errors import (
 )
 from sie_sidecar.ipc.client import IpcClient, IpcTimeout, IpcTransportError, observe_ipc
 from sie_sidecar.ipc.mux import MuxIpcClient
+from sie_sidecar.ipc.requests import run_batch_request
 from sie_sidecar.ipc.types import ModelDescriptor, PingResponse, ReadyResponse
 from sie_sidecar.telemetry import (
     IPC_ACQUIRE_DURATION,
@@ -50,6 +51,7 @@ from sie_sidecar.telemetry import (
     Registry,
 )
 from sie_sidecar.wire.limits import MAX_FRAME, MiB
+from sie_sidecar.wire.workitem import decode_work_item
 
 MODEL = "null/model"
 NOT_NEGOTIATED = "IPC response exceeds the legacy frame limit; response chunking v1 was not negotiated"
@@ -756,6 +758,45 @@ async def test_transport_error_is_retried_once_with_identical_bytes(sock_path: s
     assert pong.worker_id == "raw"
     assert [index for index, _ in server.requests] == [0, 1]
     assert server.requests[0][1] == server.requests[1][1] == TV_I3_FRAME
+
+
+async def test_a_request_body_goes_out_as_its_own_frame_and_a_retry_sends_identical_bytes(sock_path: str) -> None:
+    """The dispatcher's `RequestBody` (its frame written around the body in place) reaches the
+    backend as the frame of its bytes would, and the §1.2 retry on another connection resends
+    exactly those bytes."""
+    request = run_batch_request(MODEL, "encode", [_native_item(0), _native_item(1)], "", 2)
+
+    def respond(index: int, body: bytes) -> list[bytes] | None:
+        if index == 0:
+            return None
+        return [encode_response(request_id_of(body), False, None, "refused")]
+
+    async with RawServer(sock_path, respond) as server, IpcClient(sock_path, pool_size=2) as ipc:
+        with pytest.raises(IpcServerError, match="refused"):
+            await ipc.run_batch(request)
+    assert [index for index, _ in server.requests] == [0, 1]
+    first, second = (frame for _, frame in server.requests)
+    assert first == second == wire.encode_request("RunBatch", request_id_of(first[4:]), bytes(request), True)
+    assert [i["work_item_id"] for i in msgpack.unpackb(first[4:])["body"]["items"]] == ["r.0", "r.1"]
+
+
+def _native_item(i: int) -> Any:
+    """A WorkItem decoded from its payload, as intake hands the dispatcher its items."""
+    data = pack(
+        {
+            "work_item_id": f"r.{i}",
+            "request_id": "r",
+            "item_index": i,
+            "total_items": 2,
+            "operation": "encode",
+            "model_id": MODEL,
+            "pool_name": "default",
+            "machine_profile": "l4",
+            "reply_subject": "_INBOX.gw.r",
+            "item": {"text": f"t{i}"},
+        }
+    )
+    return decode_work_item(data)
 
 
 async def test_a_retried_request_counts_as_success_after_retry_and_the_next_as_success(sock_path: str) -> None:

@@ -14,8 +14,14 @@ pub fn request_len(
     request_id: &str,
     body_len: usize,
 ) -> Result<usize, FrameTooLarge> {
-    let len = 1
-        + 8 // "version" key
+    let len = envelope_head_len(method, request_id) + body_len;
+    check_len(len)?;
+    Ok(len)
+}
+
+/// The envelope's bytes other than the body's value.
+fn envelope_head_len(method: &str, request_id: &str) -> usize {
+    1 + 8 // "version" key
         + 1
         + 7 // "method"
         + mp::str_header_len(method.len())
@@ -26,9 +32,6 @@ pub fn request_len(
         + 31 // "accepts_ipc_response_chunks_v1"
         + 1
         + 5 // "body"
-        + body_len;
-    check_len(len)?;
-    Ok(len)
 }
 
 /// Write a whole request frame (length prefix included) with keys in spec order; `body` is an
@@ -39,6 +42,25 @@ pub fn write_request(
     method: &str,
     request_id: &str,
     body: &[u8],
+    accepts_chunks: bool,
+) {
+    write_request_head(out, envelope_len, method, request_id, accepts_chunks);
+    out.extend_from_slice(body);
+}
+
+/// How many bytes of a request frame come before its body: the length prefix and every envelope
+/// field but the body's value (what [`write_request_head`] writes).
+pub fn request_head_len(method: &str, request_id: &str) -> usize {
+    HEADER_LEN + envelope_head_len(method, request_id)
+}
+
+/// A request frame up to its body, which the caller places right after it: the frame of a body
+/// that was written with room in front of it is its own memory (no copy of the body).
+pub fn write_request_head(
+    out: &mut impl Out,
+    envelope_len: usize,
+    method: &str,
+    request_id: &str,
     accepts_chunks: bool,
 ) {
     out.extend_from_slice(&(envelope_len as u32).to_be_bytes());
@@ -52,7 +74,6 @@ pub fn write_request(
     mp::write_str(out, "accepts_ipc_response_chunks_v1");
     mp::write_bool(out, accepts_chunks);
     mp::write_str(out, "body");
-    out.extend_from_slice(body);
 }
 
 /// [`write_request`] into a new `Vec`.
@@ -402,6 +423,27 @@ mod tests {
                 assert_eq!(c.transfer_digest, &digest[..]);
             }
             other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_request_head_is_the_frame_up_to_its_body() {
+        let body = unhex("81a576616c756593010203");
+        for (method, rid) in [
+            ("RunBatch", "w-1"),
+            ("Ping", ""),
+            ("M", &"r".repeat(300)[..]),
+        ] {
+            for accepts in [true, false] {
+                let whole = encode_request(method, rid, &body, accepts).unwrap();
+                let head_len = request_head_len(method, rid);
+                let envelope_len = request_len(method, rid, body.len()).unwrap();
+                let mut head = Vec::new();
+                write_request_head(&mut head, envelope_len, method, rid, accepts);
+                assert_eq!(head.len(), head_len);
+                assert_eq!(&whole[..head_len], &head[..]);
+                assert_eq!(&whole[head_len..], &body[..]);
+            }
         }
     }
 

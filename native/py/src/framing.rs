@@ -16,6 +16,7 @@ use sie_core::msgpack::{Out, SliceWriter};
 use crate::buffers::{fill_buffer, new_bytes, shared_view, with_bytes};
 use crate::errors;
 use crate::read_blocks::{Block, BlockReader, ReadError, BLOCK_SIZE};
+use crate::request_body::RequestBody;
 
 /// Incremental IPC frame splitter: feed it socket reads, get complete bodies back.
 #[pyclass(module = "sie_sidecar._native")]
@@ -230,7 +231,8 @@ pub fn encode_frame<'py>(
     })
 }
 
-/// A whole request frame with keys in spec order; `body` is pre-encoded msgpack.
+/// A whole request frame with keys in spec order; `body` is pre-encoded msgpack. `bytes`, or for
+/// the first frame of a `RequestBody` a read-only memoryview of the body's own memory.
 #[pyfunction]
 #[pyo3(signature = (method, request_id, body, accepts_chunks = true))]
 pub fn encode_request<'py>(
@@ -239,7 +241,16 @@ pub fn encode_request<'py>(
     request_id: &str,
     body: &Bound<'py, PyAny>,
     accepts_chunks: bool,
-) -> PyResult<Bound<'py, PyBytes>> {
+) -> PyResult<Bound<'py, PyAny>> {
+    if let Ok(request) = body.cast::<RequestBody>() {
+        // The first frame of a RequestBody is its own memory: the envelope goes in front of it.
+        if let Some(frame) = request
+            .get()
+            .frame_in_place(py, method, request_id, accepts_chunks)?
+        {
+            return Ok(frame.into_bound(py));
+        }
+    }
     with_bytes(body, |b| {
         let len = ipc::request_len(method, request_id, b.len()).map_err(errors::frame_too_large)?;
         // Written once, not zero-filled first (a 64-item RunBatch request is ~30 KB).
@@ -248,6 +259,7 @@ pub fn encode_request<'py>(
             Ok(())
         })
     })
+    .map(Bound::into_any)
 }
 
 /// The frame bodies a backend sends for one serialized response: the response itself when it

@@ -24,6 +24,7 @@ mod outputs;
 mod pack;
 mod read_blocks;
 mod replies;
+mod request_body;
 mod results;
 mod run_batch;
 mod settle;
@@ -91,7 +92,10 @@ mod _native {
     use crate::lazy::{deliveries_of_run, LazyDelivery};
 
     #[pymodule_export]
-    use crate::run_batch::write_run_batch_body;
+    use crate::run_batch::{write_run_batch_body, write_run_batch_request};
+
+    #[pymodule_export]
+    use crate::request_body::RequestBody;
 
     #[pymodule_export]
     use crate::settle::finish_deliveries;

@@ -8,6 +8,8 @@
 //! Scalars the body normalises (ids, indexes, `float(timestamp)`, `profile_id or None`...) always
 //! come from the attributes.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
+
 use pyo3::exceptions::{PyKeyError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
@@ -20,6 +22,7 @@ use sie_core::msgpack::{
 
 use crate::lazy::{self, LazyDelivery, Parsed};
 use crate::pack::{float_of, pack};
+use crate::request_body::{RequestBody, ENVELOPE_ROOM};
 use crate::workitem::{SPANS_LEN, SPAN_COUNT, SPLICED};
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -469,6 +472,98 @@ pub fn write_run_batch_body<'py>(
     prepared_audio: Option<&Bound<'py, PyAny>>,
     trace: Option<(String, Option<String>)>,
 ) -> PyResult<Bound<'py, PyBytes>> {
+    let args = BodyArgs {
+        model_id,
+        op,
+        lora,
+        total_cost,
+        batch_id,
+        items,
+        payload_fetch_ms,
+        prepared_tokens,
+        prepared_audio,
+        trace,
+    };
+    let out = write_body(py, args, 0)?;
+    Ok(PyBytes::new(py, &out))
+}
+
+/// `write_run_batch_body`'s body as a `RequestBody`: written after `ENVELOPE_ROOM` bytes left for
+/// the IPC envelope, so `encode_request` can make the request frame of the body's own memory.
+/// Why: the body went from a growing `Vec` into `bytes` and from there into the frame, three
+/// copies of ~45 KB a 64-item batch, each missing the caches (docs/benchmarks.md, issue 32).
+#[pyfunction]
+#[allow(clippy::too_many_arguments)]
+#[pyo3(signature = (model_id, op, lora, total_cost, batch_id, items, payload_fetch_ms = None, prepared_tokens = None, prepared_audio = None, trace = None))]
+pub fn write_run_batch_request<'py>(
+    py: Python<'py>,
+    model_id: &Bound<'py, PyAny>,
+    op: &Bound<'py, PyAny>,
+    lora: &Bound<'py, PyAny>,
+    total_cost: &Bound<'py, PyAny>,
+    batch_id: &Bound<'py, PyAny>,
+    items: &Bound<'py, PyAny>,
+    payload_fetch_ms: Option<&Bound<'py, PyAny>>,
+    prepared_tokens: Option<&Bound<'py, PyAny>>,
+    prepared_audio: Option<&Bound<'py, PyAny>>,
+    trace: Option<(String, Option<String>)>,
+) -> PyResult<RequestBody> {
+    let args = BodyArgs {
+        model_id,
+        op,
+        lora,
+        total_cost,
+        batch_id,
+        items,
+        payload_fetch_ms,
+        prepared_tokens,
+        prepared_audio,
+        trace,
+    };
+    Ok(RequestBody::new(write_body(py, args, ENVELOPE_ROOM)?))
+}
+
+/// The writer's arguments, as Python passed them.
+struct BodyArgs<'a, 'py> {
+    model_id: &'a Bound<'py, PyAny>,
+    op: &'a Bound<'py, PyAny>,
+    lora: &'a Bound<'py, PyAny>,
+    total_cost: &'a Bound<'py, PyAny>,
+    batch_id: &'a Bound<'py, PyAny>,
+    items: &'a Bound<'py, PyAny>,
+    payload_fetch_ms: Option<&'a Bound<'py, PyAny>>,
+    prepared_tokens: Option<&'a Bound<'py, PyAny>>,
+    prepared_audio: Option<&'a Bound<'py, PyAny>>,
+    trace: Option<(String, Option<String>)>,
+}
+
+/// Bytes an item took in the last body written: the next body's `Vec` is made that large up
+/// front (a 64-item batch of gateway WorkItems outgrew the old fixed 512 a item, and its ~32 KB
+/// were copied by the `Vec`'s growth every batch).
+static ITEM_SIZE_HINT: AtomicUsize = AtomicUsize::new(512);
+
+/// The largest hint: a body of items larger than this grows as it is written (its items' own
+/// size dwarfs the growth's copies).
+const MAX_ITEM_SIZE_HINT: usize = 8 * 1024;
+
+fn item_size_hint() -> usize {
+    ITEM_SIZE_HINT.load(Ordering::Relaxed)
+}
+
+/// The body written after `room` zero bytes (the caller's space in front of it).
+fn write_body<'py>(py: Python<'py>, args: BodyArgs<'_, 'py>, room: usize) -> PyResult<Vec<u8>> {
+    let BodyArgs {
+        model_id,
+        op,
+        lora,
+        total_cost,
+        batch_id,
+        items,
+        payload_fetch_ms,
+        prepared_tokens,
+        prepared_audio,
+        trace,
+    } = args;
     let trace = trace.map(|(parent, state)| Trace { parent, state });
     let kind = match op.cast::<PyString>().ok().and_then(|s| s.to_str().ok()) {
         Some("encode") => Op::Encode,
@@ -485,7 +580,8 @@ pub fn write_run_batch_body<'py>(
         Op::Score => None,
     };
     let names = names(py);
-    let mut out = Vec::with_capacity(64 + n * 512);
+    let mut out = Vec::with_capacity(room + 64 + n * item_size_hint());
+    out.resize(room, 0);
     write_map_header(&mut out, 6);
     write_str(&mut out, "model_id");
     pack(&mut out, model_id)?;
@@ -532,5 +628,11 @@ pub fn write_run_batch_body<'py>(
     }
     write_str(&mut out, "accepts_batched_f16_multivectors");
     write_bool(&mut out, true);
-    Ok(PyBytes::new(py, &out))
+    // An eighth more than this batch's, so a slightly larger next batch does not grow; at most
+    // `MAX_ITEM_SIZE_HINT`, so one batch of large items does not size every later one.
+    if let Some(per_item) = (out.len() - room).checked_div(n) {
+        let hint = (per_item + per_item / 8 + 16).min(MAX_ITEM_SIZE_HINT);
+        ITEM_SIZE_HINT.store(hint, Ordering::Relaxed);
+    }
+    Ok(out)
 }

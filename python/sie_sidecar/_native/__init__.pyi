@@ -38,6 +38,7 @@ __all__ = [
     "PreparedAudio",
     "ReadWindow",
     "ReplyPlan",
+    "RequestBody",
     "ResponseBudget",
     "ResponseEnvelope",
     "ResultChunkAssembler",
@@ -82,10 +83,18 @@ __all__ = [
     "unsettled",
     "wire",
     "write_run_batch_body",
+    "write_run_batch_request",
 ]
 __version__: Final[str]
 PRODUCTION_LIMITS: Final[ChunkLimits]
 wire: ModuleType
+
+@final
+class RequestBody:
+    def __buffer__(self, flags: int, /) -> memoryview: ...
+    def __release_buffer__(self, buffer: memoryview, /) -> None: ...
+    def __len__(self) -> int: ...
+    def __bytes__(self) -> bytes: ...
 
 @final
 class SharedBytes:
@@ -118,7 +127,9 @@ class FrameSplitter:
     def buffered(self) -> int: ...
 
 def encode_frame(body: Buffer) -> bytes: ...
-def encode_request(method: str, request_id: str, body: Buffer, accepts_chunks: bool = True) -> bytes: ...
+def encode_request(
+    method: str, request_id: str, body: Buffer, accepts_chunks: bool = True
+) -> bytes | memoryview: ...
 
 @final
 class ResponseEnvelope:
@@ -480,6 +491,18 @@ def write_run_batch_body(
     prepared_audio: Sequence[Mapping[str, Any] | None] | None = None,
     trace: tuple[str, str | None] | None = None,
 ) -> bytes: ...
+def write_run_batch_request(
+    model_id: str,
+    op: str,
+    lora: str,
+    total_cost: int,
+    batch_id: int,
+    items: Sequence[Any],
+    payload_fetch_ms: Sequence[float] | None = None,
+    prepared_tokens: Sequence[Mapping[str, Any] | None] | None = None,
+    prepared_audio: Sequence[Mapping[str, Any] | None] | None = None,
+    trace: tuple[str, str | None] | None = None,
+) -> RequestBody: ...
 
 @final
 class PreparedAudio:

@@ -24,11 +24,14 @@ from __future__ import annotations
 import asyncio
 from collections import Counter
 from collections.abc import AsyncIterator, Callable, Sequence
-from typing import Any, Final, TypeVar
+from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 from ..errors import IpcServerError, IpcTransportError
 from .client import Attest, IpcClient
 from .types import READY, ConfigResponse, GenerateEvent, PingResponse, ReadyResponse
+
+if TYPE_CHECKING:
+    from .requests import EncodedBody
 
 T = TypeVar("T")
 
@@ -206,7 +209,7 @@ class _PlacedClient:
 
     async def run_batch_with(
         self,
-        body: bytes,
+        body: EncodedBody,
         decode: Callable[[memoryview], T],
         *,
         attest: Attest | None = None,
@@ -233,7 +236,7 @@ class _PlacedClient:
         )
 
     async def process_batch(
-        self, method: str, body: bytes, *, attest: Attest | None = None, timeout_s: float | None = None
+        self, method: str, body: EncodedBody, *, attest: Attest | None = None, timeout_s: float | None = None
     ) -> Any:
         children = self._children
         children._check()

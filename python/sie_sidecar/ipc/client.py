@@ -59,6 +59,8 @@ from .types import ConfigResponse, GenerateEvent, PingResponse, ReadyResponse
 if TYPE_CHECKING:
     from types import TracebackType
 
+    from .requests import EncodedBody
+
 log = logging.getLogger(__name__)
 #: Replaced by a new object whenever a request running in this task needs the §1.2 retry: a request
 #: that finds another object here at its end than at its start was retried (`success_after_retry`).
@@ -275,13 +277,13 @@ class IpcClient:
         """The client that serves `model_id`'s batches: this one (one child serves every model)."""
         return self
 
-    async def run_batch(self, body: bytes) -> wire.BatchOutcome:
+    async def run_batch(self, body: EncodedBody) -> wire.BatchOutcome:
         """RunBatch with an already-encoded RunBatchRequest."""
         return await self.run_batch_with(body, wire.decode_batch_outcome)
 
     async def run_batch_with(
         self,
-        body: bytes,
+        body: EncodedBody,
         decode: Callable[[memoryview], T],
         *,
         attest: Attest | None = None,
@@ -310,7 +312,7 @@ class IpcClient:
         return self._request_timeout_s if timeout_s is None else max(self._request_timeout_s, float(timeout_s))
 
     async def process_batch(
-        self, method: str, body: bytes, *, attest: Attest | None = None, timeout_s: float | None = None
+        self, method: str, body: EncodedBody, *, attest: Attest | None = None, timeout_s: float | None = None
     ) -> wire.BatchOutcome:
         """One of the per-op batch methods, for a backend that answered RunBatch `unknown method`
         (`timeout_s` as for `run_batch_with`: the V1 variants get the deadline-derived wait too)."""
@@ -480,7 +482,7 @@ class IpcClient:
     async def _request(
         self,
         method: str,
-        body: bytes,
+        body: EncodedBody,
         timeout_s: float,
         decode: Callable[[memoryview], T],
         *,
@@ -537,7 +539,7 @@ class IpcClient:
         return found
 
     async def _exchange_once(
-        self, method: str, body: bytes, timeout_s: float, decode: Callable[[memoryview], T], attest: Attest | None
+        self, method: str, body: EncodedBody, timeout_s: float, decode: Callable[[memoryview], T], attest: Attest | None
     ) -> T:
         """One request over a pool slot, with the §1.2 transport retry on another slot."""
         request_id = f"w-{next(self._ids)}"
@@ -599,7 +601,7 @@ class IpcClient:
     async def _attempt(
         self,
         slot: _Slot,
-        frame: bytes,
+        frame: bytes | memoryview,
         request_id: str,
         timeout_s: float,
         decode: Callable[[memoryview], T],

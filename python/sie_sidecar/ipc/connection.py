@@ -98,7 +98,7 @@ class FrameConnection(asyncio.BufferedProtocol):
     def is_closing(self) -> bool:
         return self.transport is None or self.transport.is_closing()
 
-    def write(self, data: bytes) -> None:
+    def write(self, data: bytes | memoryview) -> None:
         assert self.transport is not None
         self.transport.write(data)
 

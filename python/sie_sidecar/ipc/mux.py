@@ -18,12 +18,15 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Callable
-from typing import Final, TypeVar
+from typing import TYPE_CHECKING, Final, TypeVar
 
 from .. import wire
 from ..errors import ConfigNotAttested, IpcTimeout, IpcTransportError, ProtocolError
 from .client import Attest, IpcClient, record_assembled
 from .transport import READ_LIMIT, READ_SIZE, TransportFailure, is_retryable
+
+if TYPE_CHECKING:
+    from .requests import EncodedBody
 
 T = TypeVar("T")
 
@@ -159,7 +162,7 @@ class MuxIpcClient(IpcClient):
     # -- requests -----------------------------------------------------------------------------
 
     async def _exchange_once(
-        self, method: str, body: bytes, timeout_s: float, decode: Callable[[memoryview], T], attest: Attest | None
+        self, method: str, body: EncodedBody, timeout_s: float, decode: Callable[[memoryview], T], attest: Attest | None
     ) -> T:
         """One request on the shared connection, with the §1.2 transport retry on a new one."""
         request_id = f"w-{next(self._ids)}"
@@ -177,7 +180,12 @@ class MuxIpcClient(IpcClient):
                 raise self._retry_failed(method, request_id, second) from second.cause
 
     async def _exchange(
-        self, frame: bytes, request_id: str, timeout_s: float, decode: Callable[[memoryview], T], attest: Attest | None
+        self,
+        frame: bytes | memoryview,
+        request_id: str,
+        timeout_s: float,
+        decode: Callable[[memoryview], T],
+        attest: Attest | None,
     ) -> T:
         assembler = wire.IpcChunkAssembler(request_id, self._budget)
         queue: asyncio.Queue[Frame | BaseException] = asyncio.Queue()

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar
 
 import msgpack
 
@@ -19,6 +19,10 @@ from ..wire._switch import load
 from ..wire.batch_items import batch_items, encode_item, extract_item, score_item
 from ..wire.workitem import WorkItem
 
+if TYPE_CHECKING:
+    from .._native import RequestBody
+
+T = TypeVar("T")
 _batch_ids = itertools.count()
 
 PER_OP_METHOD = {
@@ -56,6 +60,12 @@ _core = load("requests")
 #: The RunBatch writer: `_native.write_run_batch_body` (one pass, values spliced from each item's
 #: payload), or its twin and spec with the twins (`_twins.requests`: dicts + msgpack).
 _write_run_batch_body: Callable[..., bytes] = _core.write_run_batch_body
+#: The same body written with room in front for its IPC envelope (`_native.RequestBody`), whose
+#: first request frame is its own memory; the twin's is `bytes`.
+_write_run_batch_request: Callable[..., EncodedBody] = _core.write_run_batch_request
+
+#: A request body as the IPC clients take it: `bytes`, or the native writer's `RequestBody`.
+EncodedBody: TypeAlias = "bytes | RequestBody"
 
 
 def run_batch_body(
@@ -76,21 +86,68 @@ def run_batch_body(
 
     `trace` (traceparent, tracestate): the context every item carries instead of its own, the
     sidecar's span of a sampled batch (wire-protocol §4.2); None leaves each item's own."""
-    if trace is None:  # the call of every untraced batch, exactly as before tracing
-        return _write_run_batch_body(
-            model_id, op, lora, total_cost, next_batch_id(), items, payload_fetch_ms, prepared_tokens, prepared_audio
-        )
-    return _write_run_batch_body(
+    return _write(
+        _write_run_batch_body,
         model_id,
         op,
+        items,
         lora,
         total_cost,
-        next_batch_id(),
-        items,
         payload_fetch_ms,
         prepared_tokens,
         prepared_audio,
         trace,
+    )
+
+
+def run_batch_request(
+    model_id: str,
+    op: str,
+    items: Sequence[WorkItem],
+    lora: str,
+    total_cost: int,
+    *,
+    payload_fetch_ms: Sequence[float] | None = None,
+    prepared_tokens: Sequence[Mapping[str, Any] | None] | None = None,
+    prepared_audio: Sequence[Mapping[str, Any] | None] | None = None,
+    trace: tuple[str, str | None] | None = None,
+) -> EncodedBody:
+    """`run_batch_body`'s bytes as the dispatcher sends them: natively a `RequestBody`, whose
+    request frame `wire.encode_request` writes around the body in place (no copy of the ~45 KB of
+    a 64-item batch; a second frame of it, a retry, is a copy)."""
+    return _write(
+        _write_run_batch_request,
+        model_id,
+        op,
+        items,
+        lora,
+        total_cost,
+        payload_fetch_ms,
+        prepared_tokens,
+        prepared_audio,
+        trace,
+    )
+
+
+def _write(  # noqa: PLR0917 (the writers' arguments, passed on)
+    writer: Callable[..., T],
+    model_id: str,
+    op: str,
+    items: Sequence[WorkItem],
+    lora: str,
+    total_cost: int,
+    payload_fetch_ms: Sequence[float] | None,
+    prepared_tokens: Sequence[Mapping[str, Any] | None] | None,
+    prepared_audio: Sequence[Mapping[str, Any] | None] | None,
+    trace: tuple[str, str | None] | None,
+) -> T:
+    batch_id = next_batch_id()
+    if trace is None:  # the call of every untraced batch, exactly as before tracing
+        return writer(
+            model_id, op, lora, total_cost, batch_id, items, payload_fetch_ms, prepared_tokens, prepared_audio
+        )
+    return writer(
+        model_id, op, lora, total_cost, batch_id, items, payload_fetch_ms, prepared_tokens, prepared_audio, trace
     )
 
 
@@ -115,6 +172,7 @@ def per_op_body(
 
 __all__ = [
     "PER_OP_METHOD",
+    "EncodedBody",
     "encode_item",
     "extract_item",
     "lora_from_options",
@@ -122,5 +180,6 @@ __all__ = [
     "next_batch_id",
     "per_op_body",
     "run_batch_body",
+    "run_batch_request",
     "score_item",
 ]

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from .. import wire
 from ..errors import NO_RUN_BATCH, ConfigNotAttested, IpcServerError
-from ..ipc.requests import PER_OP_METHOD, per_op_body, run_batch_body
+from ..ipc.requests import PER_OP_METHOD, per_op_body, run_batch_request
 from ..otel.tracer import BatchSpan, Tracer
 from ..sched.lane import BatchReport
 from ..sched.scheduler import Formed
@@ -214,7 +214,7 @@ class Execution:
             # `supports_run_batch`); the client remembers a backend that answered `unknown method`.
             if backend.runs_batches:
                 try:
-                    body = run_batch_body(
+                    body = run_batch_request(
                         model,
                         op,
                         items,

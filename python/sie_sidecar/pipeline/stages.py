@@ -8,10 +8,13 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import Any, Final, Generic, Protocol, TypeVar, cast, overload
+from typing import TYPE_CHECKING, Any, Final, Generic, Protocol, TypeVar, cast, overload
 
 from ..ipc.types import ReadyResponse
 from ..logs import Throttled
+
+if TYPE_CHECKING:
+    from ..ipc.requests import EncodedBody
 
 T = TypeVar("T")
 
@@ -40,7 +43,7 @@ class BatchClient(Protocol):
 
     async def run_batch_with(
         self,
-        body: bytes,
+        body: EncodedBody,
         decode: Callable[[memoryview], Any],
         *,
         attest: Callable[[str | None], bool] | None = None,
@@ -49,7 +52,7 @@ class BatchClient(Protocol):
     async def process_batch(
         self,
         method: str,
-        body: bytes,
+        body: EncodedBody,
         *,
         attest: Callable[[str | None], bool] | None = None,
         timeout_s: float | None = None,
