@@ -288,15 +288,26 @@ pub struct RawWriter {
     ptr: *mut u8,
     len: usize,
     pos: usize,
+    /// A write did not fit (it was cut at `len`): the sizing was wrong, and the object is refused.
+    overflowed: bool,
 }
 
 impl RawWriter {
-    pub fn written(&self) -> usize {
-        self.pos
+    fn room(&mut self, n: usize) -> usize {
+        let fits = n.min(self.len - self.pos);
+        self.overflowed |= fits < n;
+        fits
     }
 
-    fn room(&self, n: usize) -> usize {
-        n.min(self.len - self.pos)
+    /// Why the writes did not fill exactly `len` bytes, if they did not.
+    fn sizing_error(&self) -> Option<String> {
+        if self.overflowed {
+            Some(format!("wrote past the {} bytes sized", self.len))
+        } else if self.pos != self.len {
+            Some(format!("wrote {} of {} bytes", self.pos, self.len))
+        } else {
+            None
+        }
     }
 }
 
@@ -320,7 +331,8 @@ impl sie_core::msgpack::Out for RawWriter {
 }
 
 /// A new `bytes` of exactly `len` bytes, filled by `fill` without zeroing it first. `fill` must
-/// write all `len` bytes (a short write is turned into an error, never exposed).
+/// write exactly `len` bytes: a short write, or one past the end (cut there, never written past
+/// it), is turned into an error and the object is never exposed.
 pub fn new_bytes<'py>(
     py: Python<'py>,
     len: usize,
@@ -332,13 +344,71 @@ pub fn new_bytes<'py>(
     let obj = unsafe { Bound::from_owned_ptr_or_err(py, raw)? }.cast_into::<PyBytes>()?;
     // SAFETY: the object is brand new and not shared yet, so writing its buffer is allowed.
     let ptr = unsafe { ffi::PyBytes_AsString(obj.as_ptr()) }.cast::<u8>();
-    let mut writer = RawWriter { ptr, len, pos: 0 };
+    let mut writer = RawWriter {
+        ptr,
+        len,
+        pos: 0,
+        overflowed: false,
+    };
     fill(&mut writer)?;
-    if writer.written() != len {
+    if let Some(error) = writer.sizing_error() {
         return Err(pyo3::exceptions::PySystemError::new_err(format!(
-            "internal sizing error: wrote {} of {len} bytes",
-            writer.written()
+            "internal sizing error: {error}"
         )));
     }
     Ok(obj)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::RawWriter;
+    use sie_core::msgpack::Out;
+
+    fn writer(buf: &mut [u8]) -> RawWriter {
+        RawWriter {
+            ptr: buf.as_mut_ptr(),
+            len: buf.len(),
+            pos: 0,
+            overflowed: false,
+        }
+    }
+
+    #[test]
+    fn an_exact_fill_is_accepted() {
+        let mut buf = [0u8; 4];
+        let mut w = writer(&mut buf);
+        w.push(1);
+        w.extend_from_slice(&[2, 3, 4]);
+        assert_eq!(w.sizing_error(), None);
+        assert_eq!(buf, [1, 2, 3, 4]);
+    }
+
+    #[test]
+    fn a_short_fill_is_refused() {
+        let mut buf = [0u8; 4];
+        let mut w = writer(&mut buf);
+        w.extend_from_slice(&[1, 2]);
+        assert_eq!(w.sizing_error().as_deref(), Some("wrote 2 of 4 bytes"));
+    }
+
+    #[test]
+    fn a_write_past_the_end_is_cut_and_refused() {
+        // Before, the extra bytes were dropped silently and a full-looking object came back.
+        let mut guard = [0u8; 8];
+        let (buf, after) = guard.split_at_mut(4);
+        let mut w = writer(buf);
+        w.extend_from_slice(&[1, 2, 3, 4, 5, 6]);
+        assert_eq!(w.pos, 4);
+        assert_eq!(
+            w.sizing_error().as_deref(),
+            Some("wrote past the 4 bytes sized")
+        );
+        w.push(7);
+        assert_eq!(after, [0, 0, 0, 0]);
+        let mut buf = [0u8; 1];
+        let mut w = writer(&mut buf);
+        w.push(1);
+        w.push(2);
+        assert!(w.sizing_error().is_some());
+    }
 }

@@ -229,7 +229,10 @@ mod tests {
         assert_eq!(request.claim_room("RunBatch", &long, true).unwrap(), None);
         let one_too_long = "r".repeat(ENVELOPE_ROOM - ipc::request_head_len("RunBatch", ""));
         assert!(ipc::request_head_len("RunBatch", &one_too_long) > ENVELOPE_ROOM);
-        assert_eq!(request.claim_room("RunBatch", &one_too_long, true).unwrap(), None);
+        assert_eq!(
+            request.claim_room("RunBatch", &one_too_long, true).unwrap(),
+            None
+        );
         let fits = "r".repeat(48);
         let start = request
             .claim_room("RunBatch", &fits, true)
