@@ -3,7 +3,7 @@
 
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from types import ModuleType, TracebackType
-from typing import Any, Final, Self, final
+from typing import Any, Final, Self, final, overload
 
 from typing_extensions import Buffer
 
@@ -127,7 +127,12 @@ class FrameSplitter:
     def buffered(self) -> int: ...
 
 def encode_frame(body: Buffer) -> bytes: ...
-def encode_request(method: str, request_id: str, body: Buffer, accepts_chunks: bool = True) -> bytes | memoryview: ...
+@overload
+def encode_request(  # type: ignore[overload-overlap]  # a RequestBody's first frame is a view
+    method: str, request_id: str, body: RequestBody, accepts_chunks: bool = True
+) -> bytes | memoryview: ...
+@overload
+def encode_request(method: str, request_id: str, body: Buffer, accepts_chunks: bool = True) -> bytes: ...
 
 @final
 class ResponseEnvelope:
