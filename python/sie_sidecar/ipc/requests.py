@@ -20,7 +20,7 @@ from ..wire.batch_items import batch_items, encode_item, extract_item, score_ite
 from ..wire.workitem import WorkItem
 
 if TYPE_CHECKING:
-    from .._native import RequestBody
+    from typing_extensions import Buffer
 
 T = TypeVar("T")
 _batch_ids = itertools.count()
@@ -64,8 +64,9 @@ _write_run_batch_body: Callable[..., bytes] = _core.write_run_batch_body
 #: first request frame is its own memory; the twin's is `bytes`.
 _write_run_batch_request: Callable[..., EncodedBody] = _core.write_run_batch_request
 
-#: A request body as the IPC clients take it: `bytes`, or the native writer's `RequestBody`.
-EncodedBody: TypeAlias = "bytes | RequestBody"
+#: A request body as the IPC clients take it: `bytes`, or the native writer's `RequestBody` (a
+#: read-only buffer; named here only as one, `_native` being the facades' to import).
+EncodedBody: TypeAlias = "bytes | Buffer"
 
 
 def run_batch_body(
