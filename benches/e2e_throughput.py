@@ -26,6 +26,7 @@ import argparse
 import asyncio
 import compileall
 import contextlib
+import itertools
 import json
 import os
 import platform
@@ -368,6 +369,10 @@ class ReplyCollector:
         self.on_warm: Callable[[], dict[str, float]] | None = None
         self.warm_snapshot: dict[str, float] | None = None
         self.warm_replies = 0
+        #: With `on_tenth`, a snapshot at each tenth of the expected replies (past the first): where in
+        #: a run the CPU goes (metrics_overhead.py --tenths), (unique replies, snapshot) each.
+        self.on_tenth: Callable[[], dict[str, float]] | None = None
+        self.tenths: list[tuple[int, dict[str, float]]] = []
 
     async def on_reply(self, msg: Msg) -> None:
         now = time.perf_counter()
@@ -389,6 +394,8 @@ class ReplyCollector:
         if self.warm_at and self.warm_snapshot is None and len(self.counts) >= self.warm_at and self.on_warm:
             self.warm_snapshot = self.on_warm()
             self.warm_replies = len(self.counts)
+        if self.on_tenth is not None and len(self.counts) * 10 >= len(self.expected) * (len(self.tenths) + 1):
+            self.tenths.append((len(self.counts), self.on_tenth()))
         self.last = now
         if len(self.counts) == len(self.expected):
             self.done.set()
@@ -501,6 +508,9 @@ class ThroughputRun:
     profile: str | None = None
     cpu_warm_s: dict[str, float] | None = None  # CPU seconds per process from consumer start to the warm point
     warm_replies: int = 0  # unique replies counted when the warm snapshot was taken
+    #: (unique replies, CPU seconds per process from consumer start) at each tenth of the replies
+    #: (`tenths` in the args), else empty.
+    cpu_tenths: list[tuple[int, dict[str, float]]] = field(default_factory=list)
 
 
 async def throughput_round(
@@ -538,6 +548,8 @@ async def throughput_round(
                 collector.on_first = lambda: _cpu_snapshot(procs)
                 collector.warm_at = int(args.items * getattr(args, "warm_fraction", 0.0))
                 collector.on_warm = lambda: _cpu_snapshot(procs)
+                if getattr(args, "tenths", False):
+                    collector.on_tenth = lambda: _cpu_snapshot(procs)
                 timed_out = not await _wait_done(collector.done, consumer, args.phase_timeout_s)
                 end = collector.last if collector.last is not None else time.perf_counter()
                 cpu_after = _cpu_snapshot(procs)
@@ -550,6 +562,10 @@ async def throughput_round(
                 cpu_warm_s = None
                 if at_warm is not None:
                     cpu_warm_s = {name: at_warm.get(name, 0.0) - cpu_before.get(name, 0.0) for name in cpu_after}
+                cpu_tenths = [
+                    (n, {name: snap.get(name, 0.0) - cpu_before.get(name, 0.0) for name in cpu_after})
+                    for n, snap in collector.tenths
+                ]
                 await asyncio.sleep(DUPLICATE_GRACE_S)
                 stream_left, ack_pending, redelivered = await _consumer_state(js, spec)
             finally:
@@ -597,6 +613,7 @@ async def throughput_round(
                 profile=profile,
                 cpu_warm_s=cpu_warm_s,
                 warm_replies=collector.warm_replies,
+                cpu_tenths=cpu_tenths,
             )
         finally:
             if args.keep_logs is not None:
@@ -835,6 +852,20 @@ def relative_cpu(run: ThroughputRun, since: dict[str, float] | None) -> float | 
     if reference <= 0:
         return None
     return (run.cpu_s.get("sidecar", 0.0) - since.get("sidecar", 0.0)) / reference
+
+
+def relative_cpu_by_tenth(run: ThroughputRun) -> list[float | None]:
+    """`relative_cpu` over each tenth of a run's replies (`cpu_tenths`), the first from the first reply:
+    a one-off cost (an import in a thread, a first export) shows in one tenth, a per-item one in all."""
+    points = [(run.first_replies, run.cpu_first_s)] if run.cpu_first_s is not None else []
+    points += run.cpu_tenths
+    shares: list[float | None] = []
+    for (_, start), (_, end) in itertools.pairwise(points):
+        assert start is not None
+        reference = sum(end.get(name, 0.0) - start.get(name, 0.0) for name in REFERENCE)
+        own = end.get("sidecar", 0.0) - start.get("sidecar", 0.0)
+        shares.append(own / reference if reference > 0 else None)
+    return shares
 
 
 def _cpu_text(seconds: float | None) -> str:

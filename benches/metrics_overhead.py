@@ -46,6 +46,7 @@ from benches.e2e_throughput import (
     pin_if_asked,
     precompile_package,
     relative_cpu,
+    relative_cpu_by_tenth,
     run_with_children,
     startup_cpu_s,
     steady_cpu_ms_per_1k,
@@ -386,6 +387,12 @@ def report(runs: list[ModeRun], sink_total: dict[str, int], args: argparse.Names
         f" runs within a mode spread {_fmt(spread['off'], '.1%')} (off) and {_fmt(spread['on'], '.1%')} (on)"
         " (max/min - 1)"
     )
+    by_tenth = _by_tenth(per) if args.tenths else None
+    if by_tenth is not None:
+        print(
+            "relative on/off by tenth of the replies (medians; the first from the first reply): "
+            + ", ".join(_fmt(v, ".3f") + "x" for v in by_tenth)
+        )
     on_exports = sum(r.exports for r in per["on"])
     off_exports = sum(r.exports for r in per["off"])
     print(
@@ -427,8 +434,20 @@ def report(runs: list[ModeRun], sink_total: dict[str, int], args: argparse.Names
         "warm_target_met": warm_verdict == "met",
         "warm_relative_target_met": relative_verdict == "met",
         "startup_target_met": startup_verdict == "met",
+        "relative_on_over_off_by_tenth": by_tenth,
         "problems": problems,
     }
+
+
+def _by_tenth(per: dict[str, list[ModeRun]]) -> list[float | None]:
+    """On/off of the median relative CPU (`relative_cpu_by_tenth`) in each tenth of the replies."""
+    shares = {m: [relative_cpu_by_tenth(r.run) for r in per[m]] for m in MODES}
+    tenths = min((len(s) for m in MODES for s in shares[m]), default=0)
+    out: list[float | None] = []
+    for i in range(tenths):
+        on, off = (_median([v for s in shares[m] if (v := s[i]) is not None] or [0.0]) for m in ("on", "off"))
+        out.append(_ratio(on or None, off or None))
+    return out
 
 
 # --- main ----------------------------------------------------------------------------------------------------------
@@ -455,6 +474,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=0.25,
         help="also measure steady CPU past this fraction of the replies (default 0.25): the one-off SDK import is"
         " over by then",
+    )
+    parser.add_argument(
+        "--tenths",
+        action="store_true",
+        help="also snapshot the CPU at each tenth of the replies and print on/off, relative, by tenth",
     )
     parser.add_argument("--json", metavar="PATH", help="write the raw numbers as JSON to PATH")
     parser.add_argument("--keep-logs", metavar="DIR", help="copy every process log into DIR")

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 from benches import e2e_throughput as e2e
-from benches.e2e_throughput import REFERENCE, ThroughputRun, relative_cpu
+from benches.e2e_throughput import REFERENCE, ThroughputRun, relative_cpu, relative_cpu_by_tenth
 from benches.metrics_overhead import _spread, sink_stats
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
@@ -72,6 +72,20 @@ def test_relative_cpu_is_none_without_a_window_or_a_reference() -> None:
     assert relative_cpu(run, run.cpu_warm_s) is None
     idle = run_with({"sidecar": 1.0, "nats-server": 1.0, "backend": 1.0}, {"nats-server": 1.0, "backend": 1.0})
     assert relative_cpu(idle, idle.cpu_warm_s) is None
+
+
+def test_relative_cpu_by_tenth_is_each_tenths_own_share() -> None:
+    """A one-off cost in one tenth shows there and nowhere else; a tenth without reference CPU is None."""
+    run = run_with({}, None)
+    run.cpu_first_s = {"sidecar": 1.0, "nats-server": 1.0, "backend": 1.0}
+    run.cpu_tenths = [
+        (100, {"sidecar": 3.0, "nats-server": 2.0, "backend": 2.0}),  # +2 over +2: 1.0 (an import, say)
+        (200, {"sidecar": 3.5, "nats-server": 2.5, "backend": 2.5}),  # +0.5 over +1: 0.5
+        (300, {"sidecar": 3.6, "nats-server": 2.5, "backend": 2.5}),  # no reference CPU
+    ]
+    assert relative_cpu_by_tenth(run) == [pytest.approx(1.0), pytest.approx(0.5), None]
+    run.cpu_first_s = None
+    assert relative_cpu_by_tenth(run) == [pytest.approx(0.5), None]
 
 
 def test_spread_is_max_over_min() -> None:
