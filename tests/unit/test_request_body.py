@@ -10,7 +10,7 @@ import gc
 import msgpack
 import pytest
 
-from sie_sidecar._native import RequestBody, encode_request, write_run_batch_body, write_run_batch_request
+from sie_sidecar._native import RequestBody, encode_request, write_run_batch_body
 from sie_sidecar._native import decode_work_item as decode_native
 from sie_sidecar.wire.workitem import WorkItem
 
@@ -42,7 +42,7 @@ def items(n: int) -> list[WorkItem]:
 
 def write(n: int = 3) -> tuple[RequestBody, bytes]:
     args = ("m", "encode", "", n, 1, items(n))
-    return write_run_batch_request(*args), write_run_batch_body(*args)
+    return write_run_batch_body(*args, room=True), write_run_batch_body(*args)
 
 
 def test_the_first_frame_is_a_read_only_view_equal_to_the_copied_frame() -> None:
@@ -101,6 +101,6 @@ def test_a_large_batch_after_small_ones_is_written_whole() -> None:
     it and loses nothing."""
     write(1)
     args = ("m", "encode", "", 1, 1, items(200))
-    request = write_run_batch_request(*args)
+    request = write_run_batch_body(*args, room=True)
     assert bytes(request) == write_run_batch_body(*args)
     assert len(msgpack.unpackb(request)["items"]) == 200

@@ -20,7 +20,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sie_sidecar._native import decode_work_item as _native_decode
-from sie_sidecar._native import encode_request, write_run_batch_body, write_run_batch_request
+from sie_sidecar._native import encode_request, write_run_batch_body
 from sie_sidecar._twins.requests import write_run_batch_body as write_run_batch_body_py
 from sie_sidecar._twins.workitem import decode_work_item as decode_work_item_py
 from sie_sidecar.ipc.requests import run_batch_body
@@ -207,7 +207,7 @@ def test_native_body_is_byte_identical_to_the_twin_for_canonical_payloads(b: dic
 def test_a_request_body_holds_the_body_and_its_first_frame_is_the_copied_frame(
     b: dict[str, Any], traced: bool, request_id: str
 ) -> None:
-    """`write_run_batch_request`'s body is `write_run_batch_body`'s bytes, and the request frame
+    """The body written with room (`room=True`, a `RequestBody`) is the bytes written without, and the request frame
     `encode_request` makes of it in place equals the frame of those bytes (the envelope written in
     front of the body, or a copy when the id does not fit the room)."""
     items = [decode_native(msgpack.packb(m, use_bin_type=True)) for m in b["maps"]]
@@ -215,7 +215,7 @@ def test_a_request_body_holds_the_body_and_its_first_frame_is_the_copied_frame(
     args = (a["model"], a["op"], a["lora"], a["cost"], a["batch_id"], items, a["fetch"], a["tokens"], a["audio"])
     trace = ("00-" + "ab" * 16 + "-" + "cd" * 8 + "-01", None) if traced else None
     body = write_run_batch_body(*args, trace)
-    request = write_run_batch_request(*args, trace)
+    request = write_run_batch_body(*args, trace, room=True)
     assert bytes(request) == bytes(memoryview(request)) == body and len(request) == len(body)
     frame = encode_request("RunBatch", request_id, request, True)
     assert bytes(frame) == encode_request("RunBatch", request_id, body, True)

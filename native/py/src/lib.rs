@@ -92,7 +92,7 @@ mod _native {
     use crate::lazy::{deliveries_of_run, LazyDelivery};
 
     #[pymodule_export]
-    use crate::run_batch::{write_run_batch_body, write_run_batch_request};
+    use crate::run_batch::write_run_batch_body;
 
     #[pymodule_export]
     use crate::request_body::RequestBody;

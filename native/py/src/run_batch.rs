@@ -456,9 +456,14 @@ fn per_item<'py>(
 
 /// An encoded RunBatchRequest, equal (after decoding, with the same key order) to what
 /// `ipc.requests.run_batch_body_py` packs; byte-identical when the payloads were canonically encoded.
+///
+/// `room=True` (the dispatcher's call): the body comes as a `RequestBody`, written after
+/// `ENVELOPE_ROOM` bytes left for the IPC envelope, so `encode_request` makes the request frame of
+/// the body's own memory. Why: the body went from a growing `Vec` into `bytes` and from there into
+/// the frame, three copies of ~45 KB a 64-item batch (docs/benchmarks.md, issue 32).
 #[pyfunction]
 #[allow(clippy::too_many_arguments)]
-#[pyo3(signature = (model_id, op, lora, total_cost, batch_id, items, payload_fetch_ms = None, prepared_tokens = None, prepared_audio = None, trace = None))]
+#[pyo3(signature = (model_id, op, lora, total_cost, batch_id, items, payload_fetch_ms = None, prepared_tokens = None, prepared_audio = None, trace = None, *, room = false))]
 pub fn write_run_batch_body<'py>(
     py: Python<'py>,
     model_id: &Bound<'py, PyAny>,
@@ -471,99 +476,8 @@ pub fn write_run_batch_body<'py>(
     prepared_tokens: Option<&Bound<'py, PyAny>>,
     prepared_audio: Option<&Bound<'py, PyAny>>,
     trace: Option<(String, Option<String>)>,
-) -> PyResult<Bound<'py, PyBytes>> {
-    let args = BodyArgs {
-        model_id,
-        op,
-        lora,
-        total_cost,
-        batch_id,
-        items,
-        payload_fetch_ms,
-        prepared_tokens,
-        prepared_audio,
-        trace,
-    };
-    let out = write_body(py, args, 0)?;
-    Ok(PyBytes::new(py, &out))
-}
-
-/// `write_run_batch_body`'s body as a `RequestBody`: written after `ENVELOPE_ROOM` bytes left for
-/// the IPC envelope, so `encode_request` can make the request frame of the body's own memory.
-/// Why: the body went from a growing `Vec` into `bytes` and from there into the frame, three
-/// copies of ~45 KB a 64-item batch, each missing the caches (docs/benchmarks.md, issue 32).
-#[pyfunction]
-#[allow(clippy::too_many_arguments)]
-#[pyo3(signature = (model_id, op, lora, total_cost, batch_id, items, payload_fetch_ms = None, prepared_tokens = None, prepared_audio = None, trace = None))]
-pub fn write_run_batch_request<'py>(
-    py: Python<'py>,
-    model_id: &Bound<'py, PyAny>,
-    op: &Bound<'py, PyAny>,
-    lora: &Bound<'py, PyAny>,
-    total_cost: &Bound<'py, PyAny>,
-    batch_id: &Bound<'py, PyAny>,
-    items: &Bound<'py, PyAny>,
-    payload_fetch_ms: Option<&Bound<'py, PyAny>>,
-    prepared_tokens: Option<&Bound<'py, PyAny>>,
-    prepared_audio: Option<&Bound<'py, PyAny>>,
-    trace: Option<(String, Option<String>)>,
-) -> PyResult<RequestBody> {
-    let args = BodyArgs {
-        model_id,
-        op,
-        lora,
-        total_cost,
-        batch_id,
-        items,
-        payload_fetch_ms,
-        prepared_tokens,
-        prepared_audio,
-        trace,
-    };
-    Ok(RequestBody::new(write_body(py, args, ENVELOPE_ROOM)?))
-}
-
-/// The writer's arguments, as Python passed them.
-struct BodyArgs<'a, 'py> {
-    model_id: &'a Bound<'py, PyAny>,
-    op: &'a Bound<'py, PyAny>,
-    lora: &'a Bound<'py, PyAny>,
-    total_cost: &'a Bound<'py, PyAny>,
-    batch_id: &'a Bound<'py, PyAny>,
-    items: &'a Bound<'py, PyAny>,
-    payload_fetch_ms: Option<&'a Bound<'py, PyAny>>,
-    prepared_tokens: Option<&'a Bound<'py, PyAny>>,
-    prepared_audio: Option<&'a Bound<'py, PyAny>>,
-    trace: Option<(String, Option<String>)>,
-}
-
-/// Bytes an item took in the last body written: the next body's `Vec` is made that large up
-/// front (a 64-item batch of gateway WorkItems outgrew the old fixed 512 a item, and its ~32 KB
-/// were copied by the `Vec`'s growth every batch).
-static ITEM_SIZE_HINT: AtomicUsize = AtomicUsize::new(512);
-
-/// The largest hint: a body of items larger than this grows as it is written (its items' own
-/// size dwarfs the growth's copies).
-const MAX_ITEM_SIZE_HINT: usize = 8 * 1024;
-
-fn item_size_hint() -> usize {
-    ITEM_SIZE_HINT.load(Ordering::Relaxed)
-}
-
-/// The body written after `room` zero bytes (the caller's space in front of it).
-fn write_body<'py>(py: Python<'py>, args: BodyArgs<'_, 'py>, room: usize) -> PyResult<Vec<u8>> {
-    let BodyArgs {
-        model_id,
-        op,
-        lora,
-        total_cost,
-        batch_id,
-        items,
-        payload_fetch_ms,
-        prepared_tokens,
-        prepared_audio,
-        trace,
-    } = args;
+    room: bool,
+) -> PyResult<Bound<'py, PyAny>> {
     let trace = trace.map(|(parent, state)| Trace { parent, state });
     let kind = match op.cast::<PyString>().ok().and_then(|s| s.to_str().ok()) {
         Some("encode") => Op::Encode,
@@ -580,6 +494,7 @@ fn write_body<'py>(py: Python<'py>, args: BodyArgs<'_, 'py>, room: usize) -> PyR
         Op::Score => None,
     };
     let names = names(py);
+    let room = if room { ENVELOPE_ROOM } else { 0 };
     let mut out = Vec::with_capacity(room + 64 + n * item_size_hint());
     out.resize(room, 0);
     write_map_header(&mut out, 6);
@@ -634,5 +549,21 @@ fn write_body<'py>(py: Python<'py>, args: BodyArgs<'_, 'py>, room: usize) -> PyR
         let hint = (per_item + per_item / 8 + 16).min(MAX_ITEM_SIZE_HINT);
         ITEM_SIZE_HINT.store(hint, Ordering::Relaxed);
     }
-    Ok(out)
+    if room > 0 {
+        return Ok(Bound::new(py, RequestBody::new(out))?.into_any());
+    }
+    Ok(PyBytes::new(py, &out).into_any())
+}
+
+/// Bytes an item took in the last body written: the next body's `Vec` is made that large up
+/// front (a 64-item batch of gateway WorkItems outgrew the old fixed 512 a item, and its ~32 KB
+/// were copied by the `Vec`'s growth every batch).
+static ITEM_SIZE_HINT: AtomicUsize = AtomicUsize::new(512);
+
+/// The largest hint: a body of items larger than this grows as it is written (its items' own
+/// size dwarfs the growth's copies).
+const MAX_ITEM_SIZE_HINT: usize = 8 * 1024;
+
+fn item_size_hint() -> usize {
+    ITEM_SIZE_HINT.load(Ordering::Relaxed)
 }

@@ -3,7 +3,7 @@
 
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from types import ModuleType, TracebackType
-from typing import Any, Final, Self, final, overload
+from typing import Any, Final, Literal, Self, final, overload
 
 from typing_extensions import Buffer
 
@@ -83,7 +83,6 @@ __all__ = [
     "unsettled",
     "wire",
     "write_run_batch_body",
-    "write_run_batch_request",
 ]
 __version__: Final[str]
 PRODUCTION_LIMITS: Final[ChunkLimits]
@@ -482,6 +481,7 @@ def intake_batch(
     lazy: bool = True,
     admission: tuple[bool, str, frozenset[str]] | None = None,
 ) -> tuple[dict[str, list[Any]], list[Any], list[Any], list[tuple[str, Any, str | None]], dict[str, str]] | None: ...
+@overload
 def write_run_batch_body(
     model_id: str,
     op: str,
@@ -493,8 +493,11 @@ def write_run_batch_body(
     prepared_tokens: Sequence[Mapping[str, Any] | None] | None = None,
     prepared_audio: Sequence[Mapping[str, Any] | None] | None = None,
     trace: tuple[str, str | None] | None = None,
+    *,
+    room: Literal[False] = False,
 ) -> bytes: ...
-def write_run_batch_request(
+@overload
+def write_run_batch_body(
     model_id: str,
     op: str,
     lora: str,
@@ -505,6 +508,8 @@ def write_run_batch_request(
     prepared_tokens: Sequence[Mapping[str, Any] | None] | None = None,
     prepared_audio: Sequence[Mapping[str, Any] | None] | None = None,
     trace: tuple[str, str | None] | None = None,
+    *,
+    room: Literal[True],
 ) -> RequestBody: ...
 
 @final

@@ -1,6 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Twin of the native RunBatch writers (`ipc.requests`): `_native.write_run_batch_body` and
-`write_run_batch_request`.
+"""Twin of the native RunBatch writer (`ipc.requests`): `_native.write_run_batch_body`.
 
 `write_run_batch_body` is the writer's spec (dicts + msgpack): it builds each item with the per-op
 item builders of `wire.batch_items`, which the Process*Batch bodies share with or without the
@@ -29,6 +28,8 @@ def write_run_batch_body(  # noqa: PLR0917 (the native writer's signature)
     prepared_tokens: Sequence[Mapping[str, Any] | None] | None = None,
     prepared_audio: Sequence[Mapping[str, Any] | None] | None = None,
     trace: tuple[str, str | None] | None = None,
+    *,
+    room: bool = False,  # the native writer's room for the IPC envelope: the twin's body is bytes
 ) -> bytes:
     """An encoded RunBatchRequest: one op, one LoRA key, items wrapped as tagged RunBatchItems.
 
@@ -61,8 +62,4 @@ def write_run_batch_body(  # noqa: PLR0917 (the native writer's signature)
     return bytes(msgpack.packb(body, use_bin_type=True))
 
 
-#: Twin of `_native.write_run_batch_request`: the body as `bytes` (`_native.RequestBody` only saves
-#: the frame's copy of it).
-write_run_batch_request = write_run_batch_body
-
-__all__ = ["IMPLEMENTATION", "write_run_batch_body", "write_run_batch_request"]
+__all__ = ["IMPLEMENTATION", "write_run_batch_body"]

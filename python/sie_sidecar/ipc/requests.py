@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeAlias, cast
 
 import msgpack
 
@@ -22,7 +22,7 @@ from ..wire.workitem import WorkItem
 if TYPE_CHECKING:
     from typing_extensions import Buffer
 
-T = TypeVar("T")
+P = ParamSpec("P")
 _batch_ids = itertools.count()
 
 PER_OP_METHOD = {
@@ -58,47 +58,14 @@ def lora_key(item: WorkItem) -> str:
 
 _core = load("requests")
 #: The RunBatch writer: `_native.write_run_batch_body` (one pass, values spliced from each item's
-#: payload), or its twin and spec with the twins (`_twins.requests`: dicts + msgpack).
-_write_run_batch_body: Callable[..., bytes] = _core.write_run_batch_body
-#: The same body written with room in front for its IPC envelope (`_native.RequestBody`), whose
-#: first request frame is its own memory; the twin's is `bytes`.
-_write_run_batch_request: Callable[..., EncodedBody] = _core.write_run_batch_request
+#: payload), or its twin and spec with the twins (`_twins.requests`: dicts + msgpack). With
+#: `room=True` the native one returns a `RequestBody` (room in front for the IPC envelope, so the
+#: first request frame is the body's own memory); the twin's is `bytes` either way.
+_write_run_batch_body: Callable[..., Any] = _core.write_run_batch_body
 
 #: A request body as the IPC clients take it: `bytes`, or the native writer's `RequestBody` (a
 #: read-only buffer; named here only as one, `_native` being the facades' to import).
 EncodedBody: TypeAlias = "bytes | Buffer"
-
-
-def run_batch_body(
-    model_id: str,
-    op: str,
-    items: Sequence[WorkItem],
-    lora: str,
-    total_cost: int,
-    *,
-    payload_fetch_ms: Sequence[float] | None = None,
-    prepared_tokens: Sequence[Mapping[str, Any] | None] | None = None,
-    prepared_audio: Sequence[Mapping[str, Any] | None] | None = None,
-    trace: tuple[str, str | None] | None = None,
-) -> bytes:
-    """An encoded RunBatchRequest: one op, one LoRA key, items wrapped as tagged RunBatchItems, under
-    the next process-wide batch id. Written natively when the core is loaded: ~10x cheaper per item
-    than the twin, since values are spliced from each item's payload, not re-encoded.
-
-    `trace` (traceparent, tracestate): the context every item carries instead of its own, the
-    sidecar's span of a sampled batch (wire-protocol §4.2); None leaves each item's own."""
-    return _write(
-        _write_run_batch_body,
-        model_id,
-        op,
-        items,
-        lora,
-        total_cost,
-        payload_fetch_ms,
-        prepared_tokens,
-        prepared_audio,
-        trace,
-    )
 
 
 def run_batch_request(
@@ -113,43 +80,31 @@ def run_batch_request(
     prepared_audio: Sequence[Mapping[str, Any] | None] | None = None,
     trace: tuple[str, str | None] | None = None,
 ) -> EncodedBody:
-    """`run_batch_body`'s bytes as the dispatcher sends them: natively a `RequestBody`, whose
-    request frame `wire.encode_request` writes around the body in place (no copy of the ~45 KB of
-    a 64-item batch; a second frame of it, a retry, is a copy)."""
-    return _write(
-        _write_run_batch_request,
-        model_id,
-        op,
-        items,
-        lora,
-        total_cost,
-        payload_fetch_ms,
-        prepared_tokens,
-        prepared_audio,
-        trace,
-    )
+    """An encoded RunBatchRequest: one op, one LoRA key, items wrapped as tagged RunBatchItems, under
+    the next process-wide batch id, as the dispatcher sends it. Written natively when the core is
+    loaded (~10x cheaper per item than the twin: values are spliced from each item's payload, not
+    re-encoded), as a `RequestBody` whose request frame `wire.encode_request` writes around the
+    body in place (no copy of the ~45 KB of a 64-item batch; a second frame of it is a copy).
 
-
-def _write(  # noqa: PLR0917 (the writers' arguments, passed on)
-    writer: Callable[..., T],
-    model_id: str,
-    op: str,
-    items: Sequence[WorkItem],
-    lora: str,
-    total_cost: int,
-    payload_fetch_ms: Sequence[float] | None,
-    prepared_tokens: Sequence[Mapping[str, Any] | None] | None,
-    prepared_audio: Sequence[Mapping[str, Any] | None] | None,
-    trace: tuple[str, str | None] | None,
-) -> T:
-    batch_id = next_batch_id()
+    `trace` (traceparent, tracestate): the context every item carries instead of its own, the
+    sidecar's span of a sampled batch (wire-protocol §4.2); None leaves each item's own."""
+    args = (model_id, op, lora, total_cost, next_batch_id(), items, payload_fetch_ms, prepared_tokens, prepared_audio)
     if trace is None:  # the call of every untraced batch, exactly as before tracing
-        return writer(
-            model_id, op, lora, total_cost, batch_id, items, payload_fetch_ms, prepared_tokens, prepared_audio
-        )
-    return writer(
-        model_id, op, lora, total_cost, batch_id, items, payload_fetch_ms, prepared_tokens, prepared_audio, trace
-    )
+        return cast("EncodedBody", _write_run_batch_body(*args, room=True))
+    return cast("EncodedBody", _write_run_batch_body(*args, trace, room=True))
+
+
+def _as_bytes(write: Callable[P, EncodedBody]) -> Callable[P, bytes]:
+    def as_bytes(*args: P.args, **kwargs: P.kwargs) -> bytes:
+        body = write(*args, **kwargs)
+        return body if isinstance(body, bytes) else bytes(body)
+
+    return as_bytes
+
+
+#: `run_batch_request`'s body as `bytes` (a copy of a `RequestBody`), for callers that keep or
+#: inspect it rather than send it.
+run_batch_body = _as_bytes(run_batch_request)
 
 
 def per_op_body(
