@@ -445,8 +445,8 @@ def _by_tenth(per: dict[str, list[ModeRun]]) -> list[float | None]:
     tenths = min((len(s) for m in MODES for s in shares[m]), default=0)
     out: list[float | None] = []
     for i in range(tenths):
-        on, off = (_median([v for s in shares[m] if (v := s[i]) is not None] or [0.0]) for m in ("on", "off"))
-        out.append(_ratio(on or None, off or None))
+        on, off = ([v for s in shares[m] if (v := s[i]) is not None] for m in ("on", "off"))
+        out.append(_ratio(_median(on), _median(off)) if on and off else None)
     return out
 
 

@@ -21,8 +21,9 @@ pub const BLOCK_SIZE: usize = 256 << 10;
 /// Retired blocks kept for reuse once their views are gone (memory bound: this many blocks).
 const SPARES: usize = 4;
 
-/// A fixed allocation that the kernel (through a writable buffer) and views share, each on its
-/// own bytes: see the module docs for who may write where.
+/// A fixed allocation that a writer (the kernel through a writable buffer, or a request's envelope
+/// in `request_body`) and views share, each on its own bytes: see the module docs for who may
+/// write where.
 pub struct Block {
     ptr: NonNull<u8>,
     cap: usize,
@@ -37,12 +38,18 @@ unsafe impl Sync for Block {}
 impl Block {
     fn new(cap: usize) -> Self {
         // Zeroed (calloc: the kernel hands out zero pages lazily), so no byte is ever uninitialised.
-        let boxed: Box<[u8]> = vec![0u8; cap].into_boxed_slice();
+        Self::from_vec(vec![0u8; cap])
+    }
+
+    /// A block of `bytes`, written before it is shared (`request_body`: a body with room for its
+    /// envelope in front). The allocation is trimmed to their length, in place.
+    pub fn from_vec(bytes: Vec<u8>) -> Self {
+        let boxed: Box<[u8]> = bytes.into_boxed_slice();
+        let cap = boxed.len();
         let ptr = NonNull::new(Box::into_raw(boxed).cast::<u8>()).unwrap_or(NonNull::dangling());
         Self { ptr, cap }
     }
 
-    #[cfg(test)]
     pub fn capacity(&self) -> usize {
         self.cap
     }

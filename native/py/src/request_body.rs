@@ -17,75 +17,22 @@ use sie_core::frame::FrameTooLarge;
 use sie_core::ipc;
 use sie_core::msgpack::SliceWriter;
 
-use crate::buffers::{fill_readonly, shared_view, Backing};
+use crate::buffers::{fill_readonly, shared_view};
 use crate::errors;
+use crate::read_blocks::Block;
 
 /// Bytes left in front of a body for its envelope: a RunBatch request's head is 79 bytes plus its
 /// request id ("w-<n>"), so ids up to 48 characters fit. A longer one is framed by a copy.
 pub const ENVELOPE_ROOM: usize = 128;
-
-/// A `Vec`'s allocation that is written at most once more after it is shared: the envelope, in
-/// front of the body, by whoever claims `RequestBody`'s room. Never resized, so a slice handed out
-/// stays valid while the `Arc` lives.
-struct FrameMemory {
-    ptr: *mut u8,
-    len: usize,
-    cap: usize,
-}
-
-// SAFETY: the memory is owned (freed once, on drop) and only written through `write_head`, whose
-// callers guarantee nothing reads those bytes yet.
-unsafe impl Send for FrameMemory {}
-// SAFETY: as above: shared access only reads, except the one claimed `write_head`.
-unsafe impl Sync for FrameMemory {}
-
-impl FrameMemory {
-    fn new(bytes: Vec<u8>) -> Self {
-        let mut bytes = std::mem::ManuallyDrop::new(bytes);
-        Self {
-            ptr: bytes.as_mut_ptr(),
-            len: bytes.len(),
-            cap: bytes.capacity(),
-        }
-    }
-
-    /// Write `head` so that it ends at `end`.
-    ///
-    /// # Safety
-    /// Nothing may read `end - head.len()..end` while this runs, and only one caller may ever
-    /// write it (no view of it exists before).
-    unsafe fn write_head(&self, end: usize, head: &[u8]) {
-        assert!(head.len() <= end && end <= self.len);
-        // SAFETY: in bounds (asserted); exclusive by the caller's guarantee; `head` is a separate
-        // buffer, so the ranges do not overlap.
-        unsafe {
-            std::ptr::copy_nonoverlapping(head.as_ptr(), self.ptr.add(end - head.len()), head.len())
-        };
-    }
-}
-
-impl Backing for FrameMemory {
-    fn range(&self, start: usize, end: usize) -> &[u8] {
-        assert!(start <= end && end <= self.len);
-        // SAFETY: in bounds (asserted), initialised (written by the body writer or the one
-        // `write_head` that precedes any view of the head), and alive while `self` is.
-        unsafe { std::slice::from_raw_parts(self.ptr.add(start), end - start) }
-    }
-}
-
-impl Drop for FrameMemory {
-    fn drop(&mut self) {
-        // SAFETY: the parts came from a `Vec` (see `new`) that was never freed.
-        drop(unsafe { Vec::from_raw_parts(self.ptr, self.len, self.cap) });
-    }
-}
 
 /// An encoded request body (a read-only buffer of the body's bytes, as `bytes(body)` gives)
 /// whose request frame `encode_request` makes in place the first time it frames it; later frames
 /// of the same body (a retry under another request id) are copies.
 #[pyclass(frozen, module = "sie_sidecar._native")]
 pub struct RequestBody {
-    memory: Arc<FrameMemory>,
+    /// The room, then the body: written whole before it is shared, and after that only the room,
+    /// once, by whoever claims it (`room_free`), before any view of it exists.
+    memory: Arc<Block>,
     room_free: AtomicBool,
 }
 
@@ -94,13 +41,13 @@ impl RequestBody {
     pub fn new(bytes: Vec<u8>) -> Self {
         assert!(bytes.len() >= ENVELOPE_ROOM);
         Self {
-            memory: Arc::new(FrameMemory::new(bytes)),
+            memory: Arc::new(Block::from_vec(bytes)),
             room_free: AtomicBool::new(true),
         }
     }
 
     pub fn body(&self) -> &[u8] {
-        self.memory.range(ENVELOPE_ROOM, self.memory.len)
+        self.memory.slice(ENVELOPE_ROOM, self.memory.capacity())
     }
 
     /// The request frame as a read-only memoryview of this body's memory, or None when the room
@@ -116,7 +63,9 @@ impl RequestBody {
             .claim_room(method, request_id, accepts_chunks)
             .map_err(errors::frame_too_large)?
         {
-            Some(start) => shared_view(py, self.memory.clone(), start, self.memory.len).map(Some),
+            Some(start) => {
+                shared_view(py, self.memory.clone(), start, self.memory.capacity()).map(Some)
+            }
             None => Ok(None),
         }
     }
@@ -129,7 +78,7 @@ impl RequestBody {
         request_id: &str,
         accepts_chunks: bool,
     ) -> Result<Option<usize>, FrameTooLarge> {
-        let body_len = self.memory.len - ENVELOPE_ROOM;
+        let body_len = self.memory.capacity() - ENVELOPE_ROOM;
         let envelope_len = ipc::request_len(method, request_id, body_len)?;
         let head_len = ipc::request_head_len(method, request_id);
         if head_len > ENVELOPE_ROOM
@@ -144,15 +93,23 @@ impl RequestBody {
         let mut out = SliceWriter::new(&mut head[..head_len]);
         ipc::write_request_head(&mut out, envelope_len, method, request_id, accepts_chunks);
         debug_assert_eq!(out.written(), head_len);
-        // SAFETY: the room was free (claimed just now, once for this object's life), and no view
-        // covers it: the body's buffer starts at ENVELOPE_ROOM, frames exist only after this.
-        unsafe { self.memory.write_head(ENVELOPE_ROOM, &head[..head_len]) };
-        Ok(Some(ENVELOPE_ROOM - head_len))
+        let start = ENVELOPE_ROOM - head_len;
+        // SAFETY: `start..ENVELOPE_ROOM` is in bounds (`window_ptr` checks) and nothing reads it:
+        // the room was free (claimed just now, once for this object's life), the body's buffer
+        // starts at ENVELOPE_ROOM, and frames exist only after this. `head` is a separate buffer.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                head.as_ptr(),
+                self.memory.window_ptr(start, head_len),
+                head_len,
+            )
+        };
+        Ok(Some(start))
     }
 
     #[cfg(test)]
     fn frame(&self, start: usize) -> &[u8] {
-        self.memory.range(start, self.memory.len)
+        self.memory.slice(start, self.memory.capacity())
     }
 }
 
@@ -175,7 +132,7 @@ impl RequestBody {
     unsafe fn __releasebuffer__(&self, _view: *mut ffi::Py_buffer) {}
 
     fn __len__(&self) -> usize {
-        self.memory.len - ENVELOPE_ROOM
+        self.memory.capacity() - ENVELOPE_ROOM
     }
 
     fn __bytes__<'py>(&self, py: Python<'py>) -> Bound<'py, PyBytes> {

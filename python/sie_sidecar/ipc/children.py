@@ -236,7 +236,7 @@ class _PlacedClient:
         )
 
     async def process_batch(
-        self, method: str, body: EncodedBody, *, attest: Attest | None = None, timeout_s: float | None = None
+        self, method: str, body: bytes, *, attest: Attest | None = None, timeout_s: float | None = None
     ) -> Any:
         children = self._children
         children._check()

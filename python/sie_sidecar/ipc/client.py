@@ -312,7 +312,7 @@ class IpcClient:
         return self._request_timeout_s if timeout_s is None else max(self._request_timeout_s, float(timeout_s))
 
     async def process_batch(
-        self, method: str, body: EncodedBody, *, attest: Attest | None = None, timeout_s: float | None = None
+        self, method: str, body: bytes, *, attest: Attest | None = None, timeout_s: float | None = None
     ) -> wire.BatchOutcome:
         """One of the per-op batch methods, for a backend that answered RunBatch `unknown method`
         (`timeout_s` as for `run_batch_with`: the V1 variants get the deadline-derived wait too)."""

@@ -52,7 +52,7 @@ class BatchClient(Protocol):
     async def process_batch(
         self,
         method: str,
-        body: EncodedBody,
+        body: bytes,
         *,
         attest: Callable[[str | None], bool] | None = None,
         timeout_s: float | None = None,
