@@ -23,6 +23,7 @@ from sie_sidecar.bus.outbound import FramedWriter
 from sie_sidecar.bus.pull import PullConsumer
 from sie_sidecar.bus.topology import TopologySpec, ensure_topology, reconcile_forever
 from sie_sidecar.telemetry import NATS_OPERATIONS, Registry
+from sie_sidecar.wire._switch import USING_NATIVE
 
 from .conftest import NatsServer
 
@@ -607,6 +608,11 @@ async def test_receive_telemetry_is_recorded_as_deliveries_arrive(nc: Client, di
 
     await consumer.start()
     try:
+        # The fast path counts each run as it scans it (the compiled maker of runs); then the
+        # consumer does not count it again.
+        assert consumer._sub is not None
+        sid = consumer._sub._id
+        assert (consumer._fast is not None and consumer._fast.tallied(sid)) == (direct and USING_NATIVE)
         await _eventually(lambda: _async_true(consumer.stats.messages >= 12))
         assert received(first) == 12  # nothing taken yet
         batch = await consumer.next_batch(16, 0)
@@ -621,5 +627,11 @@ async def test_receive_telemetry_is_recorded_as_deliveries_arrive(nc: Client, di
         assert back.metadata.num_delivered == 2
         await back.ack()
         consumer.settled(1)
+        await consumer._rotate("test")  # a new inbox: only the current one is counted as scanned
+        assert consumer._sub is not None and consumer._sub._id != sid
+        assert consumer._fast is None or not consumer._fast.tallied(sid)
+        sid = consumer._sub._id
+        assert (consumer._fast is not None and consumer._fast.tallied(sid)) == (direct and USING_NATIVE)
     finally:
         await consumer.stop()
+    assert consumer._fast is None or not consumer._fast.tallied(sid)  # stopped: what arrives is handed back

@@ -13,7 +13,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from nats.aio.msg import Msg
 
-from sie_sidecar._native import LazyDelivery, deliveries_of_run
+from sie_sidecar._native import AttemptTally, LazyDelivery, deliveries_of_run, delivery_attempts
 from sie_sidecar._native.wire import scan_direct_msgs
 from sie_sidecar._twins.inbound import scan_direct_msgs as scan_direct_msgs_py
 from sie_sidecar.wire.workitem import WorkItem
@@ -240,6 +240,41 @@ def test_deliveries_of_run_refuses_spans_outside_the_run() -> None:
         deliveries_of_run(b"abc", struct.pack("<4I", 0, 2, 2, 5), ["s"], 1, None, Msg, item_cls=WorkItem)
     with pytest.raises(ValueError, match="four u32"):
         deliveries_of_run(b"abc", b"\x00" * 8, ["s"], 1, None, Msg, item_cls=WorkItem)
+
+
+def _acks(n: int, *, redelivered: int = 0) -> list[bytes]:
+    """`n` direct frames of sid 3, the first `redelivered` of them on their second delivery."""
+    return [
+        f"MSG s 3 $JS.ACK.s.c.{2 if i < redelivered else 1}.{i + 1}.{i + 1}.1700000000000000000.0 2\r\nhi\r\n".encode()
+        for i in range(n)
+    ]
+
+
+@given(stream=st.lists(frames(), max_size=12), cut=st.integers(min_value=0, max_value=2000))
+def test_a_tallied_scan_counts_what_it_delivers_as_the_consumer_would(stream: list[bytes], cut: int) -> None:
+    """Metrics on, the scan counts each delivered run's ACK subjects into its sid's tally: the same
+    counts the consumer's own pass over the delivered runs took (`AttemptTally.add`), and nothing
+    for a sid without a tally."""
+    data = b"".join(stream)[:cut]
+    tally = AttemptTally()
+    runs: list[list[Any]] = []
+    make_run = functools.partial(deliveries_of_run, item_cls=WorkItem, tallies={3: tally})
+    scan_direct_msgs(bytearray(data), {sid: runs.append for sid in DIRECT_SIDS}, None, Msg, make_run)
+    assert tally.take() == delivery_attempts([d for r in runs for d in r if d._sid == 3])
+
+
+def test_a_scanned_run_is_counted_once_whole() -> None:
+    """A redelivery is counted at its attempt; a run the maker refuses is counted not at all."""
+    tally = AttemptTally()
+    got: list[Any] = []
+    maker = functools.partial(deliveries_of_run, item_cls=WorkItem, tallies={3: tally, 9: AttemptTally()})
+    scan_direct_msgs(bytearray(b"".join(_acks(5, redelivered=2))), {3: got.extend}, None, Msg, maker)
+    assert len(got) == 5 and tally.take() == ([(1, 3), (2, 2)], 0)
+    import struct
+
+    with pytest.raises(ValueError, match="outside"):
+        maker(b"abc", struct.pack("<4I", 0, 3, 2, 5), ["s"], 3, None, Msg)
+    assert tally.take() == ([], 0)
 
 
 @pytest.mark.parametrize("scanner", [scan_direct_msgs, scan_direct_msgs_py], ids=["native", "py"])

@@ -52,6 +52,13 @@ impl AttemptTally {
     }
 }
 
+impl AttemptTally {
+    /// One delivery's ACK subject, as it lies in a scanned run (`lazy::deliveries_of_run`).
+    pub fn add_subject(&mut self, subject: &[u8]) {
+        self.counts.add_bytes(Some(subject));
+    }
+}
+
 fn count_into(counts: &mut AttemptCounts, messages: &Bound<'_, PyAny>) -> PyResult<()> {
     let py = messages.py();
     let k_reply = intern!(py, "reply");

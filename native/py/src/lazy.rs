@@ -13,10 +13,11 @@
 
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyList, PyString, PyType};
+use pyo3::types::{PyBytes, PyDict, PyList, PyString, PyType};
 
 use sie_core::msgpack::{Reader, Token, MAX_DEPTH};
 
+use crate::attempts::AttemptTally;
 use crate::text::{text, valid_utf8};
 use crate::workitem::{decode_work_item, json_shape_violation, SPAN_COUNT};
 
@@ -600,8 +601,13 @@ impl LazyDelivery {
 /// frames' bytes, `spans` per frame four little-endian u32 (reply offset, reply length, payload
 /// offset, payload length, in `run`), `subjects` each frame's subject. Each payload is parsed in
 /// place; nothing else is made per frame.
+///
+/// `tallies` (metrics on): sid -> `AttemptTally`. When `sid` has one, each frame's ACK subject is
+/// counted into it here, once the whole run was read: the subjects were just scanned and are still
+/// in the CPU's caches, and the pull consumer's own pass over the run's deliveries (a cast, a
+/// borrow and a buffer per delivery) is not needed (docs/benchmarks.md, issue 32).
 #[pyfunction]
-#[pyo3(signature = (run, spans, subjects, sid, client, msg_cls, *, item_cls))]
+#[pyo3(signature = (run, spans, subjects, sid, client, msg_cls, *, item_cls, tallies = None))]
 #[allow(clippy::too_many_arguments)]
 pub fn deliveries_of_run<'py>(
     py: Python<'py>,
@@ -612,6 +618,7 @@ pub fn deliveries_of_run<'py>(
     client: &Bound<'py, PyAny>,
     msg_cls: &Bound<'py, PyAny>,
     item_cls: &Bound<'py, PyType>,
+    tallies: Option<&Bound<'py, PyDict>>,
 ) -> PyResult<Bound<'py, PyList>> {
     let table = spans.as_bytes();
     let n = subjects.len();
@@ -654,6 +661,15 @@ pub fn deliveries_of_run<'py>(
             item_cls.clone().unbind(),
         );
         out.append(Bound::new(py, d)?)?;
+    }
+    if let Some(tallies) = tallies {
+        if let Some(tally) = tallies.get_item(sid)? {
+            let mut tally = tally.cast_into::<AttemptTally>()?.borrow_mut();
+            for at in (0..n).map(|i| i * 16) {
+                let (off, len) = (u32_at(at) as usize, u32_at(at + 4) as usize);
+                tally.add_subject(&bytes[off..off + len]); // checked above, with the payload
+            }
+        }
     }
     Ok(out)
 }

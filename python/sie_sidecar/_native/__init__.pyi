@@ -432,6 +432,7 @@ def deliveries_of_run(
     msg_cls: Any,
     *,
     item_cls: type[Any],
+    tallies: dict[int, AttemptTally] | None = None,
 ) -> list[LazyDelivery]: ...
 def delivery_attempts(messages: Iterable[Any]) -> tuple[list[tuple[int, int]], int]: ...
 

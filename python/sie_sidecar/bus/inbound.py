@@ -89,6 +89,7 @@ class _FastParser(nats_parser.Parser):
     place, so its buffer and state carry over and `reset()` on reconnect keeps working)."""
 
     _direct: dict[int, DeliverRun]
+    _make_run: Callable[..., list[Any]] | None  # `make_run`, with this client's attempt tallies
     _fast: FastInbound
     _reader: object  # the connection's StreamReader last seen (adopted, or left as it was)
 
@@ -146,7 +147,9 @@ class _FastParser(nats_parser.Parser):
                 return  # reset meanwhile (a reconnect): the read belongs to the old connection
         pos, partial = start, False
         while not buf and self.state == nats_parser.AWAITING_CONTROL_LINE and self._direct:
-            consumed, count, nbytes, partial, error = scan_direct_msgs(data, self._direct, self.nc, Msg, make_run, pos)
+            consumed, count, nbytes, partial, error = scan_direct_msgs(
+                data, self._direct, self.nc, Msg, self._make_run, pos
+            )
             if count:
                 stats = self.nc.stats
                 stats["in_msgs"] += count
@@ -193,7 +196,7 @@ class _FastParser(nats_parser.Parser):
         direct = self._direct
         while direct and buf:
             if self.state == nats_parser.AWAITING_CONTROL_LINE:
-                consumed, count, nbytes, partial, error = scan_direct_msgs(buf, direct, self.nc, Msg, make_run, 0)
+                consumed, count, nbytes, partial, error = scan_direct_msgs(buf, direct, self.nc, Msg, self._make_run, 0)
                 if consumed:
                     del buf[:consumed]
                     stats = self.nc.stats
@@ -231,6 +234,8 @@ class FastInbound:
 
     def __init__(self, parser: _FastParser) -> None:
         self._parser = parser
+        #: sid -> the `AttemptTally` its runs' ACK subjects are counted into as they are scanned.
+        self._tallies: dict[int, Any] = {}
         self.messages = 0  # delivered through the fast path (telemetry and tests)
         self.handed_over = 0  # other frames nats-py parsed alone, the fast path resuming after each
         self.in_place = 0  # of `messages`, those read in place in a read (not copied into a buffer)
@@ -259,6 +264,7 @@ class FastInbound:
         fast_ps._direct = {}
         fast_ps._reader = None
         fast = cls(fast_ps)
+        fast_ps._make_run = None if make_run is None else functools.partial(make_run, tallies=fast._tallies)
         fast_ps._fast = fast
         nc._sie_fast_inbound = fast
         return fast
@@ -269,6 +275,21 @@ class FastInbound:
 
     def unregister(self, sid: int) -> None:
         self._parser._direct.pop(sid, None)
+        self._tallies.pop(sid, None)
+
+    def tally(self, sid: int, tally: Any | None) -> bool:
+        """Count the delivery attempts of `sid`'s runs into `tally` as they are scanned (None: stop).
+        Whether the scan counts them: only the compiled maker of runs does, so with the twins
+        (`SIE_SIDECAR_NO_EXTENSIONS=1`) the caller counts each run itself."""
+        if tally is None or make_run is None:
+            self._tallies.pop(sid, None)
+            return False
+        self._tallies[sid] = tally
+        return True
+
+    def tallied(self, sid: int) -> bool:
+        """Whether the runs of `sid` are counted by the scan (`tally`)."""
+        return sid in self._tallies
 
 
 __all__ = ["DeliverRun", "FastInbound", "first_frame_end", "scan_direct_msgs"]

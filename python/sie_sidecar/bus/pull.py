@@ -157,11 +157,28 @@ class PullConsumer:
         self._seen_reconnects = 0
         self._status_streak = 0
         self.stats = PullStats()
-        #: Set (metrics on): each received run's delivery attempts are tallied, for `take_attempts` (§13).
-        self.telemetry: Registry | None = None
+        self._telemetry: Registry | None = None
         self._attempts = AttemptTally()
 
     # -- public API ---------------------------------------------------------------------------------------
+
+    @property
+    def telemetry(self) -> Registry | None:
+        """Set (metrics on): each received run's delivery attempts are tallied, for `take_attempts` (§13)."""
+        return self._telemetry
+
+    @telemetry.setter
+    def telemetry(self, registry: Registry | None) -> None:
+        self._telemetry = registry
+        if self._sub is not None:
+            self._tally_in_scan(self._sub._id)
+
+    def _tally_in_scan(self, sid: int) -> None:
+        """Have the fast path count the delivery attempts of `sid`'s runs as it scans them (metrics
+        on), while the ACK subjects are still in the CPU's caches: one pass over a run, not two."""
+        if self._fast is not None:
+            counting = self._telemetry is not None and not self._stopped
+            self._fast.tally(sid, self._attempts if counting else None)
 
     def take_attempts(self) -> tuple[list[tuple[int, int]], int]:
         """The delivery attempts tallied since the last call (`_native.delivery_attempts`' pair)."""
@@ -242,6 +259,8 @@ class PullConsumer:
         if self._stopped:
             return
         self._stopped = True
+        if self._sub is not None:
+            self._tally_in_scan(self._sub._id)  # what still arrives is handed back, not counted
         self._data.set()
         if self._task is not None:
             self._task.cancel()
@@ -416,13 +435,15 @@ class PullConsumer:
             self._naks.add(task)
             task.add_done_callback(self._naks.discard)
 
-    def _make_direct_run(self, gen: int) -> Callable[[list[Msg]], None]:
+    def _make_direct_run(self, gen: int, sid: int) -> Callable[[list[Msg]], None]:
         """The fast path's callback: a run of JetStream deliveries (every one has an ACK subject;
-        status messages never take this path), accounted for at once."""
+        status messages never take this path), accounted for at once. Their delivery attempts were
+        counted by the scan when `sid` is tallied there (`_tally_in_scan`)."""
+        fast = self._fast
 
         def on_run(msgs: list[Msg]) -> None:
             try:
-                accepted = self._accept_run(msgs, gen)
+                accepted = self._accept_run(msgs, gen, fast is not None and fast.tallied(sid))
             except Exception:  # never let a bug here break nats-py's reader loop
                 logger.exception("pull delivery failed", extra={"stream": self.stream, "consumer": self.durable})
                 accepted = False
@@ -460,8 +481,9 @@ class PullConsumer:
             return True
         return self._accept_run([msg], gen)
 
-    def _accept_run(self, msgs: list[Msg], gen: int) -> bool:
-        """Take a run of deliveries with ACK subjects (one, from `_accept`), counted once."""
+    def _accept_run(self, msgs: list[Msg], gen: int, tallied: bool = False) -> bool:
+        """Take a run of deliveries with ACK subjects (one, from `_accept`), counted once; `tallied`:
+        their delivery attempts were counted as they were scanned."""
         if gen != self._gen or self._stopped:
             self.stats.stale_naks += len(msgs)
             return False
@@ -474,7 +496,7 @@ class PullConsumer:
         self._unsettled += n
         self._high_water = max(self._high_water, self._unsettled)
         self.stats.messages += n
-        if self.telemetry is not None:
+        if self._telemetry is not None and not tallied:
             # Read as the run arrives, while its ACK subjects are still in the CPU's caches (read
             # when a batch was taken, they came from memory); one native call, nothing else.
             self._attempts.add(msgs)
@@ -695,7 +717,7 @@ class PullConsumer:
                 # No await between subscribing and this: nothing can have been delivered yet.
                 sub._pending_queue = _DirectQueue(sub, self._make_direct(gen))  # type: ignore[assignment]
                 if self._fast is not None:
-                    self._fast.register(sub._id, self._make_direct_run(gen))
+                    self._fast.register(sub._id, self._make_direct_run(gen, sub._id))
             else:
                 logger.warning("nats-py internals changed; using callback delivery")
                 self._direct = False
@@ -706,6 +728,10 @@ class PullConsumer:
         old, forgotten = self._sub, self._credit
         now = time.monotonic()
         self._gen, self._inbox, self._sub, self._credit = gen, inbox, sub, 0
+        # Only the current inbox's runs are counted as scanned: a retired one's are handed back.
+        if old is not None and self._fast is not None:
+            self._fast.tally(old._id, None)
+        self._tally_in_scan(sub._id)
         self._last_activity = now
         if old is not None:
             self._retired.append((old, now + self._retire_after_s))
