@@ -6,6 +6,7 @@ what its Python twin gives, for deliveries still read in place, decoded ones (ed
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import msgpack
@@ -44,12 +45,14 @@ def _payload(n: int, config_hash: str, **fields: Any) -> bytes:
     return bytes(msgpack.packb({**BASE, "work_item_id": f"r{n}.0", "bundle_config_hash": config_hash, **fields}))
 
 
-def _deliveries(plan: list[tuple[str, int, float, bool]], **fields: Any) -> list[Any]:
+def _deliveries(
+    plan: list[tuple[str, int, float, bool]], each: Sequence[dict[str, Any]] = (), **fields: Any
+) -> list[Any]:
     """One delivery per (kind, hash index, fetch ms, tokens) of `plan`, made fresh each call; `fields`
-    are set in every WorkItem."""
+    are set in every WorkItem, `each[n]` in the n-th."""
     out: list[Any] = []
     for n, (kind, h, ms, tokens) in enumerate(plan):
-        payload = _payload(n, HASHES[h], **fields)
+        payload = _payload(n, HASHES[h], **fields, **(each[n] if n < len(each) else {}))
         if kind == "dataclass":
             d: Any = Delivery(msg=Msg(n), worker_direct=False, item=decode_work_item(payload))
         else:
@@ -127,6 +130,46 @@ def test_the_columns_call_records_each_items_work_item_age_now(columns: Any, kin
     plain = columns(_deliveries(plan, timestamp=timestamp), "score", None)
     assert [wire_item_id(i) for i in got[0]] == [wire_item_id(i) for i in plain[0]] and got[1:] == plain[1:]
     assert histogram.count == 3  # None: nothing recorded
+
+
+CONTEXTS = (
+    "",
+    "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+    "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00",
+    "not a context",
+)
+
+
+@pytest.mark.parametrize("columns", _implementations())
+@given(plan=plans, picks=st.lists(st.integers(0, len(CONTEXTS) - 1), min_size=12, max_size=12))
+def test_the_columns_call_gathers_the_items_distinct_contexts(
+    columns: Any, plan: list[tuple[str, int, float, bool]], picks: list[int]
+) -> None:
+    """Tracing on, the call that reads the items also gathers their distinct non-empty trace
+    contexts, in order (the batch span's parent and links, §5.4): what the tracer reads from the
+    items themselves, and the columns are the same as without."""
+    from sie_sidecar.otel.tracing import Sampler, SpanBuffer
+    from sie_sidecar.wire.batch_spans import BatchTracer
+
+    if columns is run_batch_columns_py:  # the twin's items are WorkItems (no delivery read in place)
+        plan = [("decoded" if kind == "lazy" else kind, *rest) for kind, *rest in plan]  # type: ignore[misc]
+    each = [{"traceparent": CONTEXTS[p]} for p in picks]
+    contexts: list[str] = []
+    got = columns(_deliveries(plan, each), "score", None, contexts)
+    assert contexts == [c for c in dict.fromkeys(CONTEXTS[p] for p in picks[: len(plan)]) if c]
+    plain = columns(_deliveries(plan, each), "score", None)
+    assert [wire_item_id(i) for i in got[0]] == [wire_item_id(i) for i in plain[0]] and got[1:] == plain[1:]
+    buffer = SpanBuffer()
+    tracer = BatchTracer(Sampler("always_on"), buffer)
+    for traceparents in (got[0], contexts):
+        span = tracer.start_batch("m", "score", len(got[0]), 1, traceparents)
+        assert span is not None
+        span.end()
+    from_items, from_contexts = buffer.take()
+    assert from_contexts.parent_span_id == from_items.parent_span_id
+    assert from_contexts.links == from_items.links
+    if from_items.parent_span_id:
+        assert from_contexts.trace_id == from_items.trace_id
 
 
 def wire_item_id(item: Any) -> str:

@@ -13,9 +13,10 @@ use pyo3::prelude::*;
 use pyo3::types::{PyList, PyString, PyTuple};
 
 use crate::clock::unix_now_s;
-use crate::deadlines::record_work_item_ages;
+use crate::deadlines::work_item_age;
 use crate::histogram::Histogram;
 use crate::lazy::{LazyDelivery, BUNDLE_CONFIG_HASH};
+use crate::run_batch::traceparent_of;
 
 /// The distinct non-empty `bundle_config_hash` values of the deliveries' items, in first-seen
 /// order (a delivery whose `wire_item` is None has none). The config gate's one pass (§5.5).
@@ -92,19 +93,22 @@ pub fn unsettled<'py>(deliveries: &Bound<'py, PyList>) -> PyResult<Bound<'py, Py
 /// as exactly that); tokens only for `encode`, audio only for `extract`.
 ///
 /// With `ages` (metrics on), each item's work-item age at this moment (§5.6, the execution commit)
-/// is recorded into it as `record_work_item_ages` does: in this call, not in one more a batch with
-/// its own clock read (docs/benchmarks.md, issue 32).
+/// is recorded into it as `record_work_item_ages` does. With `contexts` (tracing on), the items'
+/// distinct non-empty `traceparent`s are appended to it in order, as the batch tracer reads them
+/// (its `start_batch` takes that list). Both in the one pass that reads the items: each was a pass
+/// of its own over the batch, ~100 est an item together (docs/benchmarks.md, issue 32).
 #[pyfunction]
-#[pyo3(signature = (deliveries, op, ages = None))]
+#[pyo3(signature = (deliveries, op, ages = None, contexts = None))]
 pub fn run_batch_columns<'py>(
     py: Python<'py>,
     deliveries: &Bound<'py, PyList>,
     op: &str,
     ages: Option<&Bound<'py, Histogram>>,
+    contexts: Option<&Bound<'py, PyList>>,
 ) -> PyResult<Bound<'py, PyTuple>> {
-    if let Some(ages) = ages {
-        record_work_item_ages(ages, deliveries, unix_now_s())?;
-    }
+    let now = if ages.is_some() { unix_now_s() } else { 0.0 };
+    let mut aged: Vec<f64> = Vec::new();
+    let mut distinct: Vec<String> = Vec::new();
     let n = deliveries.len();
     let items = PyList::empty(py);
     let mut fetch_ms: Vec<f64> = Vec::with_capacity(n);
@@ -145,7 +149,19 @@ pub fn run_batch_columns<'py>(
                 },
             ),
         };
+        if ages.is_some() {
+            if let Some(age) = work_item_age(&d, now)? {
+                aged.push(age);
+            }
+        }
         if !item.is_none() {
+            if contexts.is_some() {
+                traceparent_of(py, &item, &mut |s: &str| {
+                    if !s.is_empty() && !distinct.iter().any(|c| c == s) {
+                        distinct.push(s.to_owned());
+                    }
+                })?;
+            }
             items.append(item)?;
         }
         any_ms |= ms != 0.0;
@@ -157,6 +173,16 @@ pub fn run_batch_columns<'py>(
         if want_audio {
             any_audio |= !a.is_none();
             audio.push(a);
+        }
+    }
+    if let Some(ages) = ages {
+        if !aged.is_empty() {
+            ages.borrow_mut().record_values(aged);
+        }
+    }
+    if let Some(contexts) = contexts {
+        for c in distinct {
+            contexts.append(c)?;
         }
     }
     let none = || py.None().into_bound(py);

@@ -159,6 +159,14 @@ pub fn deadline_lease_holders<'py>(
     Ok(out)
 }
 
+/// One delivery's work-item age at `now` (never negative), or None when its item has no timestamp
+/// > 0 (it is not recorded).
+pub(crate) fn work_item_age(d: &Bound<'_, PyAny>, now: f64) -> PyResult<Option<f64>> {
+    Ok(timestamp_of(d)?
+        .filter(|&t| t > 0.0)
+        .map(|t| (now - t).max(0.0)))
+}
+
 /// The work-item ages (`sie.worker.work_item.age`, §5.6) recorded straight into `histogram`: seconds
 /// from each item's gateway timestamp to `now`, never negative, for the deliveries whose timestamp
 /// is > 0 (the others are skipped). Returns how many were recorded. No list of floats is made:
@@ -171,10 +179,8 @@ pub fn record_work_item_ages(
 ) -> PyResult<usize> {
     let mut ages = Vec::with_capacity(deliveries.len());
     for d in deliveries.iter() {
-        if let Some(timestamp) = timestamp_of(&d)? {
-            if timestamp > 0.0 {
-                ages.push((now - timestamp).max(0.0));
-            }
+        if let Some(age) = work_item_age(&d, now)? {
+            ages.push(age);
         }
     }
     let n = ages.len();

@@ -387,43 +387,52 @@ pub(crate) fn for_each_traceparent<'py>(
     items: &Bound<'py, PyAny>,
     mut f: impl FnMut(&str),
 ) -> PyResult<()> {
-    let name = &names(py)[TRACEPARENT];
     for obj in items.try_iter()? {
-        let obj = obj?;
-        if obj.is_none() {
-            continue;
-        }
-        if let Ok(s) = obj.cast::<PyString>() {
-            f(s.to_str()?);
-            continue;
-        }
-        if let Ok(lazy) = obj.cast::<LazyDelivery>() {
-            let this = lazy.borrow();
-            if let Some((data, parsed)) = this.in_place_ref(py) {
-                let (off, len) = parsed.spans[TRACEPARENT];
-                let value = &data[off as usize..(off + len) as usize];
-                // Absent or nil (most items): skipped before the reader, whose refusal would
-                // format an error message (a malloc and a free per item, ~130 instructions).
-                if value.is_empty() || value == [NIL] {
-                    continue;
-                }
-                if let Ok(s) = Reader::new(value).read_str("traceparent") {
-                    f(s);
-                }
-                continue;
+        traceparent_of(py, &obj?, &mut f)?;
+    }
+    Ok(())
+}
+
+/// `for_each_traceparent` for one object: `f` gets its non-nil `traceparent`, if it has one.
+pub(crate) fn traceparent_of<'py>(
+    py: Python<'py>,
+    obj: &Bound<'py, PyAny>,
+    f: &mut impl FnMut(&str),
+) -> PyResult<()> {
+    let name = &names(py)[TRACEPARENT];
+    if obj.is_none() {
+        return Ok(());
+    }
+    if let Ok(s) = obj.cast::<PyString>() {
+        f(s.to_str()?);
+        return Ok(());
+    }
+    if let Ok(lazy) = obj.cast::<LazyDelivery>() {
+        let this = lazy.borrow();
+        if let Some((data, parsed)) = this.in_place_ref(py) {
+            let (off, len) = parsed.spans[TRACEPARENT];
+            let value = &data[off as usize..(off + len) as usize];
+            // Absent or nil (most items): skipped before the reader, whose refusal would
+            // format an error message (a malloc and a free per item, ~130 instructions).
+            if value.is_empty() || value == [NIL] {
+                return Ok(());
             }
-            drop(this);
-            let item = lazy.borrow_mut().decode(py)?;
-            let value = item.bind(py).getattr(name.bind(py))?;
-            if let Ok(s) = value.cast::<PyString>() {
-                f(s.to_str()?);
+            if let Ok(s) = Reader::new(value).read_str("traceparent") {
+                f(s);
             }
-            continue;
+            return Ok(());
         }
-        let value = obj.getattr(name.bind(py))?;
+        drop(this);
+        let item = lazy.borrow_mut().decode(py)?;
+        let value = item.bind(py).getattr(name.bind(py))?;
         if let Ok(s) = value.cast::<PyString>() {
             f(s.to_str()?);
         }
+        return Ok(());
+    }
+    let value = obj.getattr(name.bind(py))?;
+    if let Ok(s) = value.cast::<PyString>() {
+        f(s.to_str()?);
     }
     Ok(())
 }

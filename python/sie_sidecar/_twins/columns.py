@@ -36,15 +36,21 @@ def unsettled(deliveries: list[Any]) -> list[Any]:
 
 
 def run_batch_columns(
-    deliveries: list[Any], op: str, ages: Any | None = None
+    deliveries: list[Any], op: str, ages: Any | None = None, contexts: list[str] | None = None
 ) -> tuple[list[Any], list[float] | None, list[Any] | None, list[Any] | None]:
     """`(items, payload_fetch_ms, prepared_tokens, prepared_audio)` for the RunBatch writer: every
     `wire_item` that is not None; the other three one entry per delivery, or None when each entry
     would be 0.0 / None (the writer reads None as exactly that); tokens for encode, audio for extract.
-    With `ages` (a histogram), each item's work-item age now is recorded into it first (§5.6)."""
+    With `ages` (a histogram), each item's work-item age now is recorded into it first (§5.6); with
+    `contexts` (a list), the items' distinct non-empty `traceparent`s are appended to it, in order."""
     if ages is not None:
         record_work_item_ages(ages, deliveries, time.time())
     items = [item for item in (d.wire_item for d in deliveries) if item is not None]
+    if contexts is not None:
+        for item in items:
+            value = getattr(item, "traceparent", None)  # as the twin tracer reads an item
+            if isinstance(value, str) and value and value not in contexts:
+                contexts.append(value)
     fetch_ms = [float(d.payload_fetch_ms) for d in deliveries]
     tokens = [d.prepared_tokens for d in deliveries] if op == "encode" else []
     audio = [d.prepared_audio for d in deliveries] if op == "extract" else []

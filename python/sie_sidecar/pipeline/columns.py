@@ -16,8 +16,9 @@ Columns = tuple[list[Any], list[float] | None, list[Any] | None, list[Any] | Non
 
 _impl = load("columns")
 config_hashes: Callable[[Iterable[Any]], list[Any]] = _impl.config_hashes
-#: `(deliveries, op, ages)`: with `ages` (a work-item age histogram) each item's age is recorded too.
-run_batch_columns: Callable[[list[Any], str, Any | None], Columns] = _impl.run_batch_columns
+#: `(deliveries, op, ages, contexts)`: with `ages` (a work-item age histogram) each item's age is
+#: recorded too; with `contexts` (a list) the items' distinct trace contexts are appended to it.
+run_batch_columns: Callable[[list[Any], str, Any | None, list[str] | None], Columns] = _impl.run_batch_columns
 request_latencies_ms: Callable[[list[str], Sequence[float], Iterable[Any], float], list[float]] = (
     _impl.request_latencies_ms
 )

@@ -196,13 +196,16 @@ class Execution:
         last Ping attests the advertised config. `ages`: where each item's work-item age is
         recorded now (metrics on)."""
         # The RunBatch writer reads undecoded items in place (`wire_item`); every one has an item.
-        items, fetch_ms, prepared, audio = run_batch_columns(ds, op, ages)
+        # Tracing on, the same pass gathers the items' distinct contexts for the span.
+        tracer = self.tracer
+        contexts: list[str] | None = [] if tracer is not None and not tracer.never else None
+        items, fetch_ms, prepared, audio = run_batch_columns(ds, op, ages, contexts)
         # A sampled batch's span is parented on its items' first valid context and links to the
         # others (§5.4); its context is the one every RunBatchItem carries to the backend. An
         # unsampled batch's bytes are exactly the untraced ones.
         span = None
-        if self.tracer is not None and not self.tracer.never:
-            span = self.tracer.start_batch(model, op, len(items), total_cost, items)
+        if tracer is not None and contexts is not None:
+            span = tracer.start_batch(model, op, len(items), total_cost, contexts)
         trace = span.wire_context if span is not None else None
         try:
             backend = await self._backend.client_for(model)  # the child the model is placed on
