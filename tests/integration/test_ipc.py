@@ -680,6 +680,21 @@ async def test_oversized_response_is_chunked_and_reassembled(sock_path: str) -> 
         assert ipc.open_connections == 1
 
 
+async def test_a_request_that_finds_an_idle_slot_records_no_wait(sock_path: str) -> None:
+    """§13's acquire duration: a request that finds an idle slot takes it at once and records a
+    wait of 0; one that waits for the slot to free (a pool of one, a slow batch ahead) records that
+    wait."""
+    adapter = NullAdapter(8, batch_delay_s=0.2, preloaded_models=[MODEL])
+    async with BackendServer(adapter, sock_path, worker_id="w") as _, IpcClient(sock_path, pool_size=1) as ipc:
+        ipc.telemetry = telemetry = Registry()
+        body = run_batch_body([wrapped("encode", 0)])
+        await asyncio.gather(ipc.run_batch(body), ipc.run_batch(body))
+        acquired = telemetry.histogram(IPC_ACQUIRE_DURATION, (("transport", "pool"), ("outcome", "success")))
+        assert acquired.count == 2
+        assert acquired.min == 0.0  # the first found the slot idle
+        assert acquired.max >= 0.15  # the second waited for the first batch
+
+
 @pytest.mark.parametrize("accepts", [False, 1, "true"])
 async def test_oversized_response_without_negotiation_is_an_error(sock_path: str, accepts: object) -> None:
     adapter = NullAdapter(8, oversized_bytes=33 * MiB, preloaded_models=[MODEL])

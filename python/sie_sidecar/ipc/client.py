@@ -451,6 +451,21 @@ class IpcClient:
             raise IpcTransportError(f"IPC client for {self._path} is closed", transient=False)
         return slot
 
+    def _idle_slot(self) -> _Slot | None:
+        """An idle slot, taken, or None when there is none (or the client is closed: `_acquire`
+        then raises)."""
+        if self._closed or self._idle.empty():
+            return None
+        return self._idle.get_nowait()
+
+    def _acquired(self, telemetry: Registry, waited_s: float) -> None:
+        """A slot acquired after `waited_s`: recorded into `sie.worker.ipc.acquire.duration`."""
+        found = self._acquire_instruments.get("success")  # inline, as `_request`'s lookup
+        waited = found[1] if found is not None and found[0] is telemetry else None
+        if waited is None:
+            waited = self._acquire_histogram(telemetry, "success")
+        waited.record(waited_s)
+
     def _acquire_histogram(self, telemetry: Registry, outcome: str) -> Histogram:
         """`sie.worker.ipc.acquire.duration` of `outcome` (metrics on only)."""
         found = self._acquire_instruments.get(outcome)
@@ -545,20 +560,22 @@ class IpcClient:
         request_id = f"w-{next(self._ids)}"
         frame = wire.encode_request(method, request_id, body, True)  # FrameTooLarge: nothing written
         telemetry = self.telemetry
-        if telemetry is None:
-            slot: _Slot | None = await self._acquire()
-        else:  # timed here, not in a wrapping coroutine: one coroutine less per request
-            asked = time.perf_counter()
-            try:
+        # An idle slot is taken at once, as `_acquire` would take it, without its coroutine (and,
+        # metrics on, without timing a wait that did not happen: it is recorded as 0).
+        slot: _Slot | None = self._idle_slot()
+        if slot is None:
+            if telemetry is None:
                 slot = await self._acquire()
-            except BaseException:
-                self._acquire_histogram(telemetry, "error").record(time.perf_counter() - asked)
-                raise
-            found = self._acquire_instruments.get("success")  # inline, as `_request`'s lookup
-            waited = found[1] if found is not None and found[0] is telemetry else None
-            if waited is None:
-                waited = self._acquire_histogram(telemetry, "success")
-            waited.record(time.perf_counter() - asked)
+            else:  # timed here, not in a wrapping coroutine: one coroutine less per request
+                asked = time.perf_counter()
+                try:
+                    slot = await self._acquire()
+                except BaseException:
+                    self._acquire_histogram(telemetry, "error").record(time.perf_counter() - asked)
+                    raise
+                self._acquired(telemetry, time.perf_counter() - asked)
+        elif telemetry is not None:
+            self._acquired(telemetry, 0.0)
         try:
             assert slot is not None
             try:
