@@ -584,6 +584,25 @@ def test_the_request_body_is_what_json_dumps_writes(expires_s: float) -> None:
         assert json.loads(consumer._request_body(want))["batch"] == want
 
 
+async def test_only_a_sid_the_scan_delivers_is_tallied_there(nc: Client) -> None:
+    """The scan counts a sid's delivery attempts only while that sid is registered with the fast
+    path (and only with the compiled maker of runs); else its runs reach the consumer by callback,
+    which counts them itself."""
+    from sie_sidecar.bus.attempts import AttemptTally
+    from sie_sidecar.bus.inbound import FastInbound
+
+    fast = FastInbound.install(nc)
+    assert fast is not None
+    sid = 987_654
+    assert not fast.tally(sid, AttemptTally()) and not fast.tallied(sid)  # not registered: callback delivery
+    fast.register(sid, lambda run: None)
+    assert fast.tally(sid, AttemptTally()) == USING_NATIVE and fast.tallied(sid) == USING_NATIVE
+    assert not fast.tally(sid, None) and not fast.tallied(sid)
+    fast.tally(sid, AttemptTally())
+    fast.unregister(sid)
+    assert not fast.tallied(sid)
+
+
 @pytest.mark.parametrize("direct", [True, False], ids=["direct", "callback"])
 async def test_receive_telemetry_is_recorded_as_deliveries_arrive(nc: Client, direct: bool) -> None:
     """§13's receive counts and delivery attempts are read when a run arrives (its ACK subjects

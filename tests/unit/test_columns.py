@@ -172,6 +172,21 @@ def test_the_columns_call_gathers_the_items_distinct_contexts(
         assert from_contexts.trace_id == from_items.trace_id
 
 
+@native
+def test_contexts_are_appended_as_the_batch_has_them_in_both_implementations() -> None:
+    """A list that already holds contexts gets the batch's distinct ones appended, the same by the
+    compiled call and the twin (the dispatcher passes an empty list)."""
+    from sie_sidecar._native import run_batch_columns
+
+    each = [{"traceparent": CONTEXTS[p]} for p in (1, 2, 1, 0)]
+    plan = [("decoded", 0, 0.0, False)] * 4
+    got: list[str] = [CONTEXTS[1]]
+    want: list[str] = [CONTEXTS[1]]
+    run_batch_columns(_deliveries(plan, each), "score", None, got)
+    run_batch_columns_py(_deliveries(plan, each), "score", None, want)
+    assert got == want == [CONTEXTS[1], CONTEXTS[1], CONTEXTS[2]]
+
+
 def wire_item_id(item: Any) -> str:
     """A RunBatch writer input's work item id: an undecoded delivery's, or its WorkItem's."""
     return str(item.work_item_id) if hasattr(item, "work_item_id") else str(item.item.work_item_id)

@@ -159,8 +159,8 @@ pub fn deadline_lease_holders<'py>(
     Ok(out)
 }
 
-/// One delivery's work-item age at `now` (never negative), or None when its item has no timestamp
-/// > 0 (it is not recorded).
+/// One delivery's work-item age at `now` (never negative), or None when its item has no positive
+/// timestamp (it is not recorded).
 pub(crate) fn work_item_age(d: &Bound<'_, PyAny>, now: f64) -> PyResult<Option<f64>> {
     Ok(timestamp_of(d)?
         .filter(|&t| t > 0.0)

@@ -47,10 +47,12 @@ def run_batch_columns(
         record_work_item_ages(ages, deliveries, time.time())
     items = [item for item in (d.wire_item for d in deliveries) if item is not None]
     if contexts is not None:
+        found: dict[str, None] = {}  # distinct within this batch, as the compiled call gathers them
         for item in items:
             value = getattr(item, "traceparent", None)  # as the twin tracer reads an item
-            if isinstance(value, str) and value and value not in contexts:
-                contexts.append(value)
+            if isinstance(value, str) and value:
+                found[value] = None
+        contexts.extend(found)
     fetch_ms = [float(d.payload_fetch_ms) for d in deliveries]
     tokens = [d.prepared_tokens for d in deliveries] if op == "encode" else []
     audio = [d.prepared_audio for d in deliveries] if op == "extract" else []

@@ -279,10 +279,11 @@ class FastInbound:
 
     def tally(self, sid: int, tally: Any | None) -> bool:
         """Count the delivery attempts of `sid`'s runs into `tally` as they are scanned (None: stop).
-        Whether the scan counts them: only the compiled maker of runs does, so with the twins
-        (`SIE_SIDECAR_NO_EXTENSIONS=1`) the caller counts each run itself."""
-        if tally is None or make_run is None:
-            self._tallies.pop(sid, None)
+        Whether the scan counts them: only the compiled maker of runs does, for a registered sid, so
+        with the twins (`SIE_SIDECAR_NO_EXTENSIONS=1`) or callback delivery the caller counts each
+        run itself."""
+        if tally is None or make_run is None or sid not in self._parser._direct:
+            self._tallies.pop(sid, None)  # not scanned here (callback delivery): the caller counts
             return False
         self._tallies[sid] = tally
         return True

@@ -563,6 +563,7 @@ class IpcClient:
         # An idle slot is taken at once, as `_acquire` would take it, without its coroutine (and,
         # metrics on, without timing a wait that did not happen: it is recorded as 0).
         slot: _Slot | None = self._idle_slot()
+        waited_s = 0.0
         if slot is None:
             if telemetry is None:
                 slot = await self._acquire()
@@ -573,11 +574,11 @@ class IpcClient:
                 except BaseException:
                     self._acquire_histogram(telemetry, "error").record(time.perf_counter() - asked)
                     raise
-                self._acquired(telemetry, time.perf_counter() - asked)
-        elif telemetry is not None:
-            self._acquired(telemetry, 0.0)
+                waited_s = time.perf_counter() - asked
         try:
             assert slot is not None
+            if telemetry is not None:  # inside: the slot goes back whatever the recording does
+                self._acquired(telemetry, waited_s)
             try:
                 return await self._attempt(slot, frame, request_id, timeout_s, decode, attest=attest)
             except TransportFailure as first:
