@@ -17,6 +17,7 @@ use crate::deadlines::work_item_age;
 use crate::histogram::Histogram;
 use crate::lazy::{LazyDelivery, BUNDLE_CONFIG_HASH};
 use crate::run_batch::traceparent_of;
+use crate::tracing::add_distinct;
 
 /// The distinct non-empty `bundle_config_hash` values of the deliveries' items, in first-seen
 /// order (a delivery whose `wire_item` is None has none). The config gate's one pass (§5.5).
@@ -156,11 +157,7 @@ pub fn run_batch_columns<'py>(
         }
         if !item.is_none() {
             if contexts.is_some() {
-                traceparent_of(py, &item, &mut |s: &str| {
-                    if !s.is_empty() && !distinct.iter().any(|c| c == s) {
-                        distinct.push(s.to_owned());
-                    }
-                })?;
+                traceparent_of(py, &item, &mut |s: &str| add_distinct(&mut distinct, s))?;
             }
             items.append(item)?;
         }

@@ -146,12 +146,16 @@ const MAX_SHARED: usize = 256;
 /// themselves), in order.
 fn distinct_contexts(py: Python<'_>, items: &Bound<'_, PyAny>) -> PyResult<Vec<String>> {
     let mut contexts: Vec<String> = Vec::new();
-    for_each_traceparent(py, items, |s| {
-        if !s.is_empty() && !contexts.iter().any(|c| c == s) {
-            contexts.push(s.to_owned());
-        }
-    })?;
+    for_each_traceparent(py, items, |s| add_distinct(&mut contexts, s))?;
     Ok(contexts)
+}
+
+/// `context` appended to `contexts` unless it is empty or already there (`distinct_contexts`, and
+/// `columns::run_batch_columns` gathering them for `start_batch`).
+pub(crate) fn add_distinct(contexts: &mut Vec<String>, context: &str) {
+    if !context.is_empty() && !contexts.iter().any(|c| c == context) {
+        contexts.push(context.to_owned());
+    }
 }
 
 fn value_to_py<'py>(py: Python<'py>, value: &Value) -> PyResult<Bound<'py, PyAny>> {

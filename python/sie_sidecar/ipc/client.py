@@ -458,14 +458,6 @@ class IpcClient:
             return None
         return self._idle.get_nowait()
 
-    def _acquired(self, telemetry: Registry, waited_s: float) -> None:
-        """A slot acquired after `waited_s`: recorded into `sie.worker.ipc.acquire.duration`."""
-        found = self._acquire_instruments.get("success")  # inline, as `_request`'s lookup
-        waited = found[1] if found is not None and found[0] is telemetry else None
-        if waited is None:
-            waited = self._acquire_histogram(telemetry, "success")
-        waited.record(waited_s)
-
     def _acquire_histogram(self, telemetry: Registry, outcome: str) -> Histogram:
         """`sie.worker.ipc.acquire.duration` of `outcome` (metrics on only)."""
         found = self._acquire_instruments.get(outcome)
@@ -578,7 +570,7 @@ class IpcClient:
         try:
             assert slot is not None
             if telemetry is not None:  # inside: the slot goes back whatever the recording does
-                self._acquired(telemetry, waited_s)
+                self._acquire_histogram(telemetry, "success").record(waited_s)
             try:
                 return await self._attempt(slot, frame, request_id, timeout_s, decode, attest=attest)
             except TransportFailure as first:
