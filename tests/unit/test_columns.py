@@ -132,6 +132,37 @@ def test_the_columns_call_records_each_items_work_item_age_now(columns: Any, kin
     assert histogram.count == 3  # None: nothing recorded
 
 
+#: Each item's timestamp: absent, not positive (not recorded), or seconds from now (ahead: age 0).
+STAMPS = (None, 0.0, -3.0, "+100", "-5", "-30", "-120")
+
+
+@native
+@given(plan=plans, picks=st.lists(st.integers(0, len(STAMPS) - 1), min_size=12, max_size=12))
+def test_the_columns_call_records_the_ages_the_twin_records(
+    plan: list[tuple[str, int, float, bool]], picks: list[int]
+) -> None:
+    """The work-item ages the compiled call records (§5.6) are the twin's, item by item: skipped
+    without a positive timestamp, never negative, seconds from the timestamp to the call."""
+    from sie_sidecar._native import run_batch_columns
+    from sie_sidecar.telemetry import Registry
+
+    now = time.time()
+    each: list[dict[str, Any]] = []
+    for p in picks:
+        stamp = STAMPS[p]
+        each.append({} if stamp is None else {"timestamp": now + float(stamp) if isinstance(stamp, str) else stamp})
+    bounds = (0.5, 1.0, 60.0)  # every age sits seconds away from a bound: the calls' clocks differ by µs
+    native_ages, twin_ages = Registry().histogram("a", (), bounds), Registry().histogram("b", (), bounds)
+    run_batch_columns(_deliveries(plan, each), "encode", native_ages)
+    run_batch_columns_py(_deliveries(plan, each), "encode", twin_ages)
+    assert native_ages.count == twin_ages.count
+    assert list(native_ages.buckets) == list(twin_ages.buckets)
+    assert native_ages.sum == pytest.approx(twin_ages.sum, abs=0.5)
+    offsets = [float(s) for s in (STAMPS[p] for p in picks[: len(plan)]) if isinstance(s, str)]
+    assert twin_ages.count == len(offsets)
+    assert twin_ages.sum == pytest.approx(sum(max(0.0, -offset) for offset in offsets), abs=0.5)
+
+
 CONTEXTS = (
     "",
     "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",

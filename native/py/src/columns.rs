@@ -94,7 +94,8 @@ pub fn unsettled<'py>(deliveries: &Bound<'py, PyList>) -> PyResult<Bound<'py, Py
 /// as exactly that); tokens only for `encode`, audio only for `extract`.
 ///
 /// With `ages` (metrics on), each item's work-item age at this moment (§5.6, the execution commit)
-/// is recorded into it as `record_work_item_ages` does. With `contexts` (tracing on), the items'
+/// is recorded into it: seconds from its gateway timestamp, never negative, items without a positive
+/// timestamp skipped (`deadlines::work_item_age`). With `contexts` (tracing on), the items'
 /// distinct non-empty `traceparent`s are appended to it in order, as the batch tracer reads them
 /// (its `start_batch` takes that list). Both in the one pass that reads the items: each was a pass
 /// of its own over the batch, ~100 est an item together (docs/benchmarks.md, issue 32).

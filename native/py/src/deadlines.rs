@@ -1,6 +1,7 @@
 //! Work deadlines across a whole batch (sidecar-behaviour §15.3, newer than v0.7.1), one call per
 //! batch and stage: which items are past their deadline, which still hold a deadline lease, and
-//! the work-item ages. The twins are the `_py` functions of `pipeline.deadlines`.
+//! each item's work-item age (which `columns::run_batch_columns` records). The twins are in
+//! `_twins.deadlines`.
 //!
 //! A deadline is *usable* only if finite, > 0, the item's timestamp > 0, and
 //! 0 ≤ deadline − timestamp ≤ the max budget; anything else is ignored (counted, never judged).
@@ -11,7 +12,6 @@ use pyo3::prelude::*;
 use pyo3::types::{PyList, PyTuple};
 
 use crate::columns::is_settled;
-use crate::histogram::Histogram;
 use crate::lazy::{LazyDelivery, OPERATION};
 
 /// What a delivery's item says about its deadline: (generate, timestamp, deadline or NaN), or
@@ -165,27 +165,4 @@ pub(crate) fn work_item_age(d: &Bound<'_, PyAny>, now: f64) -> PyResult<Option<f
     Ok(timestamp_of(d)?
         .filter(|&t| t > 0.0)
         .map(|t| (now - t).max(0.0)))
-}
-
-/// The work-item ages (`sie.worker.work_item.age`, §5.6) recorded straight into `histogram`: seconds
-/// from each item's gateway timestamp to `now`, never negative, for the deliveries whose timestamp
-/// is > 0 (the others are skipped). Returns how many were recorded. No list of floats is made:
-/// that was ~80 instructions an item (docs/benchmarks.md, "Tracing built by the compiled core").
-#[pyfunction]
-pub fn record_work_item_ages(
-    histogram: &Bound<'_, Histogram>,
-    deliveries: &Bound<'_, PyList>,
-    now: f64,
-) -> PyResult<usize> {
-    let mut ages = Vec::with_capacity(deliveries.len());
-    for d in deliveries.iter() {
-        if let Some(age) = work_item_age(&d, now)? {
-            ages.push(age);
-        }
-    }
-    let n = ages.len();
-    if n > 0 {
-        histogram.borrow_mut().record_values(ages);
-    }
-    Ok(n)
 }

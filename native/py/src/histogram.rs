@@ -37,7 +37,7 @@ pub struct Histogram {
 }
 
 impl Histogram {
-    /// One observation per value, from Rust (`deadlines::record_work_item_ages`).
+    /// One observation per value, from Rust (`columns::run_batch_columns`'s work-item ages).
     pub(crate) fn record_values(&mut self, values: Vec<f64>) {
         self.inner.record_many(values);
     }

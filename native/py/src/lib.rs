@@ -104,7 +104,7 @@ mod _native {
     use crate::columns::{config_hashes, request_latencies_ms, run_batch_columns, unsettled};
 
     #[pymodule_export]
-    use crate::deadlines::{deadline_lease_holders, deadline_split, record_work_item_ages};
+    use crate::deadlines::{deadline_lease_holders, deadline_split};
 
     #[pymodule_export]
     use crate::local_items::check_local_items;

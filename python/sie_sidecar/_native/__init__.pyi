@@ -74,7 +74,6 @@ __all__ = [
     "nd_sentinel_raw",
     "plan_reply",
     "prepare_audio",
-    "record_work_item_ages",
     "replay_controller",
     "request_latencies_ms",
     "response_body",
@@ -466,7 +465,6 @@ def deadline_split(
 def deadline_lease_holders(
     deliveries: list[Any], now: float, skew_s: float, max_budget_s: float, enforce: bool, cap: float
 ) -> list[Any]: ...
-def record_work_item_ages(histogram: Histogram, deliveries: list[Any], now: float) -> int: ...
 def run_batch_columns(
     deliveries: list[Any], op: str, ages: Histogram | None = None, contexts: list[str] | None = None
 ) -> tuple[list[Any], list[float] | None, list[Any] | None, list[Any] | None]: ...

@@ -9,7 +9,7 @@ import time
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from .deadlines import record_work_item_ages
+from .deadlines import work_item_ages
 
 IMPLEMENTATION = "py"
 
@@ -44,7 +44,9 @@ def run_batch_columns(
     With `ages` (a histogram), each item's work-item age now is recorded into it first (§5.6); with
     `contexts` (a list), the items' distinct non-empty `traceparent`s are appended to it, in order."""
     if ages is not None:
-        record_work_item_ages(ages, deliveries, time.time())
+        aged = work_item_ages(deliveries, time.time())
+        if aged:
+            ages.record_many(aged)
     items = [item for item in (d.wire_item for d in deliveries) if item is not None]
     if contexts is not None:
         found: dict[str, None] = {}  # distinct within this batch, as the compiled call gathers them

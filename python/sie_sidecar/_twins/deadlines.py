@@ -1,8 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """Twins of the native work-deadline functions (`pipeline.deadlines`, sidecar-behaviour §15.3):
-`_native.deadline_split`, `deadline_lease_holders` and `record_work_item_ages`, one Python loop over a batch
-each (the path with `SIE_SIDECAR_NO_EXTENSIONS=1`, and the oracle of the parity tests). The rules are
-stated in `pipeline.deadlines`."""
+`_native.deadline_split` and `deadline_lease_holders`, one Python loop over a batch each (the path with
+`SIE_SIDECAR_NO_EXTENSIONS=1`, and the oracle of the parity tests), and `work_item_ages`, which the twin of
+`run_batch_columns` records. The rules are stated in `pipeline.deadlines`."""
 
 from __future__ import annotations
 
@@ -88,12 +88,4 @@ def work_item_ages(deliveries: list[Any], now: float) -> list[float]:
     return ages
 
 
-def record_work_item_ages(histogram: Any, deliveries: list[Any], now: float) -> int:
-    """`work_item_ages` recorded into `histogram` (its `record_many`); how many were recorded."""
-    ages = work_item_ages(deliveries, now)
-    if ages:
-        histogram.record_many(ages)
-    return len(ages)
-
-
-__all__ = ["IMPLEMENTATION", "deadline_lease_holders", "deadline_split", "record_work_item_ages", "work_item_ages"]
+__all__ = ["IMPLEMENTATION", "deadline_lease_holders", "deadline_split", "work_item_ages"]

@@ -2,9 +2,10 @@
 """Work deadlines (sidecar-behaviour §15.3, newer than v0.7.1): which items nobody waits for any more,
 the leases that keep held items with a deadline from being redelivered, and the work-item ages.
 
-Python touches a batch here, not an item (law 1): `deadline_split`, `deadline_lease_holders` and
-`record_work_item_ages` are one native call per batch; `_twins.deadlines` holds their twins (the path with
-`SIE_SIDECAR_NO_EXTENSIONS=1`, and the oracle of the parity tests), chosen by `wire._switch`.
+Python touches a batch here, not an item (law 1): `deadline_split` and `deadline_lease_holders` are
+one native call per batch; `_twins.deadlines` holds their twins (the path with
+`SIE_SIDECAR_NO_EXTENSIONS=1`, and the oracle of the parity tests), chosen by `wire._switch`. The
+work-item ages are recorded by `pipeline.columns.run_batch_columns`, in its one pass over a batch.
 
 The rules, in one place:
 
@@ -56,9 +57,6 @@ deadline_split: Callable[[list[Any], float, float, float], Split] = _impl.deadli
 deadline_lease_holders: Callable[[list[Any], float, float, float, bool, float], list[Any]] = (
     _impl.deadline_lease_holders
 )
-#: The work-item ages (`histogram`, `deliveries`, now) recorded into the histogram: seconds from each
-#: item's timestamp to `now`, skipping timestamps <= 0; returns how many.
-record_work_item_ages: Callable[[Any, list[Any], float], int] = _impl.record_work_item_ages
 
 
 def first_delivery(d: Any) -> bool:
@@ -224,5 +222,4 @@ __all__ = [
     "deadline_split",
     "first_delivery",
     "observe_clock",
-    "record_work_item_ages",
 ]
