@@ -11,16 +11,13 @@
 #       --half-load-s 0 --py-spy benches/profilers/perf_window.sh
 #   python benches/profilers/perf_window_diff.py --a /tmp/win.off.? --b /tmp/win.on.?
 set -euo pipefail
-while [ "$1" != "--" ]; do shift; done
-shift
+# shellcheck source=window_hook.sh
+source "$(dirname "$0")/window_hook.sh"
 out="${PERF_OUT:-/tmp/window.perf}"
-"$@" &
-sidecar=$!
-(
+record_window() {
     sleep "${WINDOW_START_S:-1.4}"
     echo "sidecar $sidecar" > "$out.pids"
     for pid in $(pgrep -f "nats-server|sie_sidecar backend"); do echo "reference $pid" >> "$out.pids"; done
     perf record -q -a -F 4000 -e cpu-clock -o "$out" -- sleep "${WINDOW_S:-2}"
-) &
-trap 'kill -INT $sidecar' INT TERM
-wait $sidecar
+}
+run_sidecar_with record_window "$@"

@@ -11,11 +11,9 @@
 #       --half-load-s 0 --py-spy benches/profilers/sched_window.sh
 #   python benches/profilers/sched_window_diff.py /tmp/sched.off.* /tmp/sched.on.*
 set -uo pipefail
-while [ "$1" != "--" ]; do shift; done
-shift
+# shellcheck source=window_hook.sh
+source "$(dirname "$0")/window_hook.sh"
 out="${SCHED_OUT:-/tmp/sched.window}"
-"$@" &
-sidecar=$!
 snapshot() {  # one line a thread: mark, role, id, utime, stime, minflt, migrations, switches, involuntary
     for task in /proc/"$sidecar"/task/*; do
         read -r -a stat < "$task/stat" || continue
@@ -28,11 +26,10 @@ snapshot() {  # one line a thread: mark, role, id, utime, stime, minflt, migrati
         echo "$1 reference $pid ${stat[13]} ${stat[14]} ${stat[9]} 0 0 0"
     done
 }
-(
+count_window() {
     sleep "${WINDOW_START_S:-3}"
     snapshot start > "$out"
     sleep "${WINDOW_S:-4}"
     snapshot end >> "$out"
-) &
-trap 'kill -INT $sidecar' INT TERM
-wait $sidecar
+}
+run_sidecar_with count_window "$@"

@@ -134,29 +134,34 @@ def test_the_sink_keeps_bodies_and_decodes_them_when_asked_for_its_counts() -> N
 def test_the_paired_bench_reads_a_process_group_s_cpu_in_nanoseconds_over_all_its_threads() -> None:
     """`paired_ab.group_cpu_ns`: a child spinning in two live threads is counted whole, to well
     under a clock tick's 10 ms, and a group that does not exist reads 0. (A thread that has exited
-    is not counted: the bench reads the sidecars, whose threads live as long as they do.)"""
+    is not counted: the bench reads the sidecars, whose threads live as long as they do.)
+
+    The child says when both threads have spun. Waiting instead for the reading to pass 0.3 s raced:
+    the interpreter's start counts too, so a thread could still be spinning when the test read the
+    "still" value (CI, 2026-12-07: it grew 20 ms in the 0.1 s after)."""
     from benches.paired_ab import group_cpu_ns
 
     spin = (
         "import threading, time\n"
+        "spun = threading.Barrier(3)\n"
         "def burn():\n"
         "    end = time.thread_time() + 0.15\n"
         "    while time.thread_time() < end: pass\n"
+        "    spun.wait()\n"
         "    time.sleep(30)\n"
-        "threading.Thread(target=burn, daemon=True).start(); burn()\n"
+        "for _ in range(2): threading.Thread(target=burn, daemon=True).start()\n"
+        "spun.wait(); print('spun', flush=True); time.sleep(30)\n"
     )
-    child = subprocess.Popen([sys.executable, "-c", spin], start_new_session=True)
+    child = subprocess.Popen([sys.executable, "-c", spin], start_new_session=True, stdout=subprocess.PIPE, text=True)
     try:
-        deadline = time.monotonic() + 20
-        while group_cpu_ns(child.pid) < 300_000_000 and time.monotonic() < deadline:
-            time.sleep(0.05)
+        assert child.stdout is not None and child.stdout.readline() == "spun\n"
         used = group_cpu_ns(child.pid)
         assert 300_000_000 <= used < 600_000_000  # both threads' 0.15 s, plus the interpreter's start
         time.sleep(0.1)
         assert group_cpu_ns(child.pid) - used < 5_000_000  # asleep: the reading holds still
     finally:
         child.kill()
-        child.wait()
+        child.communicate()  # reaps it and closes its pipe
     assert group_cpu_ns(child.pid) == 0
 
 
