@@ -283,7 +283,7 @@ class FastInbound:
         with the twins (`SIE_SIDECAR_NO_EXTENSIONS=1`) or callback delivery the caller counts each
         run itself."""
         if tally is None or make_run is None or sid not in self._parser._direct:
-            self._tallies.pop(sid, None)  # not scanned here (callback delivery): the caller counts
+            self._tallies.pop(sid, None)  # not counted by the scan: the caller counts each run
             return False
         self._tallies[sid] = tally
         return True
